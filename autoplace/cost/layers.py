@@ -1,0 +1,265 @@
+"""Per-layer numbers of a model, independent of the plan: parameters, FLOPs, activation and
+communication coefficients per token.
+
+A model is a sequence: an embedding, ``L`` blocks and a head.  Blocks come in a few *kinds*
+(dense, MoE); everything the cost model needs about a kind is a :class:`BlockKind`, with
+per-token coefficients that the plan-dependent functions in :mod:`memory`, :mod:`comm` and
+:mod:`compute` scale by micro-batch, sequence, TP/SP/CP degrees and recompute mode.
+
+Activation coefficients follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1): per
+layer, per token, with 16-bit activations and 1-byte dropout masks, split into the part that
+tensor parallelism shards (``act_tp``), the part only sequence parallelism shards
+(``act_rep``) and the attention-score part (``act_score``, per token *per key*, gone with
+flash attention or selective recompute).  For the GPT layer they give the paper's
+``sbh(34 + 5as/h)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from autoplace.specs.model import GraphSpec, ModelSpec, TransformerSpec
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """Plan-independent numbers of one kind of block (all per token unless named otherwise).
+
+    Attributes:
+        name: label ("dense", "moe", or a graph layer's name).
+        params_tp: parameters sharded by tensor parallelism (QKV/out/MLP weights, column biases).
+        params_rep: parameters replicated across TP (norms, row-parallel biases, router).
+        params_expert: routed-expert parameters (all experts), sharded by EP then TP.
+        flops: forward FLOPs per token (matmuls + attention), the 2-FLOPs-per-MAC convention.
+        flops_score: forward FLOPs per token of the attention core (QK^T and scores x V).
+        act_rep: activation bytes per token not sharded by TP (sharded by SP).
+        act_tp: activation bytes per token sharded by TP.
+        act_score: attention-score bytes per token per key (x seq), sharded by TP.
+        act_input: the block input per token (what full recompute keeps).
+        tp_allreduce: bytes per token all-reduced across TP per forward (x2 backward).
+        ep_alltoall: bytes per token sent in one all-to-all (dispatch or combine) across EP.
+        cp_kv: bytes per token of K and V exchanged around the CP ring per forward.
+        moe: whether the block routes tokens to experts.
+    """
+
+    name: str
+    params_tp: float
+    params_rep: float
+    params_expert: float
+    flops: float
+    flops_score: float
+    act_rep: float
+    act_tp: float
+    act_score: float
+    act_input: float
+    tp_allreduce: float
+    ep_alltoall: float
+    cp_kv: float
+    moe: bool = False
+
+    @property
+    def params(self) -> float:
+        return self.params_tp + self.params_rep + self.params_expert
+
+
+@dataclass(frozen=True)
+class Edge:
+    """The embedding or the head: parameters, FLOPs and activations outside the blocks."""
+
+    params_tp: float  # vocab-parallel table / head weight (sharded by TP)
+    params_rep: float  # final norm, replicated
+    flops: float  # forward FLOPs per token
+    act_rep: float  # activation bytes per token not sharded by TP (sharded by SP)
+    act_tp: float  # activation bytes per token sharded by TP (logits)
+    tp_allreduce: float  # bytes per token all-reduced across TP per forward
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Everything the cost model needs from a model, as plain numbers.
+
+    Attributes:
+        kinds: the distinct block kinds.
+        sequence: kind index of every block, in order (length = number of blocks).
+        embed, head: the two edges; ``tied`` says whether they share one matrix.
+        hidden, seq_len, vocab, heads: shapes used for buffer and communication sizes.
+        params: exact total parameter count (a tied matrix counted once).
+        act_bytes: bytes per activation element (the precision recipe's).
+    """
+
+    name: str
+    kinds: tuple[BlockKind, ...]
+    sequence: tuple[int, ...]
+    embed: Edge
+    head: Edge
+    tied: bool
+    hidden: int
+    seq_len: int
+    vocab: int
+    params: float
+    act_bytes: float
+
+    @property
+    def blocks(self) -> int:
+        return len(self.sequence)
+
+    def kind_counts(self, start: int, stop: int) -> np.ndarray:
+        """How many blocks of each kind lie in ``sequence[start:stop]``."""
+        return np.bincount(np.asarray(self.sequence[start:stop], dtype=int), minlength=len(self.kinds))
+
+
+@cache
+def layer_table(model: ModelSpec) -> LayerTable:
+    """Build (and cache) the plan-independent table of a model."""
+    if isinstance(model, GraphSpec):
+        return _graph_table(model)
+    return _transformer_table(model)
+
+
+def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:
+    """Attention parameters (tp-sharded, replicated) and the q/k/v widths after projection.
+
+    Returns:
+        (params_tp, params_rep, bias_rep, q_width, k_width, v_width)
+    """
+    h, heads = m.hidden, m.heads
+    bias = m.bias
+    if m.attention is not None:  # DeepSeek MLA (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1)
+        a = m.attention
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            q = h * a.q_lora_rank + a.q_lora_rank * heads * qk  # down + up projection
+            q_norm = a.q_lora_rank
+        else:
+            q, q_norm = h * heads * qk, 0
+        kv_down = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # shared latent + decoupled rope key
+        kv_up = a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim)
+        out = heads * a.v_head_dim * h
+        # the down projections and their norms are replicated across TP (Megatron-Core MLA)
+        return q + kv_up + out, kv_down + q_norm + a.kv_lora_rank, 0.0, heads * qk, heads * qk, heads * a.v_head_dim
+    d = m.dim_head
+    qw, kw = heads * d, m.n_kv_heads * d
+    weights = h * (qw + 2 * kw) + qw * h
+    col_bias = (qw + 2 * kw) if (bias or m.qkv_bias) else 0  # column-parallel: sharded
+    row_bias = h if bias else 0  # row-parallel output bias: replicated
+    return weights + col_bias, row_bias, row_bias, qw, kw, kw
+
+
+def _mlp_params(h: int, f: int, gated: bool, bias: bool) -> tuple[float, float]:
+    """(tp-sharded, replicated) parameters of one MLP of width ``f``."""
+    mats = 3 if gated else 2
+    col_bias = (2 * f if gated else f) if bias else 0
+    return mats * h * f + col_bias, (h if bias else 0)
+
+
+def _mlp_act(h: int, f: int, gated: bool, dropout: bool, b: float) -> tuple[float, float]:
+    """(act_rep, act_tp) bytes per token of an MLP (Korthikanti Sec. 4.1: 19sbh for 4h GeLU).
+
+    Kept for backward: the fc1 input (2h, replicated), the activation input and output
+    (GeLU: 2f + 2f; SwiGLU: gate 2f, up 2f, their product 2f), the dropout mask (h bytes).
+    """
+    inner = (3 if gated else 2) * f * b
+    return h * b + (h if dropout else 0), inner
+
+
+def _norm_params(m: TransformerSpec) -> int:
+    return (2 if m.norm == "layernorm" else 1) * m.hidden
+
+
+def _transformer_table(m: TransformerSpec) -> LayerTable:
+    b = m.training.recipe().activation_bytes
+    h, s = m.hidden, m.seq_len
+    att_tp, att_rep, _, qw, kw, vw = _attention(m)
+    norms = 2 * _norm_params(m)
+    drop = 1.0 if m.dropout else 0.0
+    # Attention (Korthikanti: 11sbh + 5as^2b): QKV input 2h and dropout mask h are replicated;
+    # Q, K, V and the projection input are sharded; scores 2as^2 (+3as^2 with dropout) per token.
+    att_act_rep = b * h + drop * h
+    att_act_tp = b * (qw + kw + vw) + b * vw
+    score = (2 + 3 * drop) * m.heads * (b / 2)  # per token per key; 5a bytes with dropout at 16 bit
+    if m.flash_attention:  # no s x s scores are kept (Dao et al. 2022): only fp32 log-sum-exp per head
+        att_act_tp += 4 * m.heads / s
+        score = 0.0
+    norm_act = 2 * b * h  # the two norms' inputs (4sbh)
+    att_flops = 2 * (att_tp - (0 if not (m.bias or m.qkv_bias) else (qw + 2 * kw)))  # 2 FLOPs per weight
+    att_flops += 2 * att_rep if m.attention is not None else 0
+    flops_score = 2 * s * qw + 2 * s * vw  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
+    kinds: list[BlockKind] = []
+    dense_tp, dense_rep = _mlp_params(h, m.ffn_hidden, m.ffn == "swiglu", m.bias)
+    mlp_rep, mlp_tp = _mlp_act(h, m.ffn_hidden, m.ffn == "swiglu", m.dropout, b)
+    common = dict(flops_score=flops_score, act_score=score * s, act_input=b * h,
+                  tp_allreduce=2 * b * h, cp_kv=b * (kw + vw))
+    kinds.append(BlockKind(
+        name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
+        flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
+        act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
+        **common))  # type: ignore[arg-type]
+    sequence = [0] * m.layers
+    if m.moe is not None:
+        e = m.moe
+        gated = m.ffn == "swiglu"
+        expert_tp, expert_rep = _mlp_params(h, e.expert_ffn_hidden, gated, m.bias)
+        shared_tp, shared_rep = (_mlp_params(h, e.shared_ffn_hidden or e.expert_ffn_hidden, gated, m.bias)
+                                 if e.shared_experts else (0.0, 0.0))
+        shared_tp *= e.shared_experts
+        shared_rep *= e.shared_experts
+        router = h * e.experts
+        ex_rep, ex_tp = _mlp_act(h, e.expert_ffn_hidden, gated, m.dropout, b)
+        sh_rep, sh_tp = (_mlp_act(h, e.shared_ffn_hidden or e.expert_ffn_hidden, gated, m.dropout, b)
+                         if e.shared_experts else (0.0, 0.0))
+        mats = 3 if gated else 2
+        kinds.append(BlockKind(
+            name="moe", params_tp=att_tp + shared_tp, params_rep=att_rep + norms + shared_rep + router,
+            params_expert=e.experts * (expert_tp + expert_rep),
+            flops=(att_flops + 2 * router + flops_score
+                   + 2 * mats * h * (e.top_k * e.expert_ffn_hidden + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden))),
+            act_rep=att_act_rep + norm_act + e.top_k * ex_rep + e.shared_experts * sh_rep + 4 * e.experts,
+            act_tp=att_act_tp + e.top_k * ex_tp + e.shared_experts * sh_tp,
+            ep_alltoall=e.top_k * b * h, moe=True, **common))  # type: ignore[arg-type]
+        sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
+    return _finish(m, kinds, sequence, b)
+
+
+def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: float) -> LayerTable:
+    h, v, s = m.hidden, m.vocab, m.seq_len
+    pos = (m.max_position or s) * h if m.position == "learned" else 0
+    drop = 1.0 if m.dropout else 0.0
+    # Embedding: vocab-parallel table (Megatron), one all-reduce of its output; the dropout
+    # mask on its output is Korthikanti's "sbhp/t" extra term.
+    embed = Edge(params_tp=v * h, params_rep=pos, flops=0.0, act_rep=drop * h, act_tp=0.0, tp_allreduce=b * h)
+    # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
+    # norm input 2sbh, the output-layer input 2sbh and fp32 logits 4sbv (sharded by TP).
+    head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
+                act_rep=2 * b * h + 2 * b * h, act_tp=4 * v, tp_allreduce=0.0)
+    counts = np.bincount(sequence, minlength=len(kinds))
+    params = sum(int(c) * k.params for c, k in zip(counts, kinds))
+    params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
+    return LayerTable(name=m.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=embed, head=head,
+                      tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b)
+
+
+def _graph_table(g: GraphSpec) -> LayerTable:
+    """A layer graph: each entry is a kind; only what the user gave is known.
+
+    Assumptions (documented in the README): a ``tp_shardable`` layer splits its parameters
+    and activations over TP and all-reduces its output (Megatron's pair of matmuls); the
+    block input kept under full recompute is ``hidden`` activations.
+    """
+    b = g.training.recipe().activation_bytes
+    kinds, sequence = [], []
+    for entry in g.graph:
+        shard = entry.tp_shardable
+        kinds.append(BlockKind(
+            name=entry.name, params_tp=entry.params if shard else 0.0, params_rep=0.0 if shard else entry.params,
+            params_expert=0.0, flops=entry.flops_per_token, flops_score=0.0,
+            act_rep=0.0 if shard else entry.activation_bytes_per_token,
+            act_tp=entry.activation_bytes_per_token if shard else 0.0, act_score=0.0,
+            act_input=b * g.hidden, tp_allreduce=2 * b * g.hidden if shard else 0.0, ep_alltoall=0.0, cp_kv=0.0))
+        sequence.extend([len(kinds) - 1] * entry.repeat)
+    empty = Edge(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    params = float(sum(e.params * e.repeat for e in g.graph))
+    return LayerTable(name=g.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=empty, head=empty,
+                      tied=False, hidden=g.hidden, seq_len=g.seq_len, vocab=g.vocab, params=params, act_bytes=b)

@@ -1,0 +1,73 @@
+"""Memory per device: model states, activations, buffers and reserve.
+
+Model states follow ZeRO (Rajbhandari et al. 2020, Sec. 5.1, Table 1): with Ψ parameters on
+a device and ``N`` ranks sharing the states, bytes are
+``param*Ψ/(N if zero>=3) + grad*Ψ/(N if zero>=2) + K*Ψ/(N if zero>=1)``.
+
+Activations follow Korthikanti et al. 2022 (Sec. 4, Table 2) per layer, times the
+micro-batches a pipeline stage holds in flight (Sec. 4.2.3 and Narayanan et al. 2021).
+Everything broadcasts over numpy arrays of candidates (and stages).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Array = np.ndarray
+
+SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
+
+
+def state_bytes(params: Array, bytes_per_param: float, shards: Array, sharded: Array, offloaded: Array) -> Array:
+    """Bytes of one model state: ``Ψ * bytes / N`` when sharded, 0 on the device when offloaded."""
+    per = params * bytes_per_param / np.where(sharded, shards, 1)
+    return np.where(offloaded, 0.0, per)
+
+
+def block_activation_bytes(tokens: Array, tp: Array, sp: Array, act_rep: Array, act_tp: Array,
+                           act_score: Array, act_input: Array) -> Array:
+    """Activation bytes one block keeps for backward, per recompute mode (last axis: none, selective, full).
+
+    Args:
+        tokens: tokens of one micro-batch on this device (``b*s/cp``).
+        tp, sp: tensor-parallel degree and whether sequence parallelism shards the rest.
+        act_rep, act_tp, act_score, act_input: the block kind's per-token coefficients.
+
+    Korthikanti Table 2: none ``sbh(10 + 24/t + 5as/(ht))``; with SP ``sbh(34/t + 5as/(ht))``;
+    selective recompute drops the ``5as/h`` score term; full recompute keeps only the input
+    (``2sbh``, sharded by SP as Megatron-Core keeps it).
+    """
+    sp_div = np.where(sp, tp, 1)
+    kept = act_rep / sp_div + act_tp / tp
+    none = tokens * (kept + act_score / tp)
+    selective = tokens * kept
+    full = tokens * act_input / sp_div
+    return np.stack(np.broadcast_arrays(none, selective, full), axis=-1)
+
+
+def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: Array, stage: Array) -> Array:
+    """Micro-batches whose activations a stage holds at its peak, in units of its whole layer set.
+
+    GPipe keeps all ``m``.  1F1B keeps ``min(p - i, m)`` on stage ``i`` (Narayanan et al. 2021,
+    Sec. 2.2.1).  Interleaved 1F1B with ``v`` chunks keeps ``2(p-i-1) + (v-1)p + 1`` chunk
+    micro-batches (Megatron-LM's warm-up count), each ``1/v`` of the stage's layers; on stage 0
+    that is Korthikanti's factor ``1 + (p-1)/(pv)`` (Sec. 4.2.3).
+    """
+    m = microbatches
+    one_f1b = np.minimum(pp - stage, m)
+    chunks = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+    interleaved = chunks / vpp
+    return np.select([schedule == 0, schedule == 2], [m, interleaved], one_f1b).astype(float)
+
+
+def gather_buffer_bytes(unit_params: Array, param_bytes: float, grad_bytes: float, prefetch: int,
+                        gathered: Array) -> Array:
+    """ZeRO-3 / FSDP unshard buffers: the unit in use plus ``prefetch`` ahead, and one
+    unsharded gradient unit before its reduce-scatter (FSDP2's all-gather/reduce-scatter
+    buffers; ZeRO-3's ``stage3_prefetch_bucket_size``)."""
+    return np.where(gathered, unit_params * ((1 + prefetch) * param_bytes + grad_bytes), 0.0)
+
+
+def reserve_bytes(capacity: Array, fraction: float, framework_GiB: float) -> Array:
+    """Memory the job cannot use: allocator fragmentation share plus the framework's fixed part."""
+    return capacity * fraction + framework_GiB * 2**30

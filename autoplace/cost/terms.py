@@ -1,0 +1,340 @@
+"""Per-stage cost terms, linear in the layer counts: the tables both the evaluator and the
+CP-SAT model use (one source of truth, DESIGN.md).
+
+For candidate ``c``, stage ``s``, block kind ``k`` and recompute mode ``r`` (none,
+selective, full), with ``n[c, s, k, r]`` blocks placed there:
+
+* memory(s)      = static(s) + sum n * state_block(k) + inflight(s) * sum n * act_block(k, r)
+* micro-batch(s) = static(s) + sum n * t_block(s, k, r)           (seconds, by part)
+* dp tail(s)     = max(0, reduce(s) - overlap * backward(s)) + gather(s);  optimizer(s) likewise linear
+
+Per-block exposures (ZeRO-3 gathers hidden behind that block's compute with prefetch, the
+CP ring behind its attention) are computed per block, which keeps the stage sums linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost import comm
+from autoplace.cost.assumptions import Assumptions
+from autoplace.cost.layers import LayerTable
+from autoplace.cost.memory import block_activation_bytes, gather_buffer_bytes, inflight_microbatches, reserve_bytes, state_bytes
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import Precision
+
+Array = np.ndarray
+MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
+COMM_PARTS = ("dp", "tp", "pp", "cp", "ep", "offload")
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """Coefficient tables; shapes in brackets (C candidates, S stages, K kinds, R=3 modes)."""
+
+    state_block: Array  # [C, 1, K, 3]  params, grads, optimizer bytes per block
+    act_block: Array  # [C, 1, K, R]   activation bytes per block per in-flight micro-batch
+    inflight: Array  # [C, S]
+    mem_static: Array  # [C, S, 6]    MEMORY_PARTS for the edges, buffers and reserve
+    t_block: Array  # [C, S, K, R, 7] seconds per micro-batch by MB_PARTS
+    t_static: Array  # [C, S, 7]
+    reduce_block: Array  # [C, S, K]   seconds of the once-per-step gradient reduction
+    reduce_static: Array  # [C, S]
+    gather_block: Array  # [C, S, K]   seconds of the once-per-step parameter gather
+    gather_static: Array  # [C, S]
+    opt_block: Array  # [C, S, K]      optimizer step seconds
+    opt_static: Array  # [C, S]
+    bytes_block: Array  # [C, 1, K, R, 6] bytes sent per step by COMM_PARTS
+    bytes_static: Array  # [C, S, 6]
+    flops_block: Array  # [C, 1, K, R]  hardware FLOPs per step per device
+    flops_static: Array  # [C, S]
+    dp_overlap: float
+    capacity: Array  # [C, S]
+    model_flops: Array  # [C]
+    peak_total: Array  # [C]
+    tokens_per_step: Array  # [C]
+
+    # -- assembly (used by evaluate_batch; the CP-SAT model reads the tables directly) --
+
+    def memory(self, n: Array) -> Array:
+        """Bytes per device by MEMORY_PARTS, ``[C, S, 6]``."""
+        per_stage = n.sum(axis=-1)  # [C, S, K]
+        states = np.einsum("csk,cokp->csp", per_stage, self.state_block)
+        acts = self.inflight * np.einsum("cskr,cokr->cs", n, self.act_block)
+        out = self.mem_static.copy()
+        out[..., :3] += states
+        out[..., 3] += acts
+        return out
+
+    def stage_parts(self, n: Array) -> Array:
+        """Seconds per micro-batch of every stage by MB_PARTS, ``[C, S, 7]``."""
+        return self.t_static + np.einsum("cskr,cskrp->csp", n, self.t_block)
+
+    def tail(self, n: Array) -> Array:
+        """Once-per-step seconds of every stage: exposed data-parallel comm, optimizer ``[C, S, 2]``."""
+        per_stage = n.sum(axis=-1)
+        reduce = self.reduce_static + np.einsum("csk,csk->cs", per_stage, self.reduce_block)
+        gather = self.gather_static + np.einsum("csk,csk->cs", per_stage, self.gather_block)
+        backward = self.stage_parts(n)[..., 0] * (2.0 / 3.0)
+        dp = np.maximum(reduce - self.dp_overlap * backward, 0.0) + gather
+        opt = self.opt_static + np.einsum("csk,csk->cs", per_stage, self.opt_block)
+        return np.stack([dp, opt], axis=-1)
+
+    def comm_bytes(self, n: Array) -> Array:
+        return self.bytes_static + np.einsum("cskr,cokrp->csp", n, self.bytes_block)
+
+    def hardware_flops(self, n: Array) -> Array:
+        """FLOPs per step summed over all devices, recompute included (Megatron's counting)."""
+        return self.flops_static.sum(axis=1) + np.einsum("cskr,cokr->c", n, self.flops_block)
+
+
+def group_layout(tp: Array, cp: Array, ep: Array, dp_shard: Array, dp_rep: Array, pp: Array) -> dict[str, tuple[Array, Array]]:
+    """(size, stride) of each communication group in Megatron's rank order tp-cp-ep-dp-pp.
+
+    ``dp`` is the dense-gradient group (data x context parallel), ``zero`` the ZeRO/FSDP shard
+    group, ``rep`` the HSDP replica group, ``edp``/``ezero`` their expert counterparts.
+    """
+    dp = dp_shard * dp_rep
+    return {
+        "tp": (tp, np.ones_like(tp)),
+        "cp": (cp, tp),
+        "ep": (ep, tp * cp),
+        "dp": (dp * cp, tp),
+        "edp": (np.maximum(dp * cp // ep, 1), tp * ep),
+        "zero": (dp_shard * cp, tp),
+        "ezero": (np.maximum(dp_shard * cp // ep, 1), tp * ep),
+        "rep": (dp_rep, tp * cp * dp_shard),
+        "pp": (pp, tp * cp * dp),
+    }
+
+
+def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: Precision,
+                assume: Assumptions) -> StageTerms:
+    """Build every coefficient table for the candidates (see the module docstring)."""
+    from autoplace.cost.evaluate import stage_hardware
+
+    c = cand  # Candidates; typed loosely to avoid an import cycle
+    C, S = c.counts.shape[:2]  # type: ignore[attr-defined]
+    hw = stage_hardware(cluster, c, table.hidden, recipe.compute_dtype)  # type: ignore[arg-type]
+    links = hw.links
+    G = cluster.gpus_per_node
+    pb, gb, ob, ab = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes, table.act_bytes
+    tp, cp, ep, pp = (x.astype(float) for x in (c.tp, c.cp, c.ep, c.pp))  # type: ignore[attr-defined]
+    sp = c.sp  # type: ignore[attr-defined]
+    sp_div = np.where(sp, tp, 1.0)
+    ga = c.ga.astype(float)  # type: ignore[attr-defined]
+    zero = c.zero  # type: ignore[attr-defined]
+    off_opt, off_par = c.off_opt, c.off_par  # type: ignore[attr-defined]
+    groups = group_layout(c.tp, c.cp, c.ep, c.dp_shard, c.dp_rep, c.pp)  # type: ignore[attr-defined]
+    n_in = {k: comm.members_per_node(size, stride, G) for k, (size, stride) in groups.items()}
+    size = {k: v[0].astype(float) for k, v in groups.items()}
+    tokens = c.mbs * table.seq_len / cp  # type: ignore[attr-defined]  # per micro-batch per device
+
+    def col(x: Array) -> Array:  # [C] -> [C, 1, 1, 1]
+        return np.asarray(x, dtype=float).reshape(C, 1, 1, 1)
+
+    def kind(attr: str) -> Array:  # [K] -> [1, 1, K, 1]
+        return np.array([getattr(k, attr) for k in table.kinds], dtype=float).reshape(1, 1, -1, 1)
+
+    full = np.array([0.0, 0.0, 1.0]).reshape(1, 1, 1, 3)
+    sel = np.array([0.0, 1.0, 0.0]).reshape(1, 1, 1, 3)
+
+    # ---- memory -----------------------------------------------------------------------
+    dense_local = kind("params_tp") / col(tp) + kind("params_rep")  # [C,1,K,1]
+    exp_local = kind("params_expert") / col(ep * tp)
+    z_sh, ez_sh = col(size["zero"]), col(size["ezero"])
+    z = col(zero)
+
+    def states(dense: Array, expert: Array) -> Array:
+        return np.concatenate([
+            state_bytes(dense, pb, z_sh, z >= 3, col(off_par)) + state_bytes(expert, pb, ez_sh, z >= 3, col(off_par)),
+            state_bytes(dense, gb, z_sh, z >= 2, False) + state_bytes(expert, gb, ez_sh, z >= 2, False),
+            state_bytes(dense, ob, z_sh, z >= 1, col(off_opt)) + state_bytes(expert, ob, ez_sh, z >= 1, col(off_opt)),
+        ], axis=-1)
+
+    state_block = states(dense_local, exp_local)  # [C,1,K,3]
+    act_block = block_activation_bytes(col(tokens), col(tp), col(sp), kind("act_rep"), kind("act_tp"),
+                                       kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
+    stage = np.arange(S)[None, :]
+    first = (stage == 0).astype(float)
+    last = (stage == (c.pp[:, None] - 1)).astype(float)  # type: ignore[attr-defined]
+    inflight = inflight_microbatches(c.schedule[:, None], c.pp[:, None], c.vpp[:, None], c.ga[:, None], stage)  # type: ignore[attr-defined]
+    e, h = table.embed, table.head
+    tied_one_stage = table.tied and True
+    head_tp = np.where((c.pp == 1) & tied_one_stage, 0.0, h.params_tp)  # type: ignore[attr-defined]
+    edge_dense = first * (e.params_tp / tp + e.params_rep)[:, None] + last * (head_tp / tp + h.params_rep)[:, None]
+    edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, 0, :]  # [C,S,3]
+    tok = tokens[:, None]
+    edge_act = (first * inflight * tok * (e.act_rep / sp_div)[:, None]
+                + last * inflight * tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None])
+    unit = np.maximum((dense_local + exp_local).max(axis=(1, 2, 3)),
+                      np.maximum(e.params_tp / tp + e.params_rep, head_tp / tp + h.params_rep))
+    buffers = (gather_buffer_bytes(unit, pb, gb, assume.zero3_prefetch_units, (zero >= 3) | off_par)
+               + 2 * assume.comm_bucket_MiB * 2**20)
+    reserve = reserve_bytes(hw.capacity, assume.allocator_reserve_fraction, assume.framework_reserve_GiB)
+    mem_static = np.concatenate([edge_states, edge_act[..., None],
+                                 np.broadcast_to(buffers[:, None], (C, S))[..., None], reserve[..., None]], axis=-1)
+
+    # ---- time per micro-batch, per block ------------------------------------------------
+    rate = (hw.peak_flops * hw.efficiency / assume.compute_scale)[..., None, None]  # [C,S,1,1]
+    flops_mb = col(tokens) * (3 * kind("flops") + sel * kind("flops_score") + full * kind("flops")) / col(tp)
+    compute = flops_mb / rate  # [C,S,K,3]
+    attn = col(tokens) * kind("flops_score") * (3 + sel + full) / col(tp) / rate
+    lk = comm.Links(hw.links.intra_Bps[..., None, None] / assume.bandwidth_scale, hw.links.intra_latency_s[..., None, None],
+                    hw.links.inter_Bps[..., None, None] / assume.bandwidth_scale, hw.links.inter_latency_s[..., None, None], G)
+    passes = 4 + 2 * full  # collectives per block: 2 forward, 2 backward, 2 more when recomputed
+    tp_on = col(tp > 1)
+    tp_i, tp_x, tp_t = comm.allreduce(col(tokens) * kind("tp_allreduce") / 2, col(size["tp"]), col(n_in["tp"]), lk)
+    tp_time = tp_on * passes * tp_t
+    tp_bytes = tp_on * passes * (tp_i + tp_x)
+    ep_i, ep_x, ep_t = comm.alltoall(col(tokens / sp_div) * kind("ep_alltoall"), col(size["ep"]), col(n_in["ep"]), lk)
+    ep_time, ep_bytes = passes * ep_t, passes * (ep_i + ep_x)
+    cp_fwd = col(tokens) * kind("cp_kv") / col(tp) * col(cp - 1)
+    cp_inter = col(n_in["cp"] < c.cp)  # type: ignore[attr-defined]
+    cp_bytes = cp_fwd * (3 + full)
+    cp_time = comm.p2p(cp_bytes, col(cp - 1) * (3 + full), cp_inter > 0, lk)
+    cp_exposed = np.maximum(cp_time - assume.cp_overlap * attn, 0.0)
+    # ZeRO-2 reduce-scatters and ZeRO-3 gathers every micro-batch, overlapped block by block
+    zd = dense_local * pb
+    _, _, ag_t = comm.allgather(zd, col(size["zero"]), col(n_in["zero"]), lk)
+    _, _, eag_t = comm.allgather(exp_local * pb, col(size["ezero"]), col(n_in["ezero"]), lk)
+    _, _, rs_t = comm.reducescatter(dense_local * gb, col(size["zero"]), col(n_in["zero"]), lk)
+    _, _, ers_t = comm.reducescatter(exp_local * gb, col(size["ezero"]), col(n_in["ezero"]), lk)
+    z3_t = 2 * (ag_t + eag_t) + rs_t + ers_t
+    zero_exposed = np.where(z >= 3, np.maximum(z3_t - assume.zero3_overlap * compute, 0.0),
+                            np.where(z == 2, np.maximum(rs_t + ers_t - assume.dp_overlap * compute * 2 / 3, 0.0), 0.0))
+    z_frac, ez_frac = (col(size["zero"]) - 1) / col(size["zero"]), (col(size["ezero"]) - 1) / col(size["ezero"])
+    zero_bytes_mb = np.where(z >= 3, 2 * (zd * z_frac + exp_local * pb * ez_frac)
+                             + (dense_local * z_frac + exp_local * ez_frac) * gb,
+                             np.where(z == 2, (dense_local * z_frac + exp_local * ez_frac) * gb, 0.0))
+    shard_params = dense_local / np.where(z >= 3, z_sh, 1) + exp_local / np.where(z >= 3, ez_sh, 1)
+    host_bps = (hw.host_Bps / assume.bandwidth_scale)[..., None, None]
+    off_bytes_mb = col(off_par) * 2 * shard_params * pb
+    off_exposed = np.maximum(off_bytes_mb / host_bps - assume.offload_overlap * compute, 0.0)
+    zeros = np.zeros_like(compute)
+    t_block = np.stack(np.broadcast_arrays(compute, tp_time, ep_time, cp_exposed, zeros, zero_exposed, off_exposed),
+                       axis=-1)
+    ones = np.ones((1, 1, 1, 3))
+    bytes_block = np.stack(np.broadcast_arrays(
+        col(ga) * zero_bytes_mb * ones, col(ga) * tp_bytes * ones, 0 * ones, col(ga) * cp_bytes * ones,
+        col(ga) * ep_bytes * ones, col(ga) * off_bytes_mb * ones), axis=-1)[:, :1]
+
+    # ---- time per micro-batch, edges and pipeline sends ---------------------------------
+    peak_rate = rate[..., 0, 0]
+    head_flops = last * (tok * 3 * h.flops / tp[:, None])
+    t_compute = head_flops / peak_rate
+    emb_i, emb_x, emb_t = comm.allreduce(tok * ab * table.hidden, size["tp"][:, None], n_in["tp"][:, None],
+                                         comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
+                                                    lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
+    tp_on2 = (tp > 1)[:, None]
+    t_tp = first * tp_on2 * emb_t
+    vpp = c.vpp[:, None].astype(float)  # type: ignore[attr-defined]
+    sends = np.where(pp[:, None] > 1, 2 * vpp - first - last, 0.0)
+    send_bytes = sends * tok * ab * table.hidden / sp_div[:, None]
+    pp_inter = (groups["pp"][1] >= G)[:, None]
+    t_pp = comm.p2p(send_bytes, sends, pp_inter, comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
+                                                             lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
+    edge_shard = edge_dense / np.where((zero >= 3)[:, None], size["zero"][:, None], 1)
+    _, _, eag = comm.allgather(edge_dense * pb, size["zero"][:, None], n_in["zero"][:, None],
+                               comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
+                                          lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
+    t_zero = np.where((zero >= 3)[:, None], 3 * eag, 0.0)
+    t_off = off_par[:, None] * 2 * edge_shard * pb / (hw.host_Bps / assume.bandwidth_scale)
+    zs = np.zeros((C, S))
+    t_static = np.stack([t_compute, t_tp, zs, zs, t_pp, t_zero, t_off], axis=-1)
+    zfrac_s = ((size["zero"] - 1) / size["zero"])[:, None]
+    bytes_static = np.stack([
+        ga[:, None] * np.where((zero >= 3)[:, None], edge_dense * (2 * pb + gb) * zfrac_s, 0.0),
+        ga[:, None] * first * tp_on2 * (emb_i + emb_x), ga[:, None] * send_bytes, zs, zs,
+        ga[:, None] * off_par[:, None] * 2 * edge_shard * pb], axis=-1)
+
+    # ---- once per step: gradient reduction, parameter gather, optimizer -----------------
+    red_blk, gat_blk, red_st, gat_st, dp_bytes_blk, dp_bytes_st = _dp_terms(
+        dense_local[:, 0, :, 0], exp_local[:, 0, :, 0], edge_dense, zero, size, n_in, lk, pb, gb)
+    opt_params_blk = (dense_local[:, 0, :, 0] / np.where(zero >= 1, size["zero"], 1)[:, None]
+                      + exp_local[:, 0, :, 0] / np.where(zero >= 1, size["ezero"], 1)[:, None])
+    opt_params_st = edge_dense / np.where(zero >= 1, size["zero"], 1)[:, None]
+    gpu_opt = (2 * ob + gb + pb) / hw.hbm_Bps  # read+write states, read grads, write params
+    cpu_opt = 1.0 / assume.cpu_adam_params_per_s + (gb + pb) / (hw.host_Bps / assume.bandwidth_scale)
+    per_param = np.where(off_opt[:, None], cpu_opt, gpu_opt)  # [C,S]
+    opt_block = opt_params_blk[:, None, :] * per_param[..., None]
+    opt_static = opt_params_st * per_param
+    off_step = off_opt[:, None] * (gb + pb)
+    bytes_block[..., 0] += dp_bytes_blk[:, None, :, None]
+    bytes_block[..., 5] += (off_step[:, :1] * opt_params_blk)[:, None, :, None]
+    bytes_static[..., 0] += dp_bytes_st
+    bytes_static[..., 5] += off_step * opt_params_st
+
+    # ---- FLOPs -------------------------------------------------------------------------
+    world = c.world.astype(float)  # type: ignore[attr-defined]
+    mb_total = ga * world / (tp * pp * cp)  # micro-batches per step on all pipelines
+    flops_block = flops_mb * col(mb_total * tp * cp)  # per step, over all devices of the stage
+    flops_static = head_flops * (mb_total * tp * cp)[:, None]
+    n_blocks = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
+    fwd_tok = float((n_blocks * kind("flops").ravel()).sum() + h.flops)
+    tokens_step = c.mbs * ga * c.dp * table.seq_len  # type: ignore[attr-defined]
+    pools_peak = sum(p.gpus * p.gpu.peak_TFLOPS.for_dtype(recipe.compute_dtype) * 1e12 for p in cluster.pools)
+    per_gpu_peak = pools_peak / cluster.gpus
+    return StageTerms(
+        state_block=state_block, act_block=act_block, inflight=inflight, mem_static=mem_static,
+        t_block=t_block, t_static=t_static, reduce_block=red_blk, reduce_static=red_st,
+        gather_block=gat_blk, gather_static=gat_st, opt_block=opt_block, opt_static=opt_static,
+        bytes_block=bytes_block, bytes_static=bytes_static, flops_block=flops_block[:, :1],
+        flops_static=flops_static, dp_overlap=assume.dp_overlap, capacity=hw.capacity,
+        model_flops=3 * fwd_tok * tokens_step, peak_total=world * per_gpu_peak, tokens_per_step=tokens_step)
+
+
+def _dp_terms(dense: Array, expert: Array, edge: Array, zero: Array, size: dict[str, Array],
+              n_in: dict[str, Array], lk: comm.Links, pb: float, gb: float) -> tuple[Array, ...]:
+    """Once-per-step data-parallel collectives, linear in the parameters of a stage.
+
+    ZeRO paper Sec. 7: DDP all-reduces gradients (2Ψ); ZeRO-1/2 reduce-scatter gradients and
+    all-gather updated parameters (Ψ + Ψ); ZeRO-3 moves its gathers into every micro-batch
+    (counted per block) and only all-reduces shards across replicas (HSDP).
+
+    Returns:
+        reduce seconds per block [C,S,K] and per stage of edges [C,S], the same for gathers,
+        and bytes per step (blocks [C,K], edges [C,S]).
+    """
+    links = comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0], lk.inter_Bps[..., 0, 0],
+                       lk.inter_latency_s[..., 0, 0], lk.gpus_per_node)
+
+    def one(params: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
+        # params: [C, X] local parameters -> (reduce seconds, gather seconds, bytes) per stage-broadcast
+        p3 = params[:, None, :] if params.ndim == 2 and params.shape[1] != links.intra_Bps.shape[1] else params
+        L = _bcast(links, p3)
+        n, ni = size[group], n_in[group]
+        ns, nis = size[shard_group], n_in[shard_group]
+        nr, nir = size["rep"], n_in["rep"]
+        z = zero
+        ar = comm.allreduce(p3 * gb, _e(n, p3), _e(ni, p3), L)
+        rs = comm.reducescatter(p3 * gb, _e(ns, p3), _e(nis, p3), L)
+        ag = comm.allgather(p3 * pb, _e(ns, p3), _e(nis, p3), L)
+        rep = comm.allreduce(p3 * gb / _e(ns, p3), _e(nr, p3), _e(nir, p3), L)
+        zz = _e(z, p3)
+        reduce_t = np.select([zz == 0, zz == 1], [ar[2], rs[2] + rep[2]], rep[2])
+        gather_t = np.where((zz == 1) | (zz == 2), ag[2], 0.0)
+        nbytes = np.select([zz == 0, zz == 1, zz == 2],
+                           [ar[0] + ar[1], rs[0] + rs[1] + ag[0] + ag[1] + rep[0] + rep[1],
+                            ag[0] + ag[1] + rep[0] + rep[1]], rep[0] + rep[1])
+        return reduce_t, gather_t, nbytes
+
+    r_d, g_d, b_d = one(dense[:, None, :], "dp", "zero")
+    r_e, g_e, b_e = one(expert[:, None, :], "edp", "ezero")
+    r_s, g_s, b_s = one(edge[:, :, None], "dp", "zero")
+    return (r_d + r_e, g_d + g_e, r_s[..., 0], g_s[..., 0], (b_d + b_e)[:, 0, :], b_s[..., 0])
+
+
+def _e(x: Array, like: Array) -> Array:
+    return np.asarray(x).reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def _bcast(links: comm.Links, like: Array) -> comm.Links:
+    def f(v: Array) -> Array:
+        v = np.asarray(v)
+        return v[..., None] if like.ndim == 3 else v
+
+    return comm.Links(f(links.intra_Bps), f(links.intra_latency_s), f(links.inter_Bps), f(links.inter_latency_s),
+                      links.gpus_per_node)

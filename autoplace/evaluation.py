@@ -1,0 +1,105 @@
+"""Score one plan: the evaluator's arrays turned into named breakdowns and violations.
+
+This is what ``autoplace evaluate`` prints and what every solver's plans are re-scored with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autoplace.cost.assumptions import DEFAULT, Assumptions
+from autoplace.cost.evaluate import COMM_PARTS, MEMORY_PARTS, TIME_PARTS, Batch, candidates_from_plans, evaluate_batch
+from autoplace.cost.layers import layer_table
+from autoplace.plan import Plan
+from autoplace.rules import Violation, check_plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Everything the cost model says about one plan.
+
+    Attributes:
+        memory: bytes by part on the fullest stage, plus ``total`` and ``capacity``.
+        memory_per_stage: the same for every stage.
+        comm: bytes sent per step by the busiest device, by dimension, plus ``total``.
+        time: seconds per step by part (compute, exposed communication, bubble, optimizer).
+        violations: broken rules, out-of-memory included.
+    """
+
+    plan: Plan
+    memory: dict[str, float]
+    memory_per_stage: list[dict[str, float]]
+    comm: dict[str, float]
+    time: dict[str, float]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    tflops_per_gpu: float
+    hw_tflops_per_gpu: float
+    worst_stage: int
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.memory["capacity"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self, rank: int | None = None) -> dict[str, Any]:
+        """The plan object of the contract (autoplace.solution/v1) plus ``violations``."""
+        out: dict[str, Any] = {"rank": rank} if rank is not None else {}
+        out.update(self.plan.to_dict())
+        out["memory_per_device_bytes"] = {k: int(round(v)) for k, v in self.memory.items()}
+        out["memory_per_stage_bytes"] = [{k: int(round(v)) for k, v in s.items()} for s in self.memory_per_stage]
+        out["comm_bytes_per_step_per_device"] = {k: int(round(v)) for k, v in self.comm.items()}
+        out["time_breakdown_s"] = {k: round(v, 6) for k, v in self.time.items()}
+        out.update({"step_time_s": round(self.step_time_s, 6), "tokens_per_s": round(self.tokens_per_s, 3),
+                    "tflops_per_gpu": round(self.tflops_per_gpu, 3), "hw_tflops_per_gpu": round(self.hw_tflops_per_gpu, 3),
+                    "mfu": round(self.mfu, 5), "violations": [v.to_dict() for v in self.violations]})
+        return out
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, assume: Assumptions = DEFAULT,
+             *, allow_tp_across_nodes: bool = False) -> Evaluation:
+    """Score ``plan`` (memory, communication, time) and list the rules it breaks."""
+    table = layer_table(model)
+    violations = check_plan(plan, model, cluster, table, allow_tp_across_nodes=allow_tp_across_nodes)
+    batch = evaluate_batch(table, cluster, candidates_from_plans([plan], table), model.training.recipe(), assume)
+    ev = from_batch(batch, 0, plan, cluster.gpus)
+    for s, stage in enumerate(ev.memory_per_stage):
+        if stage["total"] > stage["capacity"]:
+            short = stage["total"] - stage["capacity"]
+            violations.append(Violation("out-of-memory", (
+                f"stage {s} needs {stage['total'] / GiB:.2f} GiB per device but has {stage['capacity'] / GiB:.2f} GiB "
+                f"(short by {short / GiB:.2f} GiB)")))
+    return Evaluation(**{**ev.__dict__, "violations": violations})
+
+
+def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
+    """The i-th candidate of a scored batch as an Evaluation (no rule checks)."""
+    stages = []
+    for s in range(plan.pp):
+        parts = {k: float(v) for k, v in zip(MEMORY_PARTS, batch.memory[i, s])}
+        parts["total"] = float(batch.memory[i, s].sum())
+        parts["capacity"] = float(batch.capacity[i, s])
+        stages.append(parts)
+    worst = int(batch.worst_stage[i])
+    busiest = int(np.argmax(batch.comm_bytes[i, : plan.pp].sum(axis=-1)))
+    comm = {k: float(v) for k, v in zip(COMM_PARTS, batch.comm_bytes[i, busiest])}
+    comm["total"] = float(sum(comm.values()))
+    step = float(batch.step_time[i])
+    return Evaluation(
+        plan=plan, memory=stages[worst], memory_per_stage=stages, comm=comm,
+        time={k: float(v) for k, v in zip(TIME_PARTS, batch.time[i])}, step_time_s=step,
+        tokens_per_s=float(batch.tokens_per_s[i]), mfu=float(batch.mfu[i]),
+        tflops_per_gpu=float(batch.model_flops[i] / step / gpus / 1e12),
+        hw_tflops_per_gpu=float(batch.hardware_flops[i] / step / gpus / 1e12), worst_stage=worst)

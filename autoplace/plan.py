@@ -1,0 +1,325 @@
+"""Placement semantics as code: states, modes, the Plan, named presets and the plan string.
+
+Four training states -- parameters Θ, optimizer state Ω, gradients G, activations A -- each
+placed in one of five modes (DESIGN.md, "Vocabulary"):
+
+    R replicated · S sharded · S* sharded-with-gather · M materialized · O offloaded
+
+A :class:`Plan` fixes the degrees (dp = dp_replicate x dp_shard, tp, pp with virtual stages,
+cp, ep), the ZeRO level and offloads (which decide the modes of Θ, Ω, G), micro-batching,
+the recompute mode of every block (which decides A) and the layer-to-stage split.
+
+Conventions, as in Megatron-LM and torchtitan: world = dp x tp x pp x cp; ep divides
+dp x cp (experts are sharded over ranks carved out of the data-parallel group); ZeRO shards
+over dp_shard x cp (context-parallel ranks hold identical weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from autoplace.errors import SpecError
+
+
+class State(str, Enum):
+    PARAMS = "params"
+    OPTIMIZER = "optimizer"
+    GRADS = "grads"
+    ACTIVATIONS = "activations"
+
+
+class Mode(str, Enum):
+    REPLICATED = "R"
+    SHARDED = "S"
+    GATHERED = "S*"
+    MATERIALIZED = "M"
+    OFFLOADED = "O"
+
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+OFFLOAD = ("none", "cpu", "nvme")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One placement of a training job.
+
+    Attributes:
+        dp_replicate, dp_shard: data parallel = replicate x shard groups (HSDP when both > 1).
+        tp, pp, cp, ep: tensor, pipeline, context and expert parallel degrees.
+        vpp: virtual pipeline stages per device (interleaved 1F1B when > 1).
+        sp: sequence parallelism over the TP group (Korthikanti et al. 2022).
+        zero: 0 (DDP), 1 (optimizer sharded), 2 (+ gradients), 3 (+ parameters, i.e. FSDP).
+        mbs: micro-batch size in sequences; grad_accum: micro-batches per step per pipeline.
+        schedule: gpipe, 1f1b or interleaved.
+        offload_optimizer, offload_params: none, cpu or nvme.
+        recompute: the recompute mode of every block, in order.
+        layers_per_stage: blocks on each pipeline stage (embedding on the first, head on the last).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    vpp: int = 1
+    sp: bool = False
+    zero: int = 0
+    mbs: int = 1
+    grad_accum: int = 1
+    schedule: str = "1f1b"
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    recompute: tuple[str, ...] = ()
+    layers_per_stage: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        return self.mbs * self.grad_accum * self.dp
+
+    @property
+    def recompute_mode(self) -> str:
+        """The recompute mode shared by every block, or ``mixed``."""
+        modes = set(self.recompute)
+        return modes.pop() if len(modes) == 1 else ("none" if not modes else "mixed")
+
+    def placement(self) -> dict[State, Mode]:
+        """The mode of each state (DESIGN.md): e.g. ZeRO-3 is (S*, S, S, R)."""
+        params = Mode.OFFLOADED if self.offload_params != "none" else (
+            Mode.GATHERED if self.zero >= 3 else Mode.REPLICATED)
+        optimizer = Mode.OFFLOADED if self.offload_optimizer != "none" else (
+            Mode.SHARDED if self.zero >= 1 else Mode.REPLICATED)
+        grads = Mode.SHARDED if self.zero >= 2 else Mode.REPLICATED
+        if self.recompute_mode != "none":
+            acts = Mode.MATERIALIZED
+        elif (self.sp and self.tp > 1) or self.cp > 1:
+            acts = Mode.SHARDED
+        else:
+            acts = Mode.REPLICATED
+        return {State.PARAMS: params, State.OPTIMIZER: optimizer, State.GRADS: grads, State.ACTIVATIONS: acts}
+
+    def stage_ranges(self) -> list[tuple[int, int]]:
+        """[start, stop) block indices of every pipeline stage."""
+        out, start = [], 0
+        for n in self.layers_per_stage:
+            out.append((start, start + n))
+            start += n
+        return out
+
+    def replace(self, **changes: Any) -> Plan:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan object of the CLI contract (DESIGN.md, autoplace.solution/v1)."""
+        modes = self.placement()
+        out: dict[str, Any] = {
+            "degrees": {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep},
+            "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard,
+            "virtual_stages": self.vpp, "schedule": self.schedule, "sequence_parallel": self.sp,
+            "micro_batch": self.mbs, "grad_accum": self.grad_accum, "global_batch": self.global_batch,
+            "zero_stage": self.zero,
+            "placement": {s.value: m.value for s, m in modes.items()},
+            "offload": {"params": self.offload_params, "optimizer": self.offload_optimizer},
+            "recompute": self.recompute_mode,
+            "layers_per_stage": list(self.layers_per_stage),
+        }
+        if self.recompute_mode == "mixed":
+            out["recompute_per_layer"] = list(self.recompute)
+        return out
+
+    def to_string(self) -> str:
+        """The ``--plan`` string that rebuilds this plan."""
+        parts = [f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}", f"tp={self.tp}",
+                 f"pp={self.pp}", f"cp={self.cp}", f"ep={self.ep}", f"vpp={self.vpp}",
+                 f"sp={'true' if self.sp else 'false'}", f"zero={self.zero}", f"mbs={self.mbs}",
+                 f"schedule={self.schedule}", f"offload_optimizer={self.offload_optimizer}",
+                 f"offload_params={self.offload_params}",
+                 f"layers={':'.join(map(str, self.layers_per_stage))}"]
+        if self.recompute_mode == "mixed":
+            parts.append("recompute_layers=" + ":".join(r[0] for r in self.recompute))
+        else:
+            parts.append(f"recompute={self.recompute_mode}")
+        return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# Building plans: presets and the key=value string of --plan / --fix
+
+PLAN_KEYS = {
+    "dp": int, "dp_replicate": int, "dp_shard": int, "tp": int, "pp": int, "cp": int, "ep": int,
+    "vpp": int, "zero": int, "mbs": int, "ga": int, "sp": bool, "recompute": str, "schedule": str,
+    "offload_optimizer": str, "offload_params": str, "layers": str, "recompute_layers": str, "preset": str,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "ddp": {"zero": 0},  # (R, R, R, R)
+    "zero1": {"zero": 1},  # (R, S, R, R)
+    "zero2": {"zero": 2},  # (R, S, S, R)
+    "zero3": {"zero": 3},  # (S*, S, S, R)
+    "fsdp": {"zero": 3},
+    "hsdp": {"zero": 3, "hsdp": True},  # S* within a node-sized shard group, R across
+    "megatron-3d": {"zero": 1, "sp": True, "schedule": "interleaved"},  # distributed optimizer + TP/SP + PP
+}
+
+
+def parse_plan_string(text: str, *, source: str = "--plan") -> dict[str, Any]:
+    """Parse ``"dp=64,tp=8,zero=1,recompute=selective"`` into typed values.
+
+    Raises:
+        SpecError: unknown key (listing the valid ones), a value of the wrong type.
+    """
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise SpecError(f"expected KEY=VALUE, got {item!r}", source=source)
+        if key not in PLAN_KEYS:
+            raise SpecError(f"unknown key; valid keys: {', '.join(PLAN_KEYS)}", source=source, field=key)
+        out[key] = _typed(key, value, source)
+    return out
+
+
+def _typed(key: str, value: str, source: str) -> Any:
+    kind = PLAN_KEYS[key]
+    if kind is int:
+        if not value.isdigit() or int(value) < (0 if key == "zero" else 1):
+            raise SpecError(f"expected a positive whole number, got {value!r}", source=source, field=key)
+        return int(value)
+    if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise SpecError(f"expected true or false, got {value!r}", source=source, field=key)
+        return value.lower() in ("true", "1", "yes")
+    choices = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "offload_optimizer": OFFLOAD,
+               "offload_params": OFFLOAD, "preset": tuple(PRESETS)}.get(key)
+    if choices and value not in choices:
+        raise SpecError(f"{value!r} is not valid; valid: {', '.join(choices)}", source=source, field=key)
+    return value
+
+
+def even_split(blocks: int, stages: int) -> tuple[int, ...]:
+    """Split ``blocks`` into ``stages`` contiguous counts differing by at most one.
+
+    The extra blocks go to the middle stages: the first stage holds the embedding and (under
+    1F1B) the most in-flight activations, the last holds the head and the logits.
+    """
+    base, extra = divmod(blocks, stages)
+    counts = [base] * stages
+    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - (stages - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch: int,
+               gpus_per_node: int = 8, source: str = "--plan") -> Plan:
+    """Complete a partial plan (from --plan or a preset) into a Plan with defaults.
+
+    Defaults: missing dp = world / (tp*pp*cp); dp is fully sharded for zero >= 1 (fully
+    replicated for zero 0; node-sized shard groups for the hsdp preset); sp on when tp > 1;
+    interleaved schedule when vpp > 1; grad_accum from the global batch; an even split.
+
+    Raises:
+        SpecError: values that cannot make a plan for this world size and batch.
+    """
+    v = dict(PRESETS.get(values.get("preset", ""), {}))
+    v.update({k: x for k, x in values.items() if k != "preset"})
+    tp, pp, cp, ep = (v.get(k, 1) for k in ("tp", "pp", "cp", "ep"))
+    zero = v.get("zero", 0)
+    if zero > 3:
+        raise SpecError(f"zero must be 0, 1, 2 or 3, got {zero}", source=source, field="zero")
+    model_par = tp * pp * cp
+    if "dp" not in v and "dp_shard" not in v and "dp_replicate" not in v:
+        if world % model_par:
+            raise SpecError(f"tp*pp*cp = {model_par} does not divide the {world} GPUs", source=source, field="dp")
+        v["dp"] = world // model_par
+    dp_rep, dp_shard = _dp_split(v, zero, gpus_per_node // max(1, tp * cp), source)
+    vpp = v.get("vpp", 1)
+    schedule = v.get("schedule", "interleaved" if vpp > 1 else "1f1b")
+    mbs = v.get("mbs", 1)
+    dp = dp_rep * dp_shard
+    if "ga" in v:
+        ga = v["ga"]
+    elif global_batch % (mbs * dp):
+        raise SpecError(f"global batch {global_batch} is not a multiple of mbs*dp = {mbs}*{dp}",
+                        source=source, field="mbs")
+    else:
+        ga = global_batch // (mbs * dp)
+    layers = _layers(v, pp, blocks, source)
+    recompute = _recompute(v, blocks, source)
+    return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, vpp=vpp,
+                sp=v.get("sp", tp > 1), zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule,
+                offload_optimizer=v.get("offload_optimizer", "none"), offload_params=v.get("offload_params", "none"),
+                recompute=recompute, layers_per_stage=layers)
+
+
+def _dp_split(v: dict[str, Any], zero: int, node_dp: int, source: str) -> tuple[int, int]:
+    if "dp_replicate" in v or "dp_shard" in v:
+        rep, shard = v.get("dp_replicate", 1), v.get("dp_shard", 1)
+        if "dp" in v and rep * shard != v["dp"]:
+            raise SpecError(f"dp_replicate({rep}) * dp_shard({shard}) != dp({v['dp']})", source=source, field="dp")
+        return rep, shard
+    dp = v["dp"]
+    if zero == 0:
+        return dp, 1
+    if v.get("hsdp"):
+        shard = max(1, min(dp, node_dp))
+        while dp % shard:
+            shard -= 1
+        return dp // shard, shard
+    return 1, dp
+
+
+def _layers(v: dict[str, Any], pp: int, blocks: int, source: str) -> tuple[int, ...]:
+    if "layers" not in v:
+        if blocks < pp:
+            raise SpecError(f"pp={pp} exceeds the model's {blocks} layers", source=source, field="pp")
+        return even_split(blocks, pp)
+    try:
+        layers = tuple(int(x) for x in v["layers"].split(":"))
+    except ValueError:
+        raise SpecError("expected counts joined by ':', e.g. 8:8:8:8", source=source, field="layers") from None
+    if len(layers) != pp or sum(layers) != blocks or min(layers) < 0:
+        raise SpecError(f"needs {pp} counts (one per stage) adding up to {blocks} layers, got {v['layers']}",
+                        source=source, field="layers")
+    return layers
+
+
+def _recompute(v: dict[str, Any], blocks: int, source: str) -> tuple[str, ...]:
+    if "recompute_layers" in v:
+        letters = v["recompute_layers"].split(":")
+        names = {"n": "none", "s": "selective", "f": "full"}
+        if len(letters) != blocks or any(x not in names for x in letters):
+            raise SpecError(f"needs {blocks} letters n|s|f joined by ':'", source=source, field="recompute_layers")
+        return tuple(names[x] for x in letters)
+    return (v.get("recompute", "none"),) * blocks
+
+
+def uniform_recompute(mode: str, blocks: int) -> tuple[str, ...]:
+    return (mode,) * blocks
+
+
+def stage_mode_counts(plan: Plan, sequence: Sequence[int], kinds: int) -> list[list[list[int]]]:
+    """counts[stage][kind][mode]: how many blocks of each kind and recompute mode each stage holds."""
+    out = []
+    for start, stop in plan.stage_ranges():
+        grid = [[0, 0, 0] for _ in range(kinds)]
+        for i in range(start, stop):
+            grid[sequence[i]][RECOMPUTE.index(plan.recompute[i])] += 1
+        out.append(grid)
+    return out

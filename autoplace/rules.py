@@ -1,0 +1,89 @@
+"""Composition rules and the two correctness conditions, checked on any plan.
+
+The seed paper's conditions: **gradient integrity** (every update uses the exact average of
+the gradients over the global batch: each weight's gradient is reduced over exactly the
+ranks that hold a copy of it) and **state consistency** (all copies of a replicated state
+are identical when a collective reads them).  The remaining rules are what the frameworks
+(Megatron-LM, DeepSpeed, torchtitan) require of degrees and shapes.  Each violation names
+its rule, so users can look it up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplace.cost.layers import LayerTable
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec, TransformerSpec
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule: ``rule`` is a stable name, ``message`` says what and by how much."""
+
+    rule: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"rule": self.rule, "message": self.message}
+
+
+def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerTable,
+               *, allow_tp_across_nodes: bool = False) -> list[Violation]:
+    """Every composition rule the plan breaks (memory is checked by the evaluator)."""
+    out: list[Violation] = []
+
+    def rule(ok: bool, name: str, message: str) -> None:
+        if not ok:
+            out.append(Violation(name, message))
+
+    p = plan
+    gb = model.training.global_batch
+    rule(p.world == cluster.gpus, "world-size",
+         f"dp({p.dp}) * tp({p.tp}) * pp({p.pp}) * cp({p.cp}) = {p.world}, but the cluster has {cluster.gpus} GPUs")
+    rule(p.global_batch == gb, "gradient-integrity",
+         f"mbs({p.mbs}) * grad_accum({p.grad_accum}) * dp({p.dp}) = {p.global_batch} sequences per update, "
+         f"but the global batch is {gb}: the update would not average the global batch")
+    rule((p.dp * p.cp) % p.ep == 0, "gradient-integrity",
+         f"ep({p.ep}) must divide dp*cp ({p.dp * p.cp}) so each expert's gradient is reduced over all its copies")
+    rule(p.zero > 0 or p.dp_shard == 1, "state-consistency",
+         f"dp_shard({p.dp_shard}) > 1 with zero=0: a shard group that shards nothing; use dp_replicate")
+    rule(allow_tp_across_nodes or p.tp <= cluster.gpus_per_node, "tp-within-node",
+         f"tp={p.tp} exceeds gpus_per_node={cluster.gpus_per_node} (tensor parallel stays inside a node "
+         "unless tp-across-nodes is allowed)")
+    rule(len(p.layers_per_stage) == p.pp and sum(p.layers_per_stage) == table.blocks and min(p.layers_per_stage) >= 0,
+         "layer-split", f"layers_per_stage {list(p.layers_per_stage)} must give {p.pp} stages adding up to {table.blocks}")
+    rule(len(p.recompute) == table.blocks, "layer-split", f"recompute needs one mode per layer ({table.blocks})")
+    rule(p.vpp == 1 or (p.schedule == "interleaved" and p.pp > 1), "interleave",
+         f"vpp={p.vpp} needs the interleaved schedule and pp > 1")
+    rule(p.schedule != "interleaved" or p.vpp > 1, "interleave", "the interleaved schedule needs vpp > 1")
+    rule(p.vpp == 1 or all(n % p.vpp == 0 and n > 0 for n in p.layers_per_stage), "interleave",
+         f"every stage's layer count {list(p.layers_per_stage)} must be a positive multiple of vpp={p.vpp}")
+    rule(p.schedule != "interleaved" or p.grad_accum % p.pp == 0, "interleave",
+         f"interleaved 1F1B needs grad_accum({p.grad_accum}) to be a multiple of pp({p.pp}) (Megatron-LM)")
+    rule(p.offload_params == "none" or p.zero == 3, "offload-params-needs-zero3",
+         f"offload_params={p.offload_params} needs zero=3 (ZeRO-Infinity / FSDP CPU offload of sharded parameters)")
+    rule(p.offload_optimizer == "none" or p.zero >= 1, "offload-optimizer-needs-zero",
+         f"offload_optimizer={p.offload_optimizer} needs zero >= 1 (ZeRO-Offload)")
+    seq = table.seq_len
+    rule(seq % (p.cp * (2 if p.cp > 1 else 1)) == 0, "sequence-split",
+         f"seq_len {seq} must be divisible by 2*cp = {2 * p.cp} (load-balanced context parallel)")
+    rule(not p.sp or seq // p.cp % p.tp == 0, "sequence-split",
+         f"sequence parallel needs seq_len/cp = {seq // p.cp} divisible by tp={p.tp}")
+    if isinstance(model, TransformerSpec):
+        _transformer_rules(p, model, rule)
+    return out
+
+
+def _transformer_rules(p: Plan, m: TransformerSpec, rule: object) -> None:
+    check = rule  # callable(ok, name, message)
+    check(m.heads % p.tp == 0, "tp-divides-heads", f"tp={p.tp} must divide heads={m.heads}")  # type: ignore[operator]
+    check(m.n_kv_heads % p.tp == 0 or p.tp % m.n_kv_heads == 0, "tp-divides-heads",  # type: ignore[operator]
+          f"tp={p.tp} and kv_heads={m.n_kv_heads} must divide one another")
+    check(m.ffn_hidden % p.tp == 0, "tp-divides-ffn", f"tp={p.tp} must divide ffn_hidden={m.ffn_hidden}")  # type: ignore[operator]
+    if m.moe is not None:
+        check(m.moe.experts % p.ep == 0, "ep-divides-experts",  # type: ignore[operator]
+              f"ep={p.ep} must divide experts={m.moe.experts}")
+    else:
+        check(p.ep == 1, "ep-needs-moe", f"ep={p.ep} but the model has no experts")  # type: ignore[operator]
