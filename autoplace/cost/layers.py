@@ -17,7 +17,6 @@ flash attention or selective recompute).  For the GPT layer they give the paper'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
@@ -111,12 +110,15 @@ class LayerTable:
         return np.bincount(np.asarray(self.sequence[start:stop], dtype=int), minlength=len(self.kinds))
 
 
-@cache
+_TABLES: dict[str, LayerTable] = {}
+
+
 def layer_table(model: ModelSpec) -> LayerTable:
-    """Build (and cache) the plan-independent table of a model."""
-    if isinstance(model, GraphSpec):
-        return _graph_table(model)
-    return _transformer_table(model)
+    """Build (and cache, keyed by the spec's JSON) the plan-independent table of a model."""
+    key = f"{type(model).__name__}:{model.model_dump_json()}"
+    if key not in _TABLES:
+        _TABLES[key] = _graph_table(model) if isinstance(model, GraphSpec) else _transformer_table(model)
+    return _TABLES[key]
 
 
 def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:

@@ -77,7 +77,9 @@ class StageTerms:
         per_stage = n.sum(axis=-1)
         reduce = self.reduce_static + np.einsum("csk,csk->cs", per_stage, self.reduce_block)
         gather = self.gather_static + np.einsum("csk,csk->cs", per_stage, self.gather_block)
-        backward = self.stage_parts(n)[..., 0] * (2.0 / 3.0)
+        # the window that hides the reduction: backward compute without recompute (2/3 of
+        # fwd+bwd), so recompute choices never buy overlap and the search stays separable
+        backward = (self.t_static[..., 0] + np.einsum("csk,csk->cs", per_stage, self.t_block[..., 0, 0])) * (2.0 / 3.0)
         dp = np.maximum(reduce - self.dp_overlap * backward, 0.0) + gather
         opt = self.opt_static + np.einsum("csk,csk->cs", per_stage, self.opt_block)
         return np.stack([dp, opt], axis=-1)
@@ -184,6 +186,8 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     attn = col(tokens) * kind("flops_score") * (3 + sel + full) / col(tp) / rate
     lk = comm.Links(hw.links.intra_Bps[..., None, None] / assume.bandwidth_scale, hw.links.intra_latency_s[..., None, None],
                     hw.links.inter_Bps[..., None, None] / assume.bandwidth_scale, hw.links.inter_latency_s[..., None, None], G)
+    stage_links = comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
+                             lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G)  # [C, S]
     passes = 4 + 2 * full  # collectives per block: 2 forward, 2 backward, 2 more when recomputed
     tp_on = col(tp > 1)
     tp_i, tp_x, tp_t = comm.allreduce(col(tokens) * kind("tp_allreduce") / 2, col(size["tp"]), col(n_in["tp"]), lk)
@@ -226,33 +230,32 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     head_flops = last * (tok * 3 * h.flops / tp[:, None])
     t_compute = head_flops / peak_rate
     emb_i, emb_x, emb_t = comm.allreduce(tok * ab * table.hidden, size["tp"][:, None], n_in["tp"][:, None],
-                                         comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
-                                                    lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
+                                         stage_links)
     tp_on2 = (tp > 1)[:, None]
     t_tp = first * tp_on2 * emb_t
     vpp = c.vpp[:, None].astype(float)  # type: ignore[attr-defined]
     sends = np.where(pp[:, None] > 1, 2 * vpp - first - last, 0.0)
     send_bytes = sends * tok * ab * table.hidden / sp_div[:, None]
     pp_inter = (groups["pp"][1] >= G)[:, None]
-    t_pp = comm.p2p(send_bytes, sends, pp_inter, comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
-                                                             lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
+    t_pp = comm.p2p(send_bytes, sends, pp_inter, stage_links)
     edge_shard = edge_dense / np.where((zero >= 3)[:, None], size["zero"][:, None], 1)
-    _, _, eag = comm.allgather(edge_dense * pb, size["zero"][:, None], n_in["zero"][:, None],
-                               comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0],
-                                          lk.inter_Bps[..., 0, 0], lk.inter_latency_s[..., 0, 0], G))
-    t_zero = np.where((zero >= 3)[:, None], 3 * eag, 0.0)
+    _, _, eag = comm.allgather(edge_dense * pb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
+    _, _, ers = comm.reducescatter(edge_dense * gb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
+    # edges are units too: ZeRO-3 gathers them twice and reduce-scatters once per micro-batch,
+    # ZeRO-2 reduce-scatters their gradients
+    t_zero = np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [2 * eag + ers, ers], 0.0)
     t_off = off_par[:, None] * 2 * edge_shard * pb / (hw.host_Bps / assume.bandwidth_scale)
     zs = np.zeros((C, S))
     t_static = np.stack([t_compute, t_tp, zs, zs, t_pp, t_zero, t_off], axis=-1)
     zfrac_s = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack([
-        ga[:, None] * np.where((zero >= 3)[:, None], edge_dense * (2 * pb + gb) * zfrac_s, 0.0),
+        ga[:, None] * edge_dense * zfrac_s * np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [2 * pb + gb, gb], 0.0),
         ga[:, None] * first * tp_on2 * (emb_i + emb_x), ga[:, None] * send_bytes, zs, zs,
         ga[:, None] * off_par[:, None] * 2 * edge_shard * pb], axis=-1)
 
     # ---- once per step: gradient reduction, parameter gather, optimizer -----------------
     red_blk, gat_blk, red_st, gat_st, dp_bytes_blk, dp_bytes_st = _dp_terms(
-        dense_local[:, 0, :, 0], exp_local[:, 0, :, 0], edge_dense, zero, size, n_in, lk, pb, gb)
+        dense_local[:, 0, :, 0], exp_local[:, 0, :, 0], edge_dense, zero, size, n_in, stage_links, pb, gb)
     opt_params_blk = (dense_local[:, 0, :, 0] / np.where(zero >= 1, size["zero"], 1)[:, None]
                       + exp_local[:, 0, :, 0] / np.where(zero >= 1, size["ezero"], 1)[:, None])
     opt_params_st = edge_dense / np.where(zero >= 1, size["zero"], 1)[:, None]
@@ -298,9 +301,7 @@ def _dp_terms(dense: Array, expert: Array, edge: Array, zero: Array, size: dict[
         reduce seconds per block [C,S,K] and per stage of edges [C,S], the same for gathers,
         and bytes per step (blocks [C,K], edges [C,S]).
     """
-    links = comm.Links(lk.intra_Bps[..., 0, 0], lk.intra_latency_s[..., 0, 0], lk.inter_Bps[..., 0, 0],
-                       lk.inter_latency_s[..., 0, 0], lk.gpus_per_node)
-
+    links = lk
     def one(params: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
         # params: [C, X] local parameters -> (reduce seconds, gather seconds, bytes) per stage-broadcast
         p3 = params[:, None, :] if params.ndim == 2 and params.shape[1] != links.intra_Bps.shape[1] else params
