@@ -91,6 +91,77 @@ def evaluate(
     print_evaluation(ev, c)
 
 
+class Objective(str, Enum):
+    time = "time"
+    comm = "comm"
+    memory = "memory"
+
+
+class SolverName(str, Enum):
+    cpsat = "cpsat"
+    exhaustive = "exhaustive"
+
+
+@app.command()
+def solve(
+    model: ModelArg,
+    cluster: ClusterArg,
+    as_json: JsonOpt = False,
+    top: Annotated[int, typer.Option("--top", min=1, max=20, help="How many distinct plans to return.")] = 3,
+    objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory.")] = Objective.time,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
+    solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
+    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes.")] = None,
+    deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json of the best plan here.")] = None,
+    seq_len: SeqOpt = None,
+    global_batch: BatchOpt = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+) -> None:
+    """Rank plans with the integer program and write the best one's plan.json."""
+    import time as _time
+
+    t0 = _time.perf_counter()
+    try:
+        from autoplace.errors import SpecError
+        from autoplace.plan import parse_plan_string
+        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
+
+        m, c = _load(model, cluster, seq_len, global_batch)
+        fixed = parse_plan_string(",".join(fix or []), source="--fix")
+        features = set(DEFAULT_FEATURES)
+        for name in (allow or []) + (deny or []):
+            if name not in FEATURES:
+                raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
+        features |= set(allow or [])
+        features -= set(deny or [])
+        problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top)
+        result = get_solver(solver.value).solve(problem, Budget(time_limit_s=time_limit, workers=workers, seed=seed))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    from autoplace.cost.layers import layer_table
+
+    doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
+           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound,
+           "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
+           "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
+    if result.nearest is not None:
+        doc["nearest"] = result.nearest.to_dict()
+    if out is not None and result.plans:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(doc["plans"][0], indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(doc))
+    else:
+        from autoplace.report import print_solution
+
+        print_solution(doc, result)
+    if not result.plans:
+        raise typer.Exit(3)
+
+
 @app.command()
 def profiles() -> None:
     """List the shipped GPU and interconnect profiles."""

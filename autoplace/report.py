@@ -99,3 +99,37 @@ def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | No
             console.print(f"[red]violation[/red] {v.rule}: {v.message}")
     else:
         console.print("[green]fits and is sound[/green]")
+
+
+def print_solution(doc: dict, result: object, console: Console | None = None) -> None:
+    """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall."""
+    console = console or Console()
+    console.print(f"[bold]{doc['model']['name']}[/bold] ({doc['model']['params'] / 1e9:.2f}B params) on "
+                  f"{doc['cluster']['gpus']} x {doc['cluster']['gpu']}: status [bold]{doc['status']}[/bold], "
+                  f"objective {doc['objective']}, {doc['solve_seconds']:.2f} s")
+    if doc["plans"]:
+        tab = Table(title="Top plans")
+        for col in ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "sched", "recompute", "offload",
+                    "mem GiB / cap", "comm/step", "step s", "MFU"):
+            tab.add_column(col)
+        for p in doc["plans"]:
+            d = p["degrees"]
+            mem = p["memory_per_device_bytes"]
+            off = "/".join(v for v in (p["offload"]["optimizer"], p["offload"]["params"]) if v != "none") or "-"
+            tab.add_row(str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
+                        f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
+                        p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
+                        _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
+                        f"{p['mfu']:.1%}")
+        console.print(tab)
+        console.print(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
+    else:
+        near = doc.get("nearest")
+        if near:
+            mem = near["memory_per_device_bytes"]
+            console.print(f"[red]no plan fits[/red]; nearest: {near['degrees']} zero={near['zero_stage']} "
+                          f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
+                          f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device). "
+                          "Try more GPUs, --allow offload, or a smaller --global-batch/--seq-len.")
+    for note in doc.get("notes", []):
+        console.print(f"[dim]{note}[/dim]")

@@ -1,0 +1,49 @@
+"""What every back end does after its search: build plans, re-score them, explain failure."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from autoplace.cost.evaluate import evaluate_batch
+from autoplace.evaluation import Evaluation, evaluate
+from solvers.base import Problem, SolveResult
+from solvers.space import Scored, plan_from, to_candidates
+
+
+def objective_key(ev: Evaluation, objective: str) -> tuple[float, float]:
+    """(primary, tie-break) of an evaluated plan, the order every back end ranks by."""
+    if objective == "time":
+        return ev.step_time_s, ev.comm["total"]
+    if objective == "comm":
+        return ev.comm["total"], ev.step_time_s
+    return ev.memory["total"], ev.step_time_s
+
+
+def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], list[int], list[Any]]],
+           status: str, *, bound: float | None, start: float, n_evaluated: int,
+           notes: list[str] | None = None) -> SolveResult:
+    """Re-score the chosen (config, split, recompute counts) with the evaluator; on failure
+    find the nearest plan (smallest shortfall among uniform plans) for the message."""
+    plans = [evaluate(problem.model, problem.cluster, plan_from(cf, scored.table, split, modes), problem.assumptions,
+                      allow_tp_across_nodes="tp-across-nodes" in problem.features)
+             for cf, split, modes in chosen]
+    plans.sort(key=lambda ev: objective_key(ev, problem.objective))
+    nearest = None if plans else nearest_plan(problem, scored)
+    return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,
+                       bound=bound, wall_s=time.perf_counter() - start, n_evaluated=n_evaluated, nearest=nearest,
+                       notes=notes or [])
+
+
+def nearest_plan(problem: Problem, scored: Scored) -> Evaluation:
+    """The uniform plan (even split, full recompute) whose fullest stage misses by the least."""
+    cand = to_candidates(scored.configs, scored.table, mode=2)
+    batch = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
+    i = int(np.argmin(batch.shortfall))
+    counts = cand.counts[i]
+    split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
+    modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]
+    plan = plan_from(scored.configs[i], scored.table, split, modes)
+    return evaluate(problem.model, problem.cluster, plan, problem.assumptions)

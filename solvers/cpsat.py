@@ -1,0 +1,269 @@
+"""CP-SAT placement search: one integer program over configurations, layer splits and
+per-layer recompute, with per-stage memory caps.
+
+Model (``build_model``):
+
+* one Boolean per configuration (degrees, ZeRO level, offload, micro-batch, schedule; the
+  table of valid factorizations replaces nonlinear degree products), exactly one true;
+* per (pp, vpp) group: blocks per stage ``n_s = vpp * q_s`` (contiguous, uneven allowed),
+  blocks of each kind per stage (element constraints on prefix counts), and recompute counts
+  ``r[s,k,mode]`` summing to them -- the per-layer decisions;
+* for each configuration, enforced by its Boolean: every stage's memory <= capacity, stage
+  micro-batch times, the exposed DP tail, and the objective bound.
+
+Coefficients come from :func:`autoplace.cost.terms.stage_terms` (the evaluator's own tables),
+scaled to integers with a recorded scale; configurations whose sound lower bound exceeds the
+K-th best uniform plan are pruned first, which never removes an optimum.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autoplace.cost.evaluate import evaluate_batch
+from autoplace.errors import SolverError
+from solvers.base import Budget, Problem, SolveResult, Solver, register
+from solvers.common import finish
+from solvers.space import Scored, enumerate_configs, score_space, to_candidates
+
+LCM_VPP = 12  # lcm(1, 2, 3, 4): keeps (Σt - max)/v integral for every vpp we search
+
+
+@dataclass
+class Built:
+    """The CP-SAT model and the handles needed to read a solution back."""
+
+    model: Any
+    chosen: dict[int, Any]  # config index -> Boolean
+    groups: dict[tuple[int, int], dict[str, Any]]
+    objective: Any
+    time_scale_s: float  # seconds per integer time unit
+    notes: list[str] = field(default_factory=list)
+
+
+def _ceil(x: float) -> int:
+    return int(math.ceil(x - 1e-9))
+
+
+def build_model(problem: Problem, scored: Scored, keep: list[int]) -> Built:
+    """Build the integer program over the configurations ``keep``."""
+    from ortools.sat.python import cp_model
+
+    t, table = scored.terms, scored.table
+    L, K = table.blocks, len(table.kinds)
+    md = cp_model.CpModel()
+    # time unit: the slowest stage micro-batch among kept configs maps to ~1e8 units
+    worst = max(float(t.t_static[i].sum(-1).max() + L * t.t_block[i].sum(-1).max()) for i in keep)
+    tail_worst = max(float((t.reduce_static[i] + t.gather_static[i] + t.opt_static[i]).max()
+                           + L * (t.reduce_block[i] + t.gather_block[i] + t.opt_block[i]).max()) for i in keep)
+    unit = max(worst, tail_worst, 1e-12) / 1e8
+    T = lambda x: int(round(float(x) / unit))  # noqa: E731 - seconds -> integer units
+    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
+    fixed_split = tuple(int(x) for x in str(problem.fixed["layers"]).split(":")) if "layers" in problem.fixed else None
+    prefix = np.vstack([np.zeros(K, int), np.cumsum(np.eye(K, dtype=int)[list(table.sequence)], axis=0)])
+    groups: dict[tuple[int, int], dict[str, Any]] = {}
+    for i in keep:
+        key = (scored.configs[i]["pp"], scored.configs[i]["vpp"])
+        if key not in groups:
+            groups[key] = _stage_vars(md, key, L, K, prefix, fixed_mode, fixed_split, int(1e8 * 4))
+    chosen = {i: md.new_bool_var(f"x{i}") for i in keep}
+    md.add_exactly_one(chosen.values())
+    horizon = int(LCM_VPP * (max(scored.configs[i]["ga"] for i in keep) + 1) * 4e8 * 2)
+    obj = md.new_int_var(0, max(horizon, int(4e15)), "objective")
+    for i in keep:
+        _config_constraints(md, problem, scored, i, groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])],
+                            chosen[i], obj, T)
+    md.minimize(obj)
+    return Built(md, chosen, groups, obj, unit)
+
+
+def _stage_vars(md: Any, key: tuple[int, int], L: int, K: int, prefix: np.ndarray, fixed_mode: int | None,
+                fixed_split: tuple[int, ...] | None, tmax: int) -> dict[str, Any]:
+    P, v = key
+    tag = f"p{P}v{v}"
+    q = [md.new_int_var(1, L // v, f"{tag}_q{s}") for s in range(P)]
+    n = [qq * v for qq in q]
+    md.add(sum(q) * v == L)
+    if fixed_split is not None and len(fixed_split) == P:
+        for s in range(P):
+            md.add(n[s] == fixed_split[s])
+    bounds = [md.new_int_var(0, L, f"{tag}_b{s}") for s in range(P + 1)]
+    md.add(bounds[0] == 0)
+    for s in range(P):
+        md.add(bounds[s + 1] == bounds[s] + n[s])
+    counts = []  # counts[s][k]
+    for s in range(P):
+        if K == 1:
+            counts.append([n[s]])
+            continue
+        row = []
+        for k in range(K):
+            lo, hi = md.new_int_var(0, L, ""), md.new_int_var(0, L, "")
+            md.add_element(bounds[s], [int(x) for x in prefix[:, k]], lo)
+            md.add_element(bounds[s + 1], [int(x) for x in prefix[:, k]], hi)
+            row.append(hi - lo)
+        counts.append(row)
+    r = [[[md.new_int_var(0, L if (fixed_mode is None or fixed_mode == mode) else 0, f"{tag}_r{s}{k}{mode}")
+           for mode in range(3)] for k in range(K)] for s in range(P)]
+    for s in range(P):
+        for k in range(K):
+            md.add(sum(r[s][k]) == counts[s][k])
+    tvars = [md.new_int_var(0, tmax, f"{tag}_t{s}") for s in range(P)]
+    tmaxv = md.new_int_var(0, tmax, f"{tag}_tmax")
+    for s in range(P):
+        md.add(tmaxv >= tvars[s])
+    tail = md.new_int_var(0, tmax * 4, f"{tag}_tail")
+    return {"q": q, "n": n, "counts": counts, "r": r, "t": tvars, "tmax": tmaxv, "tail": tail, "P": P, "v": v}
+
+
+def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: dict[str, Any], x: Any, obj: Any,
+                        T: Any) -> None:
+    t, cf = scored.terms, scored.configs[i]
+    P, v, m = g["P"], g["v"], cf["ga"]
+    K = len(scored.table.kinds)
+    state = t.state_block[i, 0].sum(-1)  # [K]
+    comm_terms, mem_terms = [], []
+    for s in range(P):
+        cnt, r = g["counts"][s], g["r"][s]
+        # memory <= capacity, conservatively rounded (coefficients up, capacity down)
+        mem = sum(_ceil(state[k]) * cnt[k] for k in range(K)) + sum(
+            _ceil(t.inflight[i, s] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
+        static = _ceil(t.mem_static[i, s].sum())
+        md.add(mem + static <= int(t.capacity[i, s])).only_enforce_if(x)
+        mem_terms.append(mem + static)
+        tb = t.t_block[i, s].sum(-1)  # [K, 3]
+        md.add(g["t"][s] == T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K)
+                                                             for mode in range(3))).only_enforce_if(x)
+        # exposed DP tail: max(0, reduce - overlap * backward window) + gather + optimizer
+        red = T(t.reduce_static[i, s]) + sum(T(t.reduce_block[i, s, k]) * cnt[k] for k in range(K))
+        win = T(t.dp_overlap * t.t_static[i, s, 0] * 2 / 3) + sum(
+            T(t.dp_overlap * t.t_block[i, s, k, 0, 0] * 2 / 3) * cnt[k] for k in range(K))
+        rest = T(t.gather_static[i, s] + t.opt_static[i, s]) + sum(
+            T(t.gather_block[i, s, k] + t.opt_block[i, s, k]) * cnt[k] for k in range(K))
+        md.add(g["tail"] >= rest).only_enforce_if(x)
+        md.add(g["tail"] >= red - win + rest).only_enforce_if(x)
+        cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
+        comm_terms.append(int(t.bytes_static[i, s].sum()) + sum(int(cb[k, mode]) * r[k][mode]
+                                                                for k in range(K) for mode in range(3)))
+    if problem.objective == "time":
+        scale = LCM_VPP // v
+        md.add(obj >= scale * ((m * v - 1) * g["tmax"] + sum(g["t"])) + LCM_VPP * g["tail"]).only_enforce_if(x)
+    elif problem.objective == "comm":
+        for expr in comm_terms:
+            md.add(obj >= expr).only_enforce_if(x)
+    else:
+        for expr in mem_terms:
+            md.add(obj >= expr).only_enforce_if(x)
+
+
+def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray | None, int | None]:
+    """Keep configurations that may hold one of the top-K optima (sound bound test).
+
+    Returns:
+        (kept indices, uniform objective values, index of the best uniform plan for the hint)
+    """
+    feasible = scored.memory_lb <= 0
+    best_uniform = np.full(len(scored.configs), np.inf)
+    best_mode = np.zeros(len(scored.configs), dtype=int)
+    if "layers" not in problem.fixed:
+        modes = [["none", "selective", "full"].index(problem.fixed["recompute"])] if "recompute" in problem.fixed else [0, 1, 2]
+        for mode in modes:
+            cand = to_candidates(scored.configs, scored.table, mode=mode)
+            b = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
+            value = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[problem.objective]
+            value = np.where(b.fits, value, np.inf)
+            better = value < best_uniform
+            best_uniform = np.where(better, value, best_uniform)
+            best_mode = np.where(better, mode, best_mode)
+    finite = np.sort(best_uniform[np.isfinite(best_uniform)])
+    ub = finite[min(problem.top_k, len(finite)) - 1] if len(finite) >= 1 else np.inf
+    # the uniform UB is a real plan's value; allow float noise before discarding
+    keep = np.flatnonzero(feasible & (scored.lower_bound <= ub * (1 + 1e-9)))
+    hint = int(np.argmin(best_uniform)) if np.isfinite(best_uniform).any() else None
+    return keep.tolist(), best_mode, hint
+
+
+@register
+class CpSatSolver(Solver):
+    """OR-Tools CP-SAT over the whole placement space (the default)."""
+
+    name = "cpsat"
+
+    @classmethod
+    def available(cls) -> bool:
+        try:
+            import ortools.sat.python.cp_model  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def solve(self, problem: Problem, budget: Budget) -> SolveResult:
+        from ortools.sat.python import cp_model
+
+        start = time.perf_counter()
+        configs = enumerate_configs(problem)
+        scored = score_space(problem, configs)
+        keep, best_mode, hint = _prune(problem, scored)
+        notes = [f"{len(configs)} configurations scored, {len(keep)} kept after bounding"]
+        if not keep:
+            return finish(problem, scored, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
+                          notes=notes)
+        built = build_model(problem, scored, keep)
+        if hint is not None and hint in built.chosen:
+            for i, var in built.chosen.items():
+                built.model.add_hint(var, i == hint)
+        chosen, statuses, bound = [], [], None
+        for _ in range(problem.top_k):
+            remaining = budget.time_limit_s - (time.perf_counter() - start)
+            if remaining <= 0:
+                break
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = remaining
+            solver.parameters.num_workers = budget.workers
+            solver.parameters.random_seed = budget.seed
+            status = solver.solve(built.model)
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if status != cp_model.INFEASIBLE:
+                    statuses.append("feasible")
+                break
+            statuses.append("optimal" if status == cp_model.OPTIMAL else "feasible")
+            if bound is None:
+                bound = solver.best_objective_bound
+            i = next(j for j, var in built.chosen.items() if solver.value(var))
+            chosen.append(self._read(solver, built, scored, i))
+            built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
+        if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
+            chosen.append(_uniform(scored, hint, int(best_mode[hint])))
+            notes.append("time limit hit before a CP-SAT solution: returning the best uniform plan")
+            statuses.append("feasible")
+        status = "optimal" if statuses and all(s == "optimal" for s in statuses) else (
+            "feasible" if chosen else "infeasible")
+        scale = {"time": built.time_scale_s / LCM_VPP, "comm": 1.0, "memory": 1.0}[problem.objective]
+        notes.append(f"objective scale: 1 unit = {scale:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
+        return finish(problem, scored, chosen, status, bound=None if bound is None else bound * scale, start=start,
+                      n_evaluated=len(configs), notes=notes)
+
+    @staticmethod
+    def _read(solver: Any, built: Built, scored: Scored, i: int) -> tuple[dict[str, Any], list[int], list[Any]]:
+        cf = scored.configs[i]
+        g = built.groups[(cf["pp"], cf["vpp"])]
+        split = [int(solver.value(n)) for n in g["n"]]
+        modes = [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
+        return cf, split, modes
+
+
+def _uniform(scored: Scored, i: int, mode: int) -> tuple[dict[str, Any], list[int], list[Any]]:
+    """Configuration ``i`` with its even split and one recompute mode everywhere."""
+    counts = to_candidates([scored.configs[i]], scored.table, mode=mode).counts[0]
+    split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
+    return scored.configs[i], split, [counts[s].astype(int).tolist() for s in range(len(split))]
+
+
+def check_available() -> None:
+    if not CpSatSolver.available():
+        raise SolverError("ortools is not installed: pip install ortools")

@@ -1,0 +1,127 @@
+"""The reference back end: every configuration, every contiguous split, every recompute count.
+
+Per configuration and split the stages are independent: the step time is non-decreasing in
+every stage's micro-batch time and recompute choices touch nothing else (the DP overlap
+window excludes recompute, see :mod:`autoplace.cost.terms`), so each stage takes its fastest
+recompute counts that fit.  That makes the enumeration exact, and small instances cheap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from autoplace.errors import SolverError
+from solvers.base import Budget, Problem, SolveResult, Solver, register
+from solvers.common import finish, objective_key
+from solvers.space import Scored, enumerate_configs, score_space
+
+MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
+
+
+def compositions(total: int, parts: int, step: int) -> list[tuple[int, ...]]:
+    """All ways to write ``total`` as ``parts`` positive multiples of ``step``, in order."""
+    if total % step:
+        return []
+    units = total // step
+    out = []
+    for cuts in itertools.combinations(range(1, units), parts - 1):
+        bounds = (0, *cuts, units)
+        out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:])))
+    return out
+
+
+def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
+    """Every recompute assignment for a stage with ``counts[k]`` blocks of kind k: [O, K, 3]."""
+    per_kind = []
+    for n in counts:
+        if fixed_mode is not None:
+            row = [0, 0, 0]
+            row[fixed_mode] = n
+            per_kind.append([row])
+        else:
+            per_kind.append([[n - a - b, a, b] for a in range(n + 1) for b in range(n + 1 - a)])
+    return np.array([list(combo) for combo in itertools.product(*per_kind)], dtype=float)
+
+
+def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...], list[int], list[Any]] | None:
+    """Best split and recompute counts of configuration ``i``, or None when nothing fits."""
+    cf, t, table = scored.configs[i], scored.terms, scored.table
+    P, v, m = cf["pp"], cf["vpp"], cf["ga"]
+    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
+    splits = compositions(table.blocks, P, v)
+    if "layers" in problem.fixed:
+        want = tuple(int(x) for x in str(problem.fixed["layers"]).split(":"))
+        splits = [s for s in splits if s == want]
+    prefix = np.vstack([np.zeros(len(table.kinds)), np.cumsum(np.eye(len(table.kinds))[list(table.sequence)], axis=0)])
+
+    @lru_cache(maxsize=None)
+    def stage(s: int, start: int, stop: int) -> tuple[float, float, float, float, list[Any]] | None:
+        counts = tuple(int(x) for x in prefix[stop] - prefix[start])
+        opts = _options(counts, fixed_mode)  # [O, K, 3]
+        N = opts.sum(-1)  # [O, K]
+        mem = (t.mem_static[i, s].sum() + (N * t.state_block[i, 0].sum(-1)).sum(-1)
+               + t.inflight[i, s] * (opts * t.act_block[i, 0]).sum((1, 2)))
+        tim = t.t_static[i, s].sum() + (opts * t.t_block[i, s].sum(-1)).sum((1, 2))
+        com = t.bytes_static[i, s].sum() + (opts * t.bytes_block[i, 0].sum(-1)).sum((1, 2))
+        fits = mem <= t.capacity[i, s]
+        if not fits.any():
+            return None
+        key = {"time": (tim, mem), "comm": (com, tim), "memory": (mem, tim)}[problem.objective]
+        order = np.lexsort((key[1], key[0], ~fits))
+        j = int(order[0])
+        n = N[j]
+        red = t.reduce_static[i, s] + (n * t.reduce_block[i, s]).sum()
+        win = (t.t_static[i, s, 0] + (n * t.t_block[i, s, :, 0, 0]).sum()) * 2 / 3
+        tail = max(red - t.dp_overlap * win, 0.0) + t.gather_static[i, s] + (n * t.gather_block[i, s]).sum() \
+            + t.opt_static[i, s] + (n * t.opt_block[i, s]).sum()
+        return float(tim[j]), float(com[j]), float(mem[j]), float(tail), opts[j].astype(int).tolist()
+
+    best: tuple[tuple[Any, ...], list[int], list[Any]] | None = None
+    for split in splits:
+        bounds = np.concatenate([[0], np.cumsum(split)])
+        stages = [stage(s, int(bounds[s]), int(bounds[s + 1])) for s in range(P)]
+        if any(x is None for x in stages):
+            continue
+        ts = [x[0] for x in stages]  # type: ignore[index]
+        step = m * max(ts) + (sum(ts) - max(ts)) / v + max(x[3] for x in stages)  # type: ignore[index]
+        comm = max(x[1] for x in stages)  # type: ignore[index]
+        mem = max(x[2] for x in stages)  # type: ignore[index]
+        key = {"time": (step, comm), "comm": (comm, step), "memory": (mem, step)}[problem.objective]
+        if best is None or key < best[0]:
+            best = (key, list(split), [x[4] for x in stages])  # type: ignore[index]
+    return best
+
+
+@register
+class ExhaustiveSolver(Solver):
+    """Enumerates the whole space; the oracle the contract tests compare CP-SAT against."""
+
+    name = "exhaustive"
+
+    def solve(self, problem: Problem, budget: Budget) -> SolveResult:
+        start = time.perf_counter()
+        configs = enumerate_configs(problem)
+        scored = score_space(problem, configs)
+        L = scored.table.blocks
+        work = sum(len(compositions(L, c["pp"], c["vpp"])) for c in configs)
+        if work > MAX_WORK:
+            raise SolverError(f"the space has {work} splits to enumerate (limit {MAX_WORK}); use --solver cpsat")
+        found = []
+        for i in range(len(configs)):
+            inner = best_inner(scored, i, problem)
+            if inner is not None:
+                found.append((inner[0], i, inner[1], inner[2]))
+            if time.perf_counter() - start > budget.time_limit_s * 50:
+                raise SolverError("exhaustive search ran far past the time limit")
+        found.sort(key=lambda f: f[0])
+        chosen = [(configs[i], split, modes) for _, i, split, modes in found[: problem.top_k]]
+        return finish(problem, scored, chosen, "optimal" if found else "infeasible",
+                      bound=None, start=start, n_evaluated=len(configs))
+
+
+__all__ = ["ExhaustiveSolver", "compositions", "best_inner", "objective_key"]

@@ -1,0 +1,193 @@
+"""The placement space: every valid configuration of degrees, sharding, offload, micro-batch
+and schedule, scored in one vectorized pass, with sound bounds for pruning.
+
+A *configuration* fixes everything but the per-layer decisions (the layer-to-stage split and
+each block's recompute mode); those are what CP-SAT decides per configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoplace.cost.evaluate import Candidates
+from autoplace.cost.layers import LayerTable, layer_table
+from autoplace.cost.memory import SCHEDULE_CODES
+from autoplace.cost.terms import StageTerms, stage_terms
+from autoplace.errors import Infeasible, SpecError
+from autoplace.plan import RECOMPUTE, Plan, even_split
+from autoplace.specs.model import TransformerSpec
+from solvers.base import Problem
+
+CONFIG_KEYS = ("tp", "pp", "cp", "ep", "dp_rep", "dp_shard", "vpp", "zero", "mbs", "ga", "schedule", "off_opt", "off_par")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_configs(problem: Problem) -> list[dict[str, Any]]:
+    """Every configuration the rules allow, honouring ``problem.fixed``.
+
+    Raises:
+        Infeasible: when the fixed keys leave nothing (with the reason).
+    """
+    m, c, fx, feat = problem.model, problem.cluster, problem.fixed, problem.features
+    table = layer_table(m)
+    W, G, L, B = c.gpus, c.gpus_per_node, table.blocks, m.training.global_batch
+    seq = table.seq_len
+
+    def allowed(key: str, values: list[int]) -> list[int]:
+        return [v for v in values if v == fx[key]] if key in fx else values
+
+    tps = allowed("tp", [t for t in _divisors(W) if t <= G or "tp-across-nodes" in feat])
+    if isinstance(m, TransformerSpec):
+        tps = [t for t in tps if m.heads % t == 0 and m.ffn_hidden % t == 0
+               and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
+    cps = allowed("cp", [x for x in _divisors(W) if x == 1 or ("cp" in feat and x <= 16 and seq % (2 * x) == 0)])
+    experts = m.moe.experts if isinstance(m, TransformerSpec) and m.moe else 1
+    out: list[dict[str, Any]] = []
+    for tp, cp in itertools.product(tps, cps):
+        if W % (tp * cp):
+            continue
+        for pp in allowed("pp", [p for p in _divisors(W // (tp * cp)) if p <= L]):
+            dp = W // (tp * cp * pp)
+            if "dp" in fx and fx["dp"] != dp:
+                continue
+            if B % dp or (tp > 1 and (seq // cp) % tp):
+                continue
+            eps = allowed("ep", [e for e in _divisors(experts) if (dp * cp) % e == 0 and (e == 1 or "ep" in feat)])
+            for ep, zero in itertools.product(eps, allowed("zero", [0, 1, 2, 3])):
+                for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
+                    out.extend(_micro(problem, L, B, dp, pp, dict(tp=tp, pp=pp, cp=cp, ep=ep, dp_rep=dp_rep,
+                                                                  dp_shard=dp_shard, zero=zero)))
+    if not out:
+        raise Infeasible("no configuration satisfies the fixed keys and the composition rules "
+                         f"({', '.join(f'{k}={v}' for k, v in fx.items()) or 'no keys fixed'}; {W} GPUs, {L} layers)")
+    return out
+
+
+def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: frozenset[str]) -> list[tuple[int, int]]:
+    if zero == 0:
+        splits = [(dp, 1)]
+    else:
+        splits = [(1, dp)]
+        if zero == 3 and "hsdp" in feat and 1 < node_dp < dp and dp % node_dp == 0:
+            splits.append((dp // node_dp, node_dp))
+    return [(r, s) for r, s in splits
+            if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
+
+
+def _micro(problem: Problem, L: int, B: int, dp: int, pp: int, base: dict[str, Any]) -> list[dict[str, Any]]:
+    fx, feat = problem.fixed, problem.features
+    out = []
+    per_replica = B // dp
+    mbss = [b for b in _divisors(per_replica) if b <= problem.max_mbs]
+    if "mbs" in fx:
+        mbss = [b for b in mbss if b == fx["mbs"]] or ([fx["mbs"]] if per_replica % fx["mbs"] == 0 else [])
+    vpps = [1] + ([v for v in (2, 3, 4) if pp > 1 and L % v == 0 and L // v >= pp] if "interleave" in feat else [])
+    if "vpp" in fx:
+        vpps = [v for v in vpps if v == fx["vpp"]] or ([fx["vpp"]] if fx["vpp"] > 1 and pp > 1 else [])
+    offs_opt = ["none", "cpu"] if ("offload" in feat and base["zero"] >= 1) else ["none"]
+    offs_par = ["none", "cpu"] if ("offload" in feat and base["zero"] == 3) else ["none"]
+    for mbs, vpp in itertools.product(mbss, vpps):
+        ga = per_replica // mbs
+        if vpp > 1 and ga % pp:
+            continue
+        schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
+        if fx.get("schedule", schedule) != schedule:
+            continue
+        for oo, op in itertools.product(offs_opt, offs_par):
+            if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
+                continue
+            out.append({**base, "mbs": mbs, "ga": ga, "vpp": vpp, "schedule": schedule, "off_opt": oo, "off_par": op})
+    return out
+
+
+def to_candidates(configs: list[dict[str, Any]], table: LayerTable, mode: int = 0) -> Candidates:
+    """Configurations as arrays, each with an even split and one recompute mode everywhere."""
+    S = max(cf["pp"] for cf in configs)
+    K = len(table.kinds)
+    counts = np.zeros((len(configs), S, K, 3))
+    seq = np.asarray(table.sequence)
+    for i, cf in enumerate(configs):
+        split = even_split(table.blocks // cf["vpp"], cf["pp"])
+        start = 0
+        for s, n in enumerate(split):
+            n *= cf["vpp"]
+            counts[i, s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+            start += n
+        counts[i, cf["pp"] - 1, :, mode] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+
+    def col(key: str) -> np.ndarray:
+        return np.array([cf[key] for cf in configs], dtype=np.int64)
+
+    return Candidates(
+        tp=col("tp"), pp=col("pp"), cp=col("cp"), ep=col("ep"), dp_rep=col("dp_rep"), dp_shard=col("dp_shard"),
+        vpp=col("vpp"), sp=col("tp") > 1, zero=col("zero"), mbs=col("mbs"), ga=col("ga"),
+        schedule=np.array([SCHEDULE_CODES[cf["schedule"]] for cf in configs]),
+        off_opt=np.array([cf["off_opt"] != "none" for cf in configs]),
+        off_par=np.array([cf["off_par"] != "none" for cf in configs]), counts=counts)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The space scored: configurations, their coefficient tables and sound bounds."""
+
+    configs: list[dict[str, Any]]
+    table: LayerTable
+    terms: StageTerms
+    lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
+    memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity
+
+
+def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
+    """Coefficient tables for every configuration and lower bounds used to prune."""
+    table = layer_table(problem.model)
+    cand = to_candidates(configs, table)
+    terms = stage_terms(table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
+    pp = cand.pp.astype(float)
+    mask = np.arange(cand.counts.shape[1])[None, :] < cand.pp[:, None]
+    n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
+    # time: the sum of stage times is split-independent (up to per-stage hardware: take the fastest)
+    t_block_none = np.where(mask[..., None], terms.t_block[..., 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
+    total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block_none * n_kind).sum(-1))
+    m, v = cand.ga.astype(float), cand.vpp.astype(float)
+    time_lb = (m - 1 / v) * total / pp + total / v
+    # memory: the fullest stage holds at least the average of all stages, with full recompute
+    state = terms.state_block[:, 0].sum(-1)  # [C, K]
+    inflight_min = np.where(mask, terms.inflight, np.inf).min(1)
+    mem_all = (np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
+               + (n_kind * (state + inflight_min[:, None] * terms.act_block[:, 0, :, 2])).sum(-1))
+    cap_max = np.where(mask, terms.capacity, 0).max(1)
+    memory_lb = np.maximum(mem_all / pp, np.where(mask, terms.mem_static.sum(-1), 0).max(1))
+    comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
+        terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
+    lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
+    return Scored(configs, table, terms, lb, memory_lb - cap_max)
+
+
+def plan_from(config: dict[str, Any], table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:
+    """Build the Plan for a configuration, a split (blocks per stage) and recompute counts
+    ``modes[stage][kind] = [none, selective, full]``: full recompute goes to the first blocks
+    of a stage (Megatron's ``--recompute-method block``), then selective, then none."""
+    recompute: list[str] = []
+    start = 0
+    for s, n in enumerate(split):
+        left = [list(modes[s][k]) for k in range(len(table.kinds))]
+        for i in range(start, start + n):
+            k = table.sequence[i]
+            r = 2 if left[k][2] else (1 if left[k][1] else 0)
+            left[k][r] -= 1
+            recompute.append(RECOMPUTE[r])
+        start += n
+    if any(x < 0 for row in modes for kind in row for x in kind):
+        raise SpecError("negative recompute count")
+    return Plan(tp=config["tp"], pp=config["pp"], cp=config["cp"], ep=config["ep"], dp_replicate=config["dp_rep"],
+                dp_shard=config["dp_shard"], vpp=config["vpp"], sp=config["tp"] > 1, zero=config["zero"],
+                mbs=config["mbs"], grad_accum=config["ga"], schedule=config["schedule"],
+                offload_optimizer=config["off_opt"], offload_params=config["off_par"],
+                recompute=tuple(recompute), layers_per_stage=tuple(split))

@@ -1,0 +1,77 @@
+"""Contract tests run on every back end, and CP-SAT against the exhaustive oracle."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplace.specs.model import model_from_dict
+from solvers.base import Budget, Problem, get_solver
+from solvers.common import objective_key
+from tests.helpers import gpu_cluster
+
+BACKENDS = ["cpsat", "exhaustive"]
+
+
+def _model(layers: int, hidden: int, batch: int, seq: int = 512):
+    return model_from_dict({"name": "small", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden,
+                            "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": seq,
+                            "training": {"global_batch": batch}})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_plans_are_rescored_sorted_and_fit(backend: str) -> None:
+    problem = Problem(_model(8, 512, 16), gpu_cluster(4, gpu="a100-sxm4-40gb"), top_k=3)
+    result = get_solver(backend).solve(problem, Budget(time_limit_s=20))
+    assert result.status == "optimal"
+    assert 1 <= len(result.plans) <= 3
+    keys = [objective_key(ev, "time") for ev in result.plans]
+    assert keys == sorted(keys)
+    assert len({ev.plan.to_string() for ev in result.plans}) == len(result.plans)  # distinct
+    for ev in result.plans:
+        assert ev.ok, ev.violations
+        assert ev.plan.world == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_fix_pins_the_plan(backend: str) -> None:
+    problem = Problem(_model(8, 512, 16), gpu_cluster(4, gpu="a100-sxm4-40gb"), fixed={"tp": 2, "zero": 1}, top_k=2)
+    for ev in get_solver(backend).solve(problem, Budget(time_limit_s=20)).plans:
+        assert ev.plan.tp == 2 and ev.plan.zero == 1
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([4, 6, 8]), hidden=st.sampled_from([256, 512, 1024]), gpus=st.sampled_from([2, 4, 8]),
+       batch=st.sampled_from([8, 16]), objective=st.sampled_from(["time", "comm", "memory"]),
+       gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]), seq=st.sampled_from([512, 2048]))
+def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, batch: int, objective: str,
+                                         gpu: str, seq: int) -> None:
+    """On instances small enough to enumerate, CP-SAT's optimum is the oracle's (DESIGN.md)."""
+    problem = Problem(_model(layers, hidden, batch, seq), gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=1,
+                      features=frozenset({"interleave", "hsdp"}))
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=30))
+    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=30))
+    assert a.status == b.status
+    if b.plans:
+        assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
+                                                                         rel=1e-6)
+
+
+def test_infeasible_reports_the_nearest_plan() -> None:
+    problem = Problem(_model(8, 4096, 8, seq=4096), gpu_cluster(1, gpu="v100-sxm2-32gb"),
+                      features=frozenset())
+    big = model_from_dict({"name": "too-big", "layers": 8, "hidden": 16384, "ffn_hidden": 65536, "heads": 8,
+                           "vocab": 4096, "seq_len": 512, "training": {"global_batch": 8}})
+    problem = Problem(big, gpu_cluster(1, gpu="v100-sxm2-32gb"), features=frozenset())
+    result = get_solver("cpsat").solve(problem, Budget(time_limit_s=10))
+    assert result.status == "infeasible" and not result.plans
+    assert result.nearest is not None
+    assert any(v.rule == "out-of-memory" and "short by" in v.message for v in result.nearest.violations)
+
+
+def test_unknown_solver_lists_valid_names() -> None:
+    from autoplace.errors import SolverError
+
+    with pytest.raises(SolverError, match="cpsat"):
+        get_solver("gurobi")
