@@ -27,7 +27,7 @@ import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.errors import SolverError
-from solvers.base import Budget, Problem, SolveResult, Solver, register
+from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
 
 from autoplace.errors import SolverError
-from solvers.base import Budget, Problem, SolveResult, Solver, register
+from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish, objective_key
 from solvers.space import Scored, enumerate_configs, score_space
 
@@ -59,7 +59,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         splits = [s for s in splits if s == want]
     prefix = np.vstack([np.zeros(len(table.kinds)), np.cumsum(np.eye(len(table.kinds))[list(table.sequence)], axis=0)])
 
-    @lru_cache(maxsize=None)
+    @cache
     def stage(s: int, start: int, stop: int) -> tuple[float, float, float, float, list[Any]] | None:
         counts = tuple(int(x) for x in prefix[stop] - prefix[start])
         opts = _options(counts, fixed_mode)  # [O, K, 3]

@@ -21,7 +21,13 @@ import numpy as np
 from autoplace.cost import comm
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.layers import LayerTable
-from autoplace.cost.memory import block_activation_bytes, gather_buffer_bytes, inflight_microbatches, reserve_bytes, state_bytes
+from autoplace.cost.memory import (
+    block_activation_bytes,
+    gather_buffer_bytes,
+    inflight_microbatches,
+    reserve_bytes,
+    state_bytes,
+)
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
 
