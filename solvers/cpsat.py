@@ -29,7 +29,10 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.errors import SolverError
 from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish
+from autoplace.plan import even_split
+from solvers.cpsat_tables import build_table_model, read_solution
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
+from solvers.tables import StageTables, split_bounds, split_value, stage_tables
 
 LCM_VPP = 12  # lcm(1, 2, 3, 4): keeps (Σt - max)/v integral for every vpp we search
 
@@ -208,6 +211,8 @@ class CpSatSolver(Solver):
         start = time.perf_counter()
         configs = enumerate_configs(problem)
         scored = score_space(problem, configs)
+        if len(scored.table.kinds) == 1:
+            return self._solve_with_tables(problem, budget, scored, start)
         keep, best_mode, hint = _prune(problem, scored)
         notes = [f"{len(configs)} configurations scored, {len(keep)} kept after bounding"]
         if not keep:
@@ -248,6 +253,56 @@ class CpSatSolver(Solver):
         return finish(problem, scored, chosen, status, bound=None if bound is None else bound * scale, start=start,
                       n_evaluated=len(configs), notes=notes)
 
+    def _solve_with_tables(self, problem: Problem, budget: Budget, scored: Scored, start: float) -> SolveResult:
+        """Single-kind models: bound configurations with exact per-stage tables, then CP-SAT."""
+        from ortools.sat.python import cp_model
+
+        tables, lowers, upper, hint = _bound_with_tables(problem, scored)
+        n_cfg = len(scored.configs)
+        notes = [f"{n_cfg} configurations scored, {len(tables)} kept after bounding"]
+        if not tables:
+            return finish(problem, scored, [], "infeasible", bound=None, start=start, n_evaluated=n_cfg, notes=notes)
+        built = build_table_model(problem, scored, tables, lowers, upper)
+        if hint is not None:
+            i, split = hint
+            for j, var in built.chosen.items():
+                built.model.add_hint(var, j == i)
+            for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split):
+                for k, lit in lits.items():
+                    built.model.add_hint(lit, k == n // scored.configs[i]["vpp"])
+        chosen, statuses, bound = [], [], None
+        for _ in range(problem.top_k):
+            remaining = budget.time_limit_s - (time.perf_counter() - start)
+            if remaining <= 0 or not built.chosen:
+                break
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = remaining
+            solver.parameters.num_workers = budget.workers
+            solver.parameters.random_seed = budget.seed
+            status = solver.solve(built.model)
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if status != cp_model.INFEASIBLE:
+                    statuses.append("feasible")
+                break
+            statuses.append("optimal" if status == cp_model.OPTIMAL else "feasible")
+            if bound is None:
+                bound = solver.best_objective_bound * built.unit
+            i = next(j for j, var in built.chosen.items() if solver.value(var))
+            chosen.append(read_solution(solver, built, scored, tables, i))
+            built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
+        if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
+            i, split = hint
+            tb = tables[i]
+            chosen.append((scored.configs[i], split,
+                           [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
+                            for s, n in enumerate(split)]))
+            notes.append("time limit hit before a CP-SAT solution: returning the best even split")
+            statuses.append("feasible")
+        status = "optimal" if statuses and all(x == "optimal" for x in statuses) else (
+            "feasible" if chosen else "infeasible")
+        notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
+        return finish(problem, scored, chosen, status, bound=bound, start=start, n_evaluated=n_cfg, notes=notes)
+
     @staticmethod
     def _read(solver: Any, built: Built, scored: Scored, i: int) -> tuple[dict[str, Any], list[int], list[Any]]:
         cf = scored.configs[i]
@@ -255,6 +310,50 @@ class CpSatSolver(Solver):
         split = [int(solver.value(n)) for n in g["n"]]
         modes = [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
         return cf, split, modes
+
+
+def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
+        dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
+    """Tables for every configuration that may hold a top-K optimum.
+
+    Configurations are visited in order of their cheap lower bound; each gets its exact
+    per-stage tables, a split-DP lower bound and, from its even split, an upper bound.  The
+    visit stops once the cheap bound exceeds the K-th best upper bound; configurations whose
+    table bound exceeds it are dropped.  Both bounds are sound, so no optimum is lost.
+    """
+    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
+    fixed_split = [int(x) for x in str(problem.fixed["layers"]).split(":")] if "layers" in problem.fixed else None
+    L = scored.table.blocks
+    uppers: list[float] = []
+    kept: dict[int, tuple[float, StageTables]] = {}
+    hint: tuple[float, int, list[int]] | None = None
+    for i in np.argsort(scored.lower_bound, kind="stable"):
+        i = int(i)
+        kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+        if scored.lower_bound[i] > kth * (1 + 1e-9) or scored.memory_lb[i] > 0:
+            if scored.lower_bound[i] > kth * (1 + 1e-9):
+                break
+            continue
+        cf = scored.configs[i]
+        tb = stage_tables(scored, i, problem.objective, fixed_mode)
+        lb, bottleneck = split_bounds(tb, cf["vpp"], cf["ga"], problem.objective)
+        if not np.isfinite(lb):
+            continue
+        even = [x * cf["vpp"] for x in even_split(L // cf["vpp"], cf["pp"])]
+        splits = [fixed_split] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
+        values = [(split_value(tb, sp, cf["vpp"], cf["ga"], problem.objective), sp) for sp in splits
+                  if sum(sp) == L and len(sp) == cf["pp"]]
+        if values:
+            ub, split = min(values, key=lambda x: x[0])
+            if np.isfinite(ub):
+                uppers.append(ub)
+                if hint is None or ub < hint[0]:
+                    hint = (ub, i, list(split))
+        kept[i] = (lb, tb)
+    kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+    tables = {i: tb for i, (lb, tb) in kept.items() if lb <= kth * (1 + 1e-9)}
+    lowers = {i: lb for i, (lb, _) in kept.items() if i in tables}
+    return tables, lowers, float(kth), None if hint is None else (hint[1], hint[2])
 
 
 def _uniform(scored: Scored, i: int, mode: int) -> tuple[dict[str, Any], list[int], list[Any]]:

@@ -156,7 +156,11 @@ def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
     t_block_none = np.where(mask[..., None], terms.t_block[..., 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
     total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block_none * n_kind).sum(-1))
     m, v = cand.ga.astype(float), cand.vpp.astype(float)
-    time_lb = (m - 1 / v) * total / pp + total / v
+    total = total + _recompute_time_lb(terms, mask, n_kind)
+    # the slowest tail is at least the average of the gather + optimizer parts of all stages
+    rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
+    rest = np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1)
+    time_lb = (m - 1 / v) * total / pp + total / v + rest / pp
     # memory: the fullest stage holds at least the average of all stages, with full recompute
     state = terms.state_block[:, 0].sum(-1)  # [C, K]
     inflight_min = np.where(mask, terms.inflight, np.inf).min(1)
@@ -167,7 +171,47 @@ def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
         terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
-    return Scored(configs, table, terms, lb, memory_lb - cap_max)
+    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks)
+    return Scored(configs, table, terms, lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0)))
+
+
+def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int) -> np.ndarray:
+    """Whether any split can fit, with every block fully recomputed (the least memory).
+
+    Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
+    (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
+    and together they hold all of them.  With several block kinds the lightest kind is used,
+    which keeps this a necessary condition.
+    """
+    per_block = (terms.state_block[:, 0].sum(-1)[:, None, :]
+                 + terms.inflight[..., None] * terms.act_block[:, 0, :, 2][:, None, :]).min(-1)  # [C, S]
+    room = terms.capacity - terms.mem_static.sum(-1)
+    n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks))
+    n_max = np.floor(np.clip(n_max, 0, blocks) / vpp[:, None]) * vpp[:, None]
+    ok = np.where(mask, n_max >= vpp[:, None], True).all(1)
+    return ok & (np.where(mask, n_max, 0).sum(1) >= blocks)
+
+
+def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
+    """Least recompute time any split needs to fit (summed over stages): a fractional knapsack.
+
+    All stages together must shed at least ``need`` bytes (their total memory with no
+    recompute, counted with the fewest in-flight micro-batches, minus their total capacity);
+    no block sheds more per second of recompute than the best ratio at the most in-flight
+    micro-batches.  Both sides are optimistic, so the result is a lower bound.
+    """
+    inflight_min = np.where(mask, terms.inflight, np.inf).min(1)  # [C]
+    inflight_max = np.where(mask, terms.inflight, 0).max(1)
+    state = terms.state_block[:, 0].sum(-1)  # [C, K]
+    act = terms.act_block[:, 0]  # [C, K, 3]
+    mem_none = (np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
+                + (n_kind * (state + inflight_min[:, None] * act[..., 0])).sum(-1))
+    need = np.maximum(mem_none - np.where(mask, terms.capacity, 0).sum(1), 0.0)
+    t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=1)  # [C, K, 3] fastest stage
+    saved = inflight_max[:, None, None] * (act[..., :1] - act[..., 1:])  # [C, K, 2]
+    cost = np.maximum(t[..., 1:] - t[..., :1], 0.0)
+    ratio = np.where(saved > 0, cost / np.where(saved > 0, saved, 1), np.inf).min(axis=(1, 2))  # s per byte
+    return np.where(need > 0, need * np.where(np.isfinite(ratio), ratio, 0.0), 0.0)
 
 
 def plan_from(config: dict[str, Any], table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:
