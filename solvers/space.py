@@ -195,23 +195,41 @@ def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, block
 def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
     """Least recompute time any split needs to fit (summed over stages): a fractional knapsack.
 
-    All stages together must shed at least ``need`` bytes (their total memory with no
-    recompute, counted with the fewest in-flight micro-batches, minus their total capacity);
-    no block sheds more per second of recompute than the best ratio at the most in-flight
-    micro-batches.  Both sides are optimistic, so the result is a lower bound.
+    All stages together must shed at least ``need`` bytes: their memory with no recompute,
+    counted optimistically (fewest in-flight micro-batches, lightest blocks), minus their
+    total capacity.  Each block offers two items: selective recompute (saves ``a0 - a1`` per
+    in-flight micro-batch for ``t1 - t0`` seconds) and the upgrade to full (``a1 - a2`` for
+    ``t2 - t1``), counted at the most in-flight micro-batches and the cheapest kind.  Taking
+    the cheaper item first, fractionally, bounds the cost of any real choice from below.
     """
+    L = n_kind.sum()
     inflight_min = np.where(mask, terms.inflight, np.inf).min(1)  # [C]
     inflight_max = np.where(mask, terms.inflight, 0).max(1)
-    state = terms.state_block[:, 0].sum(-1)  # [C, K]
-    act = terms.act_block[:, 0]  # [C, K, 3]
-    mem_none = (np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
-                + (n_kind * (state + inflight_min[:, None] * act[..., 0])).sum(-1))
-    need = np.maximum(mem_none - np.where(mask, terms.capacity, 0).sum(1), 0.0)
-    t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=1)  # [C, K, 3] fastest stage
-    saved = inflight_max[:, None, None] * (act[..., :1] - act[..., 1:])  # [C, K, 2]
-    cost = np.maximum(t[..., 1:] - t[..., :1], 0.0)
-    ratio = np.where(saved > 0, cost / np.where(saved > 0, saved, 1), np.inf).min(axis=(1, 2))  # s per byte
-    return np.where(need > 0, need * np.where(np.isfinite(ratio), ratio, 0.0), 0.0)
+    state = terms.state_block[:, 0].sum(-1).min(-1)  # [C] lightest kind
+    act = terms.act_block[:, 0].min(1)  # [C, 3]
+    static = np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
+    need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - np.where(mask, terms.capacity, 0).sum(1), 0.0)
+    t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=(1, 2))  # [C, 3] fastest
+    save = inflight_max[:, None] * np.stack([act[:, 0] - act[:, 1], act[:, 1] - act[:, 2]], axis=-1)  # [C, 2]
+    cost = np.maximum(np.stack([t[:, 1] - t[:, 0], t[:, 2] - t[:, 1]], axis=-1), 0.0)
+    ratio = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf)
+    first = np.argmin(ratio, axis=1)
+    rows = np.arange(len(need))
+    cap_a, cap_b = L * save[rows, first], L * save[rows, 1 - first]
+    r_a, r_b = ratio[rows, first], ratio[rows, 1 - first]
+    take_a = np.minimum(need, cap_a)
+    take_b = np.minimum(np.maximum(need - cap_a, 0.0), cap_b)
+    with np.errstate(invalid="ignore"):
+        knapsack = np.nan_to_num(take_a * r_a, posinf=0.0) + np.nan_to_num(take_b * r_b, posinf=0.0)
+    # per stage: blocks beyond what a stage holds with no recompute (h_s, fractional) each
+    # need w_s bytes shed at that stage's best seconds per byte (its own in-flight count)
+    w = state[:, None] + terms.inflight * act[:, :1]  # [C, S]
+    h = np.where(mask, np.maximum(terms.capacity - terms.mem_static.sum(-1), 0) / np.where(w > 0, w, 1), 0.0)
+    excess = np.maximum(L - h.sum(1), 0.0)
+    best = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf).min(1) * inflight_max  # s per byte at I=1
+    per_block = np.where(mask, w * best[:, None] / np.where(mask, terms.inflight, 1), np.inf).min(1)
+    stage = np.where(excess > 0, excess * np.where(np.isfinite(per_block), per_block, 0.0), 0.0)
+    return np.maximum(knapsack, stage)
 
 
 def plan_from(config: dict[str, Any], table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:

@@ -181,7 +181,8 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
                       np.maximum(e.params_tp / tp + e.params_rep, head_tp / tp + h.params_rep))
     buffers = (gather_buffer_bytes(unit, pb, gb, assume.zero3_prefetch_units, (zero >= 3) | off_par)
                + 2 * assume.comm_bucket_MiB * 2**20)
-    reserve = reserve_bytes(hw.capacity, assume.allocator_reserve_fraction, assume.framework_reserve_GiB)
+    reserve = np.broadcast_to(reserve_bytes(hw.capacity, assume.allocator_reserve_fraction,
+                                            assume.framework_reserve_GiB), (C, S))
     mem_static = np.concatenate([edge_states, edge_act[..., None],
                                  np.broadcast_to(buffers[:, None], (C, S))[..., None], reserve[..., None]], axis=-1)
 
@@ -226,6 +227,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     zeros = np.zeros_like(compute)
     t_block = np.stack(np.broadcast_arrays(compute, tp_time, ep_time, cp_exposed, zeros, zero_exposed, off_exposed),
                        axis=-1)
+    t_block = np.broadcast_to(t_block, (C, S, *t_block.shape[2:]))  # a view when hardware is uniform
     ones = np.ones((1, 1, 1, 3))
     bytes_block = np.stack(np.broadcast_arrays(
         col(ga) * zero_bytes_mb * ones, col(ga) * tp_bytes * ones, 0 * ones, col(ga) * cp_bytes * ones,
@@ -286,12 +288,15 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     tokens_step = c.mbs * ga * c.dp * table.seq_len  # type: ignore[attr-defined]
     pools_peak = sum(p.gpus * p.gpu.peak_TFLOPS.for_dtype(recipe.compute_dtype) * 1e12 for p in cluster.pools)
     per_gpu_peak = pools_peak / cluster.gpus
+    def full(a: Array) -> Array:  # [C, 1 or S, ...] -> [C, S, ...] (a view)
+        return np.broadcast_to(a, (C, S, *np.shape(a)[2:]))
+
     return StageTerms(
         state_block=state_block, act_block=act_block, inflight=inflight, mem_static=mem_static,
-        t_block=t_block, t_static=t_static, reduce_block=red_blk, reduce_static=red_st,
-        gather_block=gat_blk, gather_static=gat_st, opt_block=opt_block, opt_static=opt_static,
+        t_block=t_block, t_static=full(t_static), reduce_block=full(red_blk), reduce_static=full(red_st),
+        gather_block=full(gat_blk), gather_static=full(gat_st), opt_block=full(opt_block), opt_static=full(opt_static),
         bytes_block=bytes_block, bytes_static=bytes_static, flops_block=flops_block[:, :1],
-        flops_static=flops_static, dp_overlap=assume.dp_overlap, capacity=hw.capacity,
+        flops_static=full(flops_static), dp_overlap=assume.dp_overlap, capacity=full(hw.capacity),
         model_flops=3 * fwd_tok * tokens_step, peak_total=world * per_gpu_peak, tokens_per_step=tokens_step)
 
 
