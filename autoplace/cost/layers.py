@@ -222,7 +222,8 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
             act_tp=att_act_tp + e.top_k * ex_tp + e.shared_experts * sh_tp,
             ep_alltoall=e.top_k * b * h, moe=True, **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
-    return _finish(m, kinds, sequence, b)
+    used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
+    return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
 
 
 def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: float) -> LayerTable:
