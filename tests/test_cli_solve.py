@@ -1,0 +1,80 @@
+"""`autoplace solve` against the DESIGN.md contract, in-process and as a real process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.test_cli import A100_8, COMM_KEYS, DEGREE_KEYS, MEMORY_KEYS, MODELS, invoke, run_cli, strict_json
+
+TINY = MODELS / "tiny-llama.json"
+CPU2 = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "cpu-2.yaml"
+LLAMA_8B = MODELS / "llama-3-8b.json"
+
+
+def test_json_is_one_solution_document() -> None:
+    result = invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "2")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["schema"] == "autoplace.solution/v1"
+    assert doc["status"] == "optimal" and doc["objective"] == "time"
+    assert {"solve_seconds", "model", "cluster", "plans"} <= set(doc)
+    assert doc["model"]["params"] == 8_030_261_248
+    assert [p["rank"] for p in doc["plans"]] == [1, 2]
+    plan = doc["plans"][0]
+    assert set(plan["degrees"]) == DEGREE_KEYS
+    assert MEMORY_KEYS <= set(plan["memory_per_device_bytes"])
+    assert COMM_KEYS <= set(plan["comm_bytes_per_step_per_device"])
+    assert plan["memory_per_device_bytes"]["total"] <= plan["memory_per_device_bytes"]["capacity"]
+    assert doc["plans"][0]["step_time_s"] <= doc["plans"][1]["step_time_s"]
+
+
+def test_fix_pins_keys_and_out_writes_plan_json(tmp_path: Path) -> None:
+    result = invoke("solve", LLAMA_8B, A100_8, "--json", "--fix", "tp=2", "--fix", "zero=3", "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    plan = strict_json(result.stdout)["plans"][0]
+    assert plan["degrees"]["tp"] == 2 and plan["zero_stage"] == 3
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["degrees"] == plan["degrees"]
+
+
+def test_objectives_and_the_exhaustive_back_end_agree_on_a_tiny_job() -> None:
+    for objective in ("time", "comm", "memory"):
+        docs = [strict_json(invoke("solve", TINY, CPU2, "--json", "--top", "1", "--objective", objective,
+                                   "--solver", solver).stdout) for solver in ("cpsat", "exhaustive")]
+        value = [{"time": p["step_time_s"], "comm": p["comm_bytes_per_step_per_device"]["total"],
+                  "memory": p["memory_per_device_bytes"]["total"]}[objective] for p in (d["plans"][0] for d in docs)]
+        assert abs(value[0] - value[1]) <= 1e-6 * value[1], (objective, value)
+
+
+def test_infeasible_exits_3_with_the_nearest_plan(tmp_path: Path) -> None:
+    result = invoke("solve", MODELS / "llama-3-405b.json", A100_8, "--json", "--deny", "offload")
+    assert result.exit_code == 3
+    doc = strict_json(result.stdout)
+    assert doc["status"] == "infeasible" and doc["plans"] == []
+    nearest = doc["nearest"]
+    assert nearest["memory_per_device_bytes"]["total"] > nearest["memory_per_device_bytes"]["capacity"]
+    assert any(v["rule"] == "out-of-memory" and "short by" in v["message"] for v in nearest["violations"])
+    table = invoke("solve", MODELS / "llama-3-405b.json", A100_8, "--deny", "offload")
+    assert table.exit_code == 3 and "short by" in table.stdout
+
+
+def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
+    for args in (("--allow", "warp-drive"), ("--fix", "tp=three"), ("--fix", "colour=red")):
+        result = invoke("solve", LLAMA_8B, A100_8, *args)
+        assert result.exit_code == 2, result.output
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("autoplace: error:")
+
+
+def test_solve_as_a_process_prints_a_table_and_imports_no_torch() -> None:
+    probe = ("import runpy, sys; sys.argv = ['autoplace', 'solve', %r, %r];"
+             "\ntry:\n    runpy.run_module('autoplace.cli', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    code = e.code\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')") % (str(LLAMA_8B), str(A100_8))
+    proc = run_cli("--help")  # the entry point itself runs
+    assert proc.returncode == 0
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert "Top plans" in out.stdout and out.stdout.strip().endswith("NO-TORCH"), out.stdout + out.stderr
