@@ -129,7 +129,8 @@ def print_solution(doc: dict, result: object, console: Console | None = None) ->
             mem = near["memory_per_device_bytes"]
             console.print(f"[red]no plan fits[/red]; nearest: {near['degrees']} zero={near['zero_stage']} "
                           f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
-                          f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device). "
-                          "Try more GPUs, --allow offload, or a smaller --global-batch/--seq-len.")
+                          f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
+        for line in doc.get("advice", []):
+            console.print(f"  - {line}")
     for note in doc.get("notes", []):
         console.print(f"[dim]{note}[/dim]")

@@ -68,7 +68,9 @@ class SolveResult:
         bound: best proven lower bound of the objective (objective units), if known.
         wall_s: seconds spent.
         n_evaluated: candidate configurations scored by the vectorized evaluator.
-        nearest: when infeasible, the plan that misses least.
+        nearest: when infeasible, the plan that misses least; ``advice`` says what would fit.
+        disagreement: largest relative difference between the back end's own objective value
+            and the evaluator's re-score of the same plan (one source of truth, DESIGN.md).
     """
 
     plans: list[Evaluation]
@@ -79,6 +81,18 @@ class SolveResult:
     n_evaluated: int
     nearest: Evaluation | None = None
     notes: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    disagreement: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """Relative distance between the best plan and the proven bound (0 when optimal)."""
+        if self.bound is None or not self.plans:
+            return None
+        from solvers.common import objective_key
+
+        best = objective_key(self.plans[0], self.objective)[0]
+        return max(0.0, (best - self.bound) / best) if best else 0.0
 
 
 class Solver(ABC):

@@ -24,17 +24,49 @@ def objective_key(ev: Evaluation, objective: str) -> tuple[float, float]:
 
 def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], list[int], list[Any]]],
            status: str, *, bound: float | None, start: float, n_evaluated: int,
-           notes: list[str] | None = None) -> SolveResult:
+           notes: list[str] | None = None, model_values: list[float] | None = None) -> SolveResult:
     """Re-score the chosen (config, split, recompute counts) with the evaluator; on failure
-    find the nearest plan (smallest shortfall among uniform plans) for the message."""
+    find the nearest plan (smallest shortfall among uniform plans) and say what would fit.
+
+    Args:
+        model_values: the back end's own objective value of each chosen plan; the largest
+            relative difference from the evaluator's is recorded (``disagreement``).
+    """
     plans = [evaluate(problem.model, problem.cluster, plan_from(cf, scored.table, split, modes), problem.assumptions,
                       allow_tp_across_nodes="tp-across-nodes" in problem.features)
              for cf, split, modes in chosen]
+    disagreement = None
+    if model_values:
+        rescored = [objective_key(ev, problem.objective)[0] for ev in plans]
+        disagreement = max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(model_values, rescored))
     plans.sort(key=lambda ev: objective_key(ev, problem.objective))
     nearest = None if plans else nearest_plan(problem, scored)
     return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,
                        bound=bound, wall_s=time.perf_counter() - start, n_evaluated=n_evaluated, nearest=nearest,
-                       notes=notes or [])
+                       notes=notes or [], advice=advice(problem, nearest) if nearest else [],
+                       disagreement=disagreement)
+
+
+def advice(problem: Problem, nearest: Evaluation) -> list[str]:
+    """What would make the nearest plan fit, from its shortfall (DESIGN.md: infeasible output)."""
+    worst = nearest.memory
+    short = worst["total"] - worst["capacity"]
+    states = worst["params"] + worst["grads"] + worst["optimizer"]
+    out = [f"the nearest plan misses by {short / 2**30:.1f} GiB per device on stage {nearest.worst_stage}"]
+    if states > 0:
+        # model states shrink about in proportion to the devices sharing them (ZeRO-3 / more stages)
+        factor = states / max(states - short, 1e-9) if short < states else float("inf")
+        gpus = problem.cluster.gpus
+        out.append(f"more GPUs of this kind: about {int(np.ceil(gpus * factor))} instead of {gpus}"
+                   if np.isfinite(factor) else "more GPUs alone do not help: activations and buffers exceed memory")
+    if "offload" not in problem.features:
+        out.append("allow CPU offload of optimizer state and parameters (--allow offload)")
+    if nearest.plan.recompute_mode != "full":
+        out.append("recompute every layer (full)")
+    if nearest.plan.mbs > 1:
+        out.append("a smaller micro-batch (--fix mbs=1)")
+    out.append("a shorter sequence (--seq-len) or a smaller global batch (--global-batch)")
+    return out
 
 
 def nearest_plan(problem: Problem, scored: Scored) -> Evaluation:

@@ -270,7 +270,7 @@ class CpSatSolver(Solver):
             for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split):
                 for k, lit in lits.items():
                     built.model.add_hint(lit, k == n // scored.configs[i]["vpp"])
-        chosen, statuses, bound = [], [], None
+        chosen, statuses, bound, values = [], [], None, []
         for _ in range(problem.top_k):
             remaining = budget.time_limit_s - (time.perf_counter() - start)
             if remaining <= 0 or not built.chosen:
@@ -289,6 +289,7 @@ class CpSatSolver(Solver):
                 bound = solver.best_objective_bound * built.unit
             i = next(j for j, var in built.chosen.items() if solver.value(var))
             chosen.append(read_solution(solver, built, scored, tables, i))
+            values.append(solver.objective_value * built.unit)
             built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
         if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
             i, split = hint
@@ -301,7 +302,8 @@ class CpSatSolver(Solver):
         status = "optimal" if statuses and all(x == "optimal" for x in statuses) else (
             "feasible" if chosen else "infeasible")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
-        return finish(problem, scored, chosen, status, bound=bound, start=start, n_evaluated=n_cfg, notes=notes)
+        return finish(problem, scored, chosen, status, bound=bound, start=start, n_evaluated=n_cfg, notes=notes,
+                      model_values=values if len(values) == len(chosen) else None)
 
     @staticmethod
     def _read(solver: Any, built: Built, scored: Scored, i: int) -> tuple[dict[str, Any], list[int], list[Any]]:
