@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -22,14 +22,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 log = logging.getLogger("autoplace")
 _state = {"debug": False}
 
-ModelArg = Annotated[Path, typer.Argument(help="model.json (shorthand or layer graph) or a Hugging Face config.json")]
-ClusterArg = Annotated[Path, typer.Argument(help="cluster.yaml")]
+ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
+                                          help="model.json (shorthand or layer graph) or a Hugging Face config.json")]
+ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 
 
-class Allow(str, Enum):
+class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
 
@@ -43,19 +44,31 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")
 
 
 def _fail(exc: BaseException) -> NoReturn:
+    """Report ``exc`` as one stderr line and exit with its code (re-raise it under --debug)."""
     if _state["debug"]:
         raise exc
+    from autoplace.specs._io import one_line
+
     code = exc.exit_code if isinstance(exc, AutoplaceError) else 1
     text = str(exc) if isinstance(exc, AutoplaceError) else f"internal error: {exc!r} (rerun with --debug)"
-    typer.echo(f"autoplace: error: {text}", err=True)
+    typer.echo(f"autoplace: error: {one_line(text)}", err=True)
     raise typer.Exit(code)
 
 
 def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
-    from autoplace.specs.cluster import load_cluster
+    """Load both files; a GPU without a peak for the model's compute dtype is the cluster file's error."""
+    from autoplace.specs.cluster import check_compute_dtype, load_cluster
     from autoplace.specs.model import load_model
 
-    return (load_model(model, overrides={"seq_len": seq_len, "global_batch": global_batch}), load_cluster(cluster))
+    m = load_model(model, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    c = load_cluster(cluster)
+    check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster))
+    return m, c
+
+
+def _json(doc: dict[str, Any]) -> str:
+    """Strict JSON: a NaN or infinity is a bug to report, not ``NaN``/``Infinity`` on stdout."""
+    return json.dumps(doc, allow_nan=False)
 
 
 @app.command()
@@ -79,25 +92,24 @@ def evaluate(
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p, allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        if as_json:
+            typer.echo(_json({"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params)},
+                              "cluster": c.summary(), "plan": ev.to_dict()}))
+        else:
+            from autoplace.report import print_evaluation
+
+            print_evaluation(ev, c)
+    except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
         _fail(exc)
-    if as_json:
-        doc = {"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params)},
-               "cluster": c.summary(), "plan": ev.to_dict()}
-        typer.echo(json.dumps(doc))
-        return
-    from autoplace.report import print_evaluation
-
-    print_evaluation(ev, c)
 
 
-class Objective(str, Enum):
+class Objective(StrEnum):
     time = "time"
     comm = "comm"
     memory = "memory"
 
 
-class SolverName(str, Enum):
+class SolverName(StrEnum):
     cpsat = "cpsat"
     exhaustive = "exhaustive"
 
@@ -144,16 +156,17 @@ def solve(
     from autoplace.cost.layers import layer_table
 
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
-           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound,
+           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
+           "disagreement": result.disagreement, "advice": result.advice,
            "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     if out is not None and result.plans:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(doc["plans"][0], indent=2) + "\n")
+        (out / "plan.json").write_text(json.dumps(doc["plans"][0], indent=2, allow_nan=False) + "\n")
     if as_json:
-        typer.echo(json.dumps(doc))
+        typer.echo(_json(doc))
     else:
         from autoplace.report import print_solution
 

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 
 from autoplace.cost.assumptions import DEFAULT, Assumptions
-from autoplace.cost.evaluate import COMM_PARTS, MEMORY_PARTS, TIME_PARTS, Batch, candidates_from_plans, evaluate_batch
+from autoplace.cost.evaluate import (
+    COMM_PARTS,
+    MEMORY_PARTS,
+    TIME_PARTS,
+    Batch,
+    candidates_from_plans,
+    evaluate_batch,
+    per_second,
+)
 from autoplace.cost.layers import layer_table
 from autoplace.plan import Plan
 from autoplace.rules import Violation, check_plan
@@ -88,18 +96,18 @@ def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
     """The i-th candidate of a scored batch as an Evaluation (no rule checks)."""
     stages = []
     for s in range(plan.pp):
-        parts = {k: float(v) for k, v in zip(MEMORY_PARTS, batch.memory[i, s])}
+        parts = {k: float(v) for k, v in zip(MEMORY_PARTS, batch.memory[i, s], strict=True)}
         parts["total"] = float(batch.memory[i, s].sum())
         parts["capacity"] = float(batch.capacity[i, s])
         stages.append(parts)
     worst = int(batch.worst_stage[i])
     busiest = int(np.argmax(batch.comm_bytes[i, : plan.pp].sum(axis=-1)))
-    comm = {k: float(v) for k, v in zip(COMM_PARTS, batch.comm_bytes[i, busiest])}
+    comm = {k: float(v) for k, v in zip(COMM_PARTS, batch.comm_bytes[i, busiest], strict=True)}
     comm["total"] = float(sum(comm.values()))
     step = float(batch.step_time[i])
     return Evaluation(
         plan=plan, memory=stages[worst], memory_per_stage=stages, comm=comm,
-        time={k: float(v) for k, v in zip(TIME_PARTS, batch.time[i])}, step_time_s=step,
+        time={k: float(v) for k, v in zip(TIME_PARTS, batch.time[i], strict=True)}, step_time_s=step,
         tokens_per_s=float(batch.tokens_per_s[i]), mfu=float(batch.mfu[i]),
-        tflops_per_gpu=float(batch.model_flops[i] / step / gpus / 1e12),
-        hw_tflops_per_gpu=float(batch.hardware_flops[i] / step / gpus / 1e12), worst_stage=worst)
+        tflops_per_gpu=float(per_second(batch.model_flops[i], step)) / gpus / 1e12,
+        hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst)

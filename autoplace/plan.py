@@ -19,20 +19,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from autoplace.errors import SpecError
 
 
-class State(str, Enum):
+class State(StrEnum):
     PARAMS = "params"
     OPTIMIZER = "optimizer"
     GRADS = "grads"
     ACTIVATIONS = "activations"
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     REPLICATED = "R"
     SHARDED = "S"
     GATHERED = "S*"

@@ -20,9 +20,10 @@ CLUSTER = REPO / "examples/clusters/8x8-h100.yaml"
 
 
 def cli_wall() -> tuple[float, bool]:
-    code = ("import sys, runpy; sys.argv=['autoplace','evaluate',%r,%r,'--plan','tp=8,pp=4,zero=1','--json'];"
+    code = (f"import sys, runpy; sys.argv=['autoplace','evaluate',{str(MODEL)!r},{str(CLUSTER)!r},'--plan',"
+            "'tp=8,pp=4,zero=1','--json'];"
             "import autoplace.cli as c\ntry:\n c.app()\nexcept SystemExit: pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)") % (str(MODEL), str(CLUSTER))
+            "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)")
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     return time.perf_counter() - t, "TORCH" in out.stderr and "NOTORCH" not in out.stderr
@@ -31,11 +32,11 @@ def cli_wall() -> tuple[float, bool]:
 def throughput(n_target: int = 100_000) -> tuple[int, float]:
     sys.path.insert(0, str(REPO))
     from autoplace.cost.evaluate import evaluate_batch
+    from autoplace.cost.layers import layer_table
     from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
     from solvers.base import Problem
     from solvers.space import enumerate_configs, to_candidates
-    from autoplace.cost.layers import layer_table
 
     model, cluster = load_model(MODEL), load_cluster(CLUSTER)
     configs = enumerate_configs(Problem(model, cluster))

@@ -38,7 +38,7 @@ def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], 
     disagreement = None
     if model_values:
         rescored = [objective_key(ev, problem.objective)[0] for ev in plans]
-        disagreement = max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(model_values, rescored))
+        disagreement = max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(model_values, rescored, strict=True))
     plans.sort(key=lambda ev: objective_key(ev, problem.objective))
     nearest = None if plans else nearest_plan(problem, scored)
     return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,

@@ -27,9 +27,9 @@ import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.errors import SolverError
+from autoplace.plan import even_split
 from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish
-from autoplace.plan import even_split
 from solvers.cpsat_tables import build_table_model, read_solution
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
 from solvers.tables import StageTables, split_bounds, split_value, stage_tables
@@ -267,7 +267,7 @@ class CpSatSolver(Solver):
             i, split = hint
             for j, var in built.chosen.items():
                 built.model.add_hint(var, j == i)
-            for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split):
+            for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split, strict=True):
                 for k, lit in lits.items():
                     built.model.add_hint(lit, k == n // scored.configs[i]["vpp"])
         chosen, statuses, bound, values = [], [], None, []

@@ -31,7 +31,7 @@ def compositions(total: int, parts: int, step: int) -> list[tuple[int, ...]]:
     out = []
     for cuts in itertools.combinations(range(1, units), parts - 1):
         bounds = (0, *cuts, units)
-        out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:])))
+        out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:], strict=False)))
     return out
 
 

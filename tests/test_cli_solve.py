@@ -68,9 +68,9 @@ def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
 
 
 def test_solve_as_a_process_prints_a_table_and_imports_no_torch() -> None:
-    probe = ("import runpy, sys; sys.argv = ['autoplace', 'solve', %r, %r];"
+    probe = (f"import runpy, sys; sys.argv = ['autoplace', 'solve', {str(LLAMA_8B)!r}, {str(A100_8)!r}];"
              "\ntry:\n    runpy.run_module('autoplace.cli', run_name='__main__')\nexcept SystemExit as e:\n"
-             "    code = e.code\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')") % (str(LLAMA_8B), str(A100_8))
+             "    code = e.code\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     proc = run_cli("--help")  # the entry point itself runs
     assert proc.returncode == 0
     import subprocess

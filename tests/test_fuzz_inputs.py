@@ -10,10 +10,10 @@ value with a wrong type, a negative, zero, 10**30, NaN, inf, a string, a list or
 random bytes, YAML token soup, truncated files, empty files, alias bombs, deep nesting and
 top-level non-mappings.
 
-Known loader/CLI bugs are pinned by the ``xfail(strict=True)`` tests at the end; the fuzz
-tests step around exactly those inputs (see ``_known_*``) so that they keep guarding the rest.
-When a bug is fixed its xfail turns into an XPASS failure: delete the xfail marker and the
-matching ``_known_*`` exemption together.
+The loader/CLI bugs an earlier pass of these tests found are pinned by the regression tests
+at the end.  Should a new one turn up, pin it there as ``xfail(strict=True)`` and step the fuzz
+tests around exactly its inputs with a ``_known_*`` predicate, so that they keep guarding the
+rest; when it is fixed, delete the marker and the predicate together.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typer.testing import CliRunner, Result
 from autoplace.cli import app
 from autoplace.errors import SpecError
 from autoplace.specs.cluster import load_cluster
-from autoplace.specs.model import TransformerSpec, load_model
+from autoplace.specs.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -193,7 +193,7 @@ def _load(kind: str, path: Path) -> SpecError | None:
         LOADERS[kind](path)
     except SpecError as err:
         assert str(err).startswith(f"{path}: "), f"error does not name the file first: {err}"
-        assert len(str(err).splitlines()) == 1 or _known_multiline(err), f"error is not one line: {err!r}"
+        assert len(str(err).splitlines()) == 1, f"error is not one line: {err!r}"
         return err
     return None
 
@@ -221,54 +221,10 @@ def names_field(err: SpecError, path: tuple[Any, ...]) -> bool:
     return _mentions(text, ".".join(map(str, parent))) and (isinstance(leaf, int) or _mentions(text, str(leaf)))
 
 
-# --------------------------------------------------------------------------- known bugs
-# Each predicate matches exactly the inputs of one xfail test below.
-
-# Fields typed ``str | <Model>``: a bad inline mapping is reported as "<field>.str: Input should
-# be a valid string" instead of naming the nested field (test_union_field_error_names_nested_field).
-_UNION_FIELDS = {("gpu",), ("intra_node",), ("inter_node",), ("training", "precision")}
-# Counts that overflow int64 inside the evaluator (test_huge_count_is_bad_input_not_an_internal_error).
-_OVERFLOWING_COUNTS = {"layers", "seq_len", "global_batch", "num_hidden_layers", "repeat"}
-_SHORTHAND_FIELDS = set(TransformerSpec.model_fields)
-
-
-def _known_unnamed(seed: Seed, mutation: Mutation, err: SpecError) -> bool:
-    path = mutation.path
-    inside_union = any(path[: len(u)] == u and len(path) > len(u) for u in _UNION_FIELDS) or (
-        len(path) > 3 and path[0] == "pools" and (path[2],) in _UNION_FIELDS)
-    # test_hf_error_names_the_hugging_face_key: a value the HF reader lets through but the
-    # shorthand rejects is reported under the shorthand name.
-    hf_shorthand = seed.hf and err.field in _SHORTHAND_FIELDS and err.field not in seed.doc
-    # test_hf_error_says_hidden_size: the HF reader writes "hidden size", not the key hidden_size.
-    hf_hidden_size = seed.hf and path == ("hidden_size",) and "must divide hidden size" in str(err)
-    # Not bugs, by design: without model_type a config is read as shorthand and without graph a
-    # model is a transformer, so the message names the first missing key of that form.
-    changed_form = mutation.op == "delete" and path in {("model_type",), ("graph",)}
-    return inside_union or hf_shorthand or hf_hidden_size or changed_form
-
-
-def _known_cli_crash(seed: Seed, applied: list[Mutation]) -> bool:
-    for m in applied:
-        if m.op == "replace" and isinstance(m.value, int) and abs(m.value) >= 2**63 and \
-                m.path[-1] in _OVERFLOWING_COUNTS:
-            return True  # test_huge_count_is_bad_input_not_an_internal_error
-        if m.op == "replace" and isinstance(m.value, float) and math.isinf(m.value) and \
-                m.path[0] == "graph" and m.path[-1] in ("flops_per_token", "activation_bytes_per_token"):
-            return True  # test_infinite_graph_float_is_rejected / test_cli_json_survives_...
-    return False
-
-
-def _known_multiline(err: SpecError) -> bool:
-    # test_yaml_control_character_error_is_one_line: PyYAML's ReaderError text spans two lines.
-    # test_user_text_in_error_is_escaped: a key (or an HF class name) with a line break is printed raw.
-    field = err.field or ""
-    return ("unacceptable character" in str(err) or field.splitlines() != ([field] if field else [])
-            or err.field == "architectures")
-
-
-def _known_unsourced_cli_error(line: str) -> bool:
-    # test_cli_names_the_cluster_file_when_no_peak_fits
-    return "no peak TFLOPS given" in line
+def _unnamed_by_design(mutation: Mutation) -> bool:
+    """Not a bug: without model_type a config is read as shorthand and without graph a model is a
+    transformer, so the message names the first missing key of that form, not the deleted one."""
+    return mutation.op == "delete" and mutation.path in {("model_type",), ("graph",)}
 
 
 # --------------------------------------------------------------------------- the loaders
@@ -301,7 +257,7 @@ def test_single_field_mutation_is_loaded_or_named(fuzz_dir: Path, case: tuple[Se
     if seed.suffix == ".json" and isinstance(mutation.value, float) and math.isnan(mutation.value):
         assert "NaN" in str(err)  # NaN is not JSON: a parse error, there is no field yet
         return
-    if _known_unnamed(seed, mutation, err):
+    if _unnamed_by_design(mutation):
         return
     assert names_field(err, mutation.path), f"{seed.label}: {mutation} -> {err}"
 
@@ -471,15 +427,12 @@ def _assert_cli_contract(result: Result, expected: SpecError | None, files: list
     if result.exit_code == 0:
         assert expected is None, f"CLI accepted what the loader refused: {expected}"
         return
-    if expected is not None and _known_multiline(expected):
-        assert result.stderr == f"autoplace: error: {expected}\n" and result.stdout == ""
-        return
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("autoplace: error:"), result.stderr
     assert result.stdout == "", result.stdout
     if expected is not None:
         assert lines[0] == f"autoplace: error: {expected}"
-    elif not _known_unsourced_cli_error(lines[0]):
+    else:
         assert any(str(f) in lines[0] for f in files) or "--plan" in lines[0], lines[0]
 
 
@@ -496,7 +449,6 @@ def test_cli_on_mutated_examples_keeps_the_exit_code_contract(fuzz_dir: Path, on
                                                               case: tuple[Seed, list[Mutation], bool]) -> None:
     """``autoplace evaluate MODEL CLUSTER --plan tp=1`` on one to three mutations of a seed file."""
     seed, applied, as_json = case
-    assume(not _known_cli_crash(seed, applied))
     doc = seed.doc
     for m in applied:
         try:
@@ -511,7 +463,7 @@ def test_cli_on_mutated_examples_keeps_the_exit_code_contract(fuzz_dir: Path, on
     batch = ["--global-batch", str(2**20)] if seed.kind == "cluster" else []
     result = _evaluate(model, cluster, *batch, *(["--json"] if as_json else []))
     _assert_cli_contract(result, expected, [path])
-    if expected is not None and len(applied) == 1 and not _known_unnamed(seed, applied[0], expected) and not (
+    if expected is not None and len(applied) == 1 and not _unnamed_by_design(applied[0]) and not (
             seed.suffix == ".json" and isinstance(applied[0].value, float) and math.isnan(applied[0].value)):
         assert names_field(expected, applied[0].path), f"{seed.label}: {applied[0]} -> {expected}"
     if result.exit_code == 0 and as_json:
@@ -540,7 +492,7 @@ def test_cli_on_garbage_files_prints_one_line(fuzz_dir: Path, one_gpu_cluster: P
     _assert_cli_contract(_evaluate(model, cluster, "--global-batch", str(2**20)), expected, [path])
 
 
-# --------------------------------------------------------------------------- known bugs (strict xfail)
+# --------------------------------------------------------------------------- regressions (bugs found here, fixed)
 
 
 def _mutated(tmp_path: Path, label: str, mutation: Mutation, stem: str = "input") -> tuple[Seed, Path]:
@@ -557,8 +509,8 @@ def _case_id(value: Any) -> str | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: counts >= 2**63 pass the loader and overflow int64 in the "
-                                       "evaluator: exit 1 'internal error: OverflowError' instead of exit 2")
+# Fixed bug (was a strict xfail): counts >= 2**63 pass the loader and overflow int64 in the evaluator: exit
+# 1 'internal error: OverflowError' instead of exit 2
 @pytest.mark.parametrize(("label", "path"), [
     ("models/llama-3-8b.json", ("layers",)),
     ("models/llama-3-8b.json", ("seq_len",)),
@@ -574,9 +526,9 @@ def test_huge_count_is_bad_input_not_an_internal_error(tmp_path: Path, one_gpu_c
     assert str(model) in result.stderr and path[-1] in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fields typed `str | Model` (gpu, intra_node, inter_node, "
-                                       "training.precision) report '<field>.str: Input should be a valid string' "
-                                       "for any bad inline mapping instead of the nested field")
+# Fixed bug (was a strict xfail): fields typed `str | Model` (gpu, intra_node, inter_node,
+# training.precision) report '<field>.str: Input should be a valid string' for any bad inline mapping
+# instead of the nested field
 @pytest.mark.parametrize(("label", "mutation"), [
     ("synthetic/inline-profiles.yaml", Mutation("replace", ("gpu", "peak_TFLOPS", "bf16"), "fast")),
     ("synthetic/inline-profiles.yaml", Mutation("replace", ("gpu", "memory_GiB"), -1)),
@@ -592,8 +544,8 @@ def test_union_field_error_names_nested_field(tmp_path: Path, label: str, mutati
     assert _mentions(str(err), mutation.dotted), str(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: GraphLayer float fields accept inf (1e999 in JSON, .inf in YAML): "
-                                       "Field(ge=0) without allow_inf_nan=False")
+# Fixed bug (was a strict xfail): GraphLayer float fields accept inf (1e999 in JSON, .inf in YAML):
+# Field(ge=0) without allow_inf_nan=False
 @pytest.mark.parametrize("key", ["flops_per_token", "activation_bytes_per_token"])
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_infinite_graph_float_is_rejected(tmp_path: Path, key: str, suffix: str) -> None:
@@ -603,9 +555,8 @@ def test_infinite_graph_float_is_rejected(tmp_path: Path, key: str, suffix: str)
     assert err is not None and err.field == f"graph.0.{key}", err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Evaluation.to_dict runs outside the CLI's try block; with an "
-                                       "infinite activation size int(round(nan)) raises ValueError: exit 1, "
-                                       "traceback in a real shell")
+# Fixed bug (was a strict xfail): Evaluation.to_dict runs outside the CLI's try block; with an infinite
+# activation size int(round(nan)) raises ValueError: exit 1, traceback in a real shell
 def test_cli_json_survives_infinite_activation_size(tmp_path: Path, one_gpu_cluster: Path) -> None:
     _, model = _mutated(tmp_path, "synthetic/graph.yaml",
                         Mutation("replace", ("graph", 0, "activation_bytes_per_token"), math.inf))
@@ -614,8 +565,8 @@ def test_cli_json_survives_infinite_activation_size(tmp_path: Path, one_gpu_clus
     assert result.exit_code in (0, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a GPU with no peak for the model's dtype or a wider one loads, "
-                                       "then evaluate fails with 'no peak TFLOPS given ...' naming no file/field")
+# Fixed bug (was a strict xfail): a GPU with no peak for the model's dtype or a wider one loads, then
+# evaluate fails with 'no peak TFLOPS given ...' naming no file/field
 def test_cli_names_the_cluster_file_when_no_peak_fits(tmp_path: Path) -> None:
     _, cluster = _mutated(tmp_path, "synthetic/inline-profiles.yaml",
                           Mutation("replace", ("gpu", "peak_TFLOPS"), {"fp8": 1000}))
@@ -624,30 +575,51 @@ def test_cli_names_the_cluster_file_when_no_peak_fits(tmp_path: Path) -> None:
     assert str(cluster) in result.stderr and "peak_TFLOPS" in result.stderr, result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a Hugging Face value the HF reader passes but the shorthand "
-                                       "rejects is reported under the shorthand name ('heads: heads must divide "
-                                       "hidden (2048); or give head_dim'), not the config's key")
-def test_hf_error_names_the_hugging_face_key(tmp_path: Path) -> None:
-    _, path = _mutated(tmp_path, "models/hf/deepseek-v2-lite/config.json",
-                       Mutation("replace", ("num_attention_heads",), 48))
+# Fixed bug (was a strict xfail): a Hugging Face value the HF reader passes but the shorthand rejects is
+# reported under the shorthand name ('heads: heads must divide hidden (2048); or give head_dim'), not the
+# config's key.  The example, 48 heads over hidden_size 2048 in DeepSeek-V2-Lite, is now accepted: with MLA the
+# head sizes come from the MLA dimensions, so the heads need not divide hidden.
+@pytest.mark.parametrize(("label", "key"), [
+    ("models/hf/deepseek-v2-lite/config.json", "num_attention_heads"),
+    ("models/hf/mixtral-8x7b/config.json", "num_local_experts"),
+    ("models/hf/mixtral-8x7b/config.json", "vocab_size"),
+])
+def test_hf_error_names_the_hugging_face_key(tmp_path: Path, label: str, key: str) -> None:
+    _, path = _mutated(tmp_path, label, Mutation("replace", (key,), HUGE))
     err = _load("model", path)
-    assert err is not None and "num_attention_heads" in str(err), str(err)
+    assert err is not None and err.field == key, str(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: matmul_efficiency accepts a NaN width (the sortedness check "
-                                       "is vacuous for NaN); evaluate then prints NaN/garbage")
+def test_mla_heads_need_not_divide_hidden(tmp_path: Path) -> None:
+    seed, path = _mutated(tmp_path, "models/hf/deepseek-v2-lite/config.json",
+                          Mutation("replace", ("num_attention_heads",), 48))
+    assert seed.doc["hidden_size"] % 48 and _load("model", path) is None
+
+
+# Fixed bug (was a strict xfail): matmul_efficiency accepts a NaN width (the sortedness check is vacuous
+# for NaN); evaluate then prints NaN/garbage
 def test_matmul_efficiency_nan_width_is_rejected(tmp_path: Path) -> None:
     seed, path = _mutated(tmp_path, "synthetic/inline-profiles.yaml",
                           Mutation("replace", ("gpu", "matmul_efficiency", 0, 0), math.nan))
     assert _load(seed.kind, path) is not None
 
 
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
-@pytest.mark.xfail(strict=True, reason="BUG: a layer graph with zero FLOPs gives step_time 0, and --json prints "
-                                       "tokens_per_s Infinity and mfu NaN, which are not JSON")
-def test_cli_json_is_strict_json_for_a_zero_flop_graph(tmp_path: Path, one_gpu_cluster: Path) -> None:
+# Fixed bug (was a strict xfail): a layer graph with zero FLOPs gave step_time 0, and --json printed
+# tokens_per_s Infinity and mfu NaN, which are not JSON.  Now a graph with neither parameters nor FLOPs is
+# refused at load time (nothing to train), and one with parameters but no FLOPs scores mfu 0.
+def test_graph_with_nothing_to_train_is_bad_input(tmp_path: Path, one_gpu_cluster: Path) -> None:
     doc = {"name": "empty", "hidden": 8, "seq_len": 8,
-           "graph": [{"name": "nothing", "params": 0, "flops_per_token": 0, "activation_bytes_per_token": 0}]}
+           "graph": [{"name": "nothing", "params": 0, "flops_per_token": 0, "activation_bytes_per_token": 64}]}
+    model = _write(tmp_path, ".json", json.dumps(doc))
+    result = _evaluate(model, one_gpu_cluster, "--json")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"autoplace: error: {model}: graph: ") and "nothing to train" in result.stderr
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # no division by zero on the way
+def test_cli_json_is_strict_json_for_a_zero_flop_graph(tmp_path: Path, one_gpu_cluster: Path) -> None:
+    doc = {"name": "table", "hidden": 8, "seq_len": 8,
+           "graph": [{"name": "lookup", "params": 1000, "flops_per_token": 0, "activation_bytes_per_token": 0}]}
     model = _write(tmp_path, ".json", json.dumps(doc))
     result = _evaluate(model, one_gpu_cluster, "--json")
     assert result.exit_code == 0, result.output
@@ -655,12 +627,13 @@ def test_cli_json_is_strict_json_for_a_zero_flop_graph(tmp_path: Path, one_gpu_c
     def reject(token: str) -> Any:
         raise ValueError(f"{token} is not JSON")
 
-    json.loads(result.stdout, parse_constant=reject)
+    plan = json.loads(result.stdout, parse_constant=reject)["plan"]
+    assert plan["mfu"] == 0 and plan["tflops_per_gpu"] == 0 and math.isfinite(plan["tokens_per_s"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PyYAML's ReaderError (a control character such as NUL) becomes a "
-                                       "two-line message ('...not allowed\\n  in \"<unicode string>\", "
-                                       "position 0'): _parse_yaml formats str(exc) for non-marked YAML errors")
+# Fixed bug (was a strict xfail): PyYAML's ReaderError (a control character such as NUL) becomes a two-line
+# message ('...not allowed\n  in "<unicode string>", position 0'): _parse_yaml formats str(exc) for non-
+# marked YAML errors
 @pytest.mark.parametrize("content", [b"\x00", b"name: a\x01b\n", b"nodes: 1\x7f\n"])
 def test_yaml_control_character_error_is_one_line(tmp_path: Path, content: bytes) -> None:
     cluster = _write(tmp_path, ".yaml", content)
@@ -669,17 +642,17 @@ def test_yaml_control_character_error_is_one_line(tmp_path: Path, content: bytes
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: autoplace/specs/hf.py _heads() says 'must divide hidden size 1' -- "
-                                       "the key is hidden_size (n_embd for gpt2); the message does not name it")
+# Fixed bug (was a strict xfail): autoplace/specs/hf.py _heads() says 'must divide hidden size 1' -- the
+# key is hidden_size (n_embd for gpt2); the message does not name it
 def test_hf_error_says_hidden_size(tmp_path: Path) -> None:
     _, path = _mutated(tmp_path, "models/hf/mixtral-8x7b/config.json", Mutation("replace", ("hidden_size",), 1))
     err = _load("model", path)
     assert err is not None and _mentions(str(err), "hidden_size"), str(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: user text is put into the message raw: an unknown key (the "
-                                       "field path, _io.spec_error_from) or an HF 'architectures' entry "
-                                       "(hf._check_architectures) containing a line break splits the one-line error")
+# Fixed bug (was a strict xfail): user text is put into the message raw: an unknown key (the field path,
+# _io.spec_error_from) or an HF 'architectures' entry (hf._check_architectures) containing a line break
+# splits the one-line error
 @pytest.mark.parametrize(("label", "mutation"), [
     ("models/llama-3-8b.json", Mutation("unknown", ("bad\nkey",), 1)),
     ("clusters/8x8-h100.yaml", Mutation("unknown", ("pools\r",), 1)),

@@ -97,8 +97,8 @@ def _megatron_model(case: dict):
 def test_megatron_eq2_parameter_count(case: dict) -> None:
     """Eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)); we also count the final layernorm (2h)."""
     m = case["model"]
-    l, h, v, s = m["layers"], m["hidden"], m["vocab"], m["seq_len"]
-    eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+    n_layers, h, v, s = m["layers"], m["hidden"], m["vocab"], m["seq_len"]
+    eq2 = 12 * n_layers * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * n_layers * h))
     params = layer_table(_megatron_model(case)).params
     assert params == pytest.approx(eq2 + 2 * h, rel=1e-12)
     assert abs(params / 1e9 - m["params_billion"]) <= 0.05 * max(1.0, m["params_billion"] / 100)

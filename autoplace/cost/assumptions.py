@@ -37,6 +37,11 @@ class Assumptions:
             (ZeRO-Offload, Ren et al. 2021: CPU-Adam is 5-7x faster than PyTorch's CPU Adam;
             order 1e9 parameters/s per socket).  An assumption to calibrate.
         offload_overlap: fraction of compute that hides parameter streaming over PCIe.
+        elementwise_traffic: HBM passes over a block's stored activations made by its
+            memory-bound kernels per micro-batch (norms, activation functions, dropout,
+            softmax, residual adds): about one in forward and two in backward; full recompute
+            adds a forward pass.  Ivanov et al. 2021 ("Data Movement Is All You Need",
+            MLSys) measure such operators at ~40% of BERT training time.  Default 3.
     """
 
     allocator_reserve_fraction: float = 0.05
@@ -48,6 +53,7 @@ class Assumptions:
     cp_overlap: float = 1.0
     cpu_adam_params_per_s: float = 1.0e9
     offload_overlap: float = 1.0
+    elementwise_traffic: float = 3.0
     compute_scale: float = 1.0  # calibration: measured / predicted compute time
     bandwidth_scale: float = 1.0  # calibration: predicted / measured link time
 

@@ -101,7 +101,9 @@ class StageHardware:
 
 def stage_hardware(cluster: ClusterSpec, cand: Candidates, hidden: int, dtype: str) -> StageHardware:
     """Map pipeline stages onto node pools (pp outermost, pools in file order)."""
-    stages = cand.counts.shape[1]
+    # one pool: every stage sees the same hardware, so keep a single stage column ([C, 1]);
+    # it broadcasts against [C, S] and keeps the per-block tables S times smaller
+    stages = cand.counts.shape[1] if len(cluster.pools) > 1 else 1
     s = np.arange(stages)[None, :]
     per_stage = (cand.world // cand.pp)[:, None]
     lo, hi = s * per_stage, (s + 1) * per_stage
@@ -199,12 +201,19 @@ class Batch:
 
     @property
     def tokens_per_s(self) -> Array:
-        return self.tokens_per_step / self.step_time
+        return per_second(self.tokens_per_step, self.step_time)
 
     @property
     def mfu(self) -> Array:
         """Model FLOPs utilization (PaLM, Chowdhery et al. 2022, App. B): no recompute FLOPs."""
-        return self.model_flops / (self.step_time * self.peak_flops_total)
+        return per_second(self.model_flops, self.step_time * self.peak_flops_total)
+
+
+def per_second(amount: Array | float, seconds: Array | float) -> Array:
+    """``amount / seconds``, and 0 where ``seconds`` is 0 (a model with nothing to compute) instead
+    of inf or NaN, so every rate the evaluator reports is a finite number."""
+    amount, seconds = np.broadcast_arrays(np.asarray(amount, dtype=float), np.asarray(seconds, dtype=float))
+    return np.divide(amount, seconds, out=np.zeros(amount.shape), where=seconds > 0)
 
 
 def evaluate_batch(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: Precision,
@@ -237,7 +246,7 @@ def evaluate_batch(table: LayerTable, cluster: ClusterSpec, cand: Candidates, re
     # split the pipeline time into its parts on the slowest stage, and the bubble
     slow_idx = t_masked.argmax(axis=1)
     parts = parts_all[np.arange(cand.size), slow_idx] * m[:, None]  # [C, 7]
-    bubble = pipeline - parts.sum(axis=-1)
+    bubble = np.maximum(pipeline - parts.sum(axis=-1), 0.0)  # exact but for float noise
     time = np.concatenate([parts, bubble[:, None], tail_parts], axis=1)
     return Batch(memory=memory, capacity=terms.capacity, comm_bytes=terms.comm_bytes(n), time=time,
                  stage_time=stage_t, step_time=step, model_flops=terms.model_flops, hardware_flops=terms.hardware_flops(n),

@@ -238,7 +238,7 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
                 act_rep=2 * b * h + 2 * b * h, act_tp=4 * v, tp_allreduce=0.0)
     counts = np.bincount(sequence, minlength=len(kinds))
-    params = sum(int(c) * k.params for c, k in zip(counts, kinds))
+    params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
     return LayerTable(name=m.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=embed, head=head,
                       tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b)

@@ -126,7 +126,6 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     c = cand  # Candidates; typed loosely to avoid an import cycle
     C, S = c.counts.shape[:2]  # type: ignore[attr-defined]
     hw = stage_hardware(cluster, c, table.hidden, recipe.compute_dtype)  # type: ignore[arg-type]
-    links = hw.links
     G = cluster.gpus_per_node
     pb, gb, ob, ab = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes, table.act_bytes
     tp, cp, ep, pp = (x.astype(float) for x in (c.tp, c.cp, c.ep, c.pp))  # type: ignore[attr-defined]
@@ -189,7 +188,11 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     # ---- time per micro-batch, per block ------------------------------------------------
     rate = (hw.peak_flops * hw.efficiency / assume.compute_scale)[..., None, None]  # [C,S,1,1]
     flops_mb = col(tokens) * (3 * kind("flops") + sel * kind("flops_score") + full * kind("flops")) / col(tp)
-    compute = flops_mb / rate  # [C,S,K,3]
+    # memory-bound kernels (norms, activations, dropout, softmax, residual adds) stream the
+    # stored activations: forward once, backward twice, and the forward again when recomputed
+    traffic = act_block[..., :1] * (assume.elementwise_traffic + full + sel * 0)  # [C,1,K,3]
+    hbm = (hw.hbm_Bps / assume.compute_scale)[..., None, None]
+    compute = flops_mb / rate + traffic / hbm  # [C,S,K,3]
     attn = col(tokens) * kind("flops_score") * (3 + sel + full) / col(tp) / rate
     lk = comm.Links(hw.links.intra_Bps[..., None, None] / assume.bandwidth_scale, hw.links.intra_latency_s[..., None, None],
                     hw.links.inter_Bps[..., None, None] / assume.bandwidth_scale, hw.links.inter_latency_s[..., None, None], G)

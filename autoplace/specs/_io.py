@@ -8,11 +8,17 @@ what would be valid -- never a traceback.
 from __future__ import annotations
 
 import json
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
+import annotated_types
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from autoplace.errors import SpecError
 
@@ -63,12 +69,36 @@ def _parse_json(text: str, src: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise SpecError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=src) from None
+    except _ConstantError as exc:
+        line, column = _line_column(text, _constant_offset(text))
+        raise SpecError(f"invalid JSON at line {line} column {column}: {exc}", source=src) from None
     except (ValueError, RecursionError) as exc:
         raise SpecError(f"invalid JSON: {exc}", source=src) from None
 
 
+class _ConstantError(ValueError):
+    """NaN, Infinity or -Infinity: Python's json accepts them, JSON does not."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid number")
+    raise _ConstantError(f"{name} is not a valid number")
+
+
+# A JSON string (skipped, so a constant's name inside one is not matched) or a bare constant.
+_STRING_OR_CONSTANT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _constant_offset(text: str) -> int:
+    """Offset of the first bare NaN/Infinity: the parser reads in order, so that is the one it refused."""
+    for match in _STRING_OR_CONSTANT.finditer(text):
+        if match.group(1):
+            return match.start(1)
+    return 0
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of a character offset."""
+    return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
 class _CountingLoader(yaml.SafeLoader):
@@ -100,9 +130,22 @@ def _parse_yaml(text: str, src: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise SpecError(f"invalid YAML{where}: {exc.problem or exc}", source=src) from None
+        raise SpecError(f"invalid YAML{where}: {one_line(str(exc.problem or exc))}", source=src) from None
+    except yaml.reader.ReaderError as exc:  # a control character; str(exc) spans two lines
+        line, column = _line_column(text, exc.position)
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise SpecError(f"invalid YAML at line {line} column {column}: unacceptable character "
+                        f"#x{code:04x} ({exc.reason})", source=src) from None
     except (yaml.YAMLError, RecursionError, ValueError) as exc:
-        raise SpecError(f"invalid YAML: {exc}", source=src) from None
+        raise SpecError(f"invalid YAML: {one_line(str(exc))}", source=src) from None
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (``\\n``), so a message stays one line.
+
+    Printable text, non-ASCII letters included, is returned unchanged.
+    """
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
@@ -121,47 +164,134 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
 
 
 def spec_error_from(exc: ValidationError, model: type[BaseModel], *, source: str, prefix: str = "") -> SpecError:
-    """Turn the first pydantic error into a SpecError naming field, value and what is valid."""
-    err = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in err["loc"]]
-    field = ".".join([prefix, *loc] if prefix else loc) or None
+    """Turn the first pydantic error into a SpecError naming field, value and what is valid.
+
+    For a field typed ``str | Model`` (a profile name or an inline mapping) pydantic reports
+    each branch; given a mapping, the ``str`` branch's "not a string" is skipped in favour of
+    the model branch's error, and branch names are dropped from the field path.
+    """
+    located = [(err, _locate(model, err["loc"])) for err in exc.errors(include_url=False)]
+    err, where = next(((e, w) for e, w in located if not _wrong_branch(e, w)), located[0])
+    dotted = ".".join([prefix, *where.path] if prefix else where.path) or None
     kind = err["type"]
     if kind == "extra_forbidden":
-        owner = _model_at(model, err["loc"][:-1])
-        valid = ", ".join(owner.model_fields) if owner else "see the docs"
-        return SpecError(f"unknown key; valid keys here: {valid}", source=source, field=field)
+        valid = ", ".join(where.owner.model_fields) if where.owner else "see the docs"
+        return SpecError(f"unknown key; valid keys here: {valid}", source=source, field=dotted)
     if kind == "missing":
-        return SpecError("required key is missing", source=source, field=field)
+        return SpecError("required key is missing", source=source, field=dotted)
     got = err.get("input")
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = err["msg"].removeprefix("Value error, ")
+    if kind in _BOUND_ERRORS and where.bounds:
+        msg = f"must be {where.bounds}"
+    elif kind == "string_type" and where.branches:
+        msg = "must be a name or a mapping of fields"
     if isinstance(got, dict):  # a whole mapping: the message itself names the values
-        return SpecError(msg, source=source, field=field)
-    return SpecError(f"{msg} (got {_short(got)})", source=source, field=field)
+        return SpecError(msg, source=source, field=dotted)
+    return SpecError(f"{msg} (got {_short(got)})", source=source, field=dotted)
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """Follow a pydantic error location down nested models to the one that owns the key."""
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+@dataclass
+class _Where:
+    """A pydantic error location resolved against the model tree.
+
+    Attributes:
+        path: the field path as the user wrote it (union branch names removed, keys escaped).
+        owner: the model the last key was looked up in (its fields are the valid keys).
+        branches: the union branches the error went through (``str``, ``GPUProfile``, ...).
+        constraints: the bounds (annotated_types Ge/Gt/Le/Lt) of the field at the location.
+    """
+
+    path: list[str] = field(default_factory=list)
+    owner: type[BaseModel] | None = None
+    branches: list[str] = field(default_factory=list)
+    constraints: list[Any] = field(default_factory=list)
+
+    @property
+    def bounds(self) -> str | None:
+        """The valid range, e.g. ``in [1, 10_000]``, ``in (0, 16]`` or ``>= 0``; None when unbounded."""
+        low: tuple[str, str, Any] | None = None
+        high: tuple[str, str, Any] | None = None
+        for c in self.constraints:
+            if isinstance(c, annotated_types.Ge):
+                low = ("[", ">=", c.ge)
+            elif isinstance(c, annotated_types.Gt):
+                low = ("(", ">", c.gt)
+            elif isinstance(c, annotated_types.Le):
+                high = ("]", "<=", c.le)
+            elif isinstance(c, annotated_types.Lt):
+                high = (")", "<", c.lt)
+        if low and high:
+            return f"in {low[0]}{_number(low[2])}, {_number(high[2])}{high[0]}"
+        side = low or high
+        return f"{side[1]} {_number(side[2])}" if side else None
+
+
+def _wrong_branch(err: Any, where: _Where) -> bool:
+    """The ``str`` branch's complaint about a mapping: the model branch's error is the useful one."""
+    return err["type"] == "string_type" and "str" in where.branches and isinstance(err.get("input"), Mapping)
+
+
+def _locate(model: type[BaseModel], loc: tuple[Any, ...]) -> _Where:
+    """Follow a pydantic error location down the model tree (see :class:`_Where`)."""
+    where = _Where()
     current: Any = model
+    meta: list[Any] = []
     for part in loc:
-        if isinstance(part, int) or current is None:
+        current, more = _unwrap(current)
+        members = _members(current)
+        if members:  # pydantic names the union branch it tried: not part of the user's path
+            where.branches.append(str(part))
+            current = next((m for m in members if _branch_name(m) == str(part)), None)
+            meta = []
             continue
-        field = current.model_fields.get(str(part)) if isinstance(current, type) and issubclass(current, BaseModel) else None
-        if field is None:
-            return None
-        current = _inner_model(field.annotation)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+        where.path.append(one_line(str(part)))
+        meta = []
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            where.owner = current
+            info = current.model_fields.get(part) if isinstance(part, str) else None
+            current, meta = (info.annotation, list(info.metadata)) if info else (None, [])
+        elif isinstance(part, int) and get_origin(current) in (list, tuple):
+            current = get_args(current)[0]
+        else:
+            current = None
+    current, more = _unwrap(current)
+    where.constraints = [c for m in meta + more for c in (m.metadata if isinstance(m, FieldInfo) else [m])]
+    return where
 
 
-def _inner_model(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+def _unwrap(annotation: Any) -> tuple[Any, list[Any]]:
+    """Strip ``Annotated`` (collecting its metadata) and ``| None`` from an annotation."""
+    meta: list[Any] = []
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation, *extra = get_args(annotation)
+            meta.extend(extra)
+        elif len(members := _members(annotation)) == 1:
+            annotation = members[0]
+        else:
+            return annotation, meta
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The non-None members of a union annotation ([] for anything else)."""
+    if get_origin(annotation) not in (Union, types.UnionType):
+        return []
+    return [a for a in get_args(annotation) if a is not type(None)]
+
+
+def _branch_name(annotation: Any) -> str:
+    """The name pydantic gives a union branch in an error location."""
+    return getattr(_unwrap(annotation)[0], "__name__", str(annotation))
+
+
+def _number(value: Any) -> str:
+    """A bound for a message: integers grouped (10_000), floats short (1e-06)."""
+    if isinstance(value, int):
+        return f"{value:_}" if abs(value) >= 10_000 else str(value)
+    return f"{value:g}"
 
 
 def _short(value: Any) -> str:

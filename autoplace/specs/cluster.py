@@ -10,29 +10,67 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoplace.errors import SpecError
 from autoplace.specs._io import Strict, read_document, validate
 
-Positive = Field(gt=0, allow_inf_nan=False)
+# Bounds on hardware numbers.  The upper ones are ~1000x today's largest (B200: 180 GB, 8 TB/s HBM,
+# 4.5 PFLOP/s fp8, 900 GB/s NVLink5); the lower ones (a millionth of a TFLOP/s or GB/s, a megabyte,
+# a thousandth as an efficiency) are far below any real device.  Both keep every time, rate and
+# byte count the cost model derives finite, so no score is ever inf or NaN.
+MAX_NODES = 1_000_000
+MAX_GPUS_PER_NODE = 1024
+MIN_RATE = 1e-6  # TFLOP/s, GB/s, TB/s
+MAX_TFLOPS = 1_000_000
+MAX_LINK_GBPS = 1_000_000
+MAX_HBM_TBPS = 1_000
+MAX_LATENCY_US = 1_000_000  # one second per message
+MIN_MEMORY = 1e-3  # GiB or GB: a megabyte
+MAX_MEMORY_GIB = 100_000
+MAX_HOST_MEMORY_GB = 1_000_000
+MIN_FRACTION = 1e-3  # achievable bandwidth and GEMM efficiency fractions
+
+Nodes = Annotated[int, Field(ge=1, le=MAX_NODES)]
+GPUsPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+Peak = Annotated[float, Field(ge=MIN_RATE, le=MAX_TFLOPS, allow_inf_nan=False)]
+HostMemory = Annotated[float, Field(ge=MIN_MEMORY, le=MAX_HOST_MEMORY_GB, allow_inf_nan=False)]
+
+# compute dtype -> the peaks it may use, its own first, then wider types (fp8 -> bf16 -> fp32).
+_FALLBACK = {"fp8": ("fp8", "bf16", "fp16", "fp32"), "bf16": ("bf16", "fp16", "fp32"),
+             "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"), "fp32": ("fp32",)}
 
 
 class PeakTFLOPS(Strict):
-    """Dense (no sparsity) peak TFLOP/s per dtype; None where unsupported."""
+    """Dense (no sparsity) peak TFLOP/s per dtype; None where unsupported.
 
-    bf16: float | None = Field(None, gt=0, allow_inf_nan=False)
-    fp16: float | None = Field(None, gt=0, allow_inf_nan=False)
-    fp8: float | None = Field(None, gt=0, allow_inf_nan=False)
-    tf32: float | None = Field(None, gt=0, allow_inf_nan=False)
-    fp32: float | None = Field(None, gt=0, allow_inf_nan=False)
+    At least one of bf16, fp16, fp32 is required: every mixed-precision recipe computes in one
+    of them or falls back to one (an fp8-only entry would leave a bf16 model without a peak).
+    """
+
+    bf16: Peak | None = None
+    fp16: Peak | None = None
+    fp8: Peak | None = None
+    tf32: Peak | None = None
+    fp32: Peak | None = None
+
+    @model_validator(mode="after")
+    def _has_a_fallback(self) -> PeakTFLOPS:
+        if self.bf16 is None and self.fp16 is None and self.fp32 is None:
+            raise ValueError("needs a peak for at least one of bf16, fp16, fp32 (the types every "
+                             "compute dtype falls back to)")
+        return self
+
+    def supports(self, dtype: str) -> bool:
+        """Whether ``dtype`` or a wider type has a peak."""
+        return any(getattr(self, name) is not None for name in _FALLBACK[dtype])
 
     def for_dtype(self, dtype: str) -> float:
         """Peak for ``dtype``, falling back to the next wider supported type (fp8 -> bf16 -> fp32)."""
-        for name in {"fp8": ("fp8", "bf16", "fp16", "fp32"), "bf16": ("bf16", "fp16", "fp32"),
-                     "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"), "fp32": ("fp32",)}[dtype]:
+        for name in _FALLBACK[dtype]:
             value = getattr(self, name)
             if value is not None:
                 return float(value)
@@ -43,9 +81,9 @@ class LinkProfile(Strict):
     """A link tier: per-GPU, per-direction bandwidth and per-message latency (the alpha-beta model)."""
 
     name: str = "inline"
-    bandwidth_GBps: float = Positive
-    latency_us: float = Field(ge=0, allow_inf_nan=False)
-    achievable_fraction: float = Field(1.0, gt=0, le=1)
+    bandwidth_GBps: float = Field(ge=MIN_RATE, le=MAX_LINK_GBPS, allow_inf_nan=False)
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    achievable_fraction: float = Field(1.0, ge=MIN_FRACTION, le=1, allow_inf_nan=False)
     sources: dict[str, str] = {}
 
     @property
@@ -62,38 +100,60 @@ class GPUProfile(Strict):
     """One accelerator model."""
 
     name: str = "inline"
-    memory_GiB: float = Positive
+    memory_GiB: float = Field(ge=MIN_MEMORY, le=MAX_MEMORY_GIB, allow_inf_nan=False)
     peak_TFLOPS: PeakTFLOPS
-    hbm_bandwidth_TBps: float = Positive
+    hbm_bandwidth_TBps: float = Field(ge=MIN_RATE, le=MAX_HBM_TBPS, allow_inf_nan=False)
     host_link: str | LinkProfile = "pcie4"
-    matmul_efficiency: list[list[float]] = [[1.0, 0.5]]
+    matmul_efficiency: list[list[Annotated[float, Field(allow_inf_nan=False)]]] = [[1.0, 0.5]]
     sources: dict[str, str] = {}
 
     @field_validator("matmul_efficiency")
     @classmethod
-    def _sorted_fractions(cls, table: list[list[float]]) -> list[list[float]]:
-        if not table or any(len(row) != 2 for row in table):
-            raise ValueError("needs rows of [width, fraction]")
-        widths = [w for w, _ in table]
-        if widths != sorted(widths) or any(not 0 < f <= 1 for _, f in table):
-            raise ValueError("rows must be [width, fraction] with increasing width and 0 < fraction <= 1")
-        return table
+    def _efficiency_table(cls, table: list[list[float]]) -> list[list[float]]:
+        """Rows of [width > 0, fraction], in any order (sorted by width here, for interpolation).
+
+        A bad row or cell is reported at its own index (``matmul_efficiency.1.0``), not the table's.
+        """
+        if not table:
+            raise ValueError("needs at least one [width, fraction] row")
+        for i, row in enumerate(table):
+            problem = _row_problem(i, row, table[:i])
+            if problem is not None:
+                loc, message, value = problem
+                raise ValidationError.from_exception_data("matmul_efficiency", [InitErrorDetails(
+                    type=PydanticCustomError("value_error", message), loc=loc, input=value)])
+        return sorted(table)
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_GiB * 2**30
 
 
+def _row_problem(i: int, row: list[float], earlier: list[list[float]]) -> tuple[tuple[int, ...], str, Any] | None:
+    """What is wrong with row ``i`` of a matmul_efficiency table: (location, message, value), or None."""
+    if len(row) != 2:
+        return (i,), "needs [width, fraction]", row
+    width, fraction = row
+    if width <= 0:
+        return (i, 0), "width must be > 0", width
+    repeated = next((j for j, other in enumerate(earlier) if other[0] == width), None)
+    if repeated is not None:
+        return (i, 0), f"width repeats row {repeated}'s", width
+    if not MIN_FRACTION <= fraction <= 1:
+        return (i, 1), f"fraction must be in [{MIN_FRACTION:g}, 1]", fraction
+    return None
+
+
 class PoolInput(Strict):
     """A node pool as written in cluster.yaml (profiles by name or inline)."""
 
     name: str = "pool"
-    nodes: PositiveInt
-    gpus_per_node: PositiveInt
+    nodes: Nodes
+    gpus_per_node: GPUsPerNode
     gpu: str | GPUProfile
     intra_node: str | LinkProfile
     inter_node: str | LinkProfile | None = None
-    host_memory_GB: float = Field(512, gt=0, allow_inf_nan=False)
+    host_memory_GB: HostMemory = 512
 
 
 class ClusterInput(Strict):
@@ -101,12 +161,12 @@ class ClusterInput(Strict):
 
     name: str = "cluster"
     source: str = ""
-    nodes: PositiveInt | None = None
-    gpus_per_node: PositiveInt | None = None
+    nodes: Nodes | None = None
+    gpus_per_node: GPUsPerNode | None = None
     gpu: str | GPUProfile | None = None
     intra_node: str | LinkProfile | None = None
     inter_node: str | LinkProfile | None = None
-    host_memory_GB: float | None = Field(None, gt=0, allow_inf_nan=False)
+    host_memory_GB: HostMemory | None = None
     pools: list[PoolInput] | None = Field(None, min_length=1)
 
 
@@ -155,7 +215,7 @@ class ClusterSpec(Strict):
                 "nodes": sum(p.nodes for p in self.pools), "gpus_per_node": self.gpus_per_node}
 
 
-_HW_KINDS = {"gpu": GPUProfile, "interconnect": LinkProfile}
+_HW_KINDS: dict[str, type[Strict]] = {"gpu": GPUProfile, "interconnect": LinkProfile}
 
 
 def profile_names(kind: str) -> list[str]:
@@ -232,3 +292,25 @@ def _single_pool(raw: ClusterInput, source: str) -> PoolInput:
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Load cluster.yaml, resolving GPU and interconnect profile names."""
     return cluster_from_dict(read_document(path), source=str(path))
+
+
+def check_compute_dtype(cluster: ClusterSpec, dtype: str, *, source: str) -> None:
+    """Check that every pool's GPU has a peak for the model's compute dtype or a wider type.
+
+    A cluster loads with any of bf16/fp16/fp32 given; an fp32 or tf32 model on a GPU listing
+    only bf16 is refused here, naming the cluster file, rather than deep in the cost model.
+
+    Args:
+        cluster: the loaded cluster.
+        dtype: the model's compute dtype (``model.training.recipe().compute_dtype``).
+        source: the cluster file, for the message.
+
+    Raises:
+        SpecError: naming ``gpu.peak_TFLOPS`` (``pools.N.gpu.peak_TFLOPS`` for several pools).
+    """
+    for i, pool in enumerate(cluster.pools):
+        if not pool.gpu.peak_TFLOPS.supports(dtype):
+            where = f"pools.{i}." if len(cluster.pools) > 1 else ""
+            raise SpecError(f"GPU {pool.gpu.name!r} has no peak for {dtype} (the model's compute dtype) or a wider "
+                            f"type; add a peak for {' or '.join(_FALLBACK[dtype])}",
+                            source=source, field=f"{where}gpu.peak_TFLOPS")

@@ -107,7 +107,8 @@ def _dropout(r: _Reader) -> bool:
     return any(r.probability(key) > 0.0 for key in _DROPOUT_KEYS)
 
 
-def _heads(r: _Reader, hidden: int, heads_key: str, *, mla: bool = False) -> dict[str, Any]:
+def _heads(r: _Reader, hidden: int, heads_key: str, *, hidden_key: str = "hidden_size",
+           mla: bool = False) -> dict[str, Any]:
     """heads, kv_heads and (only when it differs from hidden/heads) head_dim.
 
     kv_heads defaults to heads, as in LlamaConfig (multi-head attention). With MLA
@@ -122,7 +123,7 @@ def _heads(r: _Reader, hidden: int, heads_key: str, *, mla: bool = False) -> dic
         return out
     head_dim = r.integer("head_dim", default=None)
     if head_dim is None and hidden % heads:
-        raise r.error(heads_key, f"must divide hidden size {hidden} unless head_dim is set, got {heads}")
+        raise r.error(heads_key, f"must divide {hidden_key}={hidden} unless head_dim is set, got {heads}")
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
     return out
@@ -282,7 +283,7 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
         "layers": r.integer("n_layer"),
         "hidden": hidden,
         "ffn_hidden": r.integer("n_inner", default=4 * hidden),
-        **_heads(r, hidden, "n_head"),
+        **_heads(r, hidden, "n_head", hidden_key="n_embd"),
         "vocab": r.integer("vocab_size"),
         "seq_len": _seq_len(positions),
         "ffn": "gelu",
@@ -323,24 +324,56 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
     }
 
 
+# Shorthand field -> the Hugging Face keys its value is read from, first present one first
+# (kv_heads defaults to the head count, gpt2's n_inner to 4 * n_embd).  Used to report an
+# error the shorthand validator finds (a value out of range) under the config's own key.
+_Keys = dict[str, tuple[str, ...]]
+_LLAMA_KEYS: _Keys = {
+    "layers": ("num_hidden_layers",), "hidden": ("hidden_size",), "ffn_hidden": ("intermediate_size",),
+    "heads": ("num_attention_heads",), "kv_heads": ("num_key_value_heads", "num_attention_heads"),
+    "head_dim": ("head_dim",), "vocab": ("vocab_size",), "seq_len": ("max_position_embeddings",),
+}
+_TOP_K: _Keys = {"moe.top_k": ("num_experts_per_tok",)}
+_MIXTRAL_KEYS: _Keys = {**_LLAMA_KEYS, **_TOP_K, "moe.experts": ("num_local_experts",),
+                        "moe.expert_ffn_hidden": ("intermediate_size",)}
+_QWEN2_MOE_KEYS: _Keys = {
+    **_LLAMA_KEYS, **_TOP_K, "moe.experts": ("num_experts",), "moe.expert_ffn_hidden": ("moe_intermediate_size",),
+    "moe.shared_experts": ("shared_expert_intermediate_size",),
+    "moe.shared_ffn_hidden": ("shared_expert_intermediate_size",), "moe.layer_freq": ("decoder_sparse_step",),
+}
+_DEEPSEEK_KEYS: _Keys = {
+    **_LLAMA_KEYS, **_TOP_K, "moe.experts": ("n_routed_experts",), "moe.expert_ffn_hidden": ("moe_intermediate_size",),
+    "moe.shared_experts": ("n_shared_experts",), "moe.shared_ffn_hidden": ("moe_intermediate_size",),
+    "moe.first_dense_layers": ("first_k_dense_replace",), "moe.layer_freq": ("moe_layer_freq",),
+    **{f"attention.{k}": (k,) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                        "v_head_dim")},
+}
+_GPT2_KEYS: _Keys = {
+    "layers": ("n_layer",), "hidden": ("n_embd",), "ffn_hidden": ("n_inner", "n_embd"), "heads": ("n_head",),
+    "kv_heads": ("num_key_value_heads", "n_head"), "head_dim": ("head_dim",), "vocab": ("vocab_size",),
+    "seq_len": ("n_positions", "n_ctx"), "max_position": ("n_positions", "n_ctx"),
+}
+
+
 @dataclass(frozen=True)
 class _Family:
-    """How one model_type is translated: its causal-LM classes and its translator."""
+    """How one model_type is translated: its causal-LM classes, its translator and its key names."""
 
     architectures: frozenset[str]
     translate: Callable[[_Reader], dict[str, Any]]
+    keys: _Keys
 
 
 _FAMILIES: dict[str, _Family] = {
-    "llama": _Family(frozenset({"LlamaForCausalLM"}), _llama),
-    "mistral": _Family(frozenset({"MistralForCausalLM"}), _llama),
-    "mixtral": _Family(frozenset({"MixtralForCausalLM"}), _mixtral),
-    "qwen2": _Family(frozenset({"Qwen2ForCausalLM"}), _qwen2),
-    "qwen2_moe": _Family(frozenset({"Qwen2MoeForCausalLM"}), _qwen2_moe),
-    "deepseek_v2": _Family(frozenset({"DeepseekV2ForCausalLM"}), _deepseek),
-    "deepseek_v3": _Family(frozenset({"DeepseekV3ForCausalLM"}), _deepseek),
-    "gpt2": _Family(frozenset({"GPT2LMHeadModel"}), _gpt2),
-    "gpt_neox": _Family(frozenset({"GPTNeoXForCausalLM"}), _gpt_neox),
+    "llama": _Family(frozenset({"LlamaForCausalLM"}), _llama, _LLAMA_KEYS),
+    "mistral": _Family(frozenset({"MistralForCausalLM"}), _llama, _LLAMA_KEYS),
+    "mixtral": _Family(frozenset({"MixtralForCausalLM"}), _mixtral, _MIXTRAL_KEYS),
+    "qwen2": _Family(frozenset({"Qwen2ForCausalLM"}), _qwen2, _LLAMA_KEYS),
+    "qwen2_moe": _Family(frozenset({"Qwen2MoeForCausalLM"}), _qwen2_moe, _QWEN2_MOE_KEYS),
+    "deepseek_v2": _Family(frozenset({"DeepseekV2ForCausalLM"}), _deepseek, _DEEPSEEK_KEYS),
+    "deepseek_v3": _Family(frozenset({"DeepseekV3ForCausalLM"}), _deepseek, _DEEPSEEK_KEYS),
+    "gpt2": _Family(frozenset({"GPT2LMHeadModel"}), _gpt2, _GPT2_KEYS),
+    "gpt_neox": _Family(frozenset({"GPTNeoXForCausalLM"}), _gpt_neox, _LLAMA_KEYS),
 }
 
 
@@ -367,8 +400,8 @@ def _check_architectures(r: _Reader, family: _Family) -> None:
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise r.error("architectures", f"must be a list of class names, got {architectures!r}")
     unsupported = [a for a in architectures if a not in family.architectures]
-    if unsupported:
-        raise r.error("architectures", f"{', '.join(unsupported)} is not supported for "
+    if unsupported:  # repr: a name with a line break must not split the one-line error
+        raise r.error("architectures", f"{', '.join(map(repr, unsupported))} is not supported for "
                                        f"model_type {r.model_type!r}; supported: {valid}")
 
 
@@ -416,3 +449,18 @@ def shorthand_from_hf(config: Mapping[str, Any], *, source: str) -> dict[str, An
         **extras,
         "source": f"{source} (Hugging Face config, model_type={model_type})",
     }
+
+
+def hf_key(config: Mapping[str, Any], field: str) -> str | None:
+    """The Hugging Face key a shorthand field (dotted, e.g. ``moe.top_k``) was read from.
+
+    Args:
+        config: the parsed config.json that :func:`shorthand_from_hf` translated.
+        field: a field of the shorthand it returned.
+
+    Returns:
+        The key, or None when the field does not come from one key (``name``, ``ffn``, ...).
+    """
+    family = _FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
+    keys = family.keys.get(field, ()) if family else ()
+    return next((k for k in keys if config.get(k) is not None), keys[-1] if keys else None)

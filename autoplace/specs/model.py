@@ -14,14 +14,35 @@ the shorthand by :mod:`autoplace.specs.hf` first, then validated like any other.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from autoplace.errors import SpecError
 from autoplace.specs._io import Strict, read_document, validate
 
-Count = PositiveInt  # strict positive int
+# Upper bounds on sizes and counts.  Each is far beyond any model trained today (Llama 3 405B:
+# 126 layers, hidden 16_384, 128k vocabulary; DeepSeek-V3: 256 experts), yet small enough that
+# every derived quantity stays a finite float and every count fits in int64: a file with
+# layers: 1e30 is refused here, naming the field, instead of overflowing in the evaluator.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 10_000_000  # hidden, ffn, vocab, head and MLA dimensions
+MAX_SEQ_LEN = 10_000_000
+MAX_HEADS = 100_000
+MAX_EXPERTS = 100_000
+MAX_GLOBAL_BATCH = 100_000_000  # sequences per step
+MAX_REPEAT = 100_000  # copies of one graph layer, and blocks in a whole graph
+MAX_PARAMS = 10**15  # parameters of one graph layer
+MAX_FLOPS_PER_TOKEN = 10**18  # forward FLOPs per token of one graph layer (1000x MAX_PARAMS)
+MAX_ACTIVATION_BYTES_PER_TOKEN = 10**15
+
+
+# Strict positive integers, each with its bound.
+Layers = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+SeqLen = Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
+Heads = Annotated[int, Field(ge=1, le=MAX_HEADS)]
+Experts = Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
 
 
 class Precision(Strict):
@@ -32,10 +53,10 @@ class Precision(Strict):
     """
 
     name: str = "bf16"
-    param_bytes: float = Field(2.0, gt=0, le=16)
-    grad_bytes: float = Field(2.0, gt=0, le=16)
-    optimizer_bytes: float = Field(12.0, ge=0, le=64)
-    activation_bytes: float = Field(2.0, gt=0, le=8)
+    param_bytes: float = Field(2.0, gt=0, le=16, allow_inf_nan=False)
+    grad_bytes: float = Field(2.0, gt=0, le=16, allow_inf_nan=False)
+    optimizer_bytes: float = Field(12.0, ge=0, le=64, allow_inf_nan=False)
+    activation_bytes: float = Field(2.0, gt=0, le=8, allow_inf_nan=False)
     compute_dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
 
 
@@ -62,7 +83,7 @@ OPTIMIZER_STATE_BYTES: dict[str, float] = {
 class Training(Strict):
     """How the model is trained: batch, precision and optimizer."""
 
-    global_batch: Count = 1024
+    global_batch: int = Field(default=1024, ge=1, le=MAX_GLOBAL_BATCH)
     precision: str | Precision = "bf16"
     optimizer: str = "adam"
 
@@ -98,13 +119,13 @@ class Training(Strict):
 class MoE(Strict):
     """Mixture-of-experts MLP (Mixtral, DeepSeek-MoE, Qwen-MoE style)."""
 
-    experts: Count
-    top_k: Count
-    expert_ffn_hidden: Count
-    shared_experts: int = Field(0, ge=0)
-    shared_ffn_hidden: int = Field(0, ge=0)
-    first_dense_layers: int = Field(0, ge=0)
-    layer_freq: Count = 1
+    experts: Experts
+    top_k: Experts
+    expert_ffn_hidden: Width
+    shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS)
+    shared_ffn_hidden: int = Field(0, ge=0, le=MAX_WIDTH)
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS)
+    layer_freq: Layers = 1
 
     @field_validator("top_k")
     @classmethod
@@ -123,11 +144,11 @@ class MLA(Strict):
     """DeepSeek-V2/V3 multi-head latent attention projections."""
 
     type: Literal["mla"]
-    q_lora_rank: int = Field(0, ge=0)
-    kv_lora_rank: Count
-    qk_nope_head_dim: Count
-    qk_rope_head_dim: Count
-    v_head_dim: Count
+    q_lora_rank: int = Field(0, ge=0, le=MAX_WIDTH)
+    kv_lora_rank: Width
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
 
 
 class TransformerSpec(Strict):
@@ -135,32 +156,37 @@ class TransformerSpec(Strict):
 
     name: str = "model"
     source: str = ""
-    layers: Count
-    hidden: Count
-    head_dim: Count | None = None  # before heads: the heads check reads it
-    ffn_hidden: Count
-    heads: Count
-    kv_heads: Count | None = None
-    vocab: Count
-    seq_len: Count
+    layers: Layers
+    hidden: Width
+    # head_dim and attention come before heads: the heads check reads them
+    head_dim: Width | None = None
+    attention: MLA | None = None
+    ffn_hidden: Width
+    heads: Heads
+    kv_heads: Heads | None = None
+    vocab: Width
+    seq_len: SeqLen
     ffn: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False
     qkv_bias: bool = False
     tied_embeddings: bool = False
     position: Literal["rope", "learned"] = "rope"
-    max_position: Count | None = None
+    max_position: SeqLen | None = None
     dropout: bool = False
     flash_attention: bool = True
     moe: MoE | None = None
-    attention: MLA | None = None
     training: Training = Training()
 
     @field_validator("heads")
     @classmethod
     def _heads_divide_hidden(cls, value: int, info: ValidationInfo) -> int:
+        # With MLA (DeepSeek) the head sizes are the attention block's own dimensions, so
+        # hidden need not split evenly across heads (DeepSeek-V2-Lite: 2048 over 16 heads of 192).
         hidden = info.data.get("hidden")
-        if hidden is not None and info.data.get("head_dim") is None and hidden % value:
+        if info.data.get("attention") is not None or info.data.get("head_dim") is not None:
+            return value
+        if hidden is not None and hidden % value:
             raise ValueError(f"heads must divide hidden ({hidden}); or give head_dim explicitly")
         return value
 
@@ -185,23 +211,47 @@ class GraphLayer(Strict):
     """One entry of an explicit layer graph; ``repeat`` copies it in sequence."""
 
     name: str
-    params: int = Field(ge=0)
-    flops_per_token: float = Field(ge=0)
-    activation_bytes_per_token: float = Field(ge=0)
-    repeat: Count = 1
+    params: int = Field(ge=0, le=MAX_PARAMS)
+    flops_per_token: float = Field(ge=0, le=MAX_FLOPS_PER_TOKEN, allow_inf_nan=False)
+    activation_bytes_per_token: float = Field(ge=0, le=MAX_ACTIVATION_BYTES_PER_TOKEN, allow_inf_nan=False)
+    repeat: int = Field(1, ge=1, le=MAX_REPEAT)
     tp_shardable: bool = False
+
+    @field_validator("flops_per_token", "activation_bytes_per_token")
+    @classmethod
+    def _zero_or_whole(cls, value: float) -> float:
+        # FLOPs and bytes are counts: a fraction of one per token is a unit mistake, and would
+        # make a step time so small that throughput overflows to inf.
+        if 0 < value < 1:
+            raise ValueError("must be 0 or >= 1 (a count per token)")
+        return value
 
 
 class GraphSpec(Strict):
-    """A model given as a sequence of layers (any architecture)."""
+    """A model given as a sequence of layers (any architecture).
+
+    The graph must hold something to train: a graph whose layers have neither parameters
+    nor FLOPs is refused at load time (its step time would be zero, its throughput and MFU
+    undefined).  A graph with parameters but no FLOPs loads; its MFU is 0.
+    """
 
     name: str = "model"
     source: str = ""
-    hidden: Count
-    seq_len: Count
-    vocab: int = Field(0, ge=0)
+    hidden: Width
+    seq_len: SeqLen
+    vocab: int = Field(0, ge=0, le=MAX_WIDTH)
     graph: list[GraphLayer] = Field(min_length=1)
     training: Training = Training()
+
+    @field_validator("graph")
+    @classmethod
+    def _something_to_train(cls, graph: list[GraphLayer]) -> list[GraphLayer]:
+        blocks = sum(layer.repeat for layer in graph)
+        if blocks > MAX_REPEAT:
+            raise ValueError(f"the layers repeat to {blocks} blocks in total; at most {MAX_REPEAT} are accepted")
+        if not any(layer.params or layer.flops_per_token for layer in graph):
+            raise ValueError("every layer has params 0 and flops_per_token 0: there is nothing to train")
+        return graph
 
 
 ModelSpec = TransformerSpec | GraphSpec
@@ -214,12 +264,28 @@ def model_from_dict(data: dict[str, Any], *, source: str = "<model>") -> ModelSp
         SpecError: one line naming the field and what is valid.
     """
     if "model_type" in data:
-        from autoplace.specs.hf import shorthand_from_hf
-
-        data = shorthand_from_hf(data, source=source)
+        return _from_hf(data, source=source)
     if "graph" in data:
         return validate(GraphSpec, data, source=source)
     return validate(TransformerSpec, data, source=source)
+
+
+def _from_hf(config: dict[str, Any], *, source: str) -> TransformerSpec:
+    """Translate a Hugging Face config and validate it; errors name the config's keys.
+
+    The HF reader checks types and cross-key rules; what only the shorthand checks (the
+    bounds) is reported under the key the value came from, e.g. ``num_hidden_layers``.
+    """
+    from autoplace.specs.hf import hf_key, shorthand_from_hf
+
+    shorthand = shorthand_from_hf(config, source=source)
+    try:
+        return validate(TransformerSpec, shorthand, source=source)
+    except SpecError as exc:
+        key = hf_key(config, exc.field) if exc.field else None
+        if key is None:
+            raise
+        raise SpecError(f"{exc.detail} (autoplace's {exc.field})", source=source, field=key) from None
 
 
 def load_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> ModelSpec:
