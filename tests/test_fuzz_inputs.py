@@ -119,7 +119,7 @@ def _synthetic_seeds() -> list[Seed]:
              "training": {"global_batch": 8, "precision": "bf16", "optimizer": "adamw"}}
     inline = {"name": "inline", "nodes": 2, "gpus_per_node": 2,
               "gpu": {"name": "gpu-x", "memory_GiB": 80, "peak_TFLOPS": {"bf16": 100, "fp32": 10},
-                      "hbm_bandwidth_TBps": 2, "host_link": "pcie4", "matmul_efficiency": [[512, 0.5], [4096, 0.7]]},
+                      "hbm_bandwidth_TBps": 2, "host_link": "pcie4", "matmul_efficiency_by_GFLOP": [[512, 0.5], [4096, 0.7]]},
               "intra_node": {"bandwidth_GBps": 100, "latency_us": 1, "achievable_fraction": 0.8},
               "inter_node": {"bandwidth_GBps": 25, "latency_us": 5}, "host_memory_GB": 256}
     return [_seed("model", "synthetic/moe-precision.json", ".json", moe),
@@ -596,11 +596,11 @@ def test_mla_heads_need_not_divide_hidden(tmp_path: Path) -> None:
     assert seed.doc["hidden_size"] % 48 and _load("model", path) is None
 
 
-# Fixed bug (was a strict xfail): matmul_efficiency accepts a NaN width (the sortedness check is vacuous
+# Fixed bug (was a strict xfail): matmul_efficiency_by_GFLOP accepts a NaN width (the sortedness check is vacuous
 # for NaN); evaluate then prints NaN/garbage
-def test_matmul_efficiency_nan_width_is_rejected(tmp_path: Path) -> None:
+def test_matmul_efficiency_by_GFLOP_nan_width_is_rejected(tmp_path: Path) -> None:
     seed, path = _mutated(tmp_path, "synthetic/inline-profiles.yaml",
-                          Mutation("replace", ("gpu", "matmul_efficiency", 0, 0), math.nan))
+                          Mutation("replace", ("gpu", "matmul_efficiency_by_GFLOP", 0, 0), math.nan))
     assert _load(seed.kind, path) is not None
 
 

@@ -97,3 +97,13 @@ def test_per_layer_decisions_beat_the_best_uniform_plan() -> None:
                    for mode in range(3)))
     best = get_solver("cpsat").solve(problem, Budget(time_limit_s=60)).plans[0]
     assert best.step_time_s < uniform
+
+
+def test_megatron_table1_throughput_mape_within_10_percent() -> None:
+    """Issue 6: Table 1's published plans with the default profiles, no per-row tuning:
+    predicted TFLOP/s (recompute included, as Megatron counts, Eq. 3) within 10% MAPE."""
+    errors = []
+    for case in MEGATRON:
+        model, cluster, plan = _published(case)
+        errors.append(abs(score(model, cluster, plan).hw_tflops_per_gpu / case["measured"]["tflops_per_gpu"] - 1))
+    assert sum(errors) / len(errors) <= 0.10

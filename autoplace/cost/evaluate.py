@@ -89,17 +89,26 @@ def candidates_from_plans(plans: Sequence[Plan], table: LayerTable) -> Candidate
 
 @dataclass(frozen=True)
 class StageHardware:
-    """Per candidate and stage ``[C, S]``: the slowest / smallest GPU the stage's ranks use."""
+    """Per candidate and stage ``[C, S]``: the slowest / smallest GPU the stage's ranks use
+    (``S`` is 1 when the cluster has one pool: every stage sees the same hardware)."""
 
     capacity: Array
     peak_flops: Array
-    efficiency: Array
     hbm_Bps: Array
     host_Bps: Array
     links: comm.Links
+    span: Array  # [pools, C, S] which pools a stage's ranks lie in
+    tables: tuple[Array, ...]  # per pool: [[GFLOP, fraction], ...]
+
+    def efficiency(self, gemm_gflop: Array) -> Array:
+        """Matmul efficiency ``[C, S, X]`` of GEMMs of ``gemm_gflop`` ``[C, X]`` GFLOP, on the
+        least efficient pool of each stage (interpolated in log size, clamped at the ends)."""
+        size = np.log(np.maximum(gemm_gflop, 1e-12))[:, None, :]
+        per_pool = [np.interp(size, np.log(t[:, 0]), t[:, 1]) for t in self.tables]
+        return np.where(self.span[..., None], np.stack(per_pool), np.inf).min(0)
 
 
-def stage_hardware(cluster: ClusterSpec, cand: Candidates, hidden: int, dtype: str) -> StageHardware:
+def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageHardware:
     """Map pipeline stages onto node pools (pp outermost, pools in file order)."""
     # one pool: every stage sees the same hardware, so keep a single stage column ([C, 1]);
     # it broadcasts against [C, S] and keeps the per-block tables S times smaller
@@ -107,24 +116,17 @@ def stage_hardware(cluster: ClusterSpec, cand: Candidates, hidden: int, dtype: s
     s = np.arange(stages)[None, :]
     per_stage = (cand.world // cand.pp)[:, None]
     lo, hi = s * per_stage, (s + 1) * per_stage
-    width = (hidden / cand.tp)[:, None]
-    fields: dict[str, list[Array]] = {k: [] for k in
-                                      ("cap", "peak", "eff", "hbm", "host", "ibw", "ilat", "xbw", "xlat")}
+    fields: dict[str, list[Array]] = {k: [] for k in ("cap", "peak", "hbm", "host", "ibw", "ilat", "xbw", "xlat")}
     start = 0
     spans = []
     for pool in cluster.pools:
         end = start + pool.gpus
         spans.append((lo < end) & (hi > start))
-        table = np.asarray(pool.gpu.matmul_efficiency, dtype=float)
-        fields["cap"].append(np.full(lo.shape, pool.gpu.memory_bytes))
-        fields["peak"].append(np.full(lo.shape, pool.gpu.peak_TFLOPS.for_dtype(dtype) * 1e12))
-        fields["eff"].append(np.broadcast_to(np.interp(width, table[:, 0], table[:, 1]), lo.shape))
-        fields["hbm"].append(np.full(lo.shape, pool.gpu.hbm_bandwidth_TBps * 1e12))
-        fields["host"].append(np.full(lo.shape, pool.host_link.bytes_per_s))
-        fields["ibw"].append(np.full(lo.shape, pool.intra_node.bytes_per_s))
-        fields["ilat"].append(np.full(lo.shape, pool.intra_node.latency_s))
-        fields["xbw"].append(np.full(lo.shape, pool.inter_node.bytes_per_s))
-        fields["xlat"].append(np.full(lo.shape, pool.inter_node.latency_s))
+        for key, value in (("cap", pool.gpu.memory_bytes), ("peak", pool.gpu.peak_TFLOPS.for_dtype(dtype) * 1e12),
+                           ("hbm", pool.gpu.hbm_bandwidth_TBps * 1e12), ("host", pool.host_link.bytes_per_s),
+                           ("ibw", pool.intra_node.bytes_per_s), ("ilat", pool.intra_node.latency_s),
+                           ("xbw", pool.inter_node.bytes_per_s), ("xlat", pool.inter_node.latency_s)):
+            fields[key].append(np.full(lo.shape, value))
         start = end
     span = np.stack(spans)
     span[0] |= ~span.any(axis=0)  # ranks beyond the cluster (a too-large plan): judge by pool 0
@@ -137,7 +139,8 @@ def stage_hardware(cluster: ClusterSpec, cand: Candidates, hidden: int, dtype: s
 
     links = comm.Links(worst("ibw"), worst("ilat", high=True), worst("xbw"), worst("xlat", high=True),
                        cluster.gpus_per_node)
-    return StageHardware(worst("cap"), worst("peak"), worst("eff"), worst("hbm"), worst("host"), links)
+    tables = tuple(np.asarray(p.gpu.matmul_efficiency_by_GFLOP, dtype=float) for p in cluster.pools)
+    return StageHardware(worst("cap"), worst("peak"), worst("hbm"), worst("host"), links, span, tables)
 
 
 # ---------------------------------------------------------------------------------------

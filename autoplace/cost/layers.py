@@ -58,6 +58,8 @@ class BlockKind:
     ep_alltoall: float
     cp_kv: float
     moe: bool = False
+    gemm_flops: float = 0.0  # FLOPs per token of the block's main matmul (before TP), for its efficiency
+    gemm_token_share: float = 1.0  # share of a device's tokens one expert's GEMM sees (top_k/experts, x ep)
 
     @property
     def params(self) -> float:
@@ -74,6 +76,7 @@ class Edge:
     act_rep: float  # activation bytes per token not sharded by TP (sharded by SP)
     act_tp: float  # activation bytes per token sharded by TP (logits)
     tp_allreduce: float  # bytes per token all-reduced across TP per forward
+    gemm_flops: float = 0.0  # FLOPs per token of its matmul (before TP), for its efficiency
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
-        **common))  # type: ignore[arg-type]
+        gemm_flops=2 * h * m.ffn_hidden, **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
@@ -220,7 +223,8 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                    + 2 * mats * h * (e.top_k * e.expert_ffn_hidden + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden))),
             act_rep=att_act_rep + norm_act + e.top_k * ex_rep + e.shared_experts * sh_rep + 4 * e.experts,
             act_tp=att_act_tp + e.top_k * ex_tp + e.shared_experts * sh_tp,
-            ep_alltoall=e.top_k * b * h, moe=True, **common))  # type: ignore[arg-type]
+            ep_alltoall=e.top_k * b * h, moe=True, gemm_flops=2 * h * e.expert_ffn_hidden,
+            gemm_token_share=e.top_k / e.experts, **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
     used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
     return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
@@ -236,7 +240,7 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
     # norm input 2sbh, the output-layer input 2sbh and fp32 logits 4sbv (sharded by TP).
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
-                act_rep=2 * b * h + 2 * b * h, act_tp=4 * v, tp_allreduce=0.0)
+                act_rep=2 * b * h + 2 * b * h, act_tp=4 * v, tp_allreduce=0.0, gemm_flops=2 * h * v)
     counts = np.bincount(sequence, minlength=len(kinds))
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
@@ -260,7 +264,8 @@ def _graph_table(g: GraphSpec) -> LayerTable:
             params_expert=0.0, flops=entry.flops_per_token, flops_score=0.0,
             act_rep=0.0 if shard else entry.activation_bytes_per_token,
             act_tp=entry.activation_bytes_per_token if shard else 0.0, act_score=0.0,
-            act_input=b * g.hidden, tp_allreduce=2 * b * g.hidden if shard else 0.0, ep_alltoall=0.0, cp_kv=0.0))
+            act_input=b * g.hidden, tp_allreduce=2 * b * g.hidden if shard else 0.0, ep_alltoall=0.0, cp_kv=0.0,
+            gemm_flops=entry.flops_per_token))
         sequence.extend([len(kinds) - 1] * entry.repeat)
     empty = Edge(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     params = float(sum(e.params * e.repeat for e in g.graph))

@@ -125,7 +125,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
 
     c = cand  # Candidates; typed loosely to avoid an import cycle
     C, S = c.counts.shape[:2]  # type: ignore[attr-defined]
-    hw = stage_hardware(cluster, c, table.hidden, recipe.compute_dtype)  # type: ignore[arg-type]
+    hw = stage_hardware(cluster, c, recipe.compute_dtype)  # type: ignore[arg-type]
     G = cluster.gpus_per_node
     pb, gb, ob, ab = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes, table.act_bytes
     tp, cp, ep, pp = (x.astype(float) for x in (c.tp, c.cp, c.ep, c.pp))  # type: ignore[attr-defined]
@@ -186,7 +186,12 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
                                  np.broadcast_to(buffers[:, None], (C, S))[..., None], reserve[..., None]], axis=-1)
 
     # ---- time per micro-batch, per block ------------------------------------------------
-    rate = (hw.peak_flops * hw.efficiency / assume.compute_scale)[..., None, None]  # [C,S,1,1]
+    # matmul efficiency by the size of each block kind's main GEMM on one device (and the head's)
+    gemm = np.stack([tokens * k.gemm_token_share * np.where(k.moe, c.ep, 1) * k.gemm_flops / tp  # type: ignore[attr-defined]
+                     for k in table.kinds] + [tokens * h_gemm / tp for h_gemm in (table.head.gemm_flops,)], axis=-1) / 1e9
+    eff = hw.efficiency(gemm)  # [C, S, K+1]
+    rate = (hw.peak_flops[..., None] * eff / assume.compute_scale)[..., :-1, None]  # [C,S,K,1]
+    head_rate = hw.peak_flops * eff[..., -1] / assume.compute_scale  # [C,S]
     flops_mb = col(tokens) * (3 * kind("flops") + sel * kind("flops_score") + full * kind("flops")) / col(tp)
     # memory-bound kernels (norms, activations, dropout, softmax, residual adds) stream the
     # stored activations: forward once, backward twice, and the forward again when recomputed
@@ -237,9 +242,8 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
         col(ga) * ep_bytes * ones, col(ga) * off_bytes_mb * ones), axis=-1)[:, :1]
 
     # ---- time per micro-batch, edges and pipeline sends ---------------------------------
-    peak_rate = rate[..., 0, 0]
     head_flops = last * (tok * 3 * h.flops / tp[:, None])
-    t_compute = head_flops / peak_rate
+    t_compute = head_flops / head_rate
     emb_i, emb_x, emb_t = comm.allreduce(tok * ab * table.hidden, size["tp"][:, None], n_in["tp"][:, None],
                                          stage_links)
     tp_on2 = (tp > 1)[:, None]

@@ -104,23 +104,25 @@ class GPUProfile(Strict):
     peak_TFLOPS: PeakTFLOPS
     hbm_bandwidth_TBps: float = Field(ge=MIN_RATE, le=MAX_HBM_TBPS, allow_inf_nan=False)
     host_link: str | LinkProfile = "pcie4"
-    matmul_efficiency: list[list[Annotated[float, Field(allow_inf_nan=False)]]] = [[1.0, 0.5]]
+    matmul_efficiency_by_GFLOP: list[list[Annotated[float, Field(allow_inf_nan=False)]]] = [[1.0, 0.5]]
     sources: dict[str, str] = {}
 
-    @field_validator("matmul_efficiency")
+    @field_validator("matmul_efficiency_by_GFLOP")
     @classmethod
     def _efficiency_table(cls, table: list[list[float]]) -> list[list[float]]:
-        """Rows of [width > 0, fraction], in any order (sorted by width here, for interpolation).
+        """Rows of [GEMM GFLOP > 0, fraction of dense peak], in any order (sorted here, for
+        interpolation in log GFLOP).  The GEMM size is that of one block's main matmul on one
+        device (2 * tokens * hidden * ffn / tp), the measure square-GEMM benchmarks report.
 
-        A bad row or cell is reported at its own index (``matmul_efficiency.1.0``), not the table's.
+        A bad row or cell is reported at its own index (``matmul_efficiency_by_GFLOP.1.0``).
         """
         if not table:
-            raise ValueError("needs at least one [width, fraction] row")
+            raise ValueError("needs at least one [GFLOP, fraction] row")
         for i, row in enumerate(table):
             problem = _row_problem(i, row, table[:i])
             if problem is not None:
                 loc, message, value = problem
-                raise ValidationError.from_exception_data("matmul_efficiency", [InitErrorDetails(
+                raise ValidationError.from_exception_data("matmul_efficiency_by_GFLOP", [InitErrorDetails(
                     type=PydanticCustomError("value_error", message), loc=loc, input=value)])
         return sorted(table)
 
@@ -130,15 +132,15 @@ class GPUProfile(Strict):
 
 
 def _row_problem(i: int, row: list[float], earlier: list[list[float]]) -> tuple[tuple[int, ...], str, Any] | None:
-    """What is wrong with row ``i`` of a matmul_efficiency table: (location, message, value), or None."""
+    """What is wrong with row ``i`` of an efficiency table: (location, message, value), or None."""
     if len(row) != 2:
-        return (i,), "needs [width, fraction]", row
-    width, fraction = row
-    if width <= 0:
-        return (i, 0), "width must be > 0", width
-    repeated = next((j for j, other in enumerate(earlier) if other[0] == width), None)
+        return (i,), "needs [GFLOP, fraction]", row
+    gflop, fraction = row
+    if gflop <= 0:
+        return (i, 0), "GFLOP must be > 0", gflop
+    repeated = next((j for j, other in enumerate(earlier) if other[0] == gflop), None)
     if repeated is not None:
-        return (i, 0), f"width repeats row {repeated}'s", width
+        return (i, 0), f"GFLOP repeats row {repeated}'s", gflop
     if not MIN_FRACTION <= fraction <= 1:
         return (i, 1), f"fraction must be in [{MIN_FRACTION:g}, 1]", fraction
     return None
