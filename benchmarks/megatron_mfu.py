@@ -16,10 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.helpers import (
-    reference,  # noqa: E402
-    score,  # noqa: E402
-)
+from tests.helpers import reference, score  # noqa: E402
 from tests.test_solve_cases import _published  # noqa: E402
 
 

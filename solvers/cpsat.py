@@ -164,7 +164,7 @@ def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: di
             md.add(obj >= expr).only_enforce_if(x)
 
 
-def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray | None, int | None]:
+def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray, int | None]:
     """Keep configurations that may hold one of the top-K optima (sound bound test).
 
     Returns:
@@ -231,12 +231,12 @@ class CpSatSolver(Solver):
             solver.parameters.max_time_in_seconds = remaining
             solver.parameters.num_workers = budget.workers
             solver.parameters.random_seed = budget.seed
-            status = solver.solve(built.model)
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                if status != cp_model.INFEASIBLE:
+            code = solver.solve(built.model)
+            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if code != cp_model.INFEASIBLE:
                     statuses.append("feasible")
                 break
-            statuses.append("optimal" if status == cp_model.OPTIMAL else "feasible")
+            statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
             if bound is None:
                 bound = solver.best_objective_bound
             i = next(j for j, var in built.chosen.items() if solver.value(var))
@@ -279,12 +279,12 @@ class CpSatSolver(Solver):
             solver.parameters.max_time_in_seconds = remaining
             solver.parameters.num_workers = budget.workers
             solver.parameters.random_seed = budget.seed
-            status = solver.solve(built.model)
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                if status != cp_model.INFEASIBLE:
+            code = solver.solve(built.model)
+            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if code != cp_model.INFEASIBLE:
                     statuses.append("feasible")
                 break
-            statuses.append("optimal" if status == cp_model.OPTIMAL else "feasible")
+            statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
             if bound is None:
                 bound = solver.best_objective_bound * built.unit
             i = next(j for j, var in built.chosen.items() if solver.value(var))

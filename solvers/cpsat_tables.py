@@ -106,7 +106,7 @@ def _group_vars(md: Any, key: tuple[int, int], L: int, fixed_split: tuple[int, .
     y = []
     q = []
     for s in range(P):
-        allowed = range(1, L // v + 1)
+        allowed: list[int] = list(range(1, L // v + 1))
         if fixed_split is not None and len(fixed_split) == P:
             allowed = [fixed_split[s] // v] if fixed_split[s] % v == 0 else []
         lits = {k: md.new_bool_var(f"y_p{P}v{v}_{s}_{k}") for k in allowed}

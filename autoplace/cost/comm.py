@@ -26,10 +26,10 @@ Array = np.ndarray
 class Links:
     """The two link tiers a group can use, as arrays broadcastable with the candidates."""
 
-    intra_Bps: Array | float
-    intra_latency_s: Array | float
-    inter_Bps: Array | float
-    inter_latency_s: Array | float
+    intra_Bps: Array
+    intra_latency_s: Array
+    inter_Bps: Array
+    inter_latency_s: Array
     gpus_per_node: int
 
 

@@ -295,15 +295,15 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     tokens_step = c.mbs * ga * c.dp * table.seq_len  # type: ignore[attr-defined]
     pools_peak = sum(p.gpus * p.gpu.peak_TFLOPS.for_dtype(recipe.compute_dtype) * 1e12 for p in cluster.pools)
     per_gpu_peak = pools_peak / cluster.gpus
-    def full(a: Array) -> Array:  # [C, 1 or S, ...] -> [C, S, ...] (a view)
+    def per_stage(a: Array) -> Array:  # [C, 1 or S, ...] -> [C, S, ...] (a view)
         return np.broadcast_to(a, (C, S, *np.shape(a)[2:]))
 
     return StageTerms(
         state_block=state_block, act_block=act_block, inflight=inflight, mem_static=mem_static,
-        t_block=t_block, t_static=full(t_static), reduce_block=full(red_blk), reduce_static=full(red_st),
-        gather_block=full(gat_blk), gather_static=full(gat_st), opt_block=full(opt_block), opt_static=full(opt_static),
+        t_block=t_block, t_static=per_stage(t_static), reduce_block=per_stage(red_blk), reduce_static=per_stage(red_st),
+        gather_block=per_stage(gat_blk), gather_static=per_stage(gat_st), opt_block=per_stage(opt_block), opt_static=per_stage(opt_static),
         bytes_block=bytes_block, bytes_static=bytes_static, flops_block=flops_block[:, :1],
-        flops_static=full(flops_static), dp_overlap=assume.dp_overlap, capacity=full(hw.capacity),
+        flops_static=per_stage(flops_static), dp_overlap=assume.dp_overlap, capacity=per_stage(hw.capacity),
         model_flops=3 * fwd_tok * tokens_step, peak_total=world * per_gpu_peak, tokens_per_step=tokens_step)
 
 
