@@ -103,6 +103,42 @@ def evaluate(
         _fail(exc)
 
 
+@app.command()
+def explain(
+    model: ModelArg,
+    cluster: ClusterArg,
+    plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=8,pp=4,zero=1,recompute=selective"')],
+    png: Annotated[Path | None, typer.Option("--png", help="Write the stacked-bar chart here (needs matplotlib).")] = None,
+    as_json: JsonOpt = False,
+    seq_len: SeqOpt = None,
+    global_batch: BatchOpt = None,
+) -> None:
+    """Where every GB and second goes, beside the alternatives that change the most."""
+    try:
+        from autoplace.cost.layers import layer_table
+        from autoplace.evaluation import evaluate as score
+        from autoplace.explain import alternatives, plot, print_explanation
+        from autoplace.plan import build_plan, parse_plan_string
+
+        m, c = _load(model, cluster, seq_len, global_batch)
+        p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
+                       global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
+        ev = score(m, c, p)
+        alts = alternatives(m, c, p, ev)
+        if png is not None:
+            plot(ev, alts, png)
+        if as_json:
+            typer.echo(_json({"schema": "autoplace.explanation/v1", "plan": ev.to_dict(),
+                              "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
+                              "png": str(png) if png else None}))
+        else:
+            print_explanation(ev, alts, c, png)
+    except ImportError as exc:
+        _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+
+
 class Objective(StrEnum):
     time = "time"
     comm = "comm"

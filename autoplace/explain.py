@@ -1,0 +1,152 @@
+"""Where every GB and every second goes, beside the alternatives that change the most.
+
+``autoplace explain`` scores the plan, then its neighbours -- one knob changed at a time
+(ZeRO level, recompute, micro-batch, a factor of two moved between tp/pp and dp, optimizer
+offload) -- and shows the few that move the step time or the peak memory most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplace.cost.layers import layer_table
+from autoplace.errors import AutoplaceError
+from autoplace.evaluation import Evaluation, evaluate
+from autoplace.plan import Plan, build_plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+GiB = 2**30
+MEMORY = ("params", "grads", "optimizer", "activations", "buffers", "reserve")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One neighbouring plan: what changed and how it scores."""
+
+    change: str
+    evaluation: Evaluation
+
+
+def plan_values(plan: Plan) -> dict[str, Any]:
+    """The ``--plan`` keys that rebuild ``plan`` (for changing one of them)."""
+    values: dict[str, Any] = {"dp_replicate": plan.dp_replicate, "dp_shard": plan.dp_shard, "tp": plan.tp,
+                              "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "vpp": plan.vpp, "sp": plan.sp,
+                              "zero": plan.zero, "mbs": plan.mbs, "schedule": plan.schedule,
+                              "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params}
+    if plan.recompute_mode == "mixed":
+        values["recompute_layers"] = ":".join(r[0] for r in plan.recompute)
+    else:
+        values["recompute"] = plan.recompute_mode
+    return values
+
+
+def _neighbours(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
+    base = plan_values(plan)
+    base.pop("recompute_layers", None)
+    dp = plan.dp
+    out: list[tuple[str, dict[str, Any]]] = []
+    for zero in range(4):
+        if zero != plan.zero:
+            out.append((f"zero {plan.zero} -> {zero}", {**base, "zero": zero, "dp": dp, "dp_replicate": None,
+                                                         "dp_shard": None}))
+    for mode in ("none", "selective", "full"):
+        if mode != plan.recompute_mode:
+            out.append((f"recompute {plan.recompute_mode} -> {mode}", {**base, "recompute": mode}))
+    for mbs in (plan.mbs * 2, plan.mbs // 2):
+        if mbs >= 1:
+            out.append((f"micro-batch {plan.mbs} -> {mbs}", {**base, "mbs": mbs}))
+    for key in ("tp", "pp"):
+        for new in (getattr(plan, key) * 2, getattr(plan, key) // 2):
+            if new >= 1 and (dp * getattr(plan, key)) % new == 0:
+                out.append((f"{key} {getattr(plan, key)} -> {new}", {**base, key: new, "dp": dp * getattr(plan, key) // new,
+                                                                      "dp_replicate": None, "dp_shard": None,
+                                                                      "vpp": 1 if key == "pp" else plan.vpp,
+                                                                      "schedule": "1f1b" if key == "pp" else plan.schedule,
+                                                                      "sp": new > 1 if key == "tp" else plan.sp}))
+    if plan.zero >= 1:
+        other = "none" if plan.offload_optimizer != "none" else "cpu"
+        out.append((f"optimizer offload {plan.offload_optimizer} -> {other}", {**base, "offload_optimizer": other}))
+    return out
+
+
+def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Evaluation,
+                 count: int = 3) -> list[Alternative]:
+    """The ``count`` neighbours whose step time or peak memory differs most from the plan's."""
+    table = layer_table(model)
+    scored = []
+    for change, values in _neighbours(plan):
+        values = {k: v for k, v in values.items() if v is not None}
+        try:
+            alt = build_plan(values, world=cluster.gpus, blocks=table.blocks, global_batch=model.training.global_batch,
+                             gpus_per_node=cluster.gpus_per_node)
+            ev = evaluate(model, cluster, alt)
+        except AutoplaceError:
+            continue  # the change cannot make a plan here (batch, shapes)
+        if any(v.rule != "out-of-memory" for v in ev.violations):
+            continue
+        shift = max(abs(ev.step_time_s / current.step_time_s - 1),
+                    abs(ev.memory["total"] / current.memory["total"] - 1))
+        scored.append((shift, Alternative(change, ev)))
+    scored.sort(key=lambda x: -x[0])
+    return [alt for _, alt in scored[:count]]
+
+
+def plot(current: Evaluation, alts: list[Alternative], path: Path) -> Path:
+    """A stacked bar of memory per stage (with capacity) and of the step time's parts, for the
+    plan and its alternatives, written as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(13, 5))
+    stages = current.memory_per_stage
+    bottom = [0.0] * len(stages)
+    for part in MEMORY:
+        values = [s[part] / GiB for s in stages]
+        ax_mem.bar(range(len(stages)), values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax_mem.axhline(stages[0]["capacity"] / GiB, color="black", linestyle="--", label="capacity")
+    ax_mem.set_xticks(range(len(stages)))
+    ax_mem.set(title="Memory per device by stage", xlabel="pipeline stage", ylabel="GiB")
+    ax_mem.legend(fontsize=8)
+    rows = [("plan", current)] + [(a.change, a.evaluation) for a in alts]
+    parts = [k for k in current.time if any(ev.time[k] for _, ev in rows)]
+    left = [0.0] * len(rows)
+    for part in parts:
+        values = [ev.time[part] for _, ev in rows]
+        ax_time.barh(range(len(rows)), values, left=left, label=part)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax_time.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax_time.invert_yaxis()
+    ax_time.set(title="Step time by part", xlabel="seconds")
+    ax_time.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_explanation(current: Evaluation, alts: list[Alternative], cluster: ClusterSpec, png: Path | None) -> None:
+    """The evaluation's tables, then the alternatives with their deltas."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autoplace.report import print_evaluation
+
+    console = Console()
+    print_evaluation(current, cluster, console)
+    tab = Table(title="Alternatives that change the most (one knob each)")
+    for col in ("change", "step s", "vs plan", "peak GiB", "vs plan", "fits"):
+        tab.add_column(col, justify="left" if col == "change" else "right")
+    for alt in alts:
+        ev = alt.evaluation
+        tab.add_row(alt.change, f"{ev.step_time_s:.3f}", f"{ev.step_time_s / current.step_time_s - 1:+.1%}",
+                    f"{ev.memory['total'] / GiB:.1f}", f"{ev.memory['total'] / current.memory['total'] - 1:+.1%}",
+                    "yes" if ev.fits else "[red]no[/red]")
+    console.print(tab)
+    if png is not None:
+        console.print(f"chart: {png}")
