@@ -142,6 +142,40 @@ class Plan:
             out["recompute_per_layer"] = list(self.recompute)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "plan.json") -> Plan:
+        """Rebuild a plan from :meth:`to_dict` output (e.g. the plan.json ``solve --out`` writes).
+
+        Raises:
+            SpecError: a missing or ill-typed key, named.
+        """
+        try:
+            deg = d["degrees"]
+            layers = tuple(int(n) for n in d["layers_per_stage"])
+            blocks = sum(layers)
+            mode = d["recompute"]
+            recompute = tuple(d["recompute_per_layer"]) if mode == "mixed" else (mode,) * blocks
+            plan = cls(tp=int(deg["tp"]), pp=int(deg["pp"]), cp=int(deg["cp"]), ep=int(deg["ep"]),
+                       dp_replicate=int(d.get("dp_replicate", 1 if d["zero_stage"] else deg["dp"])),
+                       dp_shard=int(d.get("dp_shard", deg["dp"] if d["zero_stage"] else 1)),
+                       vpp=int(d["virtual_stages"]), sp=bool(d.get("sequence_parallel", deg["tp"] > 1)),
+                       zero=int(d["zero_stage"]), mbs=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
+                       schedule=str(d["schedule"]), offload_optimizer=str(d["offload"]["optimizer"]),
+                       offload_params=str(d["offload"]["params"]), recompute=recompute, layers_per_stage=layers)
+        except KeyError as exc:
+            raise SpecError("required key is missing", source=source, field=str(exc.args[0])) from None
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"not a plan object: {exc}", source=source) from None
+        for field_name, value, valid in (("schedule", plan.schedule, SCHEDULES), ("recompute", mode, (*RECOMPUTE, "mixed")),
+                                         ("offload.optimizer", plan.offload_optimizer, OFFLOAD),
+                                         ("offload.params", plan.offload_params, OFFLOAD)):
+            if value not in valid:
+                raise SpecError(f"{value!r} is not valid; valid: {', '.join(valid)}", source=source, field=field_name)
+        if any(r not in RECOMPUTE for r in plan.recompute) or len(plan.recompute) != blocks:
+            raise SpecError(f"needs {blocks} modes from {', '.join(RECOMPUTE)}", source=source,
+                            field="recompute_per_layer")
+        return plan
+
     def to_string(self) -> str:
         """The ``--plan`` string that rebuilds this plan."""
         parts = [f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}", f"tp={self.tp}",

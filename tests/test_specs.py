@@ -194,3 +194,26 @@ def test_hf_key_tables_name_real_shorthand_fields() -> None:
         for field in family.keys:
             owner, _, leaf = field.rpartition(".")
             assert leaf in (nested[owner] if owner else TransformerSpec).model_fields, (name, field)
+
+
+def test_plan_round_trips_through_its_contract_dict() -> None:
+    from autoplace.plan import Plan, build_plan
+
+    plans = [build_plan({"tp": 2, "pp": 2, "zero": 1, "recompute": "selective"}, world=8, blocks=8, global_batch=16),
+             build_plan({"zero": 3, "preset": "hsdp", "layers": "1:7", "pp": 2, "recompute_layers": "f:f:n:n:s:n:n:n",
+                         "offload_optimizer": "cpu"}, world=16, blocks=8, global_batch=32, gpus_per_node=4),
+             build_plan({"pp": 2, "vpp": 2, "dp": 4}, world=8, blocks=8, global_batch=16)]
+    for plan in plans:
+        assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_plan_from_dict_names_the_missing_key() -> None:
+    import pytest
+
+    from autoplace.errors import SpecError
+    from autoplace.plan import Plan, build_plan
+
+    d = build_plan({}, world=8, blocks=8, global_batch=16).to_dict()
+    del d["micro_batch"]
+    with pytest.raises(SpecError, match="micro_batch"):
+        Plan.from_dict(d)
