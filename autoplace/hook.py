@@ -1,0 +1,150 @@
+"""The job-submission hook: plan a job, write its bundle, submit it -- or refuse one that
+will run out of memory or break a composition rule.
+
+Entry points for schedulers and wrappers (Slurm cli_filter scripts, CI, submitit):
+
+* :func:`check` -- an existing DeepSpeed / accelerate / torchtitan config (or a plan.json)
+  against a model and cluster: ``(ok, evaluation, reasons)``;
+* :func:`submit` -- plan (or take a plan), write the bundle, then ``sbatch`` it or launch it
+  locally with torchrun;
+* :func:`submitit_parameters` -- the executor parameters a submitit job for the plan needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplace.cost.layers import layer_table
+from autoplace.errors import AutoplaceError, Infeasible, SpecError
+from autoplace.evaluation import Evaluation, evaluate
+from autoplace.plan import Plan, build_plan, parse_plan_string
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What :func:`submit` did: the job id (None for a dry run), the bundle and the command."""
+
+    job_id: str | None
+    bundle: Path
+    command: list[str]
+    evaluation: Evaluation
+
+
+def reasons(ev: Evaluation) -> list[str]:
+    """One line per broken rule, out-of-memory with its shortfall per stage."""
+    return [f"{v.rule}: {v.message}" for v in ev.violations]
+
+
+def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = None,
+             time_limit_s: float = 10.0) -> Evaluation:
+    """The plan to run: ``plan`` as given (a --plan string or a Plan), else CP-SAT's best."""
+    if isinstance(plan, Plan):
+        return evaluate(model, cluster, plan)
+    if plan:
+        built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
+                           global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
+        return evaluate(model, cluster, built)
+    from solvers.base import Budget, Problem, get_solver
+
+    result = get_solver("cpsat").solve(Problem(model, cluster, top_k=1), Budget(time_limit_s=time_limit_s))
+    if not result.plans:
+        near = result.nearest
+        detail = "; ".join(result.advice) if result.advice else "no plan fits"
+        raise Infeasible(f"no plan fits this job ({detail})" + (f"; nearest: {near.plan.to_string()}" if near else ""))
+    return result.plans[0]
+
+
+def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """A Plan from a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML."""
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SpecError(f"cannot read JSON ({exc})", source=str(path)) from None
+        if isinstance(doc, dict) and "degrees" in doc:
+            return Plan.from_dict(doc, source=str(path))
+    from autoplace.emit.read import plan_from_file
+
+    return plan_from_file(p, model, cluster)
+
+
+def check(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> tuple[bool, Evaluation, list[str]]:
+    """Pre-submit check of an existing config: fits and sound -> ``(True, ev, [])``."""
+    ev = evaluate(model, cluster, plan_from_config(config, model, cluster))
+    return ev.ok, ev, reasons(ev)
+
+
+def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
+                 script: str = "train.py", args: tuple[str, ...] = (), inputs: dict[str, str] | None = None
+                 ) -> dict[str, Path]:
+    """plan.json plus every framework file that can express the plan (README.txt lists them)."""
+    from autoplace.emit import Launch, emit
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = ev.to_dict()
+    if inputs:
+        doc["inputs"] = inputs
+    (out / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    written = emit(ev.plan, model, cluster, None, out, launch=Launch(script=script, args=tuple(args)))
+    return {"plan": out / "plan.json", **written}
+
+
+def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str, ...] = (), *,
+           scheduler: str = "slurm", out_dir: str | Path = "autoplace-job", plan: str | Plan | None = None,
+           dry_run: bool = False, time_limit_s: float = 10.0) -> Submission:
+    """Plan, refuse a job that will not fit, write the bundle, and submit it.
+
+    Raises:
+        Infeasible: no plan fits, or the given plan breaks a rule (reasons in the message).
+        AutoplaceError: the scheduler refused the job or is missing.
+    """
+    ev = plan_for(model, cluster, plan, time_limit_s)
+    if not ev.ok:
+        raise Infeasible("refusing to submit: " + "; ".join(reasons(ev)))
+    files = write_bundle(ev, model, cluster, out_dir, script, args)
+    if scheduler == "slurm":
+        command = ["sbatch", "--parsable", str(files["slurm"])]
+    elif scheduler == "local":
+        command = ["bash", str(files["torchrun"])]
+    else:
+        raise SpecError(f"unknown scheduler {scheduler!r}; valid: slurm, local", field="scheduler")
+    if dry_run:
+        return Submission(None, Path(out_dir), command, ev)
+    return Submission(_run(command, scheduler, Path(out_dir)), Path(out_dir), command, ev)
+
+
+def _run(command: list[str], scheduler: str, cwd: Path) -> str:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=None if scheduler == "local" else 60)
+    except FileNotFoundError:
+        raise AutoplaceError(f"{command[0]} is not installed or not on PATH") from None
+    if proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise AutoplaceError(f"{command[0]} failed with exit code {proc.returncode}: {last[0]}")
+    if scheduler == "slurm":
+        match = re.match(r"\s*(\d+)", proc.stdout)
+        if not match:
+            raise AutoplaceError(f"sbatch printed no job id: {proc.stdout.strip()!r}")
+        return match.group(1)
+    return "local"
+
+
+def submitit_parameters(plan: Plan, cluster: ClusterSpec) -> dict[str, Any]:
+    """``executor.update_parameters(**...)`` for a submitit job running ``plan`` (one task per
+    GPU, so the job's tasks form the torch.distributed world)."""
+    per_node = min(plan.world, cluster.gpus_per_node)
+    params: dict[str, Any] = {"nodes": max(1, plan.world // per_node), "tasks_per_node": per_node}
+    if any(p.gpu.name != "cpu" for p in cluster.pools):
+        params["gpus_per_node"] = per_node
+    return params
