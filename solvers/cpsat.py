@@ -285,11 +285,11 @@ class CpSatSolver(Solver):
                     statuses.append("feasible")
                 break
             statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
-            if bound is None:
-                bound = solver.best_objective_bound * built.unit
+            if bound is None:  # the objective carries a tie-break of < 1 unit: strip it
+                bound = (solver.best_objective_bound // len(built.chosen)) * built.unit
             i = next(j for j, var in built.chosen.items() if solver.value(var))
             chosen.append(read_solution(solver, built, scored, tables, i))
-            values.append(solver.objective_value * built.unit)
+            values.append(solver.value(built.objective) * built.unit)
             built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
         if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
             i, split = hint

@@ -94,7 +94,10 @@ def build_table_model(problem: Problem, scored: Scored, tables: dict[int, StageT
     if upper is not None and np.isfinite(upper):
         obj_unit = unit / LCM_VPP if time_obj else unit
         md.add(obj <= int(upper / obj_unit * (1 + 1e-6)) + P_SLACK)
-    md.minimize(obj)
+    # ties (equal objective to the integer unit) go to the configuration that is better on the
+    # other criterion: fewer bytes for the time objective, less time for the others
+    rank = _secondary_rank(problem, scored, tables)
+    md.minimize(obj * len(rank) + sum(rank[i] * x for i, x in chosen.items()))
     return TableModel(md, chosen, groups, obj, unit / LCM_VPP if time_obj else unit)
 
 
@@ -116,6 +119,23 @@ def _group_vars(md: Any, key: tuple[int, int], L: int, fixed_split: tuple[int, .
     md.add(sum(q) * v == L)
     return {"y": y, "q": q, "top": md.new_int_var(0, sentinel, f"top_p{P}v{v}"),
             "tail": md.new_int_var(0, sentinel, f"tail_p{P}v{v}")}
+
+
+def _secondary_rank(problem: Problem, scored: Scored, tables: dict[int, StageTables]) -> dict[int, int]:
+    """Each configuration's rank (0 = best) on the tie-breaking criterion, at its even split."""
+    from autoplace.plan import even_split
+
+    t, L = scored.terms, scored.table.blocks
+    key = {}
+    for i, tb in tables.items():
+        cf = scored.configs[i]
+        split = np.array([x * cf["vpp"] for x in even_split(L // cf["vpp"], cf["pp"])])
+        stages = np.arange(cf["pp"])
+        if problem.objective == "time":  # bytes of the busiest device, no recompute
+            key[i] = float((t.bytes_static[i, stages].sum(-1) + split * t.bytes_block[i, 0, 0, 0].sum()).max())
+        else:
+            key[i] = float(np.nan_to_num(tb.time[stages, split], posinf=1e300).sum())
+    return {i: r for r, i in enumerate(sorted(key, key=lambda j: (key[j], j)))}
 
 
 def _finite_max(a: np.ndarray) -> float:
