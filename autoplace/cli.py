@@ -15,7 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from autoplace.errors import AutoplaceError
+from autoplace.errors import AutoplaceError, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
@@ -199,8 +199,14 @@ def solve(
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     if out is not None and result.plans:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(doc["plans"][0], indent=2, allow_nan=False) + "\n")
+        try:
+            from autoplace.hook import write_bundle
+
+            files = write_bundle(result.plans[0], m, c, out,
+                                 inputs={"model": str(model.resolve()), "cluster": str(cluster.resolve())})
+            doc["bundle"] = {k: str(v) for k, v in files.items()}
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+            _fail(exc)
     if as_json:
         typer.echo(_json(doc))
     else:
@@ -209,6 +215,98 @@ def solve(
         print_solution(doc, result)
     if not result.plans:
         raise typer.Exit(3)
+
+
+@app.command()
+def emit(
+    plan_json: Annotated[Path, typer.Argument(metavar="PLAN_JSON", help="plan.json written by solve --out")],
+    fmt: Annotated[list[str] | None, typer.Option("--format", help="deepspeed, accelerate, fsdp, torchtitan, "
+                                                   "megatron, torchrun, deepspeed-launch, slurm, k8s (repeatable)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Bundle directory.")] = Path("autoplace-bundle"),
+    model: Annotated[Path | None, typer.Option("--model", help="Model file (default: the one plan.json names).")] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="Cluster file (default: plan.json's).")] = None,
+    script: Annotated[str, typer.Option("--script", help="Training script the launch files run.")] = "train.py",
+) -> None:
+    """Write framework configs and launch scripts for a plan."""
+    try:
+        from autoplace.emit import Launch
+        from autoplace.emit import emit as write
+        from autoplace.plan import Plan
+        from autoplace.specs._io import read_document
+
+        doc = read_document(plan_json)
+        inputs = doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
+        model_path, cluster_path = model or inputs.get("model"), cluster or inputs.get("cluster")
+        if not model_path or not cluster_path:
+            raise SpecError("names no model/cluster file; pass --model and --cluster", source=str(plan_json))
+        m, c = _load(Path(model_path), Path(cluster_path), None, None)
+        files = write(Plan.from_dict(doc, source=str(plan_json)), m, c, fmt or None, out, launch=Launch(script=script))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    for name, path in files.items():
+        typer.echo(f"{name}: {path}")
+
+
+@app.command()
+def check(
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="plan.json, DeepSpeed .json, accelerate .yaml "
+                                            "or torchtitan .toml")],
+    model: ModelArg,
+    cluster: ClusterArg,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pre-submit hook: exit 0 when the job fits and is sound, 1 with the reasons otherwise."""
+    try:
+        from autoplace.hook import check as run_check
+
+        m, c = _load(model, cluster, None, None)
+        ok, ev, why = run_check(config, m, c)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.check/v1", "ok": ok, "reasons": why, "plan": ev.to_dict()}))
+    else:
+        typer.echo(f"{'ok' if ok else 'REJECT'}: {config} on {c.name}: {ev.plan.to_string()}")
+        for line in why:
+            typer.echo(f"  {line}")
+    raise typer.Exit(0 if ok else 1)
+
+
+class Scheduler(StrEnum):
+    slurm = "slurm"
+    local = "local"
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    model: ModelArg,
+    cluster: ClusterArg,
+    script: Annotated[str, typer.Option("--script", help="Training script every rank runs.")],
+    scheduler: Annotated[Scheduler, typer.Option("--scheduler")] = Scheduler.slurm,
+    plan: Annotated[str | None, typer.Option("--plan", help="Use this plan instead of solving.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Bundle directory.")] = Path("autoplace-job"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Write the bundle, print the command, submit nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan, write the bundle and submit (sbatch) or launch locally (torchrun); args after -- go to the script."""
+    try:
+        from autoplace.hook import submit as run_submit
+
+        m, c = _load(model, cluster, None, None)
+        sub = run_submit(m, c, script, tuple(ctx.args), scheduler=scheduler.value, out_dir=out, plan=plan,
+                         dry_run=dry_run)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.submission/v1", "job_id": sub.job_id, "bundle": str(sub.bundle),
+                          "command": sub.command, "plan": sub.evaluation.to_dict()}))
+    else:
+        typer.echo(f"plan: {sub.evaluation.plan.to_string()}")
+        typer.echo(f"bundle: {sub.bundle}")
+        typer.echo(f"{'would run' if sub.job_id is None else 'ran'}: {' '.join(sub.command)}")
+        if sub.job_id is not None:
+            typer.echo(f"job id: {sub.job_id}")
 
 
 @app.command()

@@ -1,0 +1,105 @@
+"""Small helpers every emitter shares: precision, layer counts, pipeline chunks, launch geometry.
+
+Nothing here knows a framework; each function answers one question about a plan, a model
+or a cluster in the terms the emitters need, and raises :class:`EmitError` (naming the
+format) when the plan cannot be put that way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from autoplace.cost.layers import layer_table
+from autoplace.errors import EmitError
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+# The model recipe's compute dtype -> the 16-bit (or fp32) training mode frameworks configure.
+# fp8 GEMMs run inside bf16 mixed precision (Transformer Engine / torchao recipes), so the
+# config carries bf16 and the fp8 recipe is the model code's business.
+_TRAINING_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "tf32": "fp32", "fp32": "fp32"}
+
+
+def fail(fmt: str, message: str) -> EmitError:
+    """An EmitError whose message starts with the format's name."""
+    return EmitError(f"{fmt}: {message}")
+
+
+def training_dtype(model: ModelSpec) -> str:
+    """``bf16``, ``fp16`` or ``fp32``: the mixed-precision mode the model's recipe implies."""
+    return _TRAINING_DTYPE[model.training.recipe().compute_dtype]
+
+
+def fp32_grad_accumulation(model: ModelSpec) -> bool:
+    """Whether the recipe keeps 16-bit weights but accumulates gradients in fp32 (Megatron's default)."""
+    recipe = model.training.recipe()
+    return recipe.param_bytes == 2 and recipe.grad_bytes == 4
+
+
+def blocks(model: ModelSpec) -> int:
+    """Number of repeated blocks (transformer layers) the plan splits over pipeline stages."""
+    return layer_table(model).blocks
+
+
+def uniform_recompute(plan: Plan) -> str | None:
+    """The recompute mode shared by every block, or None when blocks differ."""
+    modes = set(plan.recompute)
+    if not modes:
+        return "none"
+    return modes.pop() if len(modes) == 1 else None
+
+
+def model_parts(plan: Plan, fmt: str) -> list[int]:
+    """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order.
+
+    Chunk ``v * pp + r`` is the v-th chunk of pipeline rank r (the looped placement of
+    Narayanan et al. 2021, Sec. 2.2, used by Megatron-LM and torch.distributed.pipelining).
+
+    Raises:
+        EmitError: a stage's block count is not a multiple of vpp.
+    """
+    pp, vpp = plan.pp, plan.vpp
+    for r, n in enumerate(plan.layers_per_stage):
+        if n % vpp:
+            raise fail(fmt, f"stage {r} holds {n} layers, not a multiple of vpp={vpp}")
+    return [plan.layers_per_stage[r] // vpp for v in range(vpp) for r in range(pp)]
+
+
+def stage_counts_from_parts(parts: Sequence[int], pp: int) -> tuple[int, ...]:
+    """Inverse of :func:`model_parts`: blocks per pipeline rank from the chunks in virtual order."""
+    return tuple(sum(parts[r::pp]) for r in range(pp))
+
+
+def launch_geometry(plan: Plan, cluster: ClusterSpec, fmt: str) -> tuple[int, int]:
+    """(nodes, processes per node) that run the plan's ``world`` ranks.
+
+    Raises:
+        EmitError: pools with different GPUs per node (one launcher command line cannot
+            start a different process count per node), or a world that fills no whole nodes.
+    """
+    per_node = {p.gpus_per_node for p in cluster.pools}
+    if len(per_node) > 1:
+        raise fail(fmt, f"node pools have different GPUs per node {sorted(per_node)}; "
+                        "a launcher starts the same number of processes on every node")
+    gpn = per_node.pop()
+    if plan.world <= gpn:
+        return 1, plan.world
+    if plan.world % gpn:
+        raise fail(fmt, f"world size {plan.world} is not a whole number of {gpn}-GPU nodes")
+    return plan.world // gpn, gpn
+
+
+def job_slug(name: str, *, limit: int = 63) -> str:
+    """A name safe for Slurm job names and Kubernetes objects: lower-case ``[a-z0-9-]``.
+
+    User text never reaches a scheduler directive or a manifest's name unfiltered.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:limit].strip("-")
+    return slug or "autoplace-job"
+
+
+def comment_safe(text: str) -> str:
+    """User text for a ``#`` comment: printable, one line (a newline would end the comment)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:200]

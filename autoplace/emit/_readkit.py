@@ -1,0 +1,124 @@
+"""Strict accessors the config readers share: load a file, check keys, read typed values.
+
+Every failure is a :class:`SpecError` naming the file (``source``) and the dotted key
+(``field``), so ``autoplace check`` can print one line a user can act on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoplace.errors import SpecError
+from autoplace.specs._io import MAX_FILE_BYTES
+
+Doc = Mapping[str, Any]
+_PARSERS: dict[str, Callable[[str], Any]] = {"json": json.loads, "yaml": yaml.safe_load, "toml": tomllib.loads}
+
+
+def load(cfg: Doc | str | Path, kind: str, default_source: str) -> tuple[Doc, str]:
+    """A parsed config and the name errors should cite.
+
+    Args:
+        cfg: an already parsed mapping, or a path to a JSON / YAML / TOML file.
+        kind: ``json``, ``yaml`` or ``toml`` (how a path is parsed).
+        default_source: the name used for a mapping given directly.
+    """
+    if isinstance(cfg, Mapping):
+        return cfg, default_source
+    path, src = Path(cfg), str(cfg)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read file ({exc.strerror or exc})", source=src) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(f"file is {len(raw)} bytes; at most {MAX_FILE_BYTES} are accepted", source=src)
+    try:
+        text = raw.decode("utf-8")
+        doc = _PARSERS[kind](text)
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise SpecError(f"not valid {kind.upper()}: {str(exc).splitlines()[0]}", source=src) from None
+    if not isinstance(doc, Mapping):
+        raise SpecError(f"the top level must be a mapping, got {type(doc).__name__}", source=src)
+    return doc, src
+
+
+def check_keys(doc: Doc, known: Collection[str], src: str, prefix: str, why: str = "") -> None:
+    """Reject keys of ``doc`` not in ``known``, suggesting the closest valid one."""
+    for key in doc:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(f"unknown key{why}{hint}", source=src, field=f"{prefix}{key}")
+
+
+def section(doc: Doc, key: str, src: str, prefix: str = "") -> Doc:
+    """``doc[key]`` as a mapping ({} when absent)."""
+    value = doc.get(key, {})
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"expected a mapping, got {value!r}", source=src, field=f"{prefix}{key}")
+    return value
+
+
+def integer(doc: Doc, key: str, src: str, prefix: str = "", *, default: int | None = None,
+            minimum: int = 1) -> int | None:
+    """An integer >= ``minimum`` (booleans and "auto" rejected), or ``default`` when absent."""
+    if key not in doc or doc[key] is None:
+        return default
+    value = doc[key]
+    if value == "auto":
+        raise SpecError('"auto" is filled in only by the Hugging Face Trainer; give a number',
+                        source=src, field=f"{prefix}{key}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # DeepSpeed configs often write 5e8
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"expected a whole number >= {minimum}, got {value!r}", source=src, field=f"{prefix}{key}")
+    return value
+
+
+def boolean(doc: Doc, key: str, src: str, prefix: str = "", *, default: bool = False) -> bool:
+    """A true/false value (YAML/TOML/JSON booleans only)."""
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"expected true or false, got {value!r}", source=src, field=f"{prefix}{key}")
+    return value
+
+
+def choice(doc: Doc, key: str, choices: Collection[str], src: str, prefix: str = "", *, default: str) -> str:
+    """One of ``choices`` (the message lists them)."""
+    value = doc.get(key, default)
+    if value not in choices:
+        raise SpecError(f"{value!r} is not valid; valid: {', '.join(map(str, choices))}",
+                        source=src, field=f"{prefix}{key}")
+    return str(value)
+
+
+def check_dtype(found: str, expected: str, src: str, field: str) -> None:
+    """The config's training dtype must match the model's precision recipe."""
+    if found != expected:
+        raise SpecError(f"the config trains in {found} but the model's precision recipe trains in {expected}; "
+                        "set training.precision in the model file to match", source=src, field=field)
+
+
+def split_data_parallel(dp: int, shard: int, src: str, field: str) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) for a shard group of ``shard`` ranks inside ``dp``."""
+    if shard < 1 or dp % shard:
+        raise SpecError(f"the shard group ({shard}) must divide the data-parallel size ({dp})",
+                        source=src, field=field)
+    return dp // shard, shard
+
+
+def grad_accum_for(global_batch: int, mbs: int, dp: int, src: str) -> int:
+    """Micro-batches per step that make mbs * ga * dp the model's global batch."""
+    if global_batch % (mbs * dp):
+        raise SpecError(f"the model's global batch {global_batch} is not a multiple of mbs*dp = {mbs}*{dp}; "
+                        "pass grad_accum", source=src, field="grad_accum")
+    return global_batch // (mbs * dp)

@@ -1,0 +1,123 @@
+"""accelerate config YAML (FSDP2) from a plan (accelerate 1.15, see ECOSYSTEM.md).
+
+accelerate starts FSDP2 through ``fsdp_config`` (``fsdp_version: 2``) and, for HSDP, tensor
+and context parallelism, through ``parallelism_config``.  The tests check the result with
+accelerate's own loader, launch validation and ``FullyShardedDataParallelPlugin``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplace.emit._common import fail, launch_geometry, training_dtype, uniform_recompute
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+FMT = "accelerate"
+
+
+def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
+    """The accelerate config of ``plan`` as a YAML-ready dict.
+
+    ZeRO-3 is FSDP2 with ``reshard_after_forward: true``; ZeRO-2 keeps the gathered
+    parameters until backward (``false``, FSDP1's SHARD_GRAD_OP); ZeRO-0 is plain DDP.
+
+    Raises:
+        EmitError: pipeline or expert parallelism, ZeRO-1, selective or per-layer
+            recompute, or offloads accelerate's FSDP cannot state.
+    """
+    check_expressible(plan)
+    nodes, _ = launch_geometry(plan, cluster, FMT)
+    mixed = training_dtype(model)
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": _distributed_type(plan),
+        "mixed_precision": "no" if mixed == "fp32" else mixed,
+        "num_machines": nodes,
+        "num_processes": plan.world,  # all processes of the job, across machines
+        "machine_rank": 0,  # each node overrides it: accelerate launch --machine_rank N
+        "rdzv_backend": "c10d" if nodes > 1 else "static",
+        "same_network": True,
+        "main_training_function": "main",
+        "use_cpu": False,
+        "debug": False,
+    }
+    if cfg["distributed_type"] == "FSDP":
+        cfg["fsdp_config"] = fsdp_section(plan)
+    parallelism = parallelism_section(plan)
+    if parallelism:
+        cfg["parallelism_config"] = parallelism
+    return cfg
+
+
+def check_expressible(plan: Plan) -> None:
+    """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
+    for name, degree in (("pp", plan.pp), ("ep", plan.ep)):
+        if degree > 1:
+            raise fail(FMT, f"{name}={degree}: accelerate configures no pipeline or expert parallelism; "
+                            "use torchtitan or Megatron-LM")
+    if plan.zero == 1:
+        raise fail(FMT, "zero=1: FSDP has no optimizer-only sharding; the nearest is zero=2 "
+                        "(reshard_after_forward: false) or DeepSpeed")
+    if plan.zero == 0 and plan.dp_shard > 1:
+        raise fail(FMT, f"dp_shard={plan.dp_shard} with zero=0 shards nothing; use dp_replicate")
+    if plan.zero == 0 and plan.cp > 1:
+        raise fail(FMT, f"cp={plan.cp} with zero=0: accelerate's context parallelism needs FSDP2; use zero=2 or 3")
+    if plan.tp > 1 and plan.sp:
+        raise fail(FMT, f"sp with tp={plan.tp}: accelerate's tensor parallelism follows the model's tp_plan and "
+                        "has no sequence-parallel switch; set sp=false or use the fsdp module")
+    if (plan.tp > 1 or plan.cp > 1) and plan.dp_replicate > 1 and plan.dp_shard == 1:
+        raise fail(FMT, "tp/cp with pure replication (dp_replicate > 1, dp_shard = 1) is rejected by accelerate's "
+                        "ParallelismConfig; shard the data-parallel group (dp_shard > 1)")
+    mode = uniform_recompute(plan)
+    if mode not in ("none", "full"):
+        raise fail(FMT, "fsdp_activation_checkpointing recomputes every block in full; this plan wants "
+                        f"{plan.recompute_mode} recompute (use the fsdp module or torchtitan)")
+    if mode == "full" and _distributed_type(plan) != "FSDP":
+        raise fail(FMT, "fsdp_activation_checkpointing exists only under FSDP (zero >= 2 over a shard group); "
+                        "this plan recomputes without FSDP")
+    _check_offload(plan)
+
+
+def _check_offload(plan: Plan) -> None:
+    if "nvme" in (plan.offload_params, plan.offload_optimizer):
+        raise fail(FMT, "FSDP offloads to CPU memory only, not NVMe")
+    if plan.offload_params != plan.offload_optimizer:
+        raise fail(FMT, "FSDP's CPU offload moves parameters, gradients and the optimizer step to the host "
+                        f"together; offload_params={plan.offload_params} and offload_optimizer="
+                        f"{plan.offload_optimizer} must be equal")
+    if plan.offload_params != "none" and (plan.zero < 3 or plan.dp_shard * plan.cp == 1):
+        raise fail(FMT, "FSDP CPU offload needs zero=3 over a shard group (dp_shard * cp) larger than one")
+
+
+def _distributed_type(plan: Plan) -> str:
+    if plan.world == 1:
+        return "NO"
+    # FSDP2 needs a dimension to shard over (dp_shard or cp); without one, replication is DDP
+    # and a ZeRO level over a shard group of one shards nothing.
+    return "FSDP" if plan.zero >= 2 and plan.dp_shard * plan.cp > 1 else "MULTI_GPU"
+
+
+def fsdp_section(plan: Plan) -> dict[str, Any]:
+    """``fsdp_config`` with FSDP2 fields only (FSDP1 names like sharding_strategy are left out)."""
+    return {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": plan.zero == 3,
+        "fsdp_offload_params": plan.offload_params == "cpu",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",  # wraps the model's _no_split_modules blocks
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_activation_checkpointing": uniform_recompute(plan) == "full",
+    }
+
+
+def parallelism_section(plan: Plan) -> dict[str, Any]:
+    """``parallelism_config`` when the mesh is more than one flat data-parallel group."""
+    if plan.tp == 1 and plan.cp == 1 and (plan.dp_replicate == 1 or plan.dp_shard == 1):
+        return {}
+    return {
+        "parallelism_config_dp_replicate_size": plan.dp_replicate,
+        "parallelism_config_dp_shard_size": plan.dp_shard,
+        "parallelism_config_tp_size": plan.tp,
+        "parallelism_config_cp_size": plan.cp,
+    }

@@ -1,0 +1,164 @@
+"""DeepSpeed JSON config from a plan (DeepSpeed 0.19 schema, see ECOSYSTEM.md).
+
+Every key written here is one DeepSpeed's own parser reads; the tests feed the result to
+``deepspeed.runtime.config.DeepSpeedConfig`` with the plan's data-parallel size and train a
+tiny model with it.  What DeepSpeed cannot express (ring context parallelism, interleaved
+pipelines, ZeRO-2/3 under its pipeline engine) raises :class:`EmitError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplace.emit._common import fail, fp32_grad_accumulation, training_dtype, uniform_recompute
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+FMT = "deepspeed"
+DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points it at a real NVMe mount
+
+
+def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
+                   nvme_path: str = DEFAULT_NVME_PATH) -> dict[str, Any]:
+    """The DeepSpeed config of ``plan`` as a JSON-ready dict.
+
+    Args:
+        plan: the placement; its dp must be world / (tp * pp) (DeepSpeed has no ring CP).
+        model: supplies the precision recipe and the hidden size bucket sizes scale with.
+        cluster: unused by DeepSpeed's schema; taken for a uniform emitter signature.
+        nvme_path: where NVMe offload swaps to (written only when something is offloaded to NVMe).
+
+    Raises:
+        EmitError: the plan needs something DeepSpeed cannot configure.
+    """
+    del cluster
+    check_expressible(plan)
+    cfg: dict[str, Any] = {
+        # DeepSpeed's identity: train_batch_size = micro * accumulation * data-parallel size,
+        # with data-parallel size = world / (tp * pp) (runtime/config.py:_batch_assertion).
+        "train_batch_size": plan.mbs * plan.grad_accum * plan.dp,
+        "train_micro_batch_size_per_gpu": plan.mbs,
+        "gradient_accumulation_steps": plan.grad_accum,
+    }
+    cfg.update(precision_section(model))
+    cfg["zero_optimization"] = zero_section(plan, model, nvme_path)
+    if plan.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # DeepSpeed AutoTP training
+    if plan.ep > 1:
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep}
+    if any(mode != "none" for mode in plan.recompute):
+        cfg["activation_checkpointing"] = activation_checkpointing_section(plan)
+    if plan.pp > 1:
+        cfg["pipeline"] = pipeline_section(plan)
+    return cfg
+
+
+def check_expressible(plan: Plan) -> None:
+    """Raise EmitError for the parts of ``plan`` DeepSpeed 0.19 has no configuration for."""
+    if plan.cp > 1:
+        raise fail(FMT, f"cp={plan.cp}: DeepSpeed has no ring context parallelism (its sequence_parallel_size "
+                        "is Ulysses all-to-all, a different algorithm); use torchtitan or Megatron-LM")
+    if plan.vpp > 1:
+        raise fail(FMT, f"vpp={plan.vpp}: DeepSpeed's pipeline engine has no interleaved schedule")
+    if plan.pp > 1 and plan.schedule != "1f1b":
+        raise fail(FMT, f"schedule={plan.schedule}: DeepSpeed's pipeline engine runs 1F1B only")
+    if plan.pp > 1 and plan.zero >= 2:
+        raise fail(FMT, f"zero={plan.zero} with pp={plan.pp}: DeepSpeed's pipeline engine allows ZeRO-0/1 only")
+    if plan.tp > 1 and plan.sp:
+        raise fail(FMT, f"sp with tp={plan.tp}: DeepSpeed AutoTP has no Megatron-style sequence parallelism; "
+                        "set sp=false")
+    if plan.zero == 0 and plan.dp_shard > 1:
+        raise fail(FMT, f"dp_shard={plan.dp_shard} with zero=0 shards nothing; use dp_replicate")
+    if plan.zero >= 1 and plan.dp_shard == 1 and plan.dp_replicate > 1:
+        raise fail(FMT, f"zero={plan.zero} over shard groups of one rank shards nothing, but DeepSpeed would shard "
+                        f"over all {plan.dp} data-parallel ranks; use zero=0 or dp_shard > 1")
+    if plan.zero in (1, 2) and plan.dp_replicate > 1 and plan.dp_shard > 1:
+        raise fail(FMT, f"zero={plan.zero} shards over the whole data-parallel group in DeepSpeed; "
+                        f"dp_replicate={plan.dp_replicate} x dp_shard={plan.dp_shard} cannot be expressed")
+    if plan.zero == 3 and plan.dp_replicate > 1 and plan.ep > 1:
+        raise fail(FMT, "hpZ (dp_replicate > 1 at zero=3) is not supported with AutoEP in DeepSpeed 0.19")
+    if plan.offload_params != "none" and plan.zero < 3:
+        raise fail(FMT, f"offload_params={plan.offload_params} needs zero=3 (DeepSpeed offload_param)")
+    if plan.offload_optimizer != "none" and plan.zero < 1:
+        raise fail(FMT, f"offload_optimizer={plan.offload_optimizer} needs zero >= 1 (ZeRO-Offload)")
+
+
+def precision_section(model: ModelSpec) -> dict[str, Any]:
+    """bf16 / fp16 blocks from the model's precision recipe (none for fp32 training)."""
+    dtype = training_dtype(model)
+    out: dict[str, Any] = {}
+    if dtype == "bf16":
+        out["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        # loss_scale 0 = dynamic loss scaling, starting at 2**16 (DeepSpeed's defaults, written out).
+        out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if dtype != "fp32" and fp32_grad_accumulation(model):
+        out["data_types"] = {"grad_accum_dtype": "fp32"}
+    return out
+
+
+def zero_section(plan: Plan, model: ModelSpec, nvme_path: str) -> dict[str, Any]:
+    """``zero_optimization``: stage, offloads, overlap and bucket sizes.
+
+    Bucket sizes (in elements) follow the Hugging Face integration's "auto" rules, which
+    scale with the hidden size h: reduce/allgather buckets h^2, stage-3 prefetch 0.9 h^2,
+    persistence threshold 10 h (transformers ``integrations/deepspeed.py``).
+    """
+    h = model.hidden
+    zero: dict[str, Any] = {"stage": plan.zero}
+    if plan.zero == 0:
+        return zero
+    zero.update({"overlap_comm": True, "contiguous_gradients": True,
+                 "reduce_bucket_size": h * h, "allgather_bucket_size": h * h})
+    if plan.zero == 3:
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * h * h)
+        zero["stage3_param_persistence_threshold"] = 10 * h
+        if plan.dp_replicate > 1:
+            # hpZ (ZeRO++, Wang et al. 2023): a secondary parameter shard inside each dp_shard group,
+            # so forward/backward all-gathers stay within it, as HSDP's shard group does.
+            zero["zero_hpz_partition_size"] = plan.dp_shard
+    if plan.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload(plan.offload_optimizer, nvme_path)
+    if plan.offload_params != "none":
+        zero["offload_param"] = _offload(plan.offload_params, nvme_path)
+    return zero
+
+
+def _offload(device: str, nvme_path: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        out["nvme_path"] = nvme_path
+    return out
+
+
+def activation_checkpointing_section(plan: Plan) -> dict[str, Any]:
+    """``activation_checkpointing``: how DeepSpeed's checkpointing engine stores checkpoints.
+
+    Which layers (or ops) are recomputed is decided where the model calls
+    ``deepspeed.checkpointing.checkpoint``; the section sets how: with TP, checkpoints are
+    partitioned across the TP group (Megatron-DeepSpeed's ``partition_activations``).
+    """
+    return {
+        "partition_activations": plan.tp > 1,
+        "contiguous_memory_optimization": False,
+        "cpu_checkpointing": False,
+        "number_checkpoints": sum(mode != "none" for mode in plan.recompute),
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+
+
+def pipeline_section(plan: Plan) -> dict[str, Any]:
+    """``pipeline`` with keys DeepSpeed reads (get_pipeline_config, PipelineEngine).
+
+    The stage count and split themselves are arguments of ``PipelineModule(num_stages=...,
+    partition_method=...)`` in the user's code; ``stages`` and ``partition`` record them.
+    """
+    even = len(set(plan.layers_per_stage)) == 1
+    return {
+        "stages": plan.pp,
+        "partition": "uniform" if even else "parameters",
+        # PipelineModule checkpoints every `interval` layers; 1 = every layer when all recompute fully.
+        "activation_checkpoint_interval": 1 if uniform_recompute(plan) == "full" else 0,
+    }

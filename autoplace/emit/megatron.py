@@ -1,0 +1,177 @@
+"""Megatron-LM / Megatron-Core command-line arguments from a plan.
+
+Flag names are those of ``megatron/training/arguments.py`` (many generated from the
+``ModelParallelConfig`` / ``TransformerConfig`` dataclasses).  ZeRO maps onto Megatron's own
+mechanisms: ZeRO-1 is the distributed optimizer (optionally with several optimizer instances
+for HSDP-like replication), ZeRO-2/3 are Megatron-FSDP's ``optim_grads`` /
+``optim_grads_params`` sharding strategies.
+"""
+
+from __future__ import annotations
+
+from autoplace.emit._common import fail, fp32_grad_accumulation, model_parts, training_dtype, uniform_recompute
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec, MoE, TransformerSpec
+
+FMT = "megatron"
+_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """Megatron arguments for ``plan`` (parallelism, batch, recompute, precision, model shape).
+
+    Raises:
+        EmitError: GPipe, parameter or NVMe offload, or a recompute pattern Megatron's
+            uniform / block methods cannot produce.
+    """
+    del cluster
+    check_expressible(plan)
+    args = parallel_args(plan) + sharding_args(plan) + pipeline_args(plan)
+    args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
+    args += recompute_args(plan) + precision_args(model)
+    if isinstance(model, TransformerSpec):
+        args += shape_args(model)
+    return args
+
+
+def check_expressible(plan: Plan) -> None:
+    """Raise EmitError for what Megatron has no argument for."""
+    if plan.pp > 1 and plan.schedule == "gpipe":
+        raise fail(FMT, "Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
+    if plan.offload_params != "none":
+        raise fail(FMT, f"offload_params={plan.offload_params}: Megatron has no parameter offload")
+    if plan.offload_optimizer == "nvme":
+        raise fail(FMT, "Megatron offloads optimizer state to CPU memory only, not NVMe")
+    if plan.offload_optimizer == "cpu" and plan.zero != 1:
+        raise fail(FMT, "--optimizer-cpu-offload works with the distributed optimizer (zero=1)")
+    if plan.zero == 0 and plan.dp_shard > 1:
+        raise fail(FMT, f"dp_shard={plan.dp_shard} with zero=0 shards nothing; use dp_replicate")
+    if plan.zero >= 2 and plan.dp_replicate > 1:
+        raise fail(FMT, "Megatron-FSDP with a replicated outer group (dp_replicate > 1) needs its hybrid-FSDP "
+                        "process groups set up in code; use zero=1 or dp_replicate=1")
+
+
+def parallel_args(plan: Plan) -> list[str]:
+    """Degrees; sequence parallelism only where Megatron allows it (tp > 1)."""
+    args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
+            "--context-parallel-size", str(plan.cp), "--expert-model-parallel-size", str(plan.ep)]
+    return args + (["--sequence-parallel"] if plan.sp and plan.tp > 1 else [])
+
+
+def sharding_args(plan: Plan) -> list[str]:
+    """ZeRO level: distributed optimizer (ZeRO-1) or Megatron-FSDP (ZeRO-2/3)."""
+    if plan.zero == 1:
+        args = ["--use-distributed-optimizer"]
+        if plan.dp_replicate > 1:  # optimizer sharded within each dp_shard group, replicated across
+            args += ["--num-distributed-optimizer-instances", str(plan.dp_replicate)]
+        if plan.offload_optimizer == "cpu":
+            args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+        return args
+    if plan.zero >= 2:  # Megatron-FSDP (v1) runs on the distributed optimizer and its own checkpoint format
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", _FSDP_STRATEGY[plan.zero],
+                "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"]
+    return []
+
+
+def pipeline_args(plan: Plan) -> list[str]:
+    """The layer split: even (nothing to say), first/last stage counts, or an explicit layout.
+
+    Megatron's layout string lists chunks in virtual-stage order, ``E`` (embedding) first,
+    ``t`` per transformer layer, ``L`` (loss / head) last, chunks separated by ``|``.
+    """
+    if plan.pp == 1:
+        return []
+    parts = model_parts(plan, FMT)
+    if len(set(parts)) == 1:
+        return [] if plan.vpp == 1 else ["--num-layers-per-virtual-pipeline-stage", str(parts[0])]
+    first, *middle, last = plan.layers_per_stage
+    if plan.vpp == 1 and len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+        return ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+    chunks = [f"t*{n}" if n > 1 else "t" * n for n in parts]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "L"
+    return ["--pipeline-model-parallel-layout", "|".join(chunks)]
+
+
+def recompute_args(plan: Plan) -> list[str]:
+    """Selective, full (every layer), or full on the first k layers of every pipeline chunk (block).
+
+    Megatron's ``block`` method recomputes the first ``--recompute-num-layers`` layers of each
+    (virtual) pipeline chunk (Megatron-Core ``TransformerBlock._checkpointed_forward``).
+    """
+    mode = uniform_recompute(plan)
+    if mode == "none":
+        return []
+    if mode == "selective":
+        return ["--recompute-granularity", "selective"]
+    if mode == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    k = _block_recompute_layers(plan)
+    if k is None:
+        raise fail(FMT, "Megatron recomputes all layers (selective or full) or the first k of every pipeline "
+                        f"chunk; this plan's per-layer recompute {list(plan.recompute)} is neither")
+    return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(k)]
+
+
+def _block_recompute_layers(plan: Plan) -> int | None:
+    if set(plan.recompute) != {"none", "full"}:
+        return None
+    parts = model_parts(plan, FMT) if plan.pp > 1 else [len(plan.recompute)]
+    for k in range(1, max(parts) + 1):
+        if block_pattern(parts, k) == plan.recompute:
+            return k
+    return None
+
+
+def block_pattern(parts: list[int], k: int) -> tuple[str, ...]:
+    """Per-block recompute of Megatron's block method: the first k blocks of each chunk in full."""
+    return tuple("full" if j < k else "none" for n in parts for j in range(n))
+
+
+def precision_args(model: ModelSpec) -> list[str]:
+    """--bf16 / --fp16 from the recipe; fp32 gradient accumulation when the recipe keeps it."""
+    dtype = training_dtype(model)
+    args = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[dtype]
+    if model.training.recipe().compute_dtype == "fp8":
+        args += ["--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 backward
+    if dtype != "fp32" and fp32_grad_accumulation(model):
+        args += ["--accumulate-allreduce-grads-in-fp32"]
+    return args
+
+
+def shape_args(m: TransformerSpec) -> list[str]:
+    """The model's shape in Megatron's terms."""
+    args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
+            "--num-attention-heads", str(m.heads), "--kv-channels", str(m.dim_head),
+            "--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
+            "--vocab-size", str(m.vocab),
+            "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+            "--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
+    if m.n_kv_heads != m.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
+    if m.ffn == "swiglu":
+        args.append("--swiglu")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        args.append("--disable-bias-linear")
+    if m.qkv_bias and not m.bias:
+        args.append("--add-qkv-bias")
+    if not m.dropout:
+        args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    if m.moe is not None:
+        args += moe_args(m.moe, m.layers)
+    return args
+
+
+def moe_args(moe: MoE, layers: int) -> list[str]:
+    """Mixture-of-experts shape (Megatron-Core MoE); dense layers appear in --moe-layer-freq as 0."""
+    args = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
+            "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden)]
+    if moe.shared_experts:
+        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn_hidden)]
+    pattern = [1 if moe.is_moe_layer(i) else 0 for i in range(layers)]
+    if 0 in pattern:
+        args += ["--moe-layer-freq", f"[{','.join(map(str, pattern))}]"]
+    return args

@@ -1,0 +1,285 @@
+"""Read the configs users already have back into a Plan, so ``evaluate`` and ``check`` work on them.
+
+A DeepSpeed JSON, an accelerate YAML or a torchtitan 0.2 TOML, together with the model and
+the cluster, becomes a :class:`~autoplace.plan.Plan`.  Unlike the frameworks, the readers
+reject what would be silently ignored (unknown top-level DeepSpeed keys, unknown
+``fsdp_config`` keys) and contradictory values (a batch identity that does not hold, NVMe
+offload without a path, partial optimizer offload below ZeRO-3), naming the file and the key.
+
+What a format cannot state comes from keyword arguments (DeepSpeed's pipeline split is in
+the user's code; accelerate has no batch size), with the defaults ``build_plan`` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autoplace.emit import _readkit as kit
+from autoplace.emit._common import blocks, training_dtype
+from autoplace.emit._read_torchtitan import plan_from_torchtitan
+from autoplace.emit.schema import (
+    ACCELERATE_FSDP,
+    ACCELERATE_PARALLELISM,
+    ACCELERATE_TOP_LEVEL,
+    DEEPSPEED_ACTIVATION_CHECKPOINTING,
+    DEEPSPEED_OFFLOAD_OPTIMIZER,
+    DEEPSPEED_OFFLOAD_PARAM,
+    DEEPSPEED_PIPELINE,
+    DEEPSPEED_REMOVED,
+    DEEPSPEED_TOP_LEVEL,
+    DEEPSPEED_ZERO,
+)
+from autoplace.errors import SpecError
+from autoplace.plan import RECOMPUTE, Plan, even_split
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+__all__ = ["plan_from_accelerate", "plan_from_deepspeed", "plan_from_file", "plan_from_torchtitan"]
+
+
+def plan_from_file(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """Read ``path`` by its extension: .json DeepSpeed, .yaml/.yml accelerate, .toml torchtitan."""
+    suffix = Path(path).suffix.lower()
+    readers: dict[str, Callable[[str | Path, ModelSpec, ClusterSpec], Plan]] = {
+        ".json": plan_from_deepspeed, ".yaml": plan_from_accelerate, ".yml": plan_from_accelerate,
+        ".toml": plan_from_torchtitan}
+    if suffix not in readers:
+        raise SpecError("expected a DeepSpeed .json, an accelerate .yaml or a torchtitan .toml", source=str(path))
+    return readers[suffix](path, model, cluster)
+
+
+# ---------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: ClusterSpec, *,
+                        pp: int | None = None, recompute: str | None = None) -> Plan:
+    """A DeepSpeed config (+ model + cluster) as a Plan.
+
+    Args:
+        cfg: the parsed JSON or its path.
+        pp: pipeline stages, when the config's ``pipeline.stages`` is absent or "auto"
+            (DeepSpeed takes it from ``PipelineModule(num_stages=...)``).
+        recompute: what the model code recomputes (none|selective|full); by default full when
+            the config configures activation checkpointing, else none.
+
+    Raises:
+        SpecError: unknown or contradictory keys, naming the file and the key.
+    """
+    doc, src = kit.load(cfg, "json", "<deepspeed config>")
+    for key in doc:
+        if key in DEEPSPEED_REMOVED:
+            raise SpecError("DeepSpeed 0.19 removed this feature and refuses the key", source=src, field=key)
+    kit.check_keys(doc, DEEPSPEED_TOP_LEVEL, src, "", " (DeepSpeed would silently ignore it)")
+    if kit.integer(doc, "sequence_parallel_size", src, default=1) != 1:
+        raise SpecError("Ulysses sequence parallelism is not modelled by autoplace", source=src,
+                        field="sequence_parallel_size")
+    kit.check_dtype(_deepspeed_dtype(doc, src), training_dtype(model), src, "bf16/fp16")
+    tp = max(1, kit.integer(kit.section(doc, "tensor_parallel", src), "autotp_size", src, "tensor_parallel.",
+                            default=1, minimum=0) or 1)
+    ep = _deepspeed_ep(doc, src)
+    stages = _deepspeed_pipeline(doc, src, pp)
+    zero = kit.section(doc, "zero_optimization", src)
+    kit.check_keys(zero, DEEPSPEED_ZERO, src, "zero_optimization.")
+    stage = kit.integer(zero, "stage", src, "zero_optimization.", default=0, minimum=0) or 0
+    if stage > 3:
+        raise SpecError(f"stage must be 0, 1, 2 or 3, got {stage}", source=src, field="zero_optimization.stage")
+    offload_opt, offload_par = _deepspeed_offloads(zero, stage, src)
+    if cluster.gpus % (tp * stages):
+        raise SpecError(f"tp({tp}) * pp({stages}) does not divide the cluster's {cluster.gpus} GPUs",
+                        source=src, field="tensor_parallel.autotp_size")
+    dp = cluster.gpus // (tp * stages)
+    mbs, ga = _deepspeed_batch(doc, dp, src)
+    rep, shard = _deepspeed_dp_split(zero, stage, dp, src)
+    acts = "activation_checkpointing" in doc or kit.section(doc, "pipeline", src).get("activation_checkpoint_interval")
+    mode = recompute or ("full" if acts else "none")
+    if mode not in RECOMPUTE:
+        raise SpecError(f"{mode!r} is not valid; valid: {', '.join(RECOMPUTE)}", field="recompute")
+    n = blocks(model)
+    return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
+                offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
+                layers_per_stage=even_split(n, stages))
+
+
+def _deepspeed_dtype(doc: kit.Doc, src: str) -> str:
+    bf16 = any(kit.boolean(kit.section(doc, k, src), "enabled", src, f"{k}.") for k in ("bf16", "bfloat16"))
+    fp16 = kit.boolean(kit.section(doc, "fp16", src), "enabled", src, "fp16.")
+    if bf16 and fp16:
+        raise SpecError("bf16 and fp16 cannot both be enabled", source=src, field="fp16.enabled")
+    autocast = kit.section(doc, "torch_autocast", src)
+    if not (bf16 or fp16) and kit.boolean(autocast, "enabled", src, "torch_autocast."):
+        return "fp16" if str(autocast.get("dtype", "bfloat16")) in ("float16", "torch.float16", "fp16") else "bf16"
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
+def _deepspeed_ep(doc: kit.Doc, src: str) -> int:
+    ep = kit.section(doc, "expert_parallel", src)
+    if not kit.boolean(ep, "enabled", src, "expert_parallel."):
+        return 1
+    return kit.integer(ep, "autoep_size", src, "expert_parallel.", default=1) or 1
+
+
+def _deepspeed_pipeline(doc: kit.Doc, src: str, pp: int | None) -> int:
+    pipe = kit.section(doc, "pipeline", src)
+    kit.check_keys(pipe, DEEPSPEED_PIPELINE, src, "pipeline.", " (DeepSpeed would silently ignore it)")
+    kit.check_keys(kit.section(doc, "activation_checkpointing", src), DEEPSPEED_ACTIVATION_CHECKPOINTING, src,
+                   "activation_checkpointing.", " (DeepSpeed would silently ignore it)")
+    stages = pipe.get("stages", "auto")
+    if stages == "auto":
+        if pipe and pp is None:
+            raise SpecError("the pipeline degree comes from PipelineModule(num_stages=...); give it as an integer "
+                            "here or pass pp", source=src, field="pipeline.stages")
+        return pp or 1
+    found = kit.integer(pipe, "stages", src, "pipeline.") or 1
+    if pp is not None and pp != found:
+        raise SpecError(f"pipeline.stages is {found} but pp={pp} was given", source=src, field="pipeline.stages")
+    return found
+
+
+def _deepspeed_offloads(zero: kit.Doc, stage: int, src: str) -> tuple[str, str]:
+    """(optimizer, params) offload devices, with DeepSpeed's rules checked (and the ones it leaves out)."""
+    devices = []
+    for key, known, legacy in (("offload_optimizer", DEEPSPEED_OFFLOAD_OPTIMIZER, "cpu_offload"),
+                               ("offload_param", DEEPSPEED_OFFLOAD_PARAM, "cpu_offload_param")):
+        where = f"zero_optimization.{key}."
+        off = kit.section(zero, key, src, "zero_optimization.")
+        kit.check_keys(off, known, src, where)
+        device = kit.choice(off, "device", ("none", "cpu", "nvme"), src, where, default="none")
+        if device == "none" and kit.boolean(zero, legacy, src, "zero_optimization."):
+            device = "cpu"  # the deprecated boolean spelling
+        if device == "nvme" and not off.get("nvme_path"):
+            raise SpecError("device nvme needs nvme_path (DeepSpeed's parser does not check it)",
+                            source=src, field=f"{where}nvme_path")
+        if key == "offload_optimizer" and float(off.get("ratio", 1.0)) < 1.0 and stage != 3:
+            raise SpecError("partial optimizer offload (ratio < 1) works at stage 3 only", source=src,
+                            field=f"{where}ratio")
+        devices.append(device)
+    if devices[1] != "none" and stage != 3:
+        raise SpecError(f"parameter offload needs stage 3, got stage {stage}", source=src,
+                        field="zero_optimization.offload_param.device")
+    if devices[0] != "none" and stage == 0:
+        raise SpecError("optimizer offload needs stage 1, 2 or 3", source=src,
+                        field="zero_optimization.offload_optimizer.device")
+    return devices[0], devices[1]
+
+
+def _deepspeed_batch(doc: kit.Doc, dp: int, src: str) -> tuple[int, int]:
+    """(micro-batch, accumulation) from any two or three of the batch keys, as DeepSpeed fills them.
+
+    DeepSpeed floors silently when the numbers do not divide; here that is an error.
+    """
+    tb = kit.integer(doc, "train_batch_size", src)
+    mb = kit.integer(doc, "train_micro_batch_size_per_gpu", src)
+    ga = kit.integer(doc, "gradient_accumulation_steps", src)
+    if tb is None and mb is None:
+        raise SpecError("give train_batch_size or train_micro_batch_size_per_gpu", source=src,
+                        field="train_batch_size")
+    if tb is None:
+        return mb or 1, ga or 1
+    if mb is None:
+        ga = ga or 1
+        if tb % (dp * ga):
+            raise SpecError(f"train_batch_size {tb} is not a multiple of gradient_accumulation_steps({ga}) * "
+                            f"data-parallel size({dp})", source=src, field="train_batch_size")
+        return tb // (dp * ga), ga
+    if ga is None:
+        if tb % (mb * dp):
+            raise SpecError(f"train_batch_size {tb} is not a multiple of train_micro_batch_size_per_gpu({mb}) * "
+                            f"data-parallel size({dp})", source=src, field="train_batch_size")
+        return mb, tb // (mb * dp)
+    if tb != mb * ga * dp:
+        raise SpecError(f"train_batch_size {tb} != train_micro_batch_size_per_gpu({mb}) * "
+                        f"gradient_accumulation_steps({ga}) * data-parallel size({dp}) = {mb * ga * dp}",
+                        source=src, field="train_batch_size")
+    return mb, ga
+
+
+def _deepspeed_dp_split(zero: kit.Doc, stage: int, dp: int, src: str) -> tuple[int, int]:
+    hpz = kit.integer(zero, "zero_hpz_partition_size", src, "zero_optimization.", default=1, minimum=0) or 1
+    if hpz > 1:
+        if stage != 3:
+            raise SpecError(f"hpZ applies to stage 3 only, got stage {stage}", source=src,
+                            field="zero_optimization.zero_hpz_partition_size")
+        return kit.split_data_parallel(dp, hpz, src, "zero_optimization.zero_hpz_partition_size")
+    return (dp, 1) if stage == 0 else (1, dp)
+
+
+# ---------------------------------------------------------------------------------------
+# accelerate
+
+_FSDP1_STRATEGY = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "_HYBRID_SHARD_ZERO2": 2,
+                   "1": 3, "2": 2, "3": 0, "4": 3, "5": 2}
+_MULTI = {"MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
+          "MULTI_NEURON", "MULTI_CPU"}
+
+
+def plan_from_accelerate(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: ClusterSpec, *,
+                         mbs: int = 1, grad_accum: int | None = None) -> Plan:
+    """An accelerate config (FSDP1/FSDP2 or DDP, + model + cluster) as a Plan.
+
+    Args:
+        cfg: the parsed YAML or its path.
+        mbs: micro-batch size (accelerate's config has none).
+        grad_accum: micro-batches per step; default: the model's global batch / (mbs * dp).
+
+    Raises:
+        SpecError: unknown keys (accelerate ignores unknown ``fsdp_config`` keys), a
+            distributed type autoplace does not model, or degrees that contradict num_processes.
+    """
+    doc, src = kit.load(cfg, "yaml", "<accelerate config>")
+    kit.check_keys(doc, ACCELERATE_TOP_LEVEL, src, "")
+    kind = kit.choice(doc, "distributed_type", {"NO", "FSDP", *_MULTI}, src, default="")
+    world = 1 if kind == "NO" else kit.integer(doc, "num_processes", src)
+    if world is None:
+        raise SpecError("required for a distributed job", source=src, field="num_processes")
+    mixed = kit.choice(doc, "mixed_precision", ("no", "bf16", "fp16", "fp8"), src, default="no")
+    kit.check_dtype({"no": "fp32", "fp8": "bf16"}.get(mixed, mixed), training_dtype(model), src, "mixed_precision")
+    fsdp = {(k if k.startswith("fsdp_") else f"fsdp_{k}"): v for k, v in kit.section(doc, "fsdp_config", src).items()}
+    kit.check_keys(fsdp, ACCELERATE_FSDP, src, "fsdp_config.", " (accelerate would silently ignore it)")
+    rep, shard, tp, cp = _accelerate_degrees(doc, kind, world, src)
+    zero, hybrid = _accelerate_zero(fsdp, src) if kind == "FSDP" else (0, False)
+    if hybrid:  # FSDP1 hybrid sharding: shard inside a node, replicate across nodes
+        rep, shard = kit.split_data_parallel(rep * shard, world // (kit.integer(doc, "num_machines", src) or 1),
+                                             src, "num_machines")
+    if kind == "FSDP" and shard * cp == 1:
+        raise SpecError("FSDP needs a dimension to shard over (dp_shard or cp > 1)", source=src,
+                        field="parallelism_config")
+    if kind != "FSDP" and shard > 1:
+        raise SpecError(f"dp_shard={shard} without FSDP shards nothing", source=src,
+                        field="parallelism_config.parallelism_config_dp_shard_size")
+    offload = "cpu" if kit.boolean(fsdp, "fsdp_offload_params", src, "fsdp_config.") else "none"
+    full = kit.boolean(fsdp, "fsdp_activation_checkpointing", src, "fsdp_config.")
+    n, dp = blocks(model), rep * shard
+    ga = grad_accum or kit.grad_accum_for(model.training.global_batch, mbs, dp, src)
+    return Plan(tp=tp, cp=cp, dp_replicate=rep, dp_shard=shard, zero=zero, mbs=mbs, grad_accum=ga,
+                offload_optimizer=offload, offload_params=offload, recompute=("full" if full else "none",) * n,
+                layers_per_stage=(n,))
+
+
+def _accelerate_degrees(doc: kit.Doc, kind: str, world: int, src: str) -> tuple[int, int, int, int]:
+    par = kit.section(doc, "parallelism_config", src)
+    kit.check_keys(par, ACCELERATE_PARALLELISM, src, "parallelism_config.")
+    if not par:
+        return (1, world, 1, 1) if kind == "FSDP" else (world, 1, 1, 1)
+    where = "parallelism_config."
+    rep, shard, tp, cp, sp = (kit.integer(par, f"parallelism_config_{k}_size", src, where, default=1) or 1
+                              for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp"))
+    if sp > 1:
+        raise SpecError("DeepSpeed-Ulysses sequence parallelism is not modelled by autoplace", source=src,
+                        field=f"{where}parallelism_config_sp_size")
+    if rep * shard * tp * cp != world:
+        raise SpecError(f"dp_replicate({rep}) * dp_shard({shard}) * tp({tp}) * cp({cp}) != num_processes({world})",
+                        source=src, field="parallelism_config")
+    return rep, shard, tp, cp
+
+
+def _accelerate_zero(fsdp: kit.Doc, src: str) -> tuple[int, bool]:
+    """(ZeRO level, FSDP1 hybrid) from the FSDP version and its resharding setting."""
+    version = kit.integer(fsdp, "fsdp_version", src, "fsdp_config.", default=1)
+    if version == 2:
+        return (3 if kit.boolean(fsdp, "fsdp_reshard_after_forward", src, "fsdp_config.", default=True) else 2), False
+    key = "fsdp_sharding_strategy" if "fsdp_sharding_strategy" in fsdp else "fsdp_reshard_after_forward"
+    value = fsdp.get(key, "FULL_SHARD")  # a name, or ShardingStrategy's number
+    strategy = kit.choice({key: str(value).upper()}, key, _FSDP1_STRATEGY, src, "fsdp_config.", default="")
+    return _FSDP1_STRATEGY[strategy], strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5")

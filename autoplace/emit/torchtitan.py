@@ -1,0 +1,226 @@
+"""torchtitan job config from a plan: the 0.2 releases' TOML and the 0.3 command-line overrides.
+
+torchtitan 0.2.2 reads ``--job.config_file x.toml`` (sections ``[parallelism]``,
+``[training]``, ``[activation_checkpoint]``); 0.3 configures runs in Python (``--module``,
+``--config``) and still takes ``--section.option`` overrides, with activation checkpointing
+chosen by a subcommand.  Names are those of ``torchtitan/config/job_config.py`` (0.2.2) and
+``torchtitan/config/configs.py`` (0.3.0).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autoplace.emit._common import fail, model_parts, training_dtype, uniform_recompute
+from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+FMT = "torchtitan"
+_PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
+    """The torchtitan 0.2 job config of ``plan`` as a TOML-ready dict of sections.
+
+    Raises:
+        EmitError: fp16 training, ZeRO-1, TP without sequence parallelism, or a recompute
+            pattern torchtitan's activation_checkpoint modes cannot produce.
+    """
+    del cluster
+    check_expressible(plan, model)
+    doc: dict[str, Any] = {
+        "training": training_section(plan, model),
+        "parallelism": parallelism_section(plan),
+        "activation_checkpoint": activation_checkpoint_section(plan, FMT),
+    }
+    if model.training.recipe().compute_dtype == "fp8":
+        doc["model"] = {"converters": ["quantize.linear.float8"]}  # torchao float8 linears
+    return doc
+
+
+def check_expressible(plan: Plan, model: ModelSpec) -> None:
+    """Raise EmitError for what torchtitan's job config cannot state."""
+    if training_dtype(model) == "fp16":
+        raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
+    if plan.zero == 1 and plan.dp_shard * plan.cp > 1:
+        raise fail(FMT, "zero=1: FSDP2 has no optimizer-only sharding; the nearest is zero=2 "
+                        "(fsdp_reshard_after_forward = never)")
+    if plan.zero == 0 and plan.dp_shard > 1:
+        raise fail(FMT, f"dp_shard={plan.dp_shard} with zero=0 shards nothing; use dp_replicate")
+    if plan.zero == 0 and plan.cp > 1:
+        raise fail(FMT, f"cp={plan.cp} with zero=0: torchtitan always shards the weights over the context-parallel "
+                        "group with FSDP; use zero=2 or 3")
+    if plan.dp_shard * plan.cp == 1 and plan.dp_replicate > 1 and plan.world != plan.dp_replicate:
+        raise fail(FMT, "torchtitan 0.2's DDP (dp_replicate without dp_shard or cp) is 1-D only; "
+                        "shard the data-parallel group to combine it with tp/pp")
+    if plan.tp > 1 and not plan.sp:
+        raise fail(FMT, f"tp={plan.tp} without sp: torchtitan 0.2 always applies sequence parallelism with TP")
+    if "nvme" in (plan.offload_params, plan.offload_optimizer):
+        raise fail(FMT, "training.enable_cpu_offload offloads to CPU memory only, not NVMe")
+    if plan.offload_params != plan.offload_optimizer:
+        raise fail(FMT, "training.enable_cpu_offload moves parameters, gradients and the optimizer step to the "
+                        f"host together; offload_params={plan.offload_params} and offload_optimizer="
+                        f"{plan.offload_optimizer} must be equal")
+    if plan.offload_params == "cpu" and (plan.zero < 2 or plan.dp_shard * plan.cp == 1):
+        raise fail(FMT, "CPU offload needs FSDP: zero >= 2 over a shard group (dp_shard * cp) larger than one")
+    if plan.ep > 1 and (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
+        raise fail(FMT, f"ep={plan.ep} must divide dp_shard*cp*tp = {plan.dp_shard * plan.cp * plan.tp} "
+                        "(torchtitan carves experts from the FSDP x CP x TP ranks)")
+    if plan.pp > 1:
+        parts = model_parts(plan, FMT)
+        if any(n == 0 for n in parts[1:-1]):
+            raise fail(FMT, f"a middle pipeline stage would hold no modules ({parts}); torchtitan needs one")
+
+
+def training_section(plan: Plan, model: ModelSpec) -> dict[str, Any]:
+    """``[training]``: batch sizes as torchtitan counts them, sequence length, precision, offload.
+
+    torchtitan's gradient accumulation is global / (local * dp).  Without PP, local is one
+    micro-batch; with PP, local is all micro-batches of a step (n_microbatches = local /
+    pipeline_parallel_microbatch_size), so torchtitan accumulates once.
+    """
+    local = plan.mbs * (plan.grad_accum if plan.pp > 1 else 1)
+    return {
+        "local_batch_size": local,
+        "global_batch_size": plan.global_batch,
+        "seq_len": model.seq_len,
+        "mixed_precision_param": _PARAM_DTYPE[training_dtype(model)],
+        "enable_cpu_offload": plan.offload_params == "cpu",
+    }
+
+
+def parallelism_section(plan: Plan) -> dict[str, Any]:
+    """``[parallelism]``: degrees, FSDP resharding, and the pipeline split when pp > 1."""
+    out: dict[str, Any] = {
+        "data_parallel_replicate_degree": plan.dp_replicate,
+        "data_parallel_shard_degree": plan.dp_shard,
+        "tensor_parallel_degree": plan.tp,
+        "context_parallel_degree": plan.cp,
+        "expert_parallel_degree": plan.ep,
+        "pipeline_parallel_degree": plan.pp,
+    }
+    if plan.dp_shard * plan.cp > 1:  # FSDP is applied: ZeRO-3 reshards after forward, ZeRO-2 does not
+        out["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
+    if plan.pp > 1:
+        out.update(pipeline_keys(plan))
+    return out
+
+
+def pipeline_keys(plan: Plan) -> dict[str, Any]:
+    """Schedule, micro-batch size and split: a uniform layers-per-stage, else module FQNs per chunk.
+
+    A uniform split is stated as ``pipeline_parallel_layers_per_stage`` with no layer
+    discount for the embedding and head stages (torchtitan's ``*_less_layers`` = 0), which
+    makes torchtitan's own splitter produce exactly the plan's chunks.
+    """
+    parts = model_parts(plan, FMT)
+    out: dict[str, Any] = {
+        "pipeline_parallel_schedule": PLAN_TO_TORCH_SCHEDULE[plan.schedule],
+        "pipeline_parallel_microbatch_size": plan.mbs,
+    }
+    if len(set(parts)) == 1:
+        out.update({"pipeline_parallel_layers_per_stage": parts[0],
+                    "pipeline_parallel_first_stage_less_layers": 0,
+                    "pipeline_parallel_last_stage_less_layers": 0})
+    else:
+        out["module_fqns_per_model_part"] = module_fqns(parts)
+    return out
+
+
+def module_fqns(parts: list[int]) -> list[list[str]]:
+    """torchtitan module names per model chunk: embedding first, ``layers.i``, norm and head last."""
+    out, start = [], 0
+    for i, n in enumerate(parts):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(parts) - 1:
+            names += ["norm", "output"]
+        out.append(names)
+        start += n
+    return out
+
+
+def layer_sac_pattern(parts: list[int], pp: int, every: int) -> tuple[str, ...]:
+    """Which blocks torchtitan's layer-level SAC (``selective_ac_option = N``) recomputes.
+
+    torchtitan 0.2.2 counts blocks per process in the order its model chunks are wrapped
+    (chunk v * pp + r for v = 0, 1, ...) and checkpoints every N-th one in full.
+    """
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    modes = ["none"] * sum(parts)
+    for r in range(pp):
+        count = 0
+        for chunk in range(r, len(parts), pp):
+            for j in range(starts[chunk], starts[chunk] + parts[chunk]):
+                count += 1
+                if count % every == 0:
+                    modes[j] = "full"
+    return tuple(modes)
+
+
+def activation_checkpoint_section(plan: Plan, fmt: str) -> dict[str, Any]:
+    """``[activation_checkpoint]``: none, full, op-level selective, or full on every N-th block."""
+    mode = uniform_recompute(plan)
+    if mode in ("none", "full"):
+        return {"mode": mode}
+    if mode == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}
+    if set(plan.recompute) == {"none", "full"}:
+        parts = model_parts(plan, fmt) if plan.pp > 1 else [len(plan.recompute)]
+        for every in range(2, len(plan.recompute) + 1):
+            if layer_sac_pattern(parts, plan.pp, every) == plan.recompute:
+                return {"mode": "selective", "selective_ac_option": str(every)}
+    raise fail(fmt, "torchtitan recomputes all blocks (full or op-selective) or every N-th block in full; "
+                    f"this plan's per-layer recompute {list(plan.recompute)} is neither")
+
+
+def torchtitan_toml(doc: dict[str, Any], header: str = "") -> str:
+    """Serialize the sections of :func:`emit_torchtitan` as TOML (tables of scalars and string lists)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, table in doc.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def torchtitan_overrides(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """The same job as command-line overrides for torchtitan releases configured in Python (0.3).
+
+    Append them after ``--module M --config C``.  Activation checkpointing is a subcommand
+    there (``activation_checkpoint:none|full|selective``) and op-level only, so per-layer
+    patterns raise EmitError.
+    """
+    doc = emit_torchtitan(plan, model, cluster)
+    args: list[str] = []
+    for section in ("parallelism", "training"):
+        for key, value in doc[section].items():
+            args += _cli_words(section, key, value)
+    ac = doc["activation_checkpoint"]
+    if ac.get("selective_ac_option", "op") != "op":
+        raise fail(FMT, "torchtitan 0.3's selective activation checkpointing is op-level only; "
+                        f"per-layer recompute {list(plan.recompute)} has no override")
+    return args + [f"activation_checkpoint:{ac['mode']}"]
+
+
+def _cli_words(section: str, key: str, value: Any) -> list[str]:
+    if isinstance(value, bool):  # tyro turns booleans into --x / --no_x flags
+        return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
+    if isinstance(value, list):  # list[list[str]]: one comma-joined word per chunk (torchtitan's list rule)
+        return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]
+    return [f"--{section}.{key}", str(value)]

@@ -1,0 +1,248 @@
+"""DeepSpeed accepts every emitted config, checked by DeepSpeed's own classes, and trains with it.
+
+``DeepSpeedConfig`` asks ``deepspeed.comm`` for the rank and silently falls back to world
+size 1 without a process group (ECOSYSTEM.md), so the config module's ``dist`` is replaced
+by a stand-in reporting the plan's world size, and an mpu reports its data-parallel size.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from autoplace.emit import emit_deepspeed
+from autoplace.emit.read import plan_from_deepspeed
+from autoplace.emit.schema import (
+    DEEPSPEED_ACTIVATION_CHECKPOINTING,
+    DEEPSPEED_OFFLOAD_OPTIMIZER,
+    DEEPSPEED_OFFLOAD_PARAM,
+    DEEPSPEED_PIPELINE,
+    DEEPSPEED_REMOVED,
+    DEEPSPEED_TOP_LEVEL,
+    DEEPSPEED_ZERO,
+)
+from autoplace.errors import EmitError, SpecError
+from autoplace.plan import Plan
+from tests.test_emit_plans import CLUSTER16, MODEL, build, cpu_cluster, make_plan, plan_values, small_model
+
+dsc = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not installed")
+
+PLANS = ["zero=0", "zero=1,mbs=2", "zero=2,recompute=selective", "zero=3,recompute=full",
+         "zero=3,preset=hsdp", "zero=3,offload_optimizer=cpu,offload_params=cpu",
+         "zero=3,offload_optimizer=nvme,offload_params=nvme", "zero=2,offload_optimizer=cpu",
+         "tp=2,sp=false,zero=1", "tp=4,sp=false,zero=2,mbs=2", "pp=2,zero=1,recompute=full", "pp=4,zero=0",
+         "tp=2,pp=2,sp=false,zero=1,layers=3:5"]
+
+
+class _Dist:
+    """deepspeed.comm stand-in: rank 0 of ``world``."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def get_rank(self, group: Any = None) -> int:
+        return 0
+
+    def get_world_size(self, group: Any = None) -> int:
+        return self.world
+
+
+class _Mpu:
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def deepspeed_accepts(cfg: dict[str, Any], plan: Plan, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Parse ``cfg`` with DeepSpeedConfig as rank 0 of the plan's world, data-parallel size plan.dp."""
+    monkeypatch.setattr(dsc, "dist", _Dist(plan.world))
+    return dsc.DeepSpeedConfig(copy.deepcopy(cfg), mpu=_Mpu(plan.dp))
+
+
+def check_parsed(parsed: Any, cfg: dict[str, Any], plan: Plan) -> None:
+    assert parsed.world_size == plan.dp
+    assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (
+        plan.mbs * plan.grad_accum * plan.dp, plan.mbs, plan.grad_accum)
+    assert parsed.zero_optimization_stage == plan.zero
+    zero = parsed.zero_config
+    assert (zero.offload_optimizer.device if zero.offload_optimizer else "none") == plan.offload_optimizer
+    assert (zero.offload_param.device if zero.offload_param else "none") == plan.offload_params
+    assert zero.zero_hpz_partition_size == (plan.dp_shard if plan.zero == 3 and plan.dp_replicate > 1 else 1)
+    assert set(cfg) <= DEEPSPEED_TOP_LEVEL  # nothing DeepSpeed would silently drop
+
+
+@pytest.mark.parametrize("text", PLANS)
+def test_deepspeed_config_class_accepts_emitted_config(text: str, monkeypatch) -> None:
+    plan = make_plan(text, MODEL, CLUSTER16)
+    cfg = emit_deepspeed(plan, MODEL, CLUSTER16)
+    parsed = deepspeed_accepts(cfg, plan, monkeypatch)
+    check_parsed(parsed, cfg, plan)
+    assert parsed.bfloat16_config.enabled and not parsed.float16_config.enabled
+    assert parsed.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(values=plan_values(tp=(1, 2, 4), pp=(1, 2), recompute="per-layer", offload=("none", "cpu", "nvme"),
+                          sp=False))
+def test_deepspeed_accepts_every_expressible_plan(values, monkeypatch) -> None:
+    plan = build(values)
+    assume(plan is not None)
+    try:
+        cfg = emit_deepspeed(plan, MODEL, CLUSTER16)
+    except EmitError:
+        assume(False)
+    check_parsed(deepspeed_accepts(cfg, plan, monkeypatch), cfg, plan)
+
+
+@pytest.mark.parametrize("precision, enabled", [("fp16", "fp16"), ("fp32", None), ("bf16-fp32-grads", "bf16")])
+def test_precision_follows_the_model_recipe(precision: str, enabled: str | None, monkeypatch) -> None:
+    model = small_model(precision)
+    plan = make_plan("zero=2", model, CLUSTER16)
+    parsed = deepspeed_accepts(emit_deepspeed(plan, model, CLUSTER16), plan, monkeypatch)
+    assert parsed.float16_config.enabled == (enabled == "fp16")
+    assert parsed.bfloat16_config.enabled == (enabled == "bf16")
+    assert parsed.grad_accum_dtype == ("fp32" if precision == "bf16-fp32-grads" else None)
+
+
+def test_deepspeed_cannot_express_context_parallelism_or_interleaving() -> None:
+    for text, message in [("cp=2,zero=1", "ring context parallelism"), ("pp=2,vpp=2,zero=1", "no interleaved"),
+                          ("pp=2,zero=2", "ZeRO-0/1 only"), ("tp=2,zero=1", "sequence parallelism"),
+                          ("pp=2,zero=1,schedule=gpipe", "1F1B only")]:
+        with pytest.raises(EmitError, match=message):
+            emit_deepspeed(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
+
+
+# ---------------------------------------------------------------------------------------
+# The key lists autoplace checks against, compared with the installed DeepSpeed
+
+
+def _aliases(model_cls: Any) -> set[str]:
+    return {name for n, f in model_cls.model_fields.items() for name in (n, f.alias) if name}
+
+
+def test_zero_and_offload_key_lists_match_deepspeed() -> None:
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    assert _aliases(DeepSpeedZeroConfig) == DEEPSPEED_ZERO
+    assert _aliases(DeepSpeedZeroOffloadParamConfig) == DEEPSPEED_OFFLOAD_PARAM
+    assert _aliases(DeepSpeedZeroOffloadOptimizerConfig) == DEEPSPEED_OFFLOAD_OPTIMIZER
+
+
+def test_activation_checkpointing_and_pipeline_key_lists_match_deepspeed() -> None:
+    from deepspeed.runtime.activation_checkpointing import config as ac
+
+    assert set(ac.ACT_CHKPT_DEFAULT) == DEEPSPEED_ACTIVATION_CHECKPOINTING
+    assert set(dsc.get_pipeline_config({})) <= DEEPSPEED_PIPELINE
+
+
+def test_top_level_keys_deepspeed_reads_are_all_known(monkeypatch) -> None:
+    """Record every key DeepSpeedConfig looks up; each must be in our list (or a removed feature)."""
+    seen: set[str] = set()
+
+    class Recording(dict):
+        def get(self, key, *default):
+            seen.add(key)
+            return super().get(key, *default)
+
+        def __contains__(self, key):
+            seen.add(key)
+            return super().__contains__(key)
+
+        def __getitem__(self, key):
+            seen.add(key)
+            return super().__getitem__(key)
+
+    plan = make_plan("zero=3,recompute=full", MODEL, CLUSTER16)
+    monkeypatch.setattr(dsc, "dist", _Dist(plan.world))
+    dsc.DeepSpeedConfig(Recording(emit_deepspeed(plan, MODEL, CLUSTER16)), mpu=_Mpu(plan.dp))
+    assert seen - DEEPSPEED_TOP_LEVEL - DEEPSPEED_REMOVED == set()
+
+
+def test_every_known_top_level_key_is_named_in_deepspeeds_source() -> None:
+    import deepspeed
+
+    root = Path(deepspeed.__file__).parent
+    text = "\n".join(p.read_text(errors="ignore") for p in root.rglob("*.py"))
+    missing = {k for k in DEEPSPEED_TOP_LEVEL if f'"{k}"' not in text and f"'{k}'" not in text}
+    assert missing == set()
+
+
+def test_reader_rejects_a_top_level_key_deepspeed_would_ignore() -> None:
+    plan = make_plan("zero=2", MODEL, CLUSTER16)
+    cfg = emit_deepspeed(plan, MODEL, CLUSTER16)
+    cfg["zero_optimisation"] = cfg.pop("zero_optimization")
+    with pytest.raises(SpecError, match="zero_optimisation: unknown key .*did you mean 'zero_optimization'"):
+        plan_from_deepspeed(cfg, MODEL, CLUSTER16)
+
+
+# ---------------------------------------------------------------------------------------
+# A real step on 2 gloo ranks
+
+
+def _train_worker(rank: int, world: int, configs: list[dict[str, Any]], port: int, out: str) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu")
+    import deepspeed
+
+    # The CPU accelerator JIT-builds a shared-memory all-reduce op (~40 s, once per machine) that
+    # has nothing to do with the config under test; plain gloo collectives are used instead.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    results = []
+    for cfg in configs:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        # A torch optimizer keeps DeepSpeed from JIT-building its fused / CPU Adam; DeepSpeed
+        # asks for this one extra top-level key to accept it under ZeRO.
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                          config=dict(cfg, zero_allow_untested_optimizer=True))
+        x = torch.randn(cfg["train_micro_batch_size_per_gpu"], 16, generator=torch.Generator().manual_seed(rank))
+        y = torch.randint(0, 4, (x.shape[0],), generator=torch.Generator().manual_seed(rank))
+        for _ in range(cfg["gradient_accumulation_steps"]):
+            loss = F.cross_entropy(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+        results.append({"stage": engine.zero_optimization_stage(), "dp": engine.dp_world_size,
+                        "steps": engine.global_steps, "loss": loss.item()})
+    Path(f"{out}.{rank}").write_text(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_deepspeed_trains_a_step_with_emitted_zero2_and_zero3_configs(tmp_path) -> None:
+    """One launch, 2 gloo ranks on CPU: ZeRO-2 then ZeRO-3, each one optimizer step (~10 s)."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    model, cluster = small_model("fp32"), cpu_cluster(2)
+    model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": 8})})
+    configs = [emit_deepspeed(make_plan(f"zero={z},mbs=2", model, cluster), model, cluster) for z in (2, 3)]
+    assert all(c["gradient_accumulation_steps"] == 2 and c["train_batch_size"] == 8 for c in configs)
+    mp.spawn(_train_worker, args=(2, configs, _free_port(), str(tmp_path / "out")), nprocs=2)
+    for rank in range(2):
+        results = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert [(r["stage"], r["dp"], r["steps"]) for r in results] == [(2, 2, 1), (3, 2, 1)]
+        assert all(r["loss"] == r["loss"] for r in results)  # not NaN
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,190 @@
+"""torchtitan 0.2.2's own ConfigManager accepts every emitted TOML, and its ParallelDims the degrees.
+
+``import torchtitan`` imports triton (absent on CPU machines), so the package is entered
+through a bare stand-in module whose path is torchtitan's: ``torchtitan.config`` and
+``torchtitan.distributed.parallel_dims`` import without it (ECOSYSTEM.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from autoplace.emit import emit_torchtitan, torchtitan_overrides
+from autoplace.emit._common import model_parts
+from autoplace.emit.read import plan_from_torchtitan
+from autoplace.emit.schema import TORCH_PP_SCHEDULES, TORCHTITAN_FIELDS, TORCHTITAN_SECTIONS
+from autoplace.emit.torchtitan import torchtitan_toml
+from autoplace.errors import EmitError, SpecError
+from autoplace.plan import Plan
+from tests.test_emit_plans import CLUSTER16, LAYERS, MODEL, build, make_plan, plan_values, small_model
+
+pytest.importorskip("torch", reason="torchtitan needs torch")
+pytest.importorskip("tyro", reason="torchtitan's config manager needs tyro")
+_SPEC = importlib.util.find_spec("torchtitan")
+if _SPEC is None or not _SPEC.submodule_search_locations:
+    pytest.skip("torchtitan is not installed", allow_module_level=True)
+TITAN = Path(list(_SPEC.submodule_search_locations)[0])
+
+
+@pytest.fixture(scope="module")
+def titan() -> Any:
+    """torchtitan's config and ParallelDims modules, imported without the package's triton import."""
+    saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
+    package = types.ModuleType("torchtitan")
+    package.__path__ = [str(TITAN)]
+    sys.modules["torchtitan"] = package
+    try:
+        from torchtitan.config.job_config import JobConfig
+        from torchtitan.config.manager import ConfigManager
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        yield types.SimpleNamespace(ConfigManager=ConfigManager, JobConfig=JobConfig, ParallelDims=ParallelDims)
+    finally:
+        for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+def parse(titan: Any, plan: Plan, tmp_path: Path) -> Any:
+    """The JobConfig torchtitan's ConfigManager builds from the emitted TOML, degrees checked by ParallelDims."""
+    path = tmp_path / "job.toml"
+    path.write_text(torchtitan_toml(emit_torchtitan(plan, MODEL, CLUSTER16), "generated for a test"))
+    job = titan.ConfigManager().parse_args(["--job.config_file", str(path)])
+    p = job.parallelism
+    titan.ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                       cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                       ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=plan.world)
+    return job
+
+
+def check_job(job: Any, plan: Plan) -> None:
+    p, t = job.parallelism, job.training
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+            p.context_parallel_degree, p.pipeline_parallel_degree) == (plan.dp_replicate, plan.dp_shard, plan.tp,
+                                                                         plan.cp, plan.pp)
+    # torchtitan's own arithmetic: accumulation = global / (local * dp); PP micro-batches = local / microbatch
+    accumulation = t.global_batch_size // (t.local_batch_size * plan.dp)
+    micro = p.pipeline_parallel_microbatch_size if plan.pp > 1 else t.local_batch_size
+    assert micro == plan.mbs
+    assert accumulation * (t.local_batch_size // micro) == plan.grad_accum
+    assert t.seq_len == MODEL.seq_len and t.mixed_precision_param == "bfloat16"
+    assert job.activation_checkpoint.mode in ("none", "selective", "full")
+    if plan.pp > 1:
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        get_schedule_class(p.pipeline_parallel_schedule)
+
+
+PLANS = ["zero=3", "zero=2,recompute=full", "zero=3,preset=hsdp,recompute=selective", "tp=2,zero=3",
+         "tp=4,cp=2,zero=3", "pp=2,zero=3,mbs=2", "pp=4,vpp=2,zero=2,layers=2:2:2:2",
+         "pp=2,zero=3,layers=3:5,schedule=gpipe", "zero=3,offload_optimizer=cpu,offload_params=cpu",
+         "zero=0", "cp=2,zero=2,recompute_layers=n:f:n:f:n:f:n:f"]
+
+
+@pytest.mark.parametrize("text", PLANS)
+def test_torchtitan_config_manager_accepts_emitted_toml(text: str, titan, tmp_path) -> None:
+    plan = make_plan(text, MODEL, CLUSTER16)
+    check_job(parse(titan, plan, tmp_path), plan)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(values=plan_values(tp=(1, 2), pp=(1, 2, 4), cp=(1, 2), zero=(0, 2, 3), vpp=True, schedules=("1f1b", "gpipe")))
+def test_torchtitan_accepts_every_expressible_plan(titan, tmp_path, values) -> None:
+    plan = build(values)
+    assume(plan is not None)
+    try:
+        emit_torchtitan(plan, MODEL, CLUSTER16)
+    except EmitError:
+        assume(False)
+    check_job(parse(titan, plan, tmp_path), plan)
+
+
+def _torchtitan_generator():
+    """torchtitan 0.2.2's generate_llm_fqn_per_model_part, compiled alone from its source.
+
+    Its module imports triton through the MoE kernels; the function itself is plain Python.
+    """
+    source = (TITAN / "distributed" / "pipeline_parallel.py").read_text()
+    fn = next(n for n in ast.parse(source).body
+              if isinstance(n, ast.FunctionDef) and n.name == "generate_llm_fqn_per_model_part")
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "pipeline_parallel.py", "exec"), namespace)
+    return namespace["generate_llm_fqn_per_model_part"]
+
+
+@pytest.mark.parametrize("text", ["pp=2,zero=3", "pp=4,zero=3", "pp=2,vpp=2,zero=3", "pp=4,vpp=2,zero=2"])
+def test_uniform_split_is_what_torchtitans_own_splitter_makes(text: str) -> None:
+    plan = make_plan(text, MODEL, CLUSTER16)
+    par = emit_torchtitan(plan, MODEL, CLUSTER16)["parallelism"]
+    per, stages = par["pipeline_parallel_layers_per_stage"], plan.pp * plan.vpp
+    assert -(-LAYERS // per) == stages  # torchtitan: ceil((layers + less_first + less_last) / per)
+    chunks = _torchtitan_generator()(stages, LAYERS, par["pipeline_parallel_first_stage_less_layers"],
+                                     par["pipeline_parallel_last_stage_less_layers"])
+    assert [sum(n.startswith("layers.") for n in c) for c in chunks] == model_parts(plan, "torchtitan")
+
+
+@pytest.mark.parametrize("stages, first, last", [(2, 1, 1), (4, 1, 1), (4, 0, 2), (3, 2, 0), (8, 0, 0)])
+def test_reader_splits_layers_as_torchtitan_does(stages: int, first: int, last: int) -> None:
+    from autoplace.emit._read_torchtitan import _torchtitan_split
+
+    chunks = _torchtitan_generator()(stages, LAYERS, first, last)
+    assert _torchtitan_split(stages, LAYERS, first, last, "t") == [sum(n.startswith("layers.") for n in c)
+                                                                    for c in chunks]
+
+
+def test_overrides_parse_with_torchtitans_command_line(titan) -> None:
+    """The 0.3 overrides use the --section.option names 0.2.2's tyro CLI shares (all but the AC subcommand)."""
+    plan = make_plan("pp=2,zero=3,layers=3:5,offload_optimizer=cpu,offload_params=cpu", MODEL, CLUSTER16)
+    args = torchtitan_overrides(plan, MODEL, CLUSTER16)
+    assert args[-1] == "activation_checkpoint:none"
+    job = titan.ConfigManager().parse_args(args[:-1])
+    assert job.parallelism.module_fqns_per_model_part == emit_torchtitan(plan, MODEL, CLUSTER16)[
+        "parallelism"]["module_fqns_per_model_part"]
+    assert job.training.enable_cpu_offload is True and job.parallelism.pipeline_parallel_degree == 2
+
+
+def test_key_lists_match_torchtitan(titan) -> None:
+    import dataclasses
+
+    sections = {f.name: f for f in dataclasses.fields(titan.JobConfig)}
+    assert set(sections) == TORCHTITAN_SECTIONS
+    for name, known in TORCHTITAN_FIELDS.items():
+        assert {f.name for f in dataclasses.fields(sections[name].default_factory())} == known
+
+
+def test_schedule_names_are_torchs() -> None:
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    for name in TORCH_PP_SCHEDULES:
+        get_schedule_class(name)
+
+
+def test_what_torchtitan_cannot_express_raises() -> None:
+    for text, message in [("zero=1", "optimizer-only"), ("tp=2,sp=false,zero=3", "sequence parallelism"),
+                          ("cp=2,zero=0", "always shards"), ("zero=3,recompute_layers=f:n:n:f:n:n:n:n", "N-th")]:
+        with pytest.raises(EmitError, match=message):
+            emit_torchtitan(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
+    with pytest.raises(EmitError, match="fp16"):
+        emit_torchtitan(make_plan("zero=3", small_model("fp16"), CLUSTER16), small_model("fp16"), CLUSTER16)
+
+
+def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
+    base = {"parallelism": {"data_parallel_shard_degree": 16}, "training": {"seq_len": 512}}
+    bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
+           ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
+           ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,
+                             "pipeline_parallel_schedule": "ZBVZeroBubble"}}, "pipeline_parallel_schedule"),
+           ({"training": {"seq_len": 4096}}, "differs from the model's seq_len 512"),
+           ({"trainer": {}}, "trainer: unknown key; did you mean 'training'")]
+    for patch, message in bad:
+        with pytest.raises(SpecError, match=message):
+            plan_from_torchtitan({**base, **patch}, MODEL, CLUSTER16)
