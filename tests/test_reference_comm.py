@@ -16,12 +16,36 @@ def test_zero_stage_volumes_relative_to_ddp(dp: int) -> None:
     (PyTorch agrees: FSDP2 with reshard_after_forward moves 2Ψ all-gather + Ψ reduce-scatter
     against DDP's 2Ψ all-reduce -- measured with CommDebugMode, ../shared/ECOSYSTEM.md.)
     """
-    model = gpt_model(4, 1024, 16, batch=dp, precision="bf16")
+    model = _blocks_only(dp)
     cluster = gpu_cluster(dp)
     dp_bytes = {z: score(model, cluster, f"dp={dp},zero={z},mbs=1").comm["dp"] for z in range(4)}
     assert dp_bytes[1] == pytest.approx(dp_bytes[0], rel=1e-12)
     assert dp_bytes[2] == pytest.approx(dp_bytes[0], rel=1e-12)
     assert dp_bytes[3] / dp_bytes[0] == pytest.approx(1.5, rel=1e-12)
+
+
+def _blocks_only(batch: int):
+    """Four identical blocks and nothing else (no embedding or head), in bf16."""
+    from autoplace.specs.model import model_from_dict
+
+    return model_from_dict({"name": "blocks", "hidden": 1024, "seq_len": 1024, "graph": [
+        {"name": "block", "params": 12 * 1024 * 1024, "flops_per_token": 24 * 1024 * 1024,
+         "activation_bytes_per_token": 34 * 1024, "repeat": 4}],
+        "training": {"global_batch": batch, "precision": "bf16"}})
+
+
+def test_zero3_keeps_the_root_gathered_like_fsdp2() -> None:
+    """FSDP2 does not reshard the root (embedding, final norm, head) after forward, so it is
+    gathered once per micro-batch: ZeRO-3 moves 3 x blocks + 2 x root, all in bf16."""
+    from autoplace.cost.layers import layer_table
+
+    dp = 8
+    model = gpt_model(4, 1024, 16, batch=dp, precision="bf16")
+    table = layer_table(model)
+    root = table.embed.params_tp + table.embed.params_rep + table.head.params_rep  # tied head
+    blocks = table.params - root
+    ev = score(model, gpu_cluster(dp), f"dp={dp},zero=3,mbs=1")
+    assert ev.comm["dp"] == pytest.approx((dp - 1) / dp * 2 * (3 * blocks + 2 * root), rel=1e-12)
 
 
 def test_ddp_bytes_are_the_ring_all_reduce_of_the_gradients() -> None:
@@ -73,4 +97,6 @@ def test_tp_traffic_matches_megatron_per_layer_count() -> None:
         ev = score(model, gpu_cluster(8), f"tp={t},mbs=1,sp=false,recompute={recompute}")
         per_allreduce = 2 * (t - 1) / t * s * h * 2
         embedding = per_allreduce  # the vocab-parallel embedding's one forward all-reduce
-        assert ev.comm["tp"] == pytest.approx(m * (L * passes * per_allreduce + embedding), rel=1e-12)
+        # the head's input gradient in backward, and the vocab-parallel loss's 3 fp32 per token
+        head = per_allreduce + 2 * (t - 1) / t * s * 12
+        assert ev.comm["tp"] == pytest.approx(m * (L * passes * per_allreduce + embedding + head), rel=1e-12)

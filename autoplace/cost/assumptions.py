@@ -37,6 +37,9 @@ class Assumptions:
             (ZeRO-Offload, Ren et al. 2021: CPU-Adam is 5-7x faster than PyTorch's CPU Adam;
             order 1e9 parameters/s per socket).  An assumption to calibrate.
         offload_overlap: fraction of compute that hides parameter streaming over PCIe.
+        loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
+            entry on the last stage at the start of backward: the gradients of the
+            log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
         elementwise_traffic: HBM passes over a block's stored activations made by its
             memory-bound kernels per micro-batch (norms, activation functions, dropout,
             softmax, residual adds): about one in forward and two in backward; full recompute
@@ -54,6 +57,7 @@ class Assumptions:
     cpu_adam_params_per_s: float = 1.0e9
     offload_overlap: float = 1.0
     elementwise_traffic: float = 3.0
+    loss_workspace_bytes_per_vocab: float = 8.0
     compute_scale: float = 1.0  # calibration: measured / predicted compute time
     bandwidth_scale: float = 1.0  # calibration: predicted / measured link time
 

@@ -164,10 +164,22 @@ def _mlp_act(h: int, f: int, gated: bool, dropout: bool, b: float) -> tuple[floa
     """(act_rep, act_tp) bytes per token of an MLP (Korthikanti Sec. 4.1: 19sbh for 4h GeLU).
 
     Kept for backward: the fc1 input (2h, replicated), the activation input and output
-    (GeLU: 2f + 2f; SwiGLU: gate 2f, up 2f, their product 2f), the dropout mask (h bytes).
+    (GeLU: 2f + 2f), the dropout mask (h bytes).  Eager SwiGLU (PyTorch, torchtitan, the FSDP2
+    module autoplace emits) keeps four f-wide tensors: w1 x, silu(w1 x), w3 x and the product
+    (measured with FSDPMemTracker, autoplace.fidelity); Megatron-Core's fused kernel keeps three,
+    so Megatron users see a slight over-estimate.
     """
-    inner = (3 if gated else 2) * f * b
+    inner = (SWIGLU_KEPT if gated else 2) * f * b
     return h * b + (h if dropout else 0), inner
+
+
+SWIGLU_KEPT = 4  # f-wide tensors eager SwiGLU keeps for backward
+
+
+def _norm_stats(m: TransformerSpec) -> float:
+    """fp32 statistics one norm keeps per token: RMSNorm its rstd, LayerNorm mean and rstd
+    (the small '2sb' terms Korthikanti Sec. 4.1 leaves out)."""
+    return 8.0 if m.norm == "layernorm" else 4.0
 
 
 def _norm_params(m: TransformerSpec) -> int:
@@ -181,17 +193,20 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     norms = 2 * _norm_params(m)
     drop = 1.0 if m.dropout else 0.0
     # Attention (Korthikanti: 11sbh + 5as^2b): QKV input 2h and dropout mask h are replicated;
-    # Q, K, V and the projection input are sharded; scores 2as^2 (+3as^2 with dropout) per token.
+    # Q, K, V and the output projection's input (heads x v_head_dim wide, also under GQA) are
+    # sharded; per token per key the softmax output (b bytes), and with dropout its 1-byte mask
+    # and the dropped scores (b bytes): 5a at 16 bit.
+    o_in = m.heads * (m.attention.v_head_dim if m.attention is not None else m.dim_head)
     att_act_rep = b * h + drop * h
-    att_act_tp = b * (qw + kw + vw) + b * vw
-    score = (2 + 3 * drop) * m.heads * (b / 2)  # per token per key; 5a bytes with dropout at 16 bit
+    att_act_tp = b * (qw + kw + vw) + b * o_in
+    score = m.heads * (b + drop * (b + 1))
     if m.flash_attention:  # no s x s scores are kept (Dao et al. 2022): only fp32 log-sum-exp per head
-        att_act_tp += 4 * m.heads / s
+        att_act_tp += 4 * m.heads
         score = 0.0
-    norm_act = 2 * b * h  # the two norms' inputs (4sbh)
+    norm_act = 2 * b * h + 2 * _norm_stats(m)  # the two norms' inputs (4sbh) and their fp32 stats
     att_flops = 2 * (att_tp - (0 if not (m.bias or m.qkv_bias) else (qw + 2 * kw)))  # 2 FLOPs per weight
     att_flops += 2 * att_rep if m.attention is not None else 0
-    flops_score = 2 * s * qw + 2 * s * vw  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
+    flops_score = 2 * s * qw + 2 * s * o_in  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
     kinds: list[BlockKind] = []
     dense_tp, dense_rep = _mlp_params(h, m.ffn_hidden, m.ffn == "swiglu", m.bias)
     mlp_rep, mlp_tp = _mlp_act(h, m.ffn_hidden, m.ffn == "swiglu", m.dropout, b)
@@ -238,9 +253,11 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     # mask on its output is Korthikanti's "sbhp/t" extra term.
     embed = Edge(params_tp=v * h, params_rep=pos, flops=0.0, act_rep=drop * h, act_tp=0.0, tp_allreduce=b * h)
     # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
-    # norm input 2sbh, the output-layer input 2sbh and fp32 logits 4sbv (sharded by TP).
+    # norm input 2sbh, the output-layer input 2sbh (bytes at 16 bit) and fp32 logits 4sbv
+    # (sharded by TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and
+    # the vocab-parallel loss all-reduces three fp32 numbers per token (max, sum-exp, target).
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
-                act_rep=2 * b * h + 2 * b * h, act_tp=4 * v, tp_allreduce=0.0, gemm_flops=2 * h * v)
+                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v, tp_allreduce=b * h + 12, gemm_flops=2 * h * v)
     counts = np.bincount(sequence, minlength=len(kinds))
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)

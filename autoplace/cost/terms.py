@@ -169,21 +169,26 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     last = (stage == (c.pp[:, None] - 1)).astype(float)  # type: ignore[attr-defined]
     inflight = inflight_microbatches(c.schedule[:, None], c.pp[:, None], c.vpp[:, None], c.ga[:, None], stage)  # type: ignore[attr-defined]
     e, h = table.embed, table.head
-    tied_one_stage = table.tied and True
-    head_tp = np.where((c.pp == 1) & tied_one_stage, 0.0, h.params_tp)  # type: ignore[attr-defined]
+    head_tp = np.where((c.pp == 1) & table.tied, 0.0, h.params_tp)  # type: ignore[attr-defined]
     edge_dense = first * (e.params_tp / tp + e.params_rep)[:, None] + last * (head_tp / tp + h.params_rep)[:, None]
     edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, 0, :]  # [C,S,3]
     tok = tokens[:, None]
     edge_act = (first * inflight * tok * (e.act_rep / sp_div)[:, None]
                 + last * inflight * tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None])
-    unit = np.maximum((dense_local + exp_local).max(axis=(1, 2, 3)),
-                      np.maximum(e.params_tp / tp + e.params_rep, head_tp / tp + h.params_rep))
-    buffers = (gather_buffer_bytes(unit, pb, gb, assume.zero3_prefetch_units, (zero >= 3) | off_par)
-               + 2 * assume.comm_bucket_MiB * 2**20)
+    # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
+    # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
+    # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).
+    gathered = (zero >= 3) | off_par
+    block_unit = (dense_local + exp_local).max(axis=(1, 2, 3))
+    buffers = np.where(gathered[:, None],
+                       gather_buffer_bytes(block_unit, pb, gb, assume.zero3_prefetch_units, gathered)[:, None]
+                       + edge_dense * pb, 2 * assume.comm_bucket_MiB * 2**20)
+    # the loss's fp32 temporaries on the last stage: gradients of the log-probabilities and of
+    # the fp32 logits, alive at the start of backward (FSDPMemTracker, autoplace.fidelity)
+    buffers = buffers + last * tok * assume.loss_workspace_bytes_per_vocab * table.vocab / tp[:, None]
     reserve = np.broadcast_to(reserve_bytes(hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))
-    mem_static = np.concatenate([edge_states, edge_act[..., None],
-                                 np.broadcast_to(buffers[:, None], (C, S))[..., None], reserve[..., None]], axis=-1)
+    mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
 
     # ---- time per micro-batch, per block ------------------------------------------------
     # matmul efficiency by the size of each block kind's main GEMM on one device (and the head's)
@@ -244,10 +249,12 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     # ---- time per micro-batch, edges and pipeline sends ---------------------------------
     head_flops = last * (tok * 3 * h.flops / tp[:, None])
     t_compute = head_flops / head_rate
-    emb_i, emb_x, emb_t = comm.allreduce(tok * ab * table.hidden, size["tp"][:, None], n_in["tp"][:, None],
-                                         stage_links)
+    # the vocab-parallel embedding all-reduces its output; the head its input's gradient and the
+    # loss's per-token statistics (three small all-reduces)
+    edge_ar = first * e.tp_allreduce + last * h.tp_allreduce  # bytes per token
+    emb_i, emb_x, emb_t = comm.allreduce(tok * edge_ar, size["tp"][:, None], n_in["tp"][:, None], stage_links)
     tp_on2 = (tp > 1)[:, None]
-    t_tp = first * tp_on2 * emb_t
+    t_tp = tp_on2 * (emb_t + last * 3 * 2 * (size["tp"][:, None] - 1) * stage_links.intra_latency_s)
     vpp = c.vpp[:, None].astype(float)  # type: ignore[attr-defined]
     sends = np.where(pp[:, None] > 1, 2 * vpp - first - last, 0.0)
     send_bytes = sends * tok * ab * table.hidden / sp_div[:, None]
@@ -256,16 +263,16 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     edge_shard = edge_dense / np.where((zero >= 3)[:, None], size["zero"][:, None], 1)
     _, _, eag = comm.allgather(edge_dense * pb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
     _, _, ers = comm.reducescatter(edge_dense * gb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
-    # edges are units too: ZeRO-3 gathers them twice and reduce-scatters once per micro-batch,
-    # ZeRO-2 reduce-scatters their gradients
-    t_zero = np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [2 * eag + ers, ers], 0.0)
+    # edges are units too: ZeRO-3 gathers the root once per micro-batch (it stays gathered until
+    # backward) and reduce-scatters its gradient; ZeRO-2 reduce-scatters their gradients
+    t_zero = np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [eag + ers, ers], 0.0)
     t_off = off_par[:, None] * 2 * edge_shard * pb / (hw.host_Bps / assume.bandwidth_scale)
     zs = np.zeros((C, S))
     t_static = np.stack([t_compute, t_tp, zs, zs, t_pp, t_zero, t_off], axis=-1)
     zfrac_s = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack([
-        ga[:, None] * edge_dense * zfrac_s * np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [2 * pb + gb, gb], 0.0),
-        ga[:, None] * first * tp_on2 * (emb_i + emb_x), ga[:, None] * send_bytes, zs, zs,
+        ga[:, None] * edge_dense * zfrac_s * np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [pb + gb, gb], 0.0),
+        ga[:, None] * tp_on2 * (emb_i + emb_x), ga[:, None] * send_bytes, zs, zs,
         ga[:, None] * off_par[:, None] * 2 * edge_shard * pb], axis=-1)
 
     # ---- once per step: gradient reduction, parameter gather, optimizer -----------------
