@@ -206,7 +206,6 @@ class CpSatSolver(Solver):
         return True
 
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
-        from ortools.sat.python import cp_model
 
         start = time.perf_counter()
         configs = enumerate_configs(problem)
@@ -222,26 +221,9 @@ class CpSatSolver(Solver):
         if hint is not None and hint in built.chosen:
             for i, var in built.chosen.items():
                 built.model.add_hint(var, i == hint)
-        chosen, statuses, bound = [], [], None
-        for _ in range(problem.top_k):
-            remaining = budget.time_limit_s - (time.perf_counter() - start)
-            if remaining <= 0:
-                break
-            solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = remaining
-            solver.parameters.num_workers = budget.workers
-            solver.parameters.random_seed = budget.seed
-            code = solver.solve(built.model)
-            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                if code != cp_model.INFEASIBLE:
-                    statuses.append("feasible")
-                break
-            statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
-            if bound is None:
-                bound = solver.best_objective_bound
-            i = next(j for j, var in built.chosen.items() if solver.value(var))
-            chosen.append(self._read(solver, built, scored, i))
-            built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
+        runs = _top_k(built.model, built.chosen, problem, budget, start)
+        chosen = [self._read(solver, built, scored, i) for solver, i in runs.found]
+        statuses, bound = runs.statuses, runs.bound
         if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
             chosen.append(_uniform(scored, hint, int(best_mode[hint])))
             notes.append("time limit hit before a CP-SAT solution: returning the best uniform plan")
@@ -255,7 +237,6 @@ class CpSatSolver(Solver):
 
     def _solve_with_tables(self, problem: Problem, budget: Budget, scored: Scored, start: float) -> SolveResult:
         """Single-kind models: bound configurations with exact per-stage tables, then CP-SAT."""
-        from ortools.sat.python import cp_model
 
         tables, lowers, upper, hint = _bound_with_tables(problem, scored)
         n_cfg = len(scored.configs)
@@ -270,27 +251,12 @@ class CpSatSolver(Solver):
             for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split, strict=True):
                 for k, lit in lits.items():
                     built.model.add_hint(lit, k == n // scored.configs[i]["vpp"])
-        chosen, statuses, bound, values = [], [], None, []
-        for _ in range(problem.top_k):
-            remaining = budget.time_limit_s - (time.perf_counter() - start)
-            if remaining <= 0 or not built.chosen:
-                break
-            solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = remaining
-            solver.parameters.num_workers = budget.workers
-            solver.parameters.random_seed = budget.seed
-            code = solver.solve(built.model)
-            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                if code != cp_model.INFEASIBLE:
-                    statuses.append("feasible")
-                break
-            statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
-            if bound is None:  # the objective carries a tie-break of < 1 unit: strip it
-                bound = (solver.best_objective_bound // len(built.chosen)) * built.unit
-            i = next(j for j, var in built.chosen.items() if solver.value(var))
-            chosen.append(read_solution(solver, built, scored, tables, i))
-            values.append(solver.value(built.objective) * built.unit)
-            built.model.add(built.chosen[i] == 0)  # next: the best *other* configuration
+        runs = _top_k(built.model, built.chosen, problem, budget, start, objective=built.objective)
+        chosen = [read_solution(solver, built, scored, tables, i) for solver, i in runs.found]
+        values = [v * built.unit for v in runs.values]
+        statuses = runs.statuses
+        # the objective carries a tie-break of < 1 unit per configuration: strip it from the bound
+        bound = None if runs.bound is None else (runs.bound // len(built.chosen)) * built.unit
         if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
             i, split = hint
             tb = tables[i]
@@ -312,6 +278,47 @@ class CpSatSolver(Solver):
         split = [int(solver.value(n)) for n in g["n"]]
         modes = [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
         return cf, split, modes
+
+
+@dataclass
+class _Runs:
+    """What the top-K loop found: (solver, configuration) per plan, statuses, the first bound."""
+
+    found: list[tuple[Any, int]] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    bound: float | None = None
+    values: list[float] = field(default_factory=list)
+
+
+def _top_k(model: Any, chosen: dict[int, Any], problem: Problem, budget: Budget, start: float,
+           objective: Any = None) -> _Runs:
+    """Solve, record the chosen configuration, forbid it, solve again: the top-K distinct
+    configurations, each optimal among those left, within the shared time budget."""
+    from ortools.sat.python import cp_model
+
+    runs = _Runs()
+    for _ in range(problem.top_k):
+        remaining = budget.time_limit_s - (time.perf_counter() - start)
+        if remaining <= 0 or not chosen:
+            break
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = remaining
+        solver.parameters.num_workers = budget.workers
+        solver.parameters.random_seed = budget.seed
+        code = solver.solve(model)
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if code != cp_model.INFEASIBLE:
+                runs.statuses.append("feasible")
+            break
+        runs.statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
+        if runs.bound is None:
+            runs.bound = solver.best_objective_bound
+        i = next(j for j, var in chosen.items() if solver.value(var))
+        runs.found.append((solver, i))
+        if objective is not None:
+            runs.values.append(solver.value(objective))
+        model.add(chosen[i] == 0)  # next: the best *other* configuration
+    return runs
 
 
 def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
