@@ -59,7 +59,7 @@ def test_deepspeed_reader_names_the_file(tmp_path) -> None:
         plan_from_file(path, MODEL, CLUSTER16)
     assert str(err.value).startswith(f"{path}: zero_optimisation: unknown key")
     path.write_text("{not json")
-    with pytest.raises(SpecError, match=f"{path}: not valid JSON"):
+    with pytest.raises(SpecError, match=f"{path}: invalid JSON at line 1 column 2"):
         plan_from_deepspeed(path, MODEL, CLUSTER16)
 
 

@@ -7,19 +7,14 @@ Every failure is a :class:`SpecError` naming the file (``source``) and the dotte
 from __future__ import annotations
 
 import difflib
-import json
-import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autoplace.errors import SpecError
-from autoplace.specs._io import MAX_FILE_BYTES
+from autoplace.specs._io import read_document
 
 Doc = Mapping[str, Any]
-_PARSERS: dict[str, Callable[[str], Any]] = {"json": json.loads, "yaml": yaml.safe_load, "toml": tomllib.loads}
 
 
 def load(cfg: Doc | str | Path, kind: str, default_source: str) -> tuple[Doc, str]:
@@ -32,21 +27,8 @@ def load(cfg: Doc | str | Path, kind: str, default_source: str) -> tuple[Doc, st
     """
     if isinstance(cfg, Mapping):
         return cfg, default_source
-    path, src = Path(cfg), str(cfg)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"cannot read file ({exc.strerror or exc})", source=src) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpecError(f"file is {len(raw)} bytes; at most {MAX_FILE_BYTES} are accepted", source=src)
-    try:
-        text = raw.decode("utf-8")
-        doc = _PARSERS[kind](text)
-    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise SpecError(f"not valid {kind.upper()}: {str(exc).splitlines()[0]}", source=src) from None
-    if not isinstance(doc, Mapping):
-        raise SpecError(f"the top level must be a mapping, got {type(doc).__name__}", source=src)
-    return doc, src
+    return read_document(cfg, kind), str(cfg)
+
 
 
 def check_keys(doc: Doc, known: Collection[str], src: str, prefix: str, why: str = "") -> None:

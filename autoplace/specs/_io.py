@@ -34,11 +34,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def read_document(path: str | Path) -> dict[str, Any]:
-    """Read a JSON or YAML file into a mapping.
+def read_document(path: str | Path, kind: str | None = None) -> dict[str, Any]:
+    """Read a JSON, YAML or TOML file into a mapping.
 
     Args:
-        path: the file; ``.json`` is parsed as JSON, anything else as YAML (a superset).
+        path: the file.
+        kind: ``json``, ``yaml`` or ``toml``; by default from the suffix (``.json``, ``.toml``,
+            anything else YAML, a superset of JSON).
 
     Returns:
         The top-level mapping.
@@ -58,10 +60,20 @@ def read_document(path: str | Path) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"not UTF-8 text (bad byte at offset {exc.start})", source=src) from None
-    data = _parse_json(text, src) if p.suffix.lower() == ".json" else _parse_yaml(text, src)
+    kind = kind or {".json": "json", ".toml": "toml"}.get(p.suffix.lower(), "yaml")
+    data = {"json": _parse_json, "yaml": _parse_yaml, "toml": _parse_toml}[kind](text, src)
     if not isinstance(data, dict):
         raise SpecError(f"top level must be a mapping of keys, got {_kind(data)}", source=src)
     return data
+
+
+def _parse_toml(text: str, src: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"invalid TOML: {str(exc).splitlines()[0]}", source=src) from None
 
 
 def _parse_json(text: str, src: str) -> Any:
