@@ -28,6 +28,8 @@ ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yam
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
+                                                     "`autoplace calibrate` (measured efficiency factors).")]
 
 
 class Allow(StrEnum):
@@ -66,6 +68,17 @@ def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | N
     return m, c
 
 
+def _calibration(path: Path | None) -> tuple[Any, tuple[float, float]]:
+    """(assumptions, 95% band) from a calibration file, or the defaults."""
+    from autoplace.cost.assumptions import DEFAULT
+
+    if path is None:
+        return DEFAULT, (1.0, 1.0)
+    from autoplace.calibrate import load_band, load_calibration
+
+    return load_calibration(path), load_band(path)
+
+
 def _json(doc: dict[str, Any]) -> str:
     """Strict JSON: a NaN or infinity is a bug to report, not ``NaN``/``Infinity`` on stdout."""
     return json.dumps(doc, allow_nan=False)
@@ -80,6 +93,7 @@ def evaluate(
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
     allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -91,7 +105,7 @@ def evaluate(
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        ev = score(m, c, p, allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
+        ev = score(m, c, p, _calibration(calibration)[0], allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
         if as_json:
             typer.echo(_json({"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params)},
                               "cluster": c.summary(), "plan": ev.to_dict()}))
@@ -167,6 +181,7 @@ def solve(
     global_batch: BatchOpt = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Rank plans with the integer program and write the best one's plan.json."""
     import time as _time
@@ -185,7 +200,9 @@ def solve(
                 raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
         features |= set(allow or [])
         features -= set(deny or [])
-        problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top)
+        assume, band = _calibration(calibration)
+        problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
+                          assumptions=assume)
         result = get_solver(solver.value).solve(problem, Budget(time_limit_s=time_limit, workers=workers, seed=seed))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
@@ -196,6 +213,9 @@ def solve(
            "disagreement": result.disagreement, "advice": result.advice,
            "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
+    if calibration is not None:  # the calibration's residuals as a band around each predicted step time
+        for plan_doc in doc["plans"]:
+            plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     if out is not None and result.plans:
@@ -307,6 +327,84 @@ def submit(
         typer.echo(f"{'would run' if sub.job_id is None else 'ran'}: {' '.join(sub.command)}")
         if sub.job_id is not None:
             typer.echo(f"job id: {sub.job_id}")
+
+
+@app.command()
+def tune(
+    model: ModelArg,
+    cluster: ClusterArg,
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Finished trials the study should hold.")] = 3,
+    top: Annotated[int, typer.Option("--top", min=1, help="CP-SAT plans to choose among.")] = 3,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL or journal file "
+                                                 "(default sqlite:///OUT/study.db).")] = None,
+    study: Annotated[str, typer.Option("--study", help="Study name (resumed when it exists).")] = "autoplace",
+    launcher: Annotated[str, typer.Option("--launcher", help="local (torchrun here) or slurm (submitit).")] = "local",
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per trial before it is killed.")] = 300.0,
+    out: Annotated[Path, typer.Option("--out", help="Trial logs, storage and plots.")] = Path("autoplace-tune"),
+    scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark the top plans with real torch.distributed steps (an Optuna study)."""
+    try:
+        from autoplace.tune import print_report, run_tune
+
+        if launcher not in ("local", "slurm"):
+            raise SpecError(f"unknown launcher {launcher!r}; valid: local, slurm", field="--launcher")
+        report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
+                          progress=not as_json)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
+    else:
+        print_report(report)
+
+
+@app.command()
+def calibrate(
+    model: ModelArg,
+    cluster: ClusterArg,
+    storage: Annotated[str, typer.Option("--storage", help="The tune study's storage URL.")],
+    study: Annotated[str, typer.Option("--study")] = "autoplace",
+    out: Annotated[Path, typer.Option("--out", help="Where to write the calibration.")] = Path("calibration.yaml"),
+) -> None:
+    """Fit the cost model's efficiency factors to a tune study's measured trials."""
+    try:
+        from autoplace.calibrate import calibrate_study, print_calibration
+
+        cal = calibrate_study(model, cluster, storage, study, out)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    print_calibration(cal)
+    typer.echo(f"written: {out} (use with solve/evaluate --calibration {out})")
+
+
+@app.command()
+def verify(
+    model: ModelArg,
+    plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=2" or "zero=3" (world = the plan\'s degrees)')],
+    steps: Annotated[int, typer.Option("--steps", min=1)] = 5,
+    world: Annotated[int, typer.Option("--world", min=1, help="Processes to run the plan on.")] = 2,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a few steps on one process and under the plan; losses and parameters must match."""
+    try:
+        from autoplace.cost.layers import layer_table
+        from autoplace.plan import build_plan, parse_plan_string
+        from autoplace.specs.model import load_model
+        from autoplace.verify import print_verify, run_verify
+
+        m = load_model(model)
+        p = build_plan(parse_plan_string(plan), world=world, blocks=layer_table(m).blocks,
+                       global_batch=m.training.global_batch)
+        report = run_verify(m, p, steps=steps, world=world)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.verify/v1", **report.to_dict()}))
+    else:
+        print_verify(report)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command()

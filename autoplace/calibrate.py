@@ -1,0 +1,255 @@
+"""Calibration: fit the cost model's efficiency factors to measured trials.
+
+Two factors of :class:`~autoplace.cost.assumptions.Assumptions` are fitted:
+
+* ``compute_scale`` -- measured / predicted compute time (achieved matmul efficiency relative
+  to the profile's table);
+* ``bandwidth_scale`` -- predicted / measured link bandwidth (effective bandwidth of every
+  link tier relative to the profile).
+
+The fit minimises the squared error of log step time, ``sum_i (log t_i - log T_i(c, b))^2``,
+where ``T_i`` is the evaluator itself (one source of truth, DESIGN.md) -- not a linearisation,
+since exposed communication is a ``max(0, ...)`` of overlap.  Two parameters, a few trials:
+a coarse grid in log space then Nelder-Mead from its three best points -- no optimiser
+dependency.  A
+small ridge term keeps a factor the data cannot see (e.g. bandwidth when every reduction is
+hidden) at 1.
+
+Uncertainty: the residuals' standard deviation ``s`` in log space (n - 2 degrees of freedom)
+gives a multiplicative 95 % band ``[exp(-1.96 s), exp(1.96 s)]`` on every prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from autoplace.cost.assumptions import DEFAULT, Assumptions
+from autoplace.errors import SpecError
+from autoplace.plan import Plan
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+SCHEMA = "autoplace.calibration/v1"
+FITTED = ("compute_scale", "bandwidth_scale")
+Z95 = 1.96
+RIDGE = 1e-4  # per squared log-factor: breaks ties toward 1 without moving a well-determined fit
+_TOP_KEYS = {"schema", "assumptions", "uncertainty", "fit"}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured trial: the model actually built (already scaled), the plan, seconds per step."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: Plan
+    measured_s: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted assumptions, the band and the errors before and after.
+
+    Attributes:
+        assumptions: DEFAULT (or the base) with the fitted factors.
+        sigma: standard deviation of log residuals after the fit.
+        band: multiplicative 95 % band (low, high) for a predicted step time.
+        error_before, error_after: mean and max absolute relative error of predicted step time.
+    """
+
+    assumptions: Assumptions
+    sigma: float
+    band: tuple[float, float]
+    error_before: dict[str, float]
+    error_after: dict[str, float]
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA,
+                "assumptions": {k: float(getattr(self.assumptions, k)) for k in FITTED},
+                "uncertainty": {"log_sigma": self.sigma, "band_95": [self.band[0], self.band[1]]},
+                "fit": {"trials": self.n, "objective": "least squares on log step time",
+                        "error_before": self.error_before, "error_after": self.error_after}}
+
+
+def predict(obs: Observation, assume: Assumptions) -> float:
+    """The evaluator's step time for one observation under ``assume``."""
+    from autoplace.evaluation import evaluate
+
+    return evaluate(obs.model, obs.cluster, obs.plan, assume).step_time_s
+
+
+def errors(observations: list[Observation], assume: Assumptions) -> dict[str, float]:
+    """Mean and max of |predicted - measured| / measured."""
+    rel = [abs(predict(o, assume) - o.measured_s) / o.measured_s for o in observations]
+    return {"mean_abs_rel": float(np.mean(rel)), "max_abs_rel": float(np.max(rel))}
+
+
+def fit(observations: list[Observation], base: Assumptions = DEFAULT) -> Calibration:
+    """Fit ``compute_scale`` and ``bandwidth_scale`` (see the module docstring).
+
+    Raises:
+        SpecError: no observations, or a measured time that is not a positive number.
+    """
+    if not observations:
+        raise SpecError("calibration needs at least one measured trial, but got none")
+    bad = [o.label for o in observations if not (o.measured_s > 0 and math.isfinite(o.measured_s))]
+    if bad:
+        raise SpecError(f"measured step times must be positive and finite; bad: {', '.join(bad)}")
+    logs = np.log([o.measured_s for o in observations])
+
+    def loss(lc: float, lb: float) -> float:
+        a = base.replace(compute_scale=float(np.exp(lc)), bandwidth_scale=float(np.exp(lb)))
+        pred = np.log([predict(o, a) for o in observations])
+        return float(((logs - pred) ** 2).sum() + RIDGE * (lc**2 + lb**2))
+
+    # a coarse grid over factors 1/1000 .. 1000 finds the basins; Nelder-Mead polishes the best three
+    grid = np.linspace(-math.log(1000.0), math.log(1000.0), 13)
+    coarse = sorted(((loss(x, y), (x, y)) for x in grid for y in grid), key=lambda t: t[0])
+    center = min((_nelder_mead(loss, start) for _, start in coarse[:3]), key=lambda p: loss(*p))
+    fitted = base.replace(compute_scale=float(np.exp(center[0])), bandwidth_scale=float(np.exp(center[1])))
+    resid = logs - np.log([predict(o, fitted) for o in observations])
+    dof = max(len(observations) - len(FITTED), 1)
+    sigma = float(math.sqrt(float((resid**2).sum()) / dof))
+    return Calibration(fitted, sigma, (math.exp(-Z95 * sigma), math.exp(Z95 * sigma)),
+                       errors(observations, base), errors(observations, fitted), len(observations))
+
+
+def _nelder_mead(f: Any, start: tuple[float, float], step: float = 0.5, tol: float = 1e-5,
+                 iterations: int = 200) -> tuple[float, float]:
+    """Minimise ``f(x, y)`` from ``start`` (Nelder & Mead 1965, standard coefficients)."""
+    pts = [np.array(start), np.array(start) + [step, 0.0], np.array(start) + [0.0, step]]
+    vals = [f(*p) for p in pts]
+    for _ in range(iterations):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if vals[-1] - vals[0] < tol and np.abs(pts[-1] - pts[0]).max() < 1e-3:
+            break
+        mid = (pts[0] + pts[1]) / 2
+        refl = mid + (mid - pts[2])
+        fr = f(*refl)
+        if fr < vals[0]:
+            exp = mid + 2 * (mid - pts[2])
+            fe = f(*exp)
+            pts[2], vals[2] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[1]:
+            pts[2], vals[2] = refl, fr
+        else:
+            con = mid + 0.5 * (pts[2] - mid)
+            fc = f(*con)
+            if fc < vals[2]:
+                pts[2], vals[2] = con, fc
+            else:  # shrink toward the best point
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(*p) for p in pts[1:]]
+    best = int(np.argmin(vals))
+    return float(pts[best][0]), float(pts[best][1])
+
+
+def write_calibration(cal: Calibration, path: str | Path) -> Path:
+    """Write ``calibration.yaml`` (what ``solve --calibration`` reads)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("# written by autoplace calibrate: measured/predicted factors fitted to benchmark trials\n"
+                 + yaml.safe_dump(cal.to_dict(), sort_keys=False))
+    return p
+
+
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    """Load and check a calibration file strictly; returns the document.
+
+    Raises:
+        SpecError: unreadable file, unknown keys (listing the valid ones), non-positive factors.
+    """
+    from autoplace.specs._io import read_document
+
+    src = str(path)
+    doc = read_document(path)
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    if unknown:
+        raise SpecError(f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(_TOP_KEYS))}", source=src)
+    if doc.get("schema", SCHEMA) != SCHEMA:
+        raise SpecError(f"schema must be {SCHEMA}, got {doc.get('schema')!r}", source=src, field="schema")
+    values = doc.get("assumptions") or {}
+    if not isinstance(values, dict):
+        raise SpecError("expected a mapping of assumption names to numbers", source=src, field="assumptions")
+    valid = {f.name for f in dataclasses.fields(Assumptions)}
+    for key, value in values.items():
+        if key not in valid:
+            raise SpecError(f"unknown assumption; valid: {', '.join(sorted(valid))}", source=src,
+                            field=f"assumptions.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+            raise SpecError(f"expected a positive number, got {value!r}", source=src, field=f"assumptions.{key}")
+    band = (doc.get("uncertainty") or {}).get("band_95")
+    if band is not None and (not isinstance(band, list) or len(band) != 2 or not 0 < band[0] <= 1 <= band[1]):
+        raise SpecError(f"expected [low <= 1, high >= 1], got {band!r}", source=src, field="uncertainty.band_95")
+    return doc
+
+
+def load_calibration(path: str | Path, base: Assumptions = DEFAULT) -> Assumptions:
+    """The assumptions a calibration file sets, on top of ``base``.
+
+    Raises:
+        SpecError: see :func:`read_calibration`.
+    """
+    values = read_calibration(path).get("assumptions") or {}
+    return base.replace(**{k: (int(v) if isinstance(getattr(base, k), int) else float(v)) for k, v in values.items()})
+
+
+def load_band(path: str | Path) -> tuple[float, float]:
+    """The multiplicative 95 % band of a calibration file ((1, 1) when it has none)."""
+    band = (read_calibration(path).get("uncertainty") or {}).get("band_95")
+    return (float(band[0]), float(band[1])) if band else (1.0, 1.0)
+
+
+def observations_from_study(model_path: str | Path, cluster_path: str | Path, storage: str, study: str) -> list[Observation]:
+    """Every completed trial of a tune study as an Observation of the model the runtime built."""
+    import optuna
+
+    from autoplace.cost.layers import layer_table
+    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.runtime.spec import scaled_model, scaled_plan
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+    from autoplace.tune import open_storage
+
+    model, cluster = load_model(model_path), load_cluster(cluster_path)
+    store, _ = open_storage(storage, Path("."))
+    st = optuna.load_study(study_name=study, storage=store)
+    out = []
+    for t in st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.value is None:
+            continue
+        small = scaled_model(model, float(t.user_attrs.get("scale", 1.0)))
+        plan = build_plan(parse_plan_string(t.params["plan"]), world=cluster.gpus, blocks=layer_table(model).blocks,
+                          global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
+        out.append(Observation(small, cluster, scaled_plan(plan, small.layers), float(t.value), f"trial {t.number}"))
+    return out
+
+
+def calibrate_study(model_path: str | Path, cluster_path: str | Path, storage: str, study: str,
+                    out: str | Path = "calibration.yaml") -> Calibration:
+    """Fit a tune study's completed trials and write ``out``; returns the calibration."""
+    cal = fit(observations_from_study(model_path, cluster_path, storage, study))
+    write_calibration(cal, out)
+    return cal
+
+
+def print_calibration(cal: Calibration) -> None:
+    """Before/after error and the fitted factors, as rich text."""
+    from rich.console import Console
+
+    c = Console()
+    a = cal.assumptions
+    c.print(f"fitted on {cal.n} trials: compute_scale={a.compute_scale:.4g}, bandwidth_scale={a.bandwidth_scale:.4g}")
+    c.print(f"step-time error before: mean {cal.error_before['mean_abs_rel']:.1%}, max {cal.error_before['max_abs_rel']:.1%}")
+    c.print(f"step-time error after:  mean {cal.error_after['mean_abs_rel']:.1%}, max {cal.error_after['max_abs_rel']:.1%}")
+    c.print(f"95% band on a prediction: x{cal.band[0]:.3f} .. x{cal.band[1]:.3f}")

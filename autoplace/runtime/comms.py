@@ -1,0 +1,178 @@
+"""Counting collectives and the bytes they move (torch).
+
+Two counters, because the collectives reach c10d by two routes:
+
+* FSDP2, DTensor (TP/SP) and pipelining call c10d ops from Python, so a
+  :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees them (``c10d.allreduce_``,
+  ``c10d._allgather_base_``, ``_c10d_functional.all_gather_into_tensor``, ...);
+* DDP's reducer calls the process group from C++, invisible to dispatch modes, so its
+  gradient buckets are counted by a DDP communication hook (:func:`ddp_hook`).
+
+Every collective is recorded with the raw tensor bytes and, like the cost model
+(:mod:`autoplace.cost.comm`), the bytes each rank *sends* under a ring algorithm:
+all-reduce ``2 (n-1)/n * S``, all-gather / reduce-scatter ``(n-1)/n * S`` with S the full
+(gathered) size, send ``S``.  Each is filed under the plan dimension whose group it ran on.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# c10d / functional op name -> collective kind
+_OPS = {
+    "allreduce_": "all_reduce", "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast", "broadcast": "broadcast", "send": "send", "recv_": "recv",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+}
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def ring_bytes(kind: str, full_bytes: float, n: int) -> float:
+    """Bytes one rank sends for a collective over ``n`` ranks (the cost model's ring volumes)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n * full_bytes
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * full_bytes
+    if kind == "send":
+        return full_bytes
+    return 0.0  # recv: counted by the sender; broadcast: setup only
+
+
+class CommLog:
+    """Counts per (dimension, collective): calls, tensor bytes and ring bytes sent per rank."""
+
+    def __init__(self, group_dims: dict[str, str]) -> None:
+        self.group_dims = group_dims  # process-group name -> plan dimension ("dp", "tp", "pp")
+        self.enabled = False
+        self.paused = False  # set while a comm hook that has counted its own collective issues it
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.tensor_bytes: dict[tuple[str, str], float] = defaultdict(float)
+        self.ring: dict[tuple[str, str], float] = defaultdict(float)
+
+    def add(self, dim: str, kind: str, full_bytes: float, n: int) -> None:
+        if not self.enabled or self.paused:
+            return
+        self.calls[dim, kind] += 1
+        self.tensor_bytes[dim, kind] += full_bytes
+        self.ring[dim, kind] += ring_bytes(kind, full_bytes, n)
+
+    def dim_of(self, group: Any) -> tuple[str, int]:
+        """(dimension, size) of a process group given as an object or a group name."""
+        if isinstance(group, str):
+            name = group
+            size = dist.distributed_c10d._resolve_process_group(name).size()  # type: ignore[arg-type]
+        else:
+            name, size = getattr(group, "group_name", ""), group.size()
+        return self.group_dims.get(name, "other"), size
+
+    def summary(self) -> dict[str, Any]:
+        """``{"by_collective": [...], "ring_bytes_by_dim": {...}, "total_ring_bytes": ...}``."""
+        rows = [{"dim": d, "collective": k, "calls": self.calls[d, k], "tensor_bytes": int(self.tensor_bytes[d, k]),
+                 "ring_bytes": int(round(self.ring[d, k]))} for d, k in sorted(self.calls)]
+        by_dim: dict[str, float] = defaultdict(float)
+        for (d, _), v in self.ring.items():
+            by_dim[d] += v
+        return {"by_collective": rows, "ring_bytes_by_dim": {k: int(round(v)) for k, v in sorted(by_dim.items())},
+                "total_ring_bytes": int(round(sum(by_dim.values())))}
+
+
+class CountingMode(TorchDispatchMode):
+    """Records every c10d op dispatched from Python into a :class:`CommLog`."""
+
+    def __init__(self, log: CommLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        ns = func.namespace
+        name = func._schema.name.split("::")[-1]
+        if ns in ("c10d", "_c10d_functional") and name in _OPS:
+            self._record(_OPS[name], name, args)
+        return func(*args, **kwargs)
+
+    def _record(self, kind: str, name: str, args: tuple) -> None:
+        # c10d ops carry the ProcessGroup as their first ScriptObject (before the ReduceOp);
+        # functional ops carry the group's name as their last string (after a reduce-op name)
+        boxed = [a for a in args if isinstance(a, torch.ScriptObject)]
+        names = [a for a in args if isinstance(a, str)]
+        if name in _FUNCTIONAL and names:
+            group: Any = names[-1]
+        elif boxed:
+            group = dist.ProcessGroup.unbox(boxed[0])
+        else:
+            return
+        dim, n = self.log.dim_of(group)
+        functional = name in _FUNCTIONAL
+        if kind == "reduce_scatter" and not functional:
+            full = _nbytes(args[1])  # c10d: (output shard(s), full input(s), group, ...)
+        elif kind == "all_gather" and functional:
+            full = _nbytes(args[0]) * n  # functional: the local shard goes in
+        else:
+            full = _nbytes(args[0])  # all-reduce buffer, gathered output, full functional input
+        self.log.add(dim, kind, full, n)
+
+
+_FUNCTIONAL = {"all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
+               "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+               "broadcast", "all_to_all_single"}
+
+
+def _nbytes(x: Any) -> float:
+    return float(sum(t.numel() * t.element_size() for t in _tensors(x)))
+
+
+def ddp_hook(log: CommLog, dim: str, *, average: bool = True, skip: bool = False) -> Callable:
+    """A DDP comm hook that counts each bucket and all-reduces it.
+
+    Args:
+        average: divide by the group size (DDP's default); False sums -- the injected
+            "gradients summed, not averaged" fault that ``verify`` must catch.
+        skip: do not reduce at all -- replicas drift apart (the "state consistency" fault).
+    """
+
+    def hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+        buf = bucket.buffer()
+        pg = group if group is not None else dist.group.WORLD
+        n = dist.get_world_size(pg)
+        log.add(dim, "all_reduce", float(buf.numel() * buf.element_size()), n)
+        if skip:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(buf)
+            return fut
+        if average:
+            buf.div_(n)
+        # counted above; the dispatch mode may also see this call when autograd runs the hook on
+        # the thread that entered it, so pause the log while issuing it (the op is issued synchronously)
+        log.paused = True
+        try:
+            work = dist.all_reduce(buf, group=pg, async_op=True)
+        finally:
+            log.paused = False
+        return work.get_future().then(lambda f: f.value()[0])
+
+    return hook

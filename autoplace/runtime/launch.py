@@ -1,0 +1,122 @@
+"""Running the worker as a subprocess and reading what it left behind (torch-free).
+
+A run is one torchrun process group in its own session, so a timeout kills the launcher and
+every rank at once (``os.killpg``) -- a hung collective cannot outlive its trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplace.plan import Plan
+from autoplace.runtime.spec import launch_command, write_inputs
+from autoplace.specs.model import ModelSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # makes ``-m autoplace...`` importable in the ranks
+
+
+@dataclass
+class Outcome:
+    """What one run produced.
+
+    Attributes:
+        status: ``ok``, ``failed`` or ``unsupported``.
+        reason: for failures, ``oom``, ``crash`` or ``hang`` (timeout); for unsupported, why.
+        result: the worker's JSON (empty unless ok).
+        wall_s: seconds from launch to exit.
+        log: path of the combined stdout/stderr of the run.
+    """
+
+    status: str
+    reason: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    log: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_command(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | None, float]:
+    """Run ``cmd`` in a new session; on timeout kill its whole process group.
+
+    Returns:
+        (exit code, or None if it timed out; wall seconds)
+    """
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            code = None
+    return code, time.perf_counter() - t0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_outcome(out: Path, code: int | None, wall_s: float, log_path: Path) -> Outcome:
+    """Classify a finished run from its exit code, result file and per-rank error files."""
+    if code is None:
+        return Outcome("failed", "hang", wall_s=wall_s, log=str(log_path), error="timed out; process group killed")
+    if out.exists():
+        # rank 0 writes the result only after every rank finished measuring; a non-zero exit
+        # after that (an abort in process teardown) does not invalidate the figures
+        result = json.loads(out.read_text())
+        status = result.get("status", "ok")
+        note = "" if code == 0 else f"exit code {code} after the result was written"
+        return Outcome(status, result.get("reason", ""), result if status == "ok" else {}, wall_s, str(log_path),
+                       error=note)
+    errors = [json.loads(p.read_text()) for p in sorted(out.parent.glob(out.name + ".rank*.error.json"))]
+    if errors:
+        first = next((e for e in errors if e.get("reason") == "oom"), errors[0])
+        return Outcome("failed", first["reason"], wall_s=wall_s, log=str(log_path), error=first.get("error", ""))
+    tail = log_path.read_text(errors="replace")[-400:] if log_path.exists() else ""
+    return Outcome("failed", "crash", wall_s=wall_s, log=str(log_path), error=f"exit code {code}: {tail.strip()}")
+
+
+def run_local(model: ModelSpec, plan: Plan, directory: Path, *, timeout_s: float = 300.0, steps: int = 3,
+              warmup: int = 1, scale: float = 1.0, backend: str = "gloo", extra: list[str] | None = None) -> Outcome:
+    """Write the inputs, run the worker on this host with ``plan.world`` processes, classify the outcome."""
+    from autoplace.runtime.spec import unsupported_reason
+
+    reason = unsupported_reason(plan)
+    if reason:  # the worker would say the same after starting torch; save the launch
+        return Outcome("unsupported", reason)
+    model_path, plan_path = write_inputs(directory, model, plan)
+    out = directory / "result.json"
+    for stale in [out, *directory.glob("result.json.rank*.error.json")]:
+        stale.unlink(missing_ok=True)
+    cmd = launch_command(plan.world, plan_path, model_path, out, steps=steps, warmup=warmup, scale=scale,
+                         backend=backend, extra=extra)
+    log_path = directory / "run.log"
+    code, wall = run_command(cmd, log_path, timeout_s)
+    return read_outcome(out, code, wall, log_path)

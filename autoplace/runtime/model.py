@@ -1,0 +1,126 @@
+"""A small Llama-style decoder built from a TransformerSpec (torch).
+
+The module tree follows torchtitan's ``llama3/model.py`` names (``tok_embeddings``,
+``layers.<i>.attention.wq``, ``feed_forward.w1/w2/w3``, ``norm``, ``output``) so the tensor
+parallel plan reads like torchtitan's.  ``layers`` is a ModuleDict keyed by the global block
+index: a pipeline stage deletes the blocks it does not own and keeps every name stable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplace.specs.model import TransformerSpec
+
+
+def _rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021), rotate-half form; x is [b, s, heads, d]."""
+    seq, dim = x.shape[1], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=x.device), inv)  # [s, d/2]
+    cos = torch.cat([angles.cos()] * 2, dim=-1)[None, :, None, :]
+    sin = torch.cat([angles.sin()] * 2, dim=-1)[None, :, None, :]
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class AttentionCore(nn.Module):
+    """Rotary + causal scaled-dot-product attention: what selective recompute recomputes
+    (Korthikanti et al. 2022, Sec. 5: the s x s part of attention is cheap to recompute)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k = _rotary(q), _rotary(k)
+        rep = q.shape[2] // k.shape[2]  # grouped-query attention: share each K/V head
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.wq = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.wk = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.core = AttentionCore()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        # -1 heads: under tensor parallelism each rank holds heads/tp of them
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        return self.wo(self.core(q, k, v).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, hidden: int, ffn: int, gated: bool) -> None:
+        super().__init__()
+        self.gated = gated
+        self.w1 = nn.Linear(hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn, bias=False) if gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:  # SwiGLU (Shazeer 2020)
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        h = spec.hidden
+        self.attention_norm = nn.RMSNorm(h, eps=1e-5)
+        self.attention = Attention(h, spec.heads, spec.n_kv_heads, spec.dim_head)
+        self.ffn_norm = nn.RMSNorm(h, eps=1e-5)
+        self.feed_forward = FeedForward(h, spec.ffn_hidden, spec.ffn == "swiglu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Embedding, blocks, final norm and untied output layer; any of them may be None on a
+    pipeline stage that does not hold it (the forward then skips it, as torchtitan's does)."""
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.norm: nn.Module | None = nn.RMSNorm(spec.hidden, eps=1e-5)
+        self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        for p in self.parameters():  # small normal init, like GPT-2 / torchtitan
+            nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.ones_(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for block in self.layers.values():
+            h = block(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+
+def pipeline_stage(model: Transformer, start: int, stop: int, first: bool, last: bool) -> Transformer:
+    """Keep blocks [start, stop) and the embedding / head only on the first / last stage."""
+    for i in list(model.layers.keys()):
+        if not start <= int(i) < stop:
+            del model.layers[i]
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy (fp32)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))

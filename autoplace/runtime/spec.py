@@ -1,0 +1,113 @@
+"""Torch-free helpers shared by the runtime and its callers (tune, verify, calibrate).
+
+* :func:`scaled_model` shrinks a transformer spec the way ``--scale`` does, so a caller can
+  score the very model the runtime builds with the cost model;
+* :func:`scaled_plan` carries a plan over to the scaled model's layer count;
+* :func:`launch_command` is the torchrun command line of one run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import BenchmarkError
+from autoplace.plan import Plan, even_split
+from autoplace.specs.model import ModelSpec, TransformerSpec, model_from_dict
+
+UNSUPPORTED_FEATURES = ("cp > 1", "ep > 1", "moe", "mla", "offload to nvme")
+
+
+def scaled_model(model: ModelSpec, scale: float) -> TransformerSpec:
+    """The model the runtime builds for ``--scale scale``.
+
+    Hidden size (through the head dimension, keeping the head counts so GQA and TP splits stay
+    valid), FFN width, vocabulary and layer count are multiplied by ``scale``; the sequence
+    length and batch are kept.  ``scale == 1`` returns the spec unchanged.
+
+    Raises:
+        BenchmarkError: a layer-graph, MoE or MLA model (the runtime builds dense Llama blocks only).
+    """
+    if not isinstance(model, TransformerSpec):
+        raise BenchmarkError("the runtime builds Llama-style transformers only; a layer-graph model cannot be run")
+    if model.moe is not None or model.attention is not None:
+        raise BenchmarkError("the runtime builds dense Llama blocks only (no MoE, no MLA)")
+    if not 0 < scale <= 1:
+        raise BenchmarkError(f"scale must hold 0 < scale <= 1, but got scale={scale}")
+    if scale == 1:
+        return model
+    head_dim = max(2, 2 * round(model.dim_head * scale / 2))  # even, for rotary embeddings
+    data = model.model_dump(exclude_none=True)
+    data.update(name=f"{model.name}@{scale:g}", layers=max(1, round(model.layers * scale)),
+                hidden=head_dim * model.heads, ffn_hidden=max(8, round(model.ffn_hidden * scale)),
+                vocab=max(64, round(model.vocab * scale)))
+    data.pop("head_dim", None)
+    return model_from_dict(data, source="<scaled model>")  # type: ignore[return-value]
+
+
+def scaled_plan(plan: Plan, layers: int) -> Plan:
+    """``plan`` for a model of ``layers`` blocks: stages re-split evenly, recompute resampled."""
+    if sum(plan.layers_per_stage) == layers:
+        return plan
+    if layers < plan.pp:
+        raise BenchmarkError(f"the scaled model has {layers} layers, fewer than pp={plan.pp} stages")
+    old = plan.recompute or ("none",)
+    recompute = tuple(old[i * len(old) // layers] for i in range(layers))
+    return plan.replace(layers_per_stage=even_split(layers, plan.pp), recompute=recompute)
+
+
+def unsupported_reason(plan: Plan) -> str | None:
+    """Why the runtime cannot run ``plan`` natively, or None."""
+    if plan.cp > 1:
+        return "context parallel (cp > 1) is not implemented by the runtime"
+    if plan.ep > 1:
+        return "expert parallel (ep > 1) is not implemented by the runtime"
+    if "nvme" in (plan.offload_params, plan.offload_optimizer):
+        return "NVMe offload is not implemented by the runtime"
+    if plan.offload_optimizer != "none" and plan.zero == 0:
+        return "optimizer offload needs zero >= 1 (FSDP2 CPUOffloadPolicy)"
+    if plan.pp > 1 and plan.schedule == "interleaved":
+        return "interleaved pipeline schedules are not implemented by the runtime (gpipe and 1f1b are)"
+    return None
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """A plan as the JSON the worker reads (every field, recompute per layer)."""
+    return {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "dp_replicate": plan.dp_replicate,
+            "dp_shard": plan.dp_shard, "vpp": plan.vpp, "sp": plan.sp, "zero": plan.zero, "mbs": plan.mbs,
+            "grad_accum": plan.grad_accum, "schedule": plan.schedule, "offload_optimizer": plan.offload_optimizer,
+            "offload_params": plan.offload_params, "recompute": list(plan.recompute),
+            "layers_per_stage": list(plan.layers_per_stage)}
+
+
+def plan_from_json(data: dict[str, Any]) -> Plan:
+    """Inverse of :func:`plan_to_json`; unknown keys are refused."""
+    fields = set(Plan.__dataclass_fields__) - {"extra"}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise BenchmarkError(f"unknown plan key(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    values = dict(data)
+    for key in ("recompute", "layers_per_stage"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return Plan(**values)
+
+
+def write_inputs(directory: Path, model: ModelSpec, plan: Plan) -> tuple[Path, Path]:
+    """Write the model and plan JSON files a worker reads; returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model_path, plan_path = directory / "model.json", directory / "plan.json"
+    model_path.write_text(json.dumps(model.model_dump(exclude_none=True)))
+    plan_path.write_text(json.dumps(plan_to_json(plan)))
+    return model_path, plan_path
+
+
+def launch_command(world: int, plan_path: Path, model_path: Path, out: Path, *, steps: int = 3, warmup: int = 1,
+                   scale: float = 1.0, backend: str = "gloo", extra: list[str] | None = None) -> list[str]:
+    """The torchrun command of one run on this host (``--standalone``: a fresh rendezvous per run)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+            "-m", "autoplace.runtime.worker", "--plan-json", str(plan_path), "--model-json", str(model_path),
+            "--out", str(out), "--steps", str(steps), "--warmup", str(warmup), "--scale", str(scale),
+            "--backend", backend, *(extra or [])]

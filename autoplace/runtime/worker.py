@@ -1,0 +1,314 @@
+"""The benchmark program torchrun launches: build, parallelize, train a few steps, report JSON.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m autoplace.runtime.worker \\
+        --plan-json plan.json --model-json model.json --out run.json [--steps 3 --warmup 1 --scale 1]
+
+Order (torchtitan's): mesh -> model on every rank from one seed -> pipeline split -> tensor
+parallel -> activation checkpointing -> FSDP2 / DDP -> optimizer; then ``warmup`` steps (the
+last one counted by the collective counter, untimed) and ``steps`` timed steps on synthetic
+tokens.  Rank 0 writes the result; a rank that fails writes ``OUT.rank<r>.error.json`` with
+the reason (``oom`` or ``crash``) and exits non-zero, so torchrun stops the other ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autoplace.plan import Plan
+from autoplace.runtime import parallel as par
+from autoplace.runtime.comms import CommLog, CountingMode
+from autoplace.runtime.model import Transformer, causal_lm_loss, pipeline_stage
+from autoplace.runtime.spec import plan_from_json, scaled_model, scaled_plan, unsupported_reason
+from autoplace.specs.model import TransformerSpec, model_from_dict
+
+log = logging.getLogger("autoplace")
+FAULTS = ("crash", "oom", "hang")
+BREAKS = ("none", "sum-grads", "desync")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="autoplace.runtime.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--plan-json", type=Path, required=True)
+    p.add_argument("--model-json", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before timing; the last is counted")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink hidden size, FFN, vocabulary and layers")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--fail", choices=FAULTS, default=None, help="inject a failure at the first step (tests)")
+    p.add_argument("--break", dest="fault", choices=BREAKS, default="none",
+                   help="inject a correctness fault: sum gradients instead of averaging, or skip the reduction")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size (bucket_cap_mb)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-params", type=Path, default=None, help="write every rank's full parameters to PREFIX.rank<r>.pt")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps >= 1 and --warmup >= 0 must hold, but got steps={args.steps}, warmup={args.warmup}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------
+# data and one training step
+
+
+def micro_batch(spec: TransformerSpec, plan: Plan, seed: int, step: int, micro: int, dp_rank: int) -> torch.Tensor:
+    """This dp rank's rows of global micro-batch ``micro`` of ``step``: [mbs, seq+1] tokens.
+
+    The generator depends only on (seed, step, micro), never on the plan, so one process with
+    ``mbs * dp`` rows sees exactly the union of what ``dp`` ranks see (``verify`` relies on it).
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + micro)
+    rows = torch.randint(0, spec.vocab, (plan.mbs * plan.dp, spec.seq_len + 1), generator=g)
+    return rows[dp_rank * plan.mbs:(dp_rank + 1) * plan.mbs]
+
+
+class Trainer:
+    """Holds the parallelized model and runs one optimizer step at a time."""
+
+    def __init__(self, args: argparse.Namespace, spec: TransformerSpec, plan: Plan, device: torch.device) -> None:
+        self.args, self.spec, self.plan, self.device = args, spec, plan, device
+        self.layout = par.build_layout(plan, dist.get_world_size(), device.type)
+        self.comm = CommLog(par.group_dims(self.layout))
+        self.manual_reduce = False
+        self.fsdp = False
+        self.grad_bytes = 0
+        self.schedule: Any = None
+        self.model = self._build()
+        lr = args.lr or (0.05 if args.optimizer == "sgd" else 1e-3)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = (torch.optim.SGD(params, lr=lr) if args.optimizer == "sgd"
+                      else torch.optim.AdamW(params, lr=lr, foreach=False))
+
+    def _build(self) -> torch.nn.Module:
+        plan, lay = self.plan, self.layout
+        par.check_heads(self.spec.heads, self.spec.n_kv_heads, plan.tp)
+        torch.manual_seed(self.args.seed)  # the same full model on every rank, then split
+        model = Transformer(self.spec).to(self.device)
+        if plan.pp > 1:
+            start, stop = plan.stage_ranges()[lay.pp_rank]
+            model = pipeline_stage(model, start, stop, lay.pp_rank == 0, lay.pp_rank == plan.pp - 1)
+        if plan.tp > 1:
+            par.apply_tp(model, lay.mesh["tp"], plan.sp)
+        par.apply_ac(model, plan.recompute)
+        dp_dims = tuple(d for d in ("dp_replicate", "dp_shard") if d in lay.dims)
+        wrapped: torch.nn.Module = model
+        if plan.dp > 1 and plan.zero == 0 and plan.tp == 1 and plan.pp == 1:
+            wrapped = par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault)
+        elif plan.dp > 1 and plan.zero == 0:
+            self.manual_reduce = True
+        elif plan.dp > 1:
+            par.apply_fsdp(model, lay.mesh[dp_dims], plan)
+            self.fsdp = True
+        if plan.pp > 1:
+            self.schedule = self._schedule(model)
+        return wrapped
+
+    def _schedule(self, model: torch.nn.Module) -> Any:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        cls = ScheduleGPipe if self.plan.schedule == "gpipe" else Schedule1F1B
+        stage = PipelineStage(model, self.layout.pp_rank, self.plan.pp, self.device, group=self.layout.group("pp"))
+        return cls(stage, n_microbatches=self.plan.grad_accum, loss_fn=causal_lm_loss)
+
+    def step(self, step: int) -> float:
+        """One optimizer step (all micro-batches); returns this rank's mean loss (NaN if none)."""
+        plan, lay = self.plan, self.layout
+        batches = [micro_batch(self.spec, plan, self.args.seed, step, m, lay.dp_rank).to(self.device)
+                   for m in range(plan.grad_accum)]
+        if self.schedule is not None:
+            loss = self._pipeline_step(torch.cat(batches))
+        else:
+            total = 0.0
+            for m, tokens in enumerate(batches):
+                with self._no_sync(last=m == len(batches) - 1):
+                    out = causal_lm_loss(self.model(tokens[:, :-1]), tokens[:, 1:]) / plan.grad_accum
+                    out.backward()
+                total += float(out.detach())
+            loss = total
+        if self.manual_reduce:
+            par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault)
+        if self.fsdp and self.args.fault == "sum-grads":
+            # gloo has no PREMUL_SUM, so FSDP2's divide factor cannot be set to 1: scale instead
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(plan.dp)
+        self.optim.step()
+        self.grad_bytes = sum(_local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
+        self.optim.zero_grad(set_to_none=True)
+        return loss
+
+    def _pipeline_step(self, tokens: torch.Tensor) -> float:
+        first, last = self.layout.pp_rank == 0, self.layout.pp_rank == self.plan.pp - 1
+        losses: list[torch.Tensor] = []
+        args = (tokens[:, :-1],) if first else ()
+        self.schedule.step(*args, target=tokens[:, 1:] if last else None, losses=losses if last else None)
+        return float(torch.stack(losses).mean()) if last else float("nan")
+
+    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        if last:
+            return contextlib.nullcontext()
+        if hasattr(self.model, "no_sync"):  # DDP
+            return self.model.no_sync()  # type: ignore[operator]
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
+            return _fsdp_no_sync(self.model)
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: Any) -> Any:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+# ----------------------------------------------------------------------------------------
+# measurement
+
+
+def _rss_bytes() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
+    return t.numel() * t.element_size()
+
+
+def _local_state_bytes(trainer: Trainer) -> dict[str, int]:
+    """Bytes of each model state this rank holds between steps (gradients: at the last step's end)."""
+    params = sum(_local_bytes(p) for p in trainer.model.parameters())
+    optim = sum(_local_bytes(v) for s in trainer.optim.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"params": params, "grads": trainer.grad_bytes, "optimizer": optim}
+
+
+def _global_loss(trainer: Trainer, local: float) -> float:
+    """Mean loss over the global batch: ranks on the last stage each hold their dp shard's mean."""
+    plan = trainer.plan
+    holds = trainer.layout.pp_rank == plan.pp - 1
+    t = torch.tensor([local if holds else 0.0], dtype=torch.float64, device=trainer.device)
+    dist.all_reduce(t)
+    return float(t) / (plan.dp * plan.tp)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train and measure; returns the result every rank agrees on (rank 0 writes it)."""
+    spec = scaled_model(model_from_dict(json.loads(args.model_json.read_text()), source=str(args.model_json)),
+                        args.scale)
+    plan = scaled_plan(plan_from_json(json.loads(args.plan_json.read_text())), spec.layers)
+    base = {"schema": "autoplace.trial/v1", "plan": plan.to_string(), "world": dist.get_world_size(),
+            "model": spec.model_dump(exclude_none=True), "scale": args.scale}
+    reason = unsupported_reason(plan)
+    if reason:
+        return {**base, "status": "unsupported", "reason": reason}
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}") if args.backend == "nccl" else torch.device("cpu")
+    if device.type == "cpu" and "cpu" in (plan.offload_params, plan.offload_optimizer):
+        # FSDP2's CPUOffloadPolicy needs an accelerator; on a CPU host the states live in host memory anyway
+        return {**base, "status": "unsupported", "reason": "CPU offload needs an accelerator device (FSDP2 CPUOffloadPolicy)"}
+    rss0 = _rss_bytes()
+    trainer = Trainer(args, spec, plan, device)
+    losses: list[float] = []
+    for s in range(args.warmup):
+        _inject(args, s)
+        counted = s == args.warmup - 1
+        trainer.comm.enabled = counted
+        with CountingMode(trainer.comm) if counted else contextlib.nullcontext():
+            local = trainer.step(s)
+        trainer.comm.enabled = False
+        losses.append(_global_loss(trainer, local))
+    dist.barrier()
+    times = []
+    for s in range(args.warmup, args.warmup + args.steps):
+        _inject(args, s)
+        t0 = time.perf_counter()
+        local = trainer.step(s)
+        dist.barrier()  # the step ends when the slowest rank ends
+        times.append(time.perf_counter() - t0)
+        losses.append(_global_loss(trainer, local))
+    return {**base, **_measure(trainer, args, times, losses, rss0)}
+
+
+def _measure(trainer: Trainer, args: argparse.Namespace, times: list[float], losses: list[float],
+             rss0: int) -> dict[str, Any]:
+    plan, spec = trainer.plan, trainer.spec
+    step = sorted(times)[len(times) // 2]  # the median resists one slow step
+    tokens = plan.mbs * plan.grad_accum * plan.dp * spec.seq_len
+    mine: dict[str, Any] = {"comm": trainer.comm.summary(), "state": _local_state_bytes(trainer),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss0": rss0}
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    busiest = max(every, key=lambda r: r["comm"]["total_ring_bytes"])
+    out = {"status": "ok", "steps": args.steps, "warmup": args.warmup, "step_time_s": step, "step_times_s": times,
+           "tokens_per_step": tokens, "tokens_per_s": tokens / step if step > 0 else 0.0, "losses": losses,
+           "memory": {"peak_rss_bytes": max(r["peak_rss"] for r in every),
+                      "baseline_rss_bytes": max(r["rss0"] for r in every),
+                      "method": "getrusage ru_maxrss of each rank's process (whole process: Python, torch and "
+                                "the model), max over ranks; baseline is RSS before the model was built",
+                      "state_bytes_per_device": {k: max(r["state"][k] for r in every) for k in mine["state"]}},
+           "collectives": busiest["comm"] if args.warmup else None,
+           "collectives_note": "counted over one step (the last warm-up step), busiest rank; ring_bytes are bytes "
+                               "sent per rank under ring algorithms, the cost model's convention"}
+    if args.save_params:
+        state = par.full_state(trainer.model)
+        torch.save(state, f"{args.save_params}.rank{dist.get_rank()}.pt")
+    return out
+
+
+def _inject(args: argparse.Namespace, step: int) -> None:
+    if args.fail is None or step != 0 or dist.get_rank() != 0:
+        return
+    if args.fail == "crash":
+        raise RuntimeError("injected crash (--fail crash)")
+    if args.fail == "oom":
+        raise torch.OutOfMemoryError("simulated out of memory (--fail oom): tried to allocate 1.00 GiB")
+    time.sleep(10**6)  # hang: the other ranks block in the next collective
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``oom`` for out-of-memory errors (CUDA's or a host MemoryError), else ``crash``."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower():
+        return "oom"
+    return "crash"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
+    dist.init_process_group(args.backend)
+    rank = dist.get_rank()
+    try:
+        result = run(args)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then re-raised
+        err = {"status": "failed", "reason": failure_reason(exc), "error": f"{type(exc).__name__}: {exc}", "rank": rank}
+        Path(f"{args.out}.rank{rank}.error.json").write_text(json.dumps(err))
+        raise
+    if rank == 0:
+        args.out.write_text(json.dumps(result, indent=1))
+    # tear down together: a rank that leaves while its peer is still in gloo can abort at exit
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""``autoplace tune``: benchmark the solver's top plans with real torch.distributed steps.
+
+An Optuna study whose trials choose a plan among the CP-SAT top-K (a categorical over plan
+strings) plus knobs the cost model cannot see (the DDP bucket size).  The top-K plans are
+enqueued first, best predicted first; later trials are sampled (TPE).  Each trial launches
+:mod:`autoplace.runtime.worker` with torchrun as a subprocess group under a timeout; measured
+figures become trial user attributes.  A trial that crashes, runs out of memory or hangs is
+told to the study as FAIL with its reason (``fail_reason``) and the study goes on.
+
+Resuming: the candidate list is stored in the study on creation; a re-run loads the study
+(SQLite by default, any Optuna RDB URL, or a journal file for many workers) and runs only
+combinations no finished trial has run, until the study holds ``trials`` finished trials.
+A sampled combination that was already run is told as PRUNED (``duplicate_of``), never re-run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import BenchmarkError
+from autoplace.plan import Plan, build_plan, parse_plan_string
+
+log = logging.getLogger("autoplace")
+
+BUCKETS_MB = (25, 10, 50)  # DDP bucket_cap_mb choices; 25 (PyTorch's default) first
+DEFAULT_FEATURES = frozenset({"hsdp"})  # what the runtime implements: no cp, ep, offload or interleave
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the report shows it."""
+
+    number: int
+    plan: str
+    bucket_mb: int
+    state: str  # COMPLETE, FAIL, PRUNED (duplicate), RUNNING
+    reason: str = ""
+    predicted_step_s: float | None = None
+    measured_step_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_rss_bytes: int | None = None
+    predicted_comm_bytes: dict[str, float] = field(default_factory=dict)
+    measured_comm_bytes: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TuneReport:
+    """The study after this run: every trial, the best one and the files written."""
+
+    study: str
+    storage: str
+    records: list[TrialRecord]
+    ran: int  # trials run by this invocation
+    plots: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> TrialRecord | None:
+        done = [r for r in self.records if r.state == "COMPLETE" and r.measured_step_s is not None]
+        return min(done, key=lambda r: r.measured_step_s or 0.0) if done else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``autoplace tune --json``."""
+        best = self.best
+        return {"study": self.study, "storage": self.storage, "ran": self.ran,
+                "best": best.__dict__ if best else None, "trials": [r.__dict__ for r in self.records],
+                "plots": [str(p) for p in self.plots], "notes": self.notes}
+
+
+# ----------------------------------------------------------------------------------------
+# storage and candidates
+
+
+def open_storage(storage: str | None, out_dir: Path) -> tuple[Any, str]:
+    """An Optuna storage: SQLite in ``out_dir`` by default, an RDB URL, or a journal file
+    (``journal:PATH`` or a path ending in ``.log``/``.journal``)."""
+    import optuna
+
+    if storage is None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = storage.removeprefix("journal:")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(path)), storage
+    return optuna.storages.RDBStorage(storage), storage
+
+
+def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.0) -> list[str]:
+    """The CP-SAT top-K plans the runtime can run, as plan strings, best predicted first."""
+    from autoplace.runtime.spec import unsupported_reason
+    from solvers.base import Budget, Problem, get_solver
+
+    result = get_solver("cpsat").solve(Problem(model, cluster, features=DEFAULT_FEATURES, top_k=top),
+                                       Budget(time_limit_s=time_limit_s))
+    plans = [ev.plan for ev in result.plans if unsupported_reason(ev.plan) is None]
+    if not plans:
+        raise BenchmarkError(f"the solver found no plan the runtime can run (status {result.status})")
+    return [p.to_string() for p in plans]
+
+
+def _key(params: dict[str, Any]) -> tuple[str, int]:
+    """Plan and bucket, the bucket folded to the default where it has no effect (not DDP)."""
+    plan = parse_plan_string(params["plan"])
+    ddp = plan.get("zero", 0) == 0 and plan.get("dp_replicate", 1) * plan.get("dp_shard", 1) > 1
+    return params["plan"], int(params["bucket_mb"]) if ddp else BUCKETS_MB[0]
+
+
+def _combos(candidates: list[str]) -> list[tuple[str, int]]:
+    """Every distinct (plan, bucket) in priority order: each plan at the default bucket, then the rest."""
+    first = [_key({"plan": c, "bucket_mb": BUCKETS_MB[0]}) for c in candidates]
+    rest = [_key({"plan": c, "bucket_mb": b}) for c in candidates for b in BUCKETS_MB[1:]]
+    return list(dict.fromkeys(first + rest))
+
+
+# ----------------------------------------------------------------------------------------
+# the study
+
+
+def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, top: int = 3,
+             storage: str | None = None, study: str = "autoplace", launcher: str = "local",
+             timeout_s: float = 300.0, out_dir: str | Path = "autoplace-tune", *, steps: int = 3, warmup: int = 1,
+             scale: float = 1.0, candidates: list[str] | None = None, inject: dict[str, str] | None = None,
+             solver_time_s: float = 10.0, seed: int = 0, progress: bool = True) -> TuneReport:
+    """Run (or resume) the study until it holds ``trials`` finished trials.
+
+    Args:
+        model_path, cluster_path: the job; trials run on ``cluster.gpus`` processes.
+        trials: finished trials (complete or failed) the study should hold after this run.
+        top: plans taken from CP-SAT (ignored when ``candidates`` is given).
+        storage: Optuna storage URL or journal file; default ``sqlite:///OUT_DIR/study.db``.
+        study: study name (resumed when it exists).
+        launcher: ``local`` (torchrun on this host) or ``slurm`` (one submitit job per trial).
+        timeout_s: per trial; past it the process group is killed and the trial fails as ``hang``.
+        out_dir: trial directories, logs, default storage and plots.
+        steps, warmup, scale: passed to the worker.
+        candidates: plan strings to use instead of CP-SAT's top-K.
+        inject: plan string -> ``crash|oom|hang``, a failure injected into that plan's trials (tests).
+
+    Returns:
+        A :class:`TuneReport`; print it with :func:`print_report`.
+    """
+    import optuna
+
+    from autoplace.cost.layers import layer_table
+    from autoplace.runtime.spec import scaled_model
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    if trials < 1 or launcher not in ("local", "slurm"):
+        raise BenchmarkError(f"trials >= 1 and launcher in (local, slurm) must hold, but got trials={trials}, "
+                             f"launcher={launcher!r}")
+    out = Path(out_dir)
+    model, cluster = load_model(model_path), load_cluster(cluster_path)
+    small = scaled_model(model, scale)
+    store, url = open_storage(storage, out)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(study_name=study, storage=store, direction="minimize", load_if_exists=True,
+                             sampler=optuna.samplers.TPESampler(seed=seed))
+    notes: list[str] = []
+    cands = _study_candidates(st, candidates, model, cluster, top, solver_time_s, notes)
+    dists = {"plan": optuna.distributions.CategoricalDistribution(cands),
+             "bucket_mb": optuna.distributions.CategoricalDistribution(list(BUCKETS_MB))}
+    ctx = _Context(model_path=Path(model_path), model=model, small=small, cluster=cluster, out=out,
+                   blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
+                   warmup=warmup, scale=scale, inject=inject or {})
+    ran = _loop(st, dists, _combos(cands), trials, ctx, progress, random.Random(seed), notes)
+    report = TuneReport(study, url, [_record(t) for t in st.get_trials(deepcopy=False)], ran, notes=notes)
+    report.plots = save_plots(st, out)
+    return report
+
+
+def _study_candidates(st: Any, given: list[str] | None, model: Any, cluster: Any, top: int,
+                      solver_time_s: float, notes: list[str]) -> list[str]:
+    """The candidate list stored in the study; set on creation, kept on resume."""
+    stored = st.user_attrs.get("candidates")
+    if stored:
+        if given and list(given) != list(stored):
+            notes.append("the study keeps the candidates it was created with; --top/candidates ignored")
+        return list(stored)
+    cands = list(given) if given else top_candidates(model, cluster, top, solver_time_s)
+    st.set_user_attr("candidates", cands)
+    st.set_user_attr("model", model.name)
+    return cands
+
+
+@dataclass
+class _Context:
+    model_path: Path
+    model: Any
+    small: Any
+    cluster: Any
+    out: Path
+    blocks: int
+    launcher: str
+    timeout_s: float
+    steps: int
+    warmup: int
+    scale: float
+    inject: dict[str, str]
+
+
+def _loop(st: Any, dists: dict[str, Any], combos: list[tuple[str, int]], target: int, ctx: _Context,
+          progress: bool, rng: random.Random, notes: list[str]) -> int:
+    """Ask, skip duplicates, run, tell -- until ``target`` finished trials or the space is exhausted."""
+    import optuna
+    from rich.progress import Progress
+
+    TS = optuna.trial.TrialState
+    ran = 0
+    with Progress(disable=not progress, transient=False) as bar:
+        task = bar.add_task("trials", total=target)
+        while True:
+            trials = st.get_trials(deepcopy=False)
+            finished = {_key(t.params): t.number for t in trials if t.state in (TS.COMPLETE, TS.FAIL)}
+            busy = {_key(t.params) for t in trials if t.state in (TS.RUNNING, TS.WAITING) and t.params}
+            bar.update(task, completed=min(len(finished), target))
+            if len(finished) >= target:
+                return ran
+            untried = [c for c in combos if c not in finished and c not in busy]
+            if not untried:
+                notes.append(f"every plan and knob combination has run ({len(finished)} finished); stopping early")
+                return ran
+            if not any(t.state == TS.WAITING for t in trials):
+                # the top-K at the default bucket first, in rank order; then TPE samples
+                first = [c for c in untried if c[1] == BUCKETS_MB[0]]
+                if first:
+                    st.enqueue_trial({"plan": first[0][0], "bucket_mb": first[0][1]})
+            trial = st.ask(dists)
+            key = _key(trial.params)
+            if key in finished:
+                trial.set_user_attr("duplicate_of", finished[key])
+                st.tell(trial, state=TS.PRUNED)
+                pick = rng.choice(untried)
+                st.enqueue_trial({"plan": pick[0], "bucket_mb": pick[1]})
+                continue
+            bar.update(task, description=f"trial {trial.number}: {short_plan(key[0])}")
+            _run_trial(st, trial, key, ctx)
+            ran += 1
+
+
+def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None:
+    import optuna
+
+    from autoplace.evaluation import evaluate
+    from autoplace.runtime.spec import scaled_plan
+
+    plan = build_plan(parse_plan_string(key[0]), world=ctx.cluster.gpus, blocks=ctx.blocks,
+                      global_batch=ctx.model.training.global_batch, gpus_per_node=ctx.cluster.gpus_per_node)
+    small_plan = scaled_plan(plan, ctx.small.layers)
+    ev = evaluate(ctx.small, ctx.cluster, small_plan)
+    trial.set_user_attr("predicted_step_time_s", ev.step_time_s)
+    trial.set_user_attr("predicted_time_s", ev.time)
+    trial.set_user_attr("predicted_comm_bytes", ev.comm)
+    trial.set_user_attr("scale", ctx.scale)
+    extra = ["--bucket-mb", str(key[1])]
+    if key[0] in ctx.inject:
+        extra += ["--fail", ctx.inject[key[0]]]
+    outcome = launch_trial(ctx, plan, ctx.out / "trials" / f"{trial.number:04d}", extra)
+    trial.set_user_attr("log", outcome.log)
+    trial.set_user_attr("wall_s", outcome.wall_s)
+    if not outcome.ok:
+        reason = outcome.reason if outcome.status == "failed" else f"unsupported: {outcome.reason}"
+        trial.set_user_attr("fail_reason", reason)
+        trial.set_user_attr("error", outcome.error[:2000])
+        log.warning("trial %d failed (%s): %s", trial.number, reason, outcome.error[:200])
+        st.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return
+    r = outcome.result
+    if outcome.error:
+        trial.set_user_attr("exit_note", outcome.error)
+    trial.set_user_attr("measured_step_time_s", r["step_time_s"])
+    trial.set_user_attr("tokens_per_s", r["tokens_per_s"])
+    trial.set_user_attr("peak_rss_bytes", r["memory"]["peak_rss_bytes"])
+    trial.set_user_attr("state_bytes_per_device", r["memory"]["state_bytes_per_device"])
+    trial.set_user_attr("measured_comm_bytes", (r.get("collectives") or {}).get("ring_bytes_by_dim", {}))
+    trial.set_user_attr("losses", r["losses"])
+    st.tell(trial, r["step_time_s"])
+
+
+def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str]) -> Any:
+    """Run one trial with the chosen launcher; returns a :class:`~autoplace.runtime.launch.Outcome`."""
+    from autoplace.runtime.launch import run_local
+
+    if ctx.launcher == "local":
+        return run_local(ctx.model, plan, directory, timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup,
+                         scale=ctx.scale, extra=extra)
+    from autoplace.runtime.slurm import run_slurm
+
+    return run_slurm(ctx.model, plan, directory, nodes=ctx.cluster.nodes, gpus_per_node=ctx.cluster.gpus_per_node,
+                     timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup, scale=ctx.scale, extra=extra)
+
+
+# ----------------------------------------------------------------------------------------
+# reporting
+
+
+def _record(t: Any) -> TrialRecord:
+    a = t.user_attrs
+    plan = t.params.get("plan", "")
+    return TrialRecord(
+        number=t.number, plan=plan, bucket_mb=int(t.params.get("bucket_mb", BUCKETS_MB[0])), state=t.state.name,
+        reason=a.get("fail_reason", f"duplicate of #{a['duplicate_of']}" if "duplicate_of" in a else ""),
+        predicted_step_s=a.get("predicted_step_time_s"), measured_step_s=a.get("measured_step_time_s"),
+        tokens_per_s=a.get("tokens_per_s"), peak_rss_bytes=a.get("peak_rss_bytes"),
+        predicted_comm_bytes=a.get("predicted_comm_bytes", {}), measured_comm_bytes=a.get("measured_comm_bytes", {}))
+
+
+def short_plan(text: str) -> str:
+    """The plan string without its default values, e.g. ``dp_shard=2 zero=3 mbs=4``."""
+    defaults = {"dp_replicate": "1", "dp_shard": "1", "tp": "1", "pp": "1", "cp": "1", "ep": "1", "vpp": "1",
+                "sp": "false", "schedule": "1f1b", "offload_optimizer": "none", "offload_params": "none",
+                "recompute": "none"}
+    parts = [p for p in text.split(",") if p and p.partition("=")[2] != defaults.get(p.partition("=")[0])]
+    return " ".join(p for p in parts if not p.startswith("layers=") or ":" in p)
+
+
+def save_plots(st: Any, out: Path) -> list[Path]:
+    """Optuna's matplotlib plots as PNG files; none when matplotlib is missing or nothing completed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as ovm
+    except ImportError:
+        return []
+    import optuna
+
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
+        return []
+    written = []
+    for name, fn in (("optimization_history", ovm.plot_optimization_history), ("slice", ovm.plot_slice)):
+        try:
+            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore")
+                ax = fn(st)
+            first: Any = ax[0] if hasattr(ax, "__len__") else ax  # type: ignore[index]
+            fig: Any = first.get_figure()
+            path = out / f"{name}.png"
+            fig.savefig(path, bbox_inches="tight")
+            plt.close(fig)
+            written.append(path)
+        except (ValueError, RuntimeError) as exc:  # e.g. too few trials for the plot
+            log.info("plot %s skipped: %s", name, exc)
+    return written
+
+
+def print_report(report: TuneReport) -> None:
+    """The trials as a rich table, predicted vs measured step time, then the best plan."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"study {report.study} ({report.storage})")
+    for col in ("#", "plan", "bucket MB", "state", "pred s", "meas s", "meas/pred", "tok/s", "RSS MiB"):
+        table.add_column(col, justify="left" if col in ("plan", "state") else "right", overflow="fold")
+    for r in report.records:
+        ratio = (f"{r.measured_step_s / r.predicted_step_s:.2f}" if r.measured_step_s and r.predicted_step_s else "")
+        state = r.state + (f" ({r.reason})" if r.reason else "")
+        table.add_row(str(r.number), short_plan(r.plan), str(r.bucket_mb), state, _num(r.predicted_step_s),
+                      _num(r.measured_step_s), ratio, _num(r.tokens_per_s, 0),
+                      _num(r.peak_rss_bytes / 2**20 if r.peak_rss_bytes else None, 0))
+    c = Console()
+    c.print(table)
+    best = report.best
+    if best:
+        c.print(f"best measured: trial {best.number}, {short_plan(best.plan)} ({best.measured_step_s:.4f} s/step)")
+    for note in report.notes:
+        c.print(f"note: {note}")
+    for p in report.plots:
+        c.print(f"plot: {p}")
+
+
+def _num(x: float | None, digits: int = 4) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
