@@ -103,3 +103,18 @@ def job_slug(name: str, *, limit: int = 63) -> str:
 def comment_safe(text: str) -> str:
     """User text for a ``#`` comment: printable, one line (a newline would end the comment)."""
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:200]
+
+
+def check_cpu_offload_together(plan: Plan, fmt: str, knob: str) -> None:
+    """FSDP2's CPU offload (accelerate, torchtitan) is one switch: host memory only, and
+    parameters, gradients and the optimizer step move together.
+
+    Raises:
+        EmitError: NVMe offload, or parameters and optimizer offloaded differently.
+    """
+    if "nvme" in (plan.offload_params, plan.offload_optimizer):
+        raise fail(fmt, f"{knob} offloads to CPU memory only, not NVMe")
+    if plan.offload_params != plan.offload_optimizer:
+        raise fail(fmt, f"{knob} moves parameters, gradients and the optimizer step to the host together; "
+                        f"offload_params={plan.offload_params} and offload_optimizer={plan.offload_optimizer} "
+                        "must be equal")

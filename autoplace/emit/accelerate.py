@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import fail, launch_geometry, training_dtype, uniform_recompute
+from autoplace.emit._common import check_cpu_offload_together, fail, launch_geometry, training_dtype, uniform_recompute
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -81,12 +81,7 @@ def check_expressible(plan: Plan) -> None:
 
 
 def _check_offload(plan: Plan) -> None:
-    if "nvme" in (plan.offload_params, plan.offload_optimizer):
-        raise fail(FMT, "FSDP offloads to CPU memory only, not NVMe")
-    if plan.offload_params != plan.offload_optimizer:
-        raise fail(FMT, "FSDP's CPU offload moves parameters, gradients and the optimizer step to the host "
-                        f"together; offload_params={plan.offload_params} and offload_optimizer="
-                        f"{plan.offload_optimizer} must be equal")
+    check_cpu_offload_together(plan, FMT, "FSDP's CPU offload")
     if plan.offload_params != "none" and (plan.zero < 3 or plan.dp_shard * plan.cp == 1):
         raise fail(FMT, "FSDP CPU offload needs zero=3 over a shard group (dp_shard * cp) larger than one")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autoplace.emit._common import fail, model_parts, training_dtype, uniform_recompute
+from autoplace.emit._common import check_cpu_offload_together, fail, model_parts, training_dtype, uniform_recompute
 from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -58,12 +58,7 @@ def check_expressible(plan: Plan, model: ModelSpec) -> None:
                         "shard the data-parallel group to combine it with tp/pp")
     if plan.tp > 1 and not plan.sp:
         raise fail(FMT, f"tp={plan.tp} without sp: torchtitan 0.2 always applies sequence parallelism with TP")
-    if "nvme" in (plan.offload_params, plan.offload_optimizer):
-        raise fail(FMT, "training.enable_cpu_offload offloads to CPU memory only, not NVMe")
-    if plan.offload_params != plan.offload_optimizer:
-        raise fail(FMT, "training.enable_cpu_offload moves parameters, gradients and the optimizer step to the "
-                        f"host together; offload_params={plan.offload_params} and offload_optimizer="
-                        f"{plan.offload_optimizer} must be equal")
+    check_cpu_offload_together(plan, FMT, "training.enable_cpu_offload")
     if plan.offload_params == "cpu" and (plan.zero < 2 or plan.dp_shard * plan.cp == 1):
         raise fail(FMT, "CPU offload needs FSDP: zero >= 2 over a shard group (dp_shard * cp) larger than one")
     if plan.ep > 1 and (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
