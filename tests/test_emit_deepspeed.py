@@ -222,7 +222,11 @@ def _train_worker(rank: int, world: int, configs: list[dict[str, Any]], port: in
             engine.step()
         results.append({"stage": engine.zero_optimization_stage(), "dp": engine.dp_world_size,
                         "steps": engine.global_steps, "loss": loss.item()})
+        engine.destroy()
     Path(f"{out}.{rank}").write_text(json.dumps(results))
+    # leave together: a rank that tears gloo down while its peer still talks aborts (SIGABRT)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow

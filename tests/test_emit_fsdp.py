@@ -122,6 +122,7 @@ def _worker(rank: int, world: int, paths: list[str], port: int, out: str) -> Non
             results.append({"after": loss_of(model, batch).item(), "expected": loss_of(reference, batch).item(),
                             "distributed": distributed})
     Path(f"{out}.{rank}").write_text(json.dumps(results))
+    dist.barrier()  # leave together: tearing gloo down under a peer still talking aborts it
     dist.destroy_process_group()
 
 
