@@ -344,10 +344,6 @@ def _recompute(v: dict[str, Any], blocks: int, source: str) -> tuple[str, ...]:
     return (v.get("recompute", "none"),) * blocks
 
 
-def uniform_recompute(mode: str, blocks: int) -> tuple[str, ...]:
-    return (mode,) * blocks
-
-
 def stage_mode_counts(plan: Plan, sequence: Sequence[int], kinds: int) -> list[list[list[int]]]:
     """counts[stage][kind][mode]: how many blocks of each kind and recompute mode each stage holds."""
     out = []

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
-from autoplace.errors import SolverError
 from autoplace.plan import even_split
 from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish
@@ -371,7 +370,3 @@ def _uniform(scored: Scored, i: int, mode: int) -> tuple[dict[str, Any], list[in
     split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
     return scored.configs[i], split, [counts[s].astype(int).tolist() for s in range(len(split))]
 
-
-def check_available() -> None:
-    if not CpSatSolver.available():
-        raise SolverError("ortools is not installed: pip install ortools")

@@ -200,7 +200,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     flops_mb = col(tokens) * (3 * kind("flops") + sel * kind("flops_score") + full * kind("flops")) / col(tp)
     # memory-bound kernels (norms, activations, dropout, softmax, residual adds) stream the
     # stored activations: forward once, backward twice, and the forward again when recomputed
-    traffic = act_block[..., :1] * (assume.elementwise_traffic + full + sel * 0)  # [C,1,K,3]
+    traffic = act_block[..., :1] * (assume.elementwise_traffic + full)  # [C,1,K,3]
     hbm = (hw.hbm_Bps / assume.compute_scale)[..., None, None]
     compute = flops_mb / rate + traffic / hbm  # [C,S,K,3]
     attn = col(tokens) * kind("flops_score") * (3 + sel + full) / col(tp) / rate
