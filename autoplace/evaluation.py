@@ -21,6 +21,7 @@ from autoplace.cost.evaluate import (
     per_second,
 )
 from autoplace.cost.layers import layer_table
+from autoplace.cost.terms import MEMORY_PHASES
 from autoplace.plan import Plan
 from autoplace.rules import Violation, check_plan
 from autoplace.specs.cluster import ClusterSpec
@@ -39,6 +40,7 @@ class Evaluation:
         comm: bytes sent per step by the busiest device, by dimension, plus ``total``.
         time: seconds per step by part (compute, exposed communication, bubble, optimizer).
         violations: broken rules, out-of-memory included.
+        memory_peak_at: when each stage's memory peaks (``MEMORY_PHASES``).
     """
 
     plan: Plan
@@ -53,6 +55,7 @@ class Evaluation:
     hw_tflops_per_gpu: float
     worst_stage: int
     violations: list[Violation] = field(default_factory=list)
+    memory_peak_at: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -68,6 +71,7 @@ class Evaluation:
         out.update(self.plan.to_dict())
         out["memory_per_device_bytes"] = {k: int(round(v)) for k, v in self.memory.items()}
         out["memory_per_stage_bytes"] = [{k: int(round(v)) for k, v in s.items()} for s in self.memory_per_stage]
+        out["memory_peak_at_per_stage"] = list(self.memory_peak_at)
         out["comm_bytes_per_step_per_device"] = {k: int(round(v)) for k, v in self.comm.items()}
         out["time_breakdown_s"] = {k: round(v, 6) for k, v in self.time.items()}
         out.update({"step_time_s": round(self.step_time_s, 6), "tokens_per_s": round(self.tokens_per_s, 3),
@@ -110,4 +114,5 @@ def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
         time={k: float(v) for k, v in zip(TIME_PARTS, batch.time[i], strict=True)}, step_time_s=step,
         tokens_per_s=float(batch.tokens_per_s[i]), mfu=float(batch.mfu[i]),
         tflops_per_gpu=float(per_second(batch.model_flops[i], step)) / gpus / 1e12,
-        hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst)
+        hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst,
+        memory_peak_at=[MEMORY_PHASES[int(f)] for f in batch.memory_phase[i, : plan.pp]])

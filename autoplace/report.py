@@ -66,11 +66,12 @@ def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | No
     mem.add_column("stage", justify="right")
     for head in ("params", "grads", "optim", "activ", "buffers", "reserve", "total", "capacity"):
         mem.add_column(head, justify="right")
+    mem.add_column("peak at")
     for s, stage in enumerate(ev.memory_per_stage):
         style = "red" if stage["total"] > stage["capacity"] else ("bold" if s == ev.worst_stage else None)
         mem.add_row(str(s), *(f"{stage[k] / GiB:.2f}" for k in
                                ("params", "grads", "optimizer", "activations", "buffers", "reserve", "total", "capacity")),
-                    style=style)
+                    ev.memory_peak_at[s] if s < len(ev.memory_peak_at) else "", style=style)
     console.print(mem)
     links = tiers(ev, cluster)
     com = Table(title="Communication per step, busiest device")

@@ -128,16 +128,16 @@ def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: di
     t, cf = scored.terms, scored.configs[i]
     P, v, m = g["P"], g["v"], cf["ga"]
     K = len(scored.table.kinds)
-    state = t.state_block[i, 0].sum(-1)  # [K]
+    static, per_block, mult = t.phases
     comm_terms, mem_terms = [], []
     for s in range(P):
         cnt, r = g["counts"][s], g["r"][s]
-        # memory <= capacity, conservatively rounded (coefficients up, capacity down)
-        mem = sum(_ceil(state[k]) * cnt[k] for k in range(K)) + sum(
-            _ceil(t.inflight[i, s] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
-        static = _ceil(t.mem_static[i, s].sum())
-        md.add(mem + static <= int(t.capacity[i, s])).only_enforce_if(x)
-        mem_terms.append(mem + static)
+        # memory <= capacity in every phase, conservatively rounded (coefficients up, capacity down)
+        for f in t.binding_phases(i, P):
+            mem = _ceil(static[i, s, f]) + sum(_ceil(per_block[i, s, f, k]) * cnt[k] for k in range(K)) + sum(
+                _ceil(mult[i, s, f] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
+            md.add(mem <= int(t.capacity[i, s])).only_enforce_if(x)
+            mem_terms.append(mem)
         tb = t.t_block[i, s].sum(-1)  # [K, 3]
         md.add(g["t"][s] == T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K)
                                                              for mode in range(3))).only_enforce_if(x)

@@ -64,8 +64,8 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         counts = tuple(int(x) for x in prefix[stop] - prefix[start])
         opts = _options(counts, fixed_mode)  # [O, K, 3]
         N = opts.sum(-1)  # [O, K]
-        mem = (t.mem_static[i, s].sum() + (N * t.state_block[i, 0].sum(-1)).sum(-1)
-               + t.inflight[i, s] * (opts * t.act_block[i, 0]).sum((1, 2)))
+        static, per_block, mult = (x[i, s] for x in t.phases)
+        mem = (static[None, :] + N @ per_block.T + mult[None, :] * (opts * t.act_block[i, 0]).sum((1, 2))[:, None]).max(-1)
         tim = t.t_static[i, s].sum() + (opts * t.t_block[i, s].sum(-1)).sum((1, 2))
         com = t.bytes_static[i, s].sum() + (opts * t.bytes_block[i, 0].sum(-1)).sum((1, 2))
         fits = mem <= t.capacity[i, s]

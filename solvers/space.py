@@ -161,13 +161,16 @@ def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
     rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
     rest = np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1)
     time_lb = (m - 1 / v) * total / pp + total / v + rest / pp
-    # memory: the fullest stage holds at least the average of all stages, with full recompute
-    state = terms.state_block[:, 0].sum(-1)  # [C, K]
-    inflight_min = np.where(mask, terms.inflight, np.inf).min(1)
-    mem_all = (np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
-               + (n_kind * (state + inflight_min[:, None] * terms.act_block[:, 0, :, 2])).sum(-1))
+    # memory: in every phase the fullest stage holds at least the average of all stages, with
+    # full recompute and each stage's lightest coefficients
+    static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
+    m3 = mask[..., None]
+    state = np.where(m3[..., None], per_block, np.inf).min(1)  # [C, F, K]
+    mult_min = np.where(m3, mult, np.inf).min(1)  # [C, F]
+    mem_all = (np.where(m3, static, 0).sum(1)
+               + (n_kind * (state + mult_min[..., None] * terms.act_block[:, 0, None, :, 2])).sum(-1))
     cap_max = np.where(mask, terms.capacity, 0).max(1)
-    memory_lb = np.maximum(mem_all / pp, np.where(mask, terms.mem_static.sum(-1), 0).max(1))
+    memory_lb = np.maximum(mem_all / pp[:, None], np.where(m3, static, 0).max(1)).max(-1)
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
         terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
@@ -183,10 +186,10 @@ def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, block
     and together they hold all of them.  With several block kinds the lightest kind is used,
     which keeps this a necessary condition.
     """
-    per_block = (terms.state_block[:, 0].sum(-1)[:, None, :]
-                 + terms.inflight[..., None] * terms.act_block[:, 0, :, 2][:, None, :]).min(-1)  # [C, S]
-    room = terms.capacity - terms.mem_static.sum(-1)
-    n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks))
+    static, state, mult = terms.phases
+    per_block = (state + mult[..., None] * terms.act_block[:, 0, None, None, :, 2]).min(-1)  # [C, S, F]
+    room = terms.capacity[..., None] - static
+    n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks)).min(-1)
     n_max = np.floor(np.clip(n_max, 0, blocks) / vpp[:, None]) * vpp[:, None]
     ok = np.where(mask, n_max >= vpp[:, None], True).all(1)
     return ok & (np.where(mask, n_max, 0).sum(1) >= blocks)
@@ -203,11 +206,13 @@ def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) 
     the cheaper item first, fractionally, bounds the cost of any real choice from below.
     """
     L = n_kind.sum()
-    inflight_min = np.where(mask, terms.inflight, np.inf).min(1)  # [C]
-    inflight_max = np.where(mask, terms.inflight, 0).max(1)
-    state = terms.state_block[:, 0].sum(-1).min(-1)  # [C] lightest kind
+    # the start-of-backward phase alone (a necessary condition; it holds the most activations)
+    static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)
+    inflight_min = np.where(mask, mult, np.inf).min(1)  # [C]
+    inflight_max = np.where(mask, mult, 0).max(1)
+    state = np.where(mask[..., None], per_block, np.inf).min(axis=(1, 2))  # [C] lightest kind and stage
     act = terms.act_block[:, 0].min(1)  # [C, 3]
-    static = np.where(mask, terms.mem_static.sum(-1), 0).sum(1)
+    static = np.where(mask, static_s, 0).sum(1)
     need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - np.where(mask, terms.capacity, 0).sum(1), 0.0)
     t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=(1, 2))  # [C, 3] fastest
     save = inflight_max[:, None] * np.stack([act[:, 0] - act[:, 1], act[:, 1] - act[:, 2]], axis=-1)  # [C, 2]
@@ -223,12 +228,12 @@ def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) 
         knapsack = np.nan_to_num(take_a * r_a, posinf=0.0) + np.nan_to_num(take_b * r_b, posinf=0.0)
     # per stage: blocks beyond what a stage holds with no recompute (h_s, fractional) each
     # need w_s bytes shed at that stage's best seconds per byte (its own in-flight count)
-    w = state[:, None] + terms.inflight * act[:, :1]  # [C, S]
-    h = np.where(mask, np.maximum(terms.capacity - terms.mem_static.sum(-1), 0) / np.where(w > 0, w, 1), 0.0)
+    w = state[:, None] + mult * act[:, :1]  # [C, S]
+    h = np.where(mask, np.maximum(terms.capacity - static_s, 0) / np.where(w > 0, w, 1), 0.0)
     excess = np.maximum(L - h.sum(1), 0.0)
     best = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf).min(1) * inflight_max  # s per byte at I=1
-    per_block = np.where(mask, w * best[:, None] / np.where(mask, terms.inflight, 1), np.inf).min(1)
-    stage = np.where(excess > 0, excess * np.where(np.isfinite(per_block), per_block, 0.0), 0.0)
+    per_block_s = np.where(mask, w * best[:, None] / np.where(mask, mult, 1), np.inf).min(1)
+    stage = np.where(excess > 0, excess * np.where(np.isfinite(per_block_s), per_block_s, 0.0), 0.0)
     return np.maximum(knapsack, stage)
 
 

@@ -48,27 +48,29 @@ def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None)
     P = scored.configs[i]["pp"]
     n = np.arange(L + 1, dtype=float)[None, :, None]  # [1, N, 1]
     b = np.arange(L + 1, dtype=float)[None, None, :]  # [1, 1, B]
-    inflight = t.inflight[i, :P, None, None]
     act = t.act_block[i, 0, 0]  # [3]
-    state = t.state_block[i, 0, 0].sum()
     tb = t.t_block[i, :P, 0].sum(-1)[:, None, None, :]  # [P,1,1,3]
     cb = t.bytes_block[i, 0, 0].sum(-1)  # [3]
-    room = (t.capacity[i, :P] - t.mem_static[i, :P].sum(-1))[:, None, None]
-    base = n * (state + inflight * act[0]) - b * inflight * (act[0] - act[2])  # memory with a = 0
-    save_sel = inflight * (act[0] - act[1])
+    # memory per phase f (last axis): static + n * state + mult * activations kept
+    keep = t.binding_phases(i, P)
+    static, per_block, mult = (x[i, :P][:, keep][:, None, None] for x in t.phases)  # [P,1,1,F(,K)]
+    state, room = per_block[..., 0], t.capacity[i, :P, None, None, None] - static
+    n4, b4 = n[..., None], b[..., None]
+    base = n4 * (state + mult * act[0]) - b4 * mult * (act[0] - act[2])  # [P,N,B,F] with a = 0
+    save_sel = mult * (act[0] - act[1])
     if fixed_mode is None:
-        # the fewest selective blocks that make the stage fit, for every (n, b)
+        # the fewest selective blocks that make every phase fit, for every (n, b)
         need = np.where(save_sel > 0, np.ceil((base - room) / np.where(save_sel > 0, save_sel, 1) - 1e-9), 0.0)
-        a = np.clip(need, 0, None)
-        ok = (b <= n) & (a <= n - b) & (base - a * save_sel <= room)
+        a = np.clip(need.max(-1), 0, None)
+        ok = (b <= n) & (a <= n - b) & (base - a[..., None] * save_sel <= room).all(-1)
     else:
         a = np.where(fixed_mode == 1, n, 0.0) + 0 * b
         b_fixed = np.where(fixed_mode == 2, n, 0.0)
-        ok = (b == b_fixed) & (base - a * save_sel <= room)
+        ok = (b == b_fixed) & (base - a[..., None] * save_sel <= room).all(-1)
     a = np.broadcast_to(a, ok.shape)
     time = t.t_static[i, :P].sum(-1)[:, None, None] + (n - a - b) * tb[..., 0] + a * tb[..., 1] + b * tb[..., 2]
     comm = t.bytes_static[i, :P].sum(-1)[:, None, None] + (n - a - b) * cb[0] + a * cb[1] + b * cb[2]
-    mem = t.mem_static[i, :P].sum(-1)[:, None, None] + base - a * save_sel
+    mem = (static + base - a[..., None] * save_sel).max(-1)
     key = {"time": time, "comm": comm + 1e-9 * time, "memory": mem + 1e-9 * time}[objective]
     key = np.where(ok, key, INF)
     j = key.argmin(axis=2)  # best b per (stage, n)

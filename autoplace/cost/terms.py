@@ -4,9 +4,16 @@ CP-SAT model use (one source of truth, DESIGN.md).
 For candidate ``c``, stage ``s``, block kind ``k`` and recompute mode ``r`` (none,
 selective, full), with ``n[c, s, k, r]`` blocks placed there:
 
-* memory(s)      = static(s) + sum n * state_block(k) + inflight(s) * sum n * act_block(k, r)
+* memory(s)      = max over two phases f of
+                   static(s, f) + sum n * live(s, f) * state_block(k) + mult(s, f) * sum n * act_block(k, r)
 * micro-batch(s) = static(s) + sum n * t_block(s, k, r)           (seconds, by part)
 * dp tail(s)     = max(0, reduce(s) - overlap * backward(s)) + gather(s);  optimizer(s) likewise linear
+
+The two phases are the moments a training step's memory can peak (FSDPMemTracker shows
+both): the start of backward (every in-flight micro-batch's activations, the loss's fp32
+workspace, gradients only if an earlier micro-batch of the step already made them) and the
+end of the first backward (one micro-batch's activations freed, every gradient allocated).
+A plan fits when both do, so each stays linear and the CP-SAT model adds one constraint each.
 
 Per-block exposures (ZeRO-3 gathers hidden behind that block's compute with prefetch, the
 CP ring behind its attention) are computed per block, which keeps the stage sums linear.
@@ -15,6 +22,7 @@ CP ring behind its attention) are computed per block, which keeps the stage sums
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -32,6 +40,7 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
 
 Array = np.ndarray
+MEMORY_PHASES = ("bwd start", "bwd end")  # start of backward; end of the first backward
 MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
 COMM_PARTS = ("dp", "tp", "pp", "cp", "ep", "offload")
 
@@ -42,8 +51,9 @@ class StageTerms:
 
     state_block: Array  # [C, 1, K, 3]  params, grads, optimizer bytes per block
     act_block: Array  # [C, 1, K, R]   activation bytes per block per in-flight micro-batch
-    inflight: Array  # [C, S]
-    mem_static: Array  # [C, S, 6]    MEMORY_PARTS for the edges, buffers and reserve
+    state_live: Array  # [C, S, 2, 3]  share of each state alive in each memory phase
+    act_mult: Array  # [C, S, 2]      in-flight micro-batches (whole stages) in each phase
+    mem_static: Array  # [C, S, 2, 6] MEMORY_PARTS for the edges, buffers and reserve per phase
     t_block: Array  # [C, S, K, R, 7] seconds per micro-batch by MB_PARTS
     t_static: Array  # [C, S, 7]
     reduce_block: Array  # [C, S, K]   seconds of the once-per-step gradient reduction
@@ -64,15 +74,39 @@ class StageTerms:
 
     # -- assembly (used by evaluate_batch; the CP-SAT model reads the tables directly) --
 
-    def memory(self, n: Array) -> Array:
-        """Bytes per device by MEMORY_PARTS, ``[C, S, 6]``."""
+    def memory(self, n: Array) -> tuple[Array, Array]:
+        """Bytes per device by MEMORY_PARTS in the fuller memory phase ``[C, S, 6]``, and that
+        phase ``[C, S]`` (0: start of backward, 1: end of the first backward)."""
         per_stage = n.sum(axis=-1)  # [C, S, K]
         states = np.einsum("csk,cokp->csp", per_stage, self.state_block)
-        acts = self.inflight * np.einsum("cskr,cokr->cs", n, self.act_block)
-        out = self.mem_static.copy()
-        out[..., :3] += states
-        out[..., 3] += acts
-        return out
+        acts = np.einsum("cskr,cokr->cs", n, self.act_block)
+        phases = self.mem_static.copy()  # [C, S, 2, 6]
+        phases[..., :3] += states[:, :, None, :] * self.state_live
+        phases[..., 3] += self.act_mult * acts[..., None]
+        fuller = phases.sum(-1).argmax(-1)  # [C, S]
+        return np.take_along_axis(phases, fuller[..., None, None], axis=2)[:, :, 0], fuller
+
+    @cached_property
+    def phases(self) -> tuple[Array, Array, Array]:
+        """Each memory phase as ``static + sum_k count_k * per_block_k + mult * sum n * act_block``.
+
+        Returns ``static [C, S, 2]``, ``per_block [C, S, 2, K]`` (state bytes of one block)
+        and ``mult [C, S, 2]``; a stage fits when every phase does.
+        """
+        per_block = np.einsum("cokp,csfp->csfk", self.state_block, self.state_live)
+        return self.mem_static.sum(-1), per_block, self.act_mult
+
+    def binding_phases(self, i: int, stages: int) -> list[int]:
+        """The phases of candidate ``i`` that can bind: a phase whose every coefficient is at
+        most another's never does (with many micro-batches gradients are alive in both
+        phases and the start of backward always holds more)."""
+        static, per_block, mult = (x[i, :stages] for x in self.phases)
+
+        def below(f: int, g: int) -> bool:
+            return bool((static[:, f] <= static[:, g]).all() and (per_block[:, f] <= per_block[:, g]).all()
+                        and (mult[:, f] <= mult[:, g]).all())
+
+        return [0] if below(1, 0) else [1] if below(0, 1) else [0, 1]
 
     def stage_parts(self, n: Array) -> Array:
         """Seconds per micro-batch of every stage by MB_PARTS, ``[C, S, 7]``."""
@@ -128,6 +162,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     hw = stage_hardware(cluster, c, recipe.compute_dtype)  # type: ignore[arg-type]
     G = cluster.gpus_per_node
     pb, gb, ob, ab = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes, table.act_bytes
+    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes  # on the wire and in unshard buffers
     tp, cp, ep, pp = (x.astype(float) for x in (c.tp, c.cp, c.ep, c.pp))  # type: ignore[attr-defined]
     sp = c.sp  # type: ignore[attr-defined]
     sp_div = np.where(sp, tp, 1.0)
@@ -154,9 +189,17 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     z_sh, ez_sh = col(size["zero"]), col(size["ezero"])
     z = col(zero)
 
+    # A recipe whose gathered copy is narrower than the stored weights (FSDP2's fp32 shards
+    # cast to bf16 on all-gather) shards the stored weights from ZeRO-2 on, like a master
+    # copy, and ZeRO-2 (reshard_after_forward=False) keeps the gathered copy for the step.
+    cast_on_gather = pgb != pb
+    p_sharded = (z >= 3) | ((z == 2) & cast_on_gather)
+
     def states(dense: Array, expert: Array) -> Array:
+        kept = np.where((z == 2) & cast_on_gather, (dense + expert) * pgb, 0.0)
         return np.concatenate([
-            state_bytes(dense, pb, z_sh, z >= 3, col(off_par)) + state_bytes(expert, pb, ez_sh, z >= 3, col(off_par)),
+            state_bytes(dense, pb, z_sh, p_sharded, col(off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(off_par))
+            + kept,
             state_bytes(dense, gb, z_sh, z >= 2, False) + state_bytes(expert, gb, ez_sh, z >= 2, False),
             state_bytes(dense, ob, z_sh, z >= 1, col(off_opt)) + state_bytes(expert, ob, ez_sh, z >= 1, col(off_opt)),
         ], axis=-1)
@@ -168,26 +211,39 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     first = (stage == 0).astype(float)
     last = (stage == (c.pp[:, None] - 1)).astype(float)  # type: ignore[attr-defined]
     inflight = inflight_microbatches(c.schedule[:, None], c.pp[:, None], c.vpp[:, None], c.ga[:, None], stage)  # type: ignore[attr-defined]
+    # Phase 0, the start of backward, holds every in-flight micro-batch; phase 1, the end of
+    # the first backward, one fewer (one chunk of 1/vpp of the stage with interleaving).
+    act_mult = np.stack([inflight, np.maximum(inflight - 1 / c.vpp[:, None], 0.0)], axis=-1)  # type: ignore[attr-defined]
+    # Gradients exist at the start of backward when they live in persistent buffers (DDP's
+    # buckets, Megatron's grad buffer: ZeRO <= 1) or an earlier micro-batch of the step has
+    # finished its backward (more micro-batches than the stage holds in flight).  Sharded
+    # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
+    # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
+    live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)  # type: ignore[attr-defined]
+    ones = np.ones((C, S))
+    state_live = np.stack([np.stack([ones, live, ones], axis=-1), np.ones((C, S, 3))], axis=2)  # [C,S,2,3]
     e, h = table.embed, table.head
     head_tp = np.where((c.pp == 1) & table.tied, 0.0, h.params_tp)  # type: ignore[attr-defined]
     edge_dense = first * (e.params_tp / tp + e.params_rep)[:, None] + last * (head_tp / tp + h.params_rep)[:, None]
-    edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, 0, :]  # [C,S,3]
+    edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, None, 0, :] * state_live  # [C,S,2,3]
     tok = tokens[:, None]
-    edge_act = (first * inflight * tok * (e.act_rep / sp_div)[:, None]
-                + last * inflight * tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None])
+    edge_act = (first * tok * (e.act_rep / sp_div)[:, None]
+                + last * tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None])[..., None] * act_mult  # [C,S,2]
     # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
     # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
     # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).
     gathered = (zero >= 3) | off_par
     block_unit = (dense_local + exp_local).max(axis=(1, 2, 3))
-    buffers = np.where(gathered[:, None],
-                       gather_buffer_bytes(block_unit, pb, gb, assume.zero3_prefetch_units, gathered)[:, None]
-                       + edge_dense * pb, 2 * assume.comm_bucket_MiB * 2**20)
-    # the loss's fp32 temporaries on the last stage: gradients of the log-probabilities and of
-    # the fp32 logits, alive at the start of backward (FSDPMemTracker, autoplace.fidelity)
-    buffers = buffers + last * tok * assume.loss_workspace_bytes_per_vocab * table.vocab / tp[:, None]
+    root = np.where(gathered[:, None], edge_dense * pgb, 0.0)
+    working = np.where(gathered, gather_buffer_bytes(block_unit, pgb, rgb, assume.zero3_prefetch_units, gathered),
+                       2 * assume.comm_bucket_MiB * 2**20)[:, None]
+    # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
+    # the fp32 logits) are freed by the head's backward, before the first block's buffers
+    # are needed (FSDPMemTracker, autoplace.fidelity)
+    loss = last * tok * assume.loss_workspace_bytes_per_vocab * table.vocab / tp[:, None]
+    buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
     reserve = np.broadcast_to(reserve_bytes(hw.capacity, assume.allocator_reserve_fraction,
-                                            assume.framework_reserve_GiB), (C, S))
+                                            assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)
     mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
 
     # ---- time per micro-batch, per block ------------------------------------------------
@@ -221,18 +277,18 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     cp_time = comm.p2p(cp_bytes, col(cp - 1) * (3 + full), cp_inter > 0, lk)
     cp_exposed = np.maximum(cp_time - assume.cp_overlap * attn, 0.0)
     # ZeRO-2 reduce-scatters and ZeRO-3 gathers every micro-batch, overlapped block by block
-    zd = dense_local * pb
+    zd = dense_local * pgb
     _, _, ag_t = comm.allgather(zd, col(size["zero"]), col(n_in["zero"]), lk)
-    _, _, eag_t = comm.allgather(exp_local * pb, col(size["ezero"]), col(n_in["ezero"]), lk)
-    _, _, rs_t = comm.reducescatter(dense_local * gb, col(size["zero"]), col(n_in["zero"]), lk)
-    _, _, ers_t = comm.reducescatter(exp_local * gb, col(size["ezero"]), col(n_in["ezero"]), lk)
+    _, _, eag_t = comm.allgather(exp_local * pgb, col(size["ezero"]), col(n_in["ezero"]), lk)
+    _, _, rs_t = comm.reducescatter(dense_local * rgb, col(size["zero"]), col(n_in["zero"]), lk)
+    _, _, ers_t = comm.reducescatter(exp_local * rgb, col(size["ezero"]), col(n_in["ezero"]), lk)
     z3_t = 2 * (ag_t + eag_t) + rs_t + ers_t
     zero_exposed = np.where(z >= 3, np.maximum(z3_t - assume.zero3_overlap * compute, 0.0),
                             np.where(z == 2, np.maximum(rs_t + ers_t - assume.dp_overlap * compute * 2 / 3, 0.0), 0.0))
     z_frac, ez_frac = (col(size["zero"]) - 1) / col(size["zero"]), (col(size["ezero"]) - 1) / col(size["ezero"])
-    zero_bytes_mb = np.where(z >= 3, 2 * (zd * z_frac + exp_local * pb * ez_frac)
-                             + (dense_local * z_frac + exp_local * ez_frac) * gb,
-                             np.where(z == 2, (dense_local * z_frac + exp_local * ez_frac) * gb, 0.0))
+    zero_bytes_mb = np.where(z >= 3, 2 * (zd * z_frac + exp_local * pgb * ez_frac)
+                             + (dense_local * z_frac + exp_local * ez_frac) * rgb,
+                             np.where(z == 2, (dense_local * z_frac + exp_local * ez_frac) * rgb, 0.0))
     shard_params = dense_local / np.where(z >= 3, z_sh, 1) + exp_local / np.where(z >= 3, ez_sh, 1)
     host_bps = (hw.host_Bps / assume.bandwidth_scale)[..., None, None]
     off_bytes_mb = col(off_par) * 2 * shard_params * pb
@@ -261,8 +317,8 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     pp_inter = (groups["pp"][1] >= G)[:, None]
     t_pp = comm.p2p(send_bytes, sends, pp_inter, stage_links)
     edge_shard = edge_dense / np.where((zero >= 3)[:, None], size["zero"][:, None], 1)
-    _, _, eag = comm.allgather(edge_dense * pb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
-    _, _, ers = comm.reducescatter(edge_dense * gb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
+    _, _, eag = comm.allgather(edge_dense * pgb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
+    _, _, ers = comm.reducescatter(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], stage_links)
     # edges are units too: ZeRO-3 gathers the root once per micro-batch (it stays gathered until
     # backward) and reduce-scatters its gradient; ZeRO-2 reduce-scatters their gradients
     t_zero = np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [eag + ers, ers], 0.0)
@@ -271,13 +327,13 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     t_static = np.stack([t_compute, t_tp, zs, zs, t_pp, t_zero, t_off], axis=-1)
     zfrac_s = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack([
-        ga[:, None] * edge_dense * zfrac_s * np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [pb + gb, gb], 0.0),
+        ga[:, None] * edge_dense * zfrac_s * np.select([(zero >= 3)[:, None], (zero == 2)[:, None]], [pgb + rgb, rgb], 0.0),
         ga[:, None] * tp_on2 * (emb_i + emb_x), ga[:, None] * send_bytes, zs, zs,
         ga[:, None] * off_par[:, None] * 2 * edge_shard * pb], axis=-1)
 
     # ---- once per step: gradient reduction, parameter gather, optimizer -----------------
     red_blk, gat_blk, red_st, gat_st, dp_bytes_blk, dp_bytes_st = _dp_terms(
-        dense_local[:, 0, :, 0], exp_local[:, 0, :, 0], edge_dense, zero, size, n_in, stage_links, pb, gb)
+        dense_local[:, 0, :, 0], exp_local[:, 0, :, 0], edge_dense, zero, size, n_in, stage_links, pgb, rgb)
     opt_params_blk = (dense_local[:, 0, :, 0] / np.where(zero >= 1, size["zero"], 1)[:, None]
                       + exp_local[:, 0, :, 0] / np.where(zero >= 1, size["ezero"], 1)[:, None])
     opt_params_st = edge_dense / np.where(zero >= 1, size["zero"], 1)[:, None]
@@ -306,7 +362,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
         return np.broadcast_to(a, (C, S, *np.shape(a)[2:]))
 
     return StageTerms(
-        state_block=state_block, act_block=act_block, inflight=inflight, mem_static=mem_static,
+        state_block=state_block, act_block=act_block, state_live=state_live, act_mult=act_mult, mem_static=mem_static,
         t_block=t_block, t_static=per_stage(t_static), reduce_block=per_stage(red_blk), reduce_static=per_stage(red_st),
         gather_block=per_stage(gat_blk), gather_static=per_stage(gat_st), opt_block=per_stage(opt_block), opt_static=per_stage(opt_static),
         bytes_block=bytes_block, bytes_static=bytes_static, flops_block=flops_block[:, :1],

@@ -58,14 +58,33 @@ class Precision(Strict):
     optimizer_bytes: float = Field(12.0, ge=0, le=64, allow_inf_nan=False)
     activation_bytes: float = Field(2.0, gt=0, le=8, allow_inf_nan=False)
     compute_dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
+    # bytes per parameter on the wire (and in unshard buffers) when they differ from the
+    # stored copy: FSDP2 stores fp32 shards but all-gathers bf16 (MixedPrecisionPolicy)
+    param_comm_bytes: float | None = Field(None, gt=0, le=16, allow_inf_nan=False)
+    grad_comm_bytes: float | None = Field(None, gt=0, le=16, allow_inf_nan=False)
+
+    @property
+    def gather_bytes(self) -> float:
+        """Bytes per parameter an all-gather (or an unsharded copy) moves."""
+        return self.param_comm_bytes or self.param_bytes
+
+    @property
+    def reduce_bytes(self) -> float:
+        """Bytes per gradient a reduce-scatter or all-reduce moves."""
+        return self.grad_comm_bytes or self.grad_bytes
 
 
-# name -> (param, grad, master weights, activations, compute dtype).  Optimizer bytes add
-# the optimizer's own state per parameter (OPTIMIZER_STATE_BYTES) to the master copy.
-_RECIPES: dict[str, tuple[float, float, float, float, str]] = {
+# name -> (param, grad, master weights, activations, compute dtype[, param and grad bytes on
+# the wire]).  Optimizer bytes add the optimizer's own state per parameter
+# (OPTIMIZER_STATE_BYTES) to the master copy.
+_RECIPES: dict[str, tuple[Any, ...]] = {
     "bf16": (2, 2, 4, 2, "bf16"),  # ZeRO Sec. 3.1 with bf16 in place of fp16
     "fp16": (2, 2, 4, 2, "fp16"),  # ZeRO Sec. 3.1 exactly
     "bf16-fp32-grads": (2, 4, 4, 2, "bf16"),  # Megatron-LM default: fp32 main_grad accumulation
+    # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's default:
+    # fp32 sharded weights and gradients (no separate master copy), bf16 all-gathers, fp32
+    # reduce-scatters.  Same 16 bytes per parameter as "bf16", split 4 + 4 + 8.
+    "bf16-fsdp2": (4, 4, 0, 2, "bf16", 2, 4),
     "fp32": (4, 4, 0, 4, "fp32"),  # no master copy: the weights are fp32 already
     "fp8": (1, 2, 4, 1, "fp8"),  # fp8 GEMM copies of weights, bf16 grads, fp32 master (TE recipe)
 }
@@ -105,8 +124,10 @@ class Training(Strict):
         """The byte recipe, with the optimizer's state folded into ``optimizer_bytes``."""
         if isinstance(self.precision, Precision):
             return self.precision
-        p, g, master, act, dtype = _RECIPES[self.precision]
+        p, g, master, act, dtype, *wire = _RECIPES[self.precision]
         return Precision(
+            param_comm_bytes=wire[0] if wire else None,
+            grad_comm_bytes=wire[1] if wire else None,
             name=f"{self.precision}+{self.optimizer}",
             param_bytes=p,
             grad_bytes=g,
