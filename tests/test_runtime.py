@@ -41,9 +41,10 @@ def test_scaled_model_keeps_heads_and_shrinks_the_rest() -> None:
 
 
 def test_unsupported_plans_are_named() -> None:
-    assert "context parallel" in unsupported_reason(_plan("cp=2"))
-    assert "interleaved" in unsupported_reason(_plan("pp=2,vpp=2"))
-    assert unsupported_reason(_plan("dp=2,zero=3")) is None
+    assert "expert parallel" in unsupported_reason(_plan("ep=2"))
+    assert "NVMe" in unsupported_reason(_plan("zero=3,offload_optimizer=nvme"))
+    for text in ("dp=2,zero=3", "cp=2", "pp=2,vpp=2", "dp=2,zero=3,offload_optimizer=cpu,offload_params=cpu"):
+        assert unsupported_reason(_plan(text)) is None, text
 
 
 @pytest.mark.slow
@@ -94,5 +95,5 @@ def test_unsupported_plan_is_reported_not_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from autoplace.runtime.launch import run_local
 
-    out = run_local(load_model(MODEL), _plan("cp=2"), tmp_path, timeout_s=120)
-    assert out.status == "unsupported" and "context parallel" in out.reason
+    out = run_local(load_model(MODEL), _plan("ep=2"), tmp_path, timeout_s=120)
+    assert out.status == "unsupported" and "expert parallel" in out.reason

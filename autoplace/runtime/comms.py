@@ -62,8 +62,9 @@ def ring_bytes(kind: str, full_bytes: float, n: int) -> float:
 class CommLog:
     """Counts per (dimension, collective): calls, tensor bytes and ring bytes sent per rank."""
 
-    def __init__(self, group_dims: dict[str, str]) -> None:
+    def __init__(self, group_dims: dict[str, str], default_dim: str = "other") -> None:
         self.group_dims = group_dims  # process-group name -> plan dimension ("dp", "tp", "pp")
+        self.default_dim = default_dim  # the dimension of a group not in group_dims
         self.enabled = False
         self.paused = False  # set while a comm hook that has counted its own collective issues it
         self.reset()
@@ -87,7 +88,7 @@ class CommLog:
             size = dist.distributed_c10d._resolve_process_group(name).size()  # type: ignore[arg-type]
         else:
             name, size = getattr(group, "group_name", ""), group.size()
-        return self.group_dims.get(name, "other"), size
+        return self.group_dims.get(name, self.default_dim), size
 
     def summary(self) -> dict[str, Any]:
         """``{"by_collective": [...], "ring_bytes_by_dim": {...}, "total_ring_bytes": ...}``."""

@@ -104,11 +104,15 @@ def read_outcome(out: Path, code: int | None, wall_s: float, log_path: Path) -> 
 
 
 def run_local(model: ModelSpec, plan: Plan, directory: Path, *, timeout_s: float = 300.0, steps: int = 3,
-              warmup: int = 1, scale: float = 1.0, backend: str = "gloo", extra: list[str] | None = None) -> Outcome:
-    """Write the inputs, run the worker on this host with ``plan.world`` processes, classify the outcome."""
+              warmup: int = 1, scale: float = 1.0, backend: str = "gloo", framework: str = "native",
+              extra: list[str] | None = None) -> Outcome:
+    """Write the inputs, run the worker on this host with ``plan.world`` processes, classify the outcome.
+
+    ``framework`` is ``native`` (PyTorch parallelism) or ``deepspeed`` (the emitted DeepSpeed config).
+    """
     from autoplace.runtime.spec import unsupported_reason
 
-    reason = unsupported_reason(plan)
+    reason = unsupported_reason(plan, framework)
     if reason:  # the worker would say the same after starting torch; save the launch
         return Outcome("unsupported", reason)
     model_path, plan_path = write_inputs(directory, model, plan)
@@ -116,7 +120,7 @@ def run_local(model: ModelSpec, plan: Plan, directory: Path, *, timeout_s: float
     for stale in [out, *directory.glob("result.json.rank*.error.json")]:
         stale.unlink(missing_ok=True)
     cmd = launch_command(plan.world, plan_path, model_path, out, steps=steps, warmup=warmup, scale=scale,
-                         backend=backend, extra=extra)
+                         backend=backend, framework=framework, extra=extra)
     log_path = directory / "run.log"
     code, wall = run_command(cmd, log_path, timeout_s)
     return read_outcome(out, code, wall, log_path)

@@ -8,18 +8,23 @@ index: a pipeline stage deletes the blocks it does not own and keeps every name 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from autoplace.specs.model import TransformerSpec
 
 
-def _rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021), rotate-half form; x is [b, s, heads, d]."""
+def _rotary(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021), rotate-half form; x is [b, s, heads, d] holding
+    positions ``offset ..< offset + s`` (a context-parallel rank holds a later chunk)."""
     seq, dim = x.shape[1], x.shape[-1]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=x.device), inv)  # [s, d/2]
+    pos = torch.arange(offset, offset + seq, dtype=torch.float32, device=x.device)
+    angles = torch.outer(pos, inv)  # [s, d/2]
     cos = torch.cat([angles.cos()] * 2, dim=-1)[None, :, None, :]
     sin = torch.cat([angles.sin()] * 2, dim=-1)[None, :, None, :]
     half = dim // 2
@@ -29,15 +34,44 @@ def _rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 
 class AttentionCore(nn.Module):
     """Rotary + causal scaled-dot-product attention: what selective recompute recomputes
-    (Korthikanti et al. 2022, Sec. 5: the s x s part of attention is cheap to recompute)."""
+    (Korthikanti et al. 2022, Sec. 5: the s x s part of attention is cheap to recompute).
+
+    With a context-parallel group (``cp_group``, set by ``parallel.apply_cp``) each rank holds
+    one contiguous chunk of the sequence: K and V are all-gathered along the sequence and the
+    local queries attend causally with their chunk's offset (Llama 3, Dubey et al. 2024, Sec.
+    3.3.2).  The all-gather's autograd backward reduce-scatters dK and dV to their owners.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cp_group: Any = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k = _rotary(q), _rotary(k)
+        offset, mask = 0, None
+        if self.cp_group is not None:
+            offset = dist.get_rank(self.cp_group) * q.shape[1]
+            q, k = _rotary(q, offset), _rotary(k, offset)
+            k, v = _gather_sequence(k, v, self.cp_group)
+            mask = torch.arange(offset, offset + q.shape[1], device=q.device)[:, None] >= torch.arange(
+                k.shape[1], device=q.device)[None, :]
+        else:
+            q, k = _rotary(q), _rotary(k)
         rep = q.shape[2] // k.shape[2]  # grouped-query attention: share each K/V head
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask, is_causal=mask is None)
         return out.transpose(1, 2)
+
+
+def _gather_sequence(k: torch.Tensor, v: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ([b, s/cp, heads, d]) of every rank of ``group``, in rank order along the sequence,
+    in one all-gather (functional collectives: autograd reduce-scatters the gradient back)."""
+    from torch.distributed._functional_collectives import all_gather_single
+
+    kv = torch.stack((k, v)).permute(2, 0, 1, 3, 4).contiguous()  # [s/cp, 2, b, heads, d]: gather dim 0
+    full = all_gather_single(kv, 0, group).permute(1, 2, 0, 3, 4)  # [2, b, s, heads, d]
+    return full[0], full[1]
 
 
 class Attention(nn.Module):
@@ -109,16 +143,15 @@ class Transformer(nn.Module):
 
 
 def pipeline_stage(model: Transformer, start: int, stop: int, first: bool, last: bool) -> Transformer:
-    """Keep blocks [start, stop) and the embedding / head only on the first / last stage."""
-    for i in list(model.layers.keys()):
-        if not start <= int(i) < stop:
-            del model.layers[i]
-    if not first:
-        model.tok_embeddings = None
-    if not last:
-        model.norm = None
-        model.output = None
-    return model
+    """A model chunk sharing ``model``'s blocks [start, stop), and the embedding / head only on the
+    first / last stage; chunks of one model are disjoint, so a rank's virtual stages need no copy."""
+    chunk = Transformer.__new__(Transformer)
+    nn.Module.__init__(chunk)
+    chunk.tok_embeddings = model.tok_embeddings if first else None
+    chunk.layers = nn.ModuleDict({i: b for i, b in model.layers.items() if start <= int(i) < stop})
+    chunk.norm = model.norm if last else None
+    chunk.output = model.output if last else None
+    return chunk
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ Mapping of autoplace's ZeRO levels (DESIGN.md placements) onto PyTorch:
   backward (one all-gather + one reduce-scatter per micro-batch, the same bytes as ZeRO-2) but
   still frees them after backward, so between steps the parameters are sharded, not replicated;
 * HSDP (dp_replicate > 1 and zero >= 1): ``fully_shard`` over a 2-D (replicate, shard) mesh;
-* offload_params / offload_optimizer = cpu: FSDP2 ``CPUOffloadPolicy`` (a no-op copy on CPU hosts).
+* offload_params / offload_optimizer = cpu: FSDP2 ``CPUOffloadPolicy`` (one policy for both; on a
+  CPU host unpinned and its copies are host-to-host, so a CPU trial does not measure PCIe traffic);
+* cp > 1: attention gathers K/V over a cp group (:func:`apply_cp`); gradients average over dp x cp.
 """
 
 from __future__ import annotations
@@ -42,19 +44,24 @@ class Layout:
     pp_rank: int
     dp_rank: int  # index into the global batch (replicate x shard coordinates)
     tp_rank: int
-    dp_group: Any = None  # the whole data-parallel group (replicate x shard flattened), if dp > 1
+    cp_rank: int = 0  # which chunk of the sequence this rank holds
+    dp_group: Any = None  # the gradient-averaging group (replicate x shard x cp flattened), if larger than 1
+    cp_group: Any = None  # attention's K/V exchange: a group of its own, so the counter tells it from gradients
 
     def group(self, dim: str) -> Any:
         return self.mesh[dim].get_group() if dim in self.dims else None
 
 
 def build_layout(plan: Plan, world: int, device: str) -> Layout:
-    """The device mesh ``(pp, dp_replicate, dp_shard, tp)``; size-1 dimensions are left out.
+    """The device mesh ``(pp, dp_replicate, dp_shard, cp, tp)`` (torchtitan's order); size-1 dimensions are left out.
+
+    Context-parallel ranks hold identical weights and disjoint tokens, so gradients are averaged
+    over dp x cp (the cost model's "dp" group) and ZeRO shards over dp_shard x cp.
 
     Raises:
         BenchmarkError: the plan's world size differs from the launched one.
     """
-    sizes = {"pp": plan.pp, "dp_replicate": plan.dp_replicate, "dp_shard": plan.dp_shard, "tp": plan.tp}
+    sizes = {"pp": plan.pp, "dp_replicate": plan.dp_replicate, "dp_shard": plan.dp_shard, "cp": plan.cp, "tp": plan.tp}
     if plan.world != world:
         raise BenchmarkError(f"pp({plan.pp}) * dp_replicate({plan.dp_replicate}) * dp_shard({plan.dp_shard}) "
                              f"* tp({plan.tp}) * cp({plan.cp}) != WORLD_SIZE({world})")
@@ -62,18 +69,47 @@ def build_layout(plan: Plan, world: int, device: str) -> Layout:
     mesh = init_device_mesh(device, tuple(sizes[d] for d in dims), mesh_dim_names=dims)
     coord = {d: mesh.get_local_rank(d) for d in dims}
     dp_rank = coord.get("dp_replicate", 0) * plan.dp_shard + coord.get("dp_shard", 0)
-    dp = [d for d in dims if d.startswith("dp")]
-    dp_group = (mesh[dp[0]].get_group() if len(dp) == 1 else mesh[tuple(dp)]._flatten().get_group()) if plan.dp > 1 else None
-    return Layout(mesh, dims, coord.get("pp", 0), dp_rank, coord.get("tp", 0), dp_group)
+    grad_dims = tuple(d for d in dims if d.startswith("dp") or d == "cp")
+    dp_group = None
+    if plan.dp * plan.cp > 1:
+        dp_group = mesh[grad_dims[0]].get_group() if len(grad_dims) == 1 else mesh[grad_dims]._flatten().get_group()
+    cp_group = _own_group(mesh, "cp") if plan.cp > 1 else None
+    return Layout(mesh, dims, coord.get("pp", 0), dp_rank, coord.get("tp", 0), coord.get("cp", 0), dp_group, cp_group)
+
+
+def _own_group(mesh: DeviceMesh, dim: str) -> Any:
+    """A new process group over this rank's ``dim`` of the mesh (every rank creates every such
+    group, as ``new_group`` requires)."""
+    names = mesh.mesh_dim_names or ()
+    rows = mesh.mesh.movedim(names.index(dim), -1).reshape(-1, mesh.size(names.index(dim))).tolist()
+    mine = None
+    for row in rows:
+        group = dist.new_group(row)
+        mine = group if dist.get_rank() in row else mine
+    return mine
+
+
+def fsdp_mesh(layout: Layout) -> DeviceMesh:
+    """The mesh FSDP2 shards over: dp_shard x cp flattened, with dp_replicate as HSDP's outer dimension."""
+    mesh, dims = layout.mesh, layout.dims
+    shard: tuple[str, ...] = tuple(d for d in ("dp_shard", "cp") if d in dims)
+    if len(shard) == 2:
+        mesh[shard]._flatten("dp_shard_cp")
+        shard = ("dp_shard_cp",)
+    names = (("dp_replicate",) if "dp_replicate" in dims else ()) + shard
+    return mesh[names]
 
 
 def group_dims(layout: Layout) -> dict[str, str]:
-    """Process-group name -> plan dimension, for the collective counter."""
+    """Process-group name -> plan dimension, for the collective counter (gradient reductions over
+    dp x cp count as "dp", as the cost model files them)."""
     out: dict[str, str] = {}
-    for d in layout.dims:
-        out[layout.mesh[d].get_group().group_name] = "dp" if d.startswith("dp") else d
+    for d in layout.dims:  # on the mesh, cp takes part only in gradient reductions and ZeRO shards
+        out[layout.mesh[d].get_group().group_name] = "dp" if d.startswith("dp") or d == "cp" else d
     if layout.dp_group is not None:
         out[layout.dp_group.group_name] = "dp"
+    if layout.cp_group is not None:
+        out[layout.cp_group.group_name] = "cp"
     return out
 
 
@@ -114,6 +150,13 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, sp: bool) -> None:
         parallelize_module(block, mesh, plan)
 
 
+def apply_cp(model: Transformer, group: Any) -> None:
+    """Context parallel: every attention core gathers K and V over ``group`` (see AttentionCore)."""
+    block: Any
+    for block in model.layers.values():
+        block.attention.core.cp_group = group
+
+
 def apply_ac(model: Transformer, recompute: tuple[str, ...]) -> None:
     """Per-block activation checkpointing: ``full`` wraps the block, ``selective`` wraps only the
     attention core (rotary + softmax(QK^T)V, Korthikanti et al. 2022 Sec. 5)."""
@@ -129,14 +172,22 @@ def apply_ac(model: Transformer, recompute: tuple[str, ...]) -> None:
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, plan: Plan) -> None:
-    """FSDP2: each block is one unit (gathered as a whole), the root holds embedding and head."""
+    """FSDP2: each block is one unit (gathered as a whole), the root holds embedding and head.
+
+    The root is never resharded after forward: its head is needed again at once by backward, so
+    it is gathered once per micro-batch (the cost model's edge term; torchtitan does the same
+    for the last layers, which FSDP would prefetch right after forward anyway).
+    """
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     reshard = plan.zero >= 3
-    offload = CPUOffloadPolicy() if "cpu" in (plan.offload_params, plan.offload_optimizer) else OffloadPolicy()
+    # pinned host memory needs an accelerator; on a CPU host the policy still runs (sharded states and
+    # the optimizer step on the host), its copies are host-to-host and cost nothing
+    pin = next(model.parameters()).device.type != "cpu"
+    offload = CPUOffloadPolicy(pin_memory=pin) if "cpu" in (plan.offload_params, plan.offload_optimizer) else OffloadPolicy()
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
 
 
 def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fault: str) -> nn.Module:

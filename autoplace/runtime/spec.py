@@ -17,7 +17,7 @@ from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, even_split
 from autoplace.specs.model import ModelSpec, TransformerSpec, model_from_dict
 
-UNSUPPORTED_FEATURES = ("cp > 1", "ep > 1", "moe", "mla", "offload to nvme")
+UNSUPPORTED_FEATURES = ("ep > 1", "moe", "mla", "offload to nvme")
 
 
 def scaled_model(model: ModelSpec, scale: float) -> TransformerSpec:
@@ -51,25 +51,54 @@ def scaled_plan(plan: Plan, layers: int) -> Plan:
     """``plan`` for a model of ``layers`` blocks: stages re-split evenly, recompute resampled."""
     if sum(plan.layers_per_stage) == layers:
         return plan
-    if layers < plan.pp:
-        raise BenchmarkError(f"the scaled model has {layers} layers, fewer than pp={plan.pp} stages")
+    if layers < plan.pp * plan.vpp or layers % plan.vpp:
+        raise BenchmarkError(f"the scaled model has {layers} layers: pp={plan.pp} stages of vpp={plan.vpp} "
+                             "virtual stages need a multiple of vpp, at least pp * vpp")
     old = plan.recompute or ("none",)
     recompute = tuple(old[i * len(old) // layers] for i in range(layers))
-    return plan.replace(layers_per_stage=even_split(layers, plan.pp), recompute=recompute)
+    stages = tuple(n * plan.vpp for n in even_split(layers // plan.vpp, plan.pp))
+    return plan.replace(layers_per_stage=stages, recompute=recompute)
 
 
-def unsupported_reason(plan: Plan) -> str | None:
-    """Why the runtime cannot run ``plan`` natively, or None."""
-    if plan.cp > 1:
-        return "context parallel (cp > 1) is not implemented by the runtime"
+def virtual_stages(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
+    """(virtual stage index, first block, stop block) of every model chunk ``pp_rank`` holds.
+
+    Megatron's interleaving: the model is cut into ``pp * vpp`` chunks in order and rank r
+    holds chunks r, r + pp, r + 2 pp, ...; a chunk of rank r has ``layers_per_stage[r] / vpp``
+    blocks (``rules`` checks the divisibility).  With vpp = 1 this is the plain stage split.
+    """
+    sizes = [plan.layers_per_stage[v % plan.pp] // plan.vpp for v in range(plan.pp * plan.vpp)]
+    starts = [sum(sizes[:v]) for v in range(len(sizes))]
+    return [(v, starts[v], starts[v] + sizes[v]) for v in range(pp_rank, len(sizes), plan.pp)]
+
+
+def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
+    """Why the runtime cannot run ``plan`` with ``framework`` (``native`` or ``deepspeed``), or None."""
+    if framework == "deepspeed":
+        return _deepspeed_reason(plan)
     if plan.ep > 1:
         return "expert parallel (ep > 1) is not implemented by the runtime"
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
         return "NVMe offload is not implemented by the runtime"
     if plan.offload_optimizer != "none" and plan.zero == 0:
         return "optimizer offload needs zero >= 1 (FSDP2 CPUOffloadPolicy)"
-    if plan.pp > 1 and plan.schedule == "interleaved":
-        return "interleaved pipeline schedules are not implemented by the runtime (gpipe and 1f1b are)"
+    return None
+
+
+def _deepspeed_reason(plan: Plan) -> str | None:
+    """The emitter's own verdict first (what DeepSpeed cannot express), then the runtime's limits."""
+    from autoplace.emit.deepspeed import check_expressible
+    from autoplace.errors import EmitError
+
+    try:
+        check_expressible(plan)
+    except EmitError as exc:
+        return str(exc)
+    if plan.tp > 1 or plan.pp > 1 or plan.ep > 1:
+        return ("the DeepSpeed path runs data-parallel plans only (tp = pp = ep = 1): DeepSpeed's pipeline engine, "
+                "AutoTP and AutoEP need the model written as PipelineModule / under tp_model_init / with MoE layers")
+    if "nvme" in (plan.offload_params, plan.offload_optimizer):
+        return "NVMe offload cannot run here: DeepSpeed's async I/O op needs libaio"
     return None
 
 
@@ -105,9 +134,10 @@ def write_inputs(directory: Path, model: ModelSpec, plan: Plan) -> tuple[Path, P
 
 
 def launch_command(world: int, plan_path: Path, model_path: Path, out: Path, *, steps: int = 3, warmup: int = 1,
-                   scale: float = 1.0, backend: str = "gloo", extra: list[str] | None = None) -> list[str]:
+                   scale: float = 1.0, backend: str = "gloo", framework: str = "native",
+                   extra: list[str] | None = None) -> list[str]:
     """The torchrun command of one run on this host (``--standalone``: a fresh rendezvous per run)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
             "-m", "autoplace.runtime.worker", "--plan-json", str(plan_path), "--model-json", str(model_path),
             "--out", str(out), "--steps", str(steps), "--warmup", str(warmup), "--scale", str(scale),
-            "--backend", backend, *(extra or [])]
+            "--backend", backend, "--framework", framework, *(extra or [])]

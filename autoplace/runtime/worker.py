@@ -3,8 +3,10 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m autoplace.runtime.worker \\
         --plan-json plan.json --model-json model.json --out run.json [--steps 3 --warmup 1 --scale 1]
 
-Order (torchtitan's): mesh -> model on every rank from one seed -> pipeline split -> tensor
-parallel -> activation checkpointing -> FSDP2 / DDP -> optimizer; then ``warmup`` steps (the
+Order (torchtitan's): mesh -> model on every rank from one seed -> pipeline split (one chunk
+per virtual stage) -> tensor parallel -> context parallel -> activation checkpointing -> FSDP2 /
+DDP -> optimizer; ``--framework deepspeed`` instead hands the model to ``deepspeed.initialize``
+with the emitted config (:mod:`autoplace.runtime.ds`).  Then ``warmup`` steps (the
 last one counted by the collective counter, untimed) and ``steps`` timed steps on synthetic
 tokens.  Rank 0 writes the result; a rank that fails writes ``OUT.rank<r>.error.json`` with
 the reason (``oom`` or ``crash``) and exits non-zero, so torchrun stops the other ranks.
@@ -25,17 +27,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from autoplace.plan import Plan
 from autoplace.runtime import parallel as par
 from autoplace.runtime.comms import CommLog, CountingMode
+from autoplace.runtime.data import micro_batch, split_inputs
+from autoplace.runtime.ds import DeepSpeedTrainer, Unsupported
 from autoplace.runtime.model import Transformer, causal_lm_loss, pipeline_stage
-from autoplace.runtime.spec import plan_from_json, scaled_model, scaled_plan, unsupported_reason
+from autoplace.runtime.spec import plan_from_json, scaled_model, scaled_plan, unsupported_reason, virtual_stages
 from autoplace.specs.model import TransformerSpec, model_from_dict
 
 log = logging.getLogger("autoplace")
 FAULTS = ("crash", "oom", "hang")
 BREAKS = ("none", "sum-grads", "desync")
+FRAMEWORKS = ("native", "deepspeed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before timing; the last is counted")
     p.add_argument("--scale", type=float, default=1.0, help="shrink hidden size, FFN, vocabulary and layers")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="native",
+                   help="PyTorch-native parallelism, or DeepSpeed with the config autoplace emits")
     p.add_argument("--fail", choices=FAULTS, default=None, help="inject a failure at the first step (tests)")
     p.add_argument("--break", dest="fault", choices=BREAKS, default="none",
                    help="inject a correctness fault: sum gradients instead of averaging, or skip the reduction")
@@ -58,22 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps >= 1 and --warmup >= 0 must hold, but got steps={args.steps}, warmup={args.warmup}")
+    if args.framework == "deepspeed" and args.fault != "none":
+        p.error(f"--break {args.fault} injects faults into the native path only, but got --framework deepspeed")
     return args
 
 
 # ----------------------------------------------------------------------------------------
-# data and one training step
-
-
-def micro_batch(spec: TransformerSpec, plan: Plan, seed: int, step: int, micro: int, dp_rank: int) -> torch.Tensor:
-    """This dp rank's rows of global micro-batch ``micro`` of ``step``: [mbs, seq+1] tokens.
-
-    The generator depends only on (seed, step, micro), never on the plan, so one process with
-    ``mbs * dp`` rows sees exactly the union of what ``dp`` ranks see (``verify`` relies on it).
-    """
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + micro)
-    rows = torch.randint(0, spec.vocab, (plan.mbs * plan.dp, spec.seq_len + 1), generator=g)
-    return rows[dp_rank * plan.mbs:(dp_rank + 1) * plan.mbs]
+# one training step
 
 
 class Trainer:
@@ -94,35 +93,54 @@ class Trainer:
                       else torch.optim.AdamW(params, lr=lr, foreach=False))
 
     def _build(self) -> torch.nn.Module:
+        """The parallelized model: one module, or this rank's virtual pipeline stages in a ModuleList."""
         plan, lay = self.plan, self.layout
         par.check_heads(self.spec.heads, self.spec.n_kv_heads, plan.tp)
         torch.manual_seed(self.args.seed)  # the same full model on every rank, then split
         model = Transformer(self.spec).to(self.device)
-        if plan.pp > 1:
-            start, stop = plan.stage_ranges()[lay.pp_rank]
-            model = pipeline_stage(model, start, stop, lay.pp_rank == 0, lay.pp_rank == plan.pp - 1)
+        if plan.pp == 1:
+            return self._parallelize(model)
+        last = plan.pp * plan.vpp - 1
+        chunks = virtual_stages(plan, lay.pp_rank)
+        parts = [self._parallelize(pipeline_stage(model, start, stop, v == 0, v == last))
+                 for v, start, stop in chunks]
+        self.schedule = self._schedule(parts, [v for v, _, _ in chunks])
+        return parts[0] if len(parts) == 1 else nn.ModuleList(parts)
+
+    def _parallelize(self, model: Transformer) -> torch.nn.Module:
+        """Tensor parallel -> activation checkpointing -> DDP / FSDP2 on one model (chunk)."""
+        plan, lay = self.plan, self.layout
         if plan.tp > 1:
             par.apply_tp(model, lay.mesh["tp"], plan.sp)
+        if plan.cp > 1:
+            par.apply_cp(model, lay.cp_group)
         par.apply_ac(model, plan.recompute)
-        dp_dims = tuple(d for d in ("dp_replicate", "dp_shard") if d in lay.dims)
-        wrapped: torch.nn.Module = model
-        if plan.dp > 1 and plan.zero == 0 and plan.tp == 1 and plan.pp == 1:
-            wrapped = par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault)
-        elif plan.dp > 1 and plan.zero == 0:
+        if lay.dp_group is None:  # one replica: nothing to reduce
+            return model
+        if plan.zero == 0 and plan.tp == 1 and plan.pp == 1:
+            return par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault)
+        if plan.zero == 0:
             self.manual_reduce = True
-        elif plan.dp > 1:
-            par.apply_fsdp(model, lay.mesh[dp_dims], plan)
+        else:
+            par.apply_fsdp(model, par.fsdp_mesh(lay), plan)
             self.fsdp = True
-        if plan.pp > 1:
-            self.schedule = self._schedule(model)
-        return wrapped
+        return model
 
-    def _schedule(self, model: torch.nn.Module) -> Any:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    def _schedule(self, parts: list[torch.nn.Module], indices: list[int]) -> Any:
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
 
+        n = self.plan.pp * self.plan.vpp
+        stages: list[Any] = [PipelineStage(part, v, n, self.device, group=self.layout.group("pp"))
+                             for part, v in zip(parts, indices, strict=True)]
+        if self.plan.schedule == "interleaved":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=self.plan.grad_accum, loss_fn=causal_lm_loss)
         cls = ScheduleGPipe if self.plan.schedule == "gpipe" else Schedule1F1B
-        stage = PipelineStage(model, self.layout.pp_rank, self.plan.pp, self.device, group=self.layout.group("pp"))
-        return cls(stage, n_microbatches=self.plan.grad_accum, loss_fn=causal_lm_loss)
+        return cls(stages[0], n_microbatches=self.plan.grad_accum, loss_fn=causal_lm_loss)
 
     def step(self, step: int) -> float:
         """One optimizer step (all micro-batches); returns this rank's mean loss (NaN if none)."""
@@ -135,7 +153,8 @@ class Trainer:
             total = 0.0
             for m, tokens in enumerate(batches):
                 with self._no_sync(last=m == len(batches) - 1):
-                    out = causal_lm_loss(self.model(tokens[:, :-1]), tokens[:, 1:]) / plan.grad_accum
+                    inputs, targets = split_inputs(tokens, plan.cp, lay.cp_rank)
+                    out = causal_lm_loss(self.model(inputs), targets) / plan.grad_accum
                     out.backward()
                 total += float(out.detach())
             loss = total
@@ -145,7 +164,7 @@ class Trainer:
             # gloo has no PREMUL_SUM, so FSDP2's divide factor cannot be set to 1: scale instead
             for p in self.model.parameters():
                 if p.grad is not None:
-                    p.grad.mul_(plan.dp)
+                    p.grad.mul_(plan.dp * plan.cp)
         self.optim.step()
         self.grad_bytes = sum(_local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
         self.optim.zero_grad(set_to_none=True)
@@ -154,27 +173,50 @@ class Trainer:
     def _pipeline_step(self, tokens: torch.Tensor) -> float:
         first, last = self.layout.pp_rank == 0, self.layout.pp_rank == self.plan.pp - 1
         losses: list[torch.Tensor] = []
-        args = (tokens[:, :-1],) if first else ()
-        self.schedule.step(*args, target=tokens[:, 1:] if last else None, losses=losses if last else None)
+        inputs, targets = split_inputs(tokens, self.plan.cp, self.layout.cp_rank)
+        args = (inputs,) if first else ()
+        self.schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         return float(torch.stack(losses).mean()) if last else float("nan")
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of each model state this rank holds between steps (gradients: at the last step's end)."""
+        params = sum(_local_bytes(p) for p in self.model.parameters())
+        optim = sum(_local_bytes(v) for s in self.optim.state.values() for v in s.values()
+                    if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return {"params": params, "grads": self.grad_bytes, "optimizer": optim}
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every parameter in full under its plain model name (collective)."""
+        parts = self.model if isinstance(self.model, nn.ModuleList) else [self.model]
+        return {name: t for part in parts for name, t in par.full_state(part).items()}
+
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """What a non-final micro-batch skips, following the cost model (and torchtitan, DeepSpeed):
+
+        * DDP and ZeRO-1 reduce gradients once per step (ZeRO-1 keeps them replicated, R);
+        * ZeRO-2/3 reduce-scatter every micro-batch (gradients stay sharded, S);
+        * ZeRO-1/2 keep the gathered parameters until the step ends, so they are all-gathered once
+          per step (ZeRO-3 gathers them again in every forward and backward).
+        """
         if last:
             return contextlib.nullcontext()
         if hasattr(self.model, "no_sync"):  # DDP
             return self.model.no_sync()  # type: ignore[operator]
-        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
-            return _fsdp_no_sync(self.model)
+        if self.fsdp:
+            return _fsdp_accumulate(self.model, sync=self.plan.zero >= 2, reshard=self.plan.zero >= 3)
         return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _fsdp_no_sync(model: Any) -> Any:
-    model.set_requires_gradient_sync(False)
+def _fsdp_accumulate(model: Any, *, sync: bool, reshard: bool) -> Any:
+    """FSDP2 for one non-final micro-batch: reduce-scatter gradients or not, reshard after backward or not."""
+    model.set_requires_gradient_sync(sync)
+    model.set_reshard_after_backward(reshard)
     try:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -194,21 +236,14 @@ def _local_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _local_state_bytes(trainer: Trainer) -> dict[str, int]:
-    """Bytes of each model state this rank holds between steps (gradients: at the last step's end)."""
-    params = sum(_local_bytes(p) for p in trainer.model.parameters())
-    optim = sum(_local_bytes(v) for s in trainer.optim.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return {"params": params, "grads": trainer.grad_bytes, "optimizer": optim}
-
-
-def _global_loss(trainer: Trainer, local: float) -> float:
-    """Mean loss over the global batch: ranks on the last stage each hold their dp shard's mean."""
+def _global_loss(trainer: Trainer | DeepSpeedTrainer, local: float) -> float:
+    """Mean loss over the global batch: ranks on the last stage each hold the mean over their dp
+    shard of rows and cp chunk of the sequence (chunks are equal, so the mean of means is exact)."""
     plan = trainer.plan
     holds = trainer.layout.pp_rank == plan.pp - 1
     t = torch.tensor([local if holds else 0.0], dtype=torch.float64, device=trainer.device)
     dist.all_reduce(t)
-    return float(t) / (plan.dp * plan.tp)
+    return float(t) / (plan.dp * plan.tp * plan.cp)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -217,16 +252,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         args.scale)
     plan = scaled_plan(plan_from_json(json.loads(args.plan_json.read_text())), spec.layers)
     base = {"schema": "autoplace.trial/v1", "plan": plan.to_string(), "world": dist.get_world_size(),
+            "framework": args.framework,
             "model": spec.model_dump(exclude_none=True), "scale": args.scale}
-    reason = unsupported_reason(plan)
+    reason = unsupported_reason(plan, args.framework)
     if reason:
         return {**base, "status": "unsupported", "reason": reason}
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}") if args.backend == "nccl" else torch.device("cpu")
-    if device.type == "cpu" and "cpu" in (plan.offload_params, plan.offload_optimizer):
-        # FSDP2's CPUOffloadPolicy needs an accelerator; on a CPU host the states live in host memory anyway
-        return {**base, "status": "unsupported", "reason": "CPU offload needs an accelerator device (FSDP2 CPUOffloadPolicy)"}
     rss0 = _rss_bytes()
-    trainer = Trainer(args, spec, plan, device)
+    try:
+        trainer = DeepSpeedTrainer(args, spec, plan, device) if args.framework == "deepspeed" else Trainer(
+            args, spec, plan, device)
+    except Unsupported as exc:  # raised alike on every rank, before any collective
+        return {**base, "status": "unsupported", "reason": str(exc)}
     losses: list[float] = []
     for s in range(args.warmup):
         _inject(args, s)
@@ -248,12 +285,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {**base, **_measure(trainer, args, times, losses, rss0)}
 
 
-def _measure(trainer: Trainer, args: argparse.Namespace, times: list[float], losses: list[float],
+def _measure(trainer: Trainer | DeepSpeedTrainer, args: argparse.Namespace, times: list[float], losses: list[float],
              rss0: int) -> dict[str, Any]:
     plan, spec = trainer.plan, trainer.spec
     step = sorted(times)[len(times) // 2]  # the median resists one slow step
     tokens = plan.mbs * plan.grad_accum * plan.dp * spec.seq_len
-    mine: dict[str, Any] = {"comm": trainer.comm.summary(), "state": _local_state_bytes(trainer),
+    mine: dict[str, Any] = {"comm": trainer.comm.summary(), "state": trainer.state_bytes(),
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss0": rss0}
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -269,7 +306,7 @@ def _measure(trainer: Trainer, args: argparse.Namespace, times: list[float], los
            "collectives_note": "counted over one step (the last warm-up step), busiest rank; ring_bytes are bytes "
                                "sent per rank under ring algorithms, the cost model's convention"}
     if args.save_params:
-        state = par.full_state(trainer.model)
+        state = trainer.full_state()
         torch.save(state, f"{args.save_params}.rank{dist.get_rank()}.pt")
     return out
 
