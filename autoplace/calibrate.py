@@ -219,7 +219,7 @@ def observations_from_study(model_path: str | Path, cluster_path: str | Path, st
     from autoplace.runtime.spec import scaled_model, scaled_plan
     from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
-    from autoplace.tune import open_storage
+    from autoplace.studies import open_storage
 
     model, cluster = load_model(model_path), load_cluster(cluster_path)
     store, _ = open_storage(storage, Path("."))

@@ -11,19 +11,29 @@ Resuming: the candidate list is stored in the study on creation; a re-run loads 
 (SQLite by default, any Optuna RDB URL, or a journal file for many workers) and runs only
 combinations no finished trial has run, until the study holds ``trials`` finished trials.
 A sampled combination that was already run is told as PRUNED (``duplicate_of``), never re-run.
+
+Interrupted trials: while a trial runs, a thread records its heartbeat in the storage.  A
+worker killed mid-trial stops beating; once the grace period has passed, the next ask of any
+worker (or a re-run) fails that trial and re-enqueues its combination (Optuna's
+``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, build_plan, parse_plan_string
+from autoplace.studies import Heartbeat, beating, fail_stale_trials, open_storage
 
 log = logging.getLogger("autoplace")
 
@@ -76,23 +86,6 @@ class TuneReport:
 # storage and candidates
 
 
-def open_storage(storage: str | None, out_dir: Path) -> tuple[Any, str]:
-    """An Optuna storage: SQLite in ``out_dir`` by default, an RDB URL, or a journal file
-    (``journal:PATH`` or a path ending in ``.log``/``.journal``)."""
-    import optuna
-
-    if storage is None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        storage = f"sqlite:///{(out_dir / 'study.db').resolve()}"
-    if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        path = storage.removeprefix("journal:")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(path)), storage
-    return optuna.storages.RDBStorage(storage), storage
-
-
 def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.0) -> list[str]:
     """The CP-SAT top-K plans the runtime can run, as plan strings, best predicted first."""
     from autoplace.runtime.spec import unsupported_reason
@@ -128,7 +121,8 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
              storage: str | None = None, study: str = "autoplace", launcher: str = "local",
              timeout_s: float = 300.0, out_dir: str | Path = "autoplace-tune", *, steps: int = 3, warmup: int = 1,
              scale: float = 1.0, candidates: list[str] | None = None, inject: dict[str, str] | None = None,
-             solver_time_s: float = 10.0, seed: int = 0, progress: bool = True) -> TuneReport:
+             solver_time_s: float = 10.0, seed: int = 0, progress: bool = True,
+             heartbeat: Heartbeat | None = None) -> TuneReport:
     """Run (or resume) the study until it holds ``trials`` finished trials.
 
     Args:
@@ -143,12 +137,11 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
         steps, warmup, scale: passed to the worker.
         candidates: plan strings to use instead of CP-SAT's top-K.
         inject: plan string -> ``crash|oom|hang``, a failure injected into that plan's trials (tests).
+        heartbeat: when a trial whose worker died is failed and retried (default :class:`Heartbeat`).
 
     Returns:
         A :class:`TuneReport`; print it with :func:`print_report`.
     """
-    import optuna
-
     from autoplace.cost.layers import layer_table
     from autoplace.runtime.spec import scaled_model
     from autoplace.specs.cluster import load_cluster
@@ -160,7 +153,8 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
     out = Path(out_dir)
     model, cluster = load_model(model_path), load_cluster(cluster_path)
     small = scaled_model(model, scale)
-    store, url = open_storage(storage, out)
+    hb = heartbeat or Heartbeat()
+    store, url = open_storage(storage, out, hb)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(study_name=study, storage=store, direction="minimize", load_if_exists=True,
                              sampler=optuna.samplers.TPESampler(seed=seed))
@@ -170,7 +164,7 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
              "bucket_mb": optuna.distributions.CategoricalDistribution(list(BUCKETS_MB))}
     ctx = _Context(model_path=Path(model_path), model=model, small=small, cluster=cluster, out=out,
                    blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
-                   warmup=warmup, scale=scale, inject=inject or {})
+                   warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb)
     ran = _loop(st, dists, _combos(cands), trials, ctx, progress, random.Random(seed), notes)
     report = TuneReport(study, url, [_record(t) for t in st.get_trials(deepcopy=False)], ran, notes=notes)
     report.plots = save_plots(st, out)
@@ -205,39 +199,63 @@ class _Context:
     warmup: int
     scale: float
     inject: dict[str, str]
+    storage: Any
+    heartbeat: Heartbeat
+
+
+@dataclass
+class _Snapshot:
+    """The study as one loop iteration sees it."""
+
+    finished: dict[tuple[str, int], int]  # combination -> trial number (COMPLETE or FAIL)
+    busy: set[tuple[str, int]]  # combinations RUNNING (here or on a worker that may be dead) or queued
+    waiting: bool  # a trial is queued: ask() pops it
+
+
+def _snapshot(st: Any) -> _Snapshot:
+    """Finished, busy and queued combinations.  A FAIL that was retried (its worker died) does
+    not finish its combination: the retry, queued or running, stands for it."""
+    trials = st.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    finished = {_key(t.params): t.number for t in trials
+                if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried}
+    pending = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    busy = {_key(p) for t in pending if (p := t.params or t.system_attrs.get("fixed_params"))}
+    return _Snapshot(finished, busy, any(t.state == TrialState.WAITING for t in trials))
 
 
 def _loop(st: Any, dists: dict[str, Any], combos: list[tuple[str, int]], target: int, ctx: _Context,
           progress: bool, rng: random.Random, notes: list[str]) -> int:
     """Ask, skip duplicates, run, tell -- until ``target`` finished trials or the space is exhausted."""
-    import optuna
     from rich.progress import Progress
 
-    TS = optuna.trial.TrialState
     ran = 0
+    idle_since: float | None = None
     with Progress(disable=not progress, transient=False) as bar:
         task = bar.add_task("trials", total=target)
         while True:
-            trials = st.get_trials(deepcopy=False)
-            finished = {_key(t.params): t.number for t in trials if t.state in (TS.COMPLETE, TS.FAIL)}
-            busy = {_key(t.params) for t in trials if t.state in (TS.RUNNING, TS.WAITING) and t.params}
-            bar.update(task, completed=min(len(finished), target))
-            if len(finished) >= target:
+            fail_stale_trials(st)
+            snap = _snapshot(st)
+            bar.update(task, completed=min(len(snap.finished), target))
+            if len(snap.finished) >= target:
                 return ran
-            untried = [c for c in combos if c not in finished and c not in busy]
-            if not untried:
-                notes.append(f"every plan and knob combination has run ({len(finished)} finished); stopping early")
-                return ran
-            if not any(t.state == TS.WAITING for t in trials):
+            untried = [c for c in combos if c not in snap.finished and c not in snap.busy]
+            if not untried and not snap.waiting:
+                idle_since = idle_since or time.monotonic()
+                if _stop_waiting(snap, time.monotonic() - idle_since, ctx, notes):
+                    return ran
+                time.sleep(ctx.heartbeat.interval_s)
+                continue
+            idle_since = None
+            first = [c for c in untried if c[1] == BUCKETS_MB[0]]
+            if first and not snap.waiting:
                 # the top-K at the default bucket first, in rank order; then TPE samples
-                first = [c for c in untried if c[1] == BUCKETS_MB[0]]
-                if first:
-                    st.enqueue_trial({"plan": first[0][0], "bucket_mb": first[0][1]})
-            trial = st.ask(dists)
+                st.enqueue_trial({"plan": first[0][0], "bucket_mb": first[0][1]})
+            trial = _ask(st, dists)
             key = _key(trial.params)
-            if key in finished:
-                trial.set_user_attr("duplicate_of", finished[key])
-                st.tell(trial, state=TS.PRUNED)
+            if key in snap.finished:
+                trial.set_user_attr("duplicate_of", snap.finished[key])
+                st.tell(trial, state=TrialState.PRUNED)
                 pick = rng.choice(untried)
                 st.enqueue_trial({"plan": pick[0], "bucket_mb": pick[1]})
                 continue
@@ -246,9 +264,44 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[tuple[str, int]], target:
             ran += 1
 
 
-def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None:
-    import optuna
+def _stop_waiting(snap: _Snapshot, waited_s: float, ctx: _Context, notes: list[str]) -> bool:
+    """Whether to stop when nothing is left to start.  Combinations still RUNNING elsewhere
+    either finish (a live worker: within the trial timeout) or go stale and come back as retries
+    (a dead one: within the grace period); wait that long, no longer."""
+    if not snap.busy:
+        notes.append(f"every plan and knob combination has run ({len(snap.finished)} finished); stopping early")
+        return True
+    if waited_s > ctx.timeout_s + ctx.heartbeat.grace_s + ctx.heartbeat.interval_s:
+        notes.append(f"{len(snap.busy)} combination(s) still RUNNING after {waited_s:.0f} s without a heartbeat "
+                     "verdict; stopping")
+        return True
+    return False
 
+
+def _ask(st: Any, dists: dict[str, Any]) -> Any:
+    """``st.ask`` without Optuna's warning that heartbeats expect ``optimize`` (:func:`_beating` beats)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        return st.ask(dists)
+
+
+def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None:
+    """Measure one combination while its heartbeat beats, then tell the study."""
+    study_id = ctx.storage.get_study_id_from_name(st.study_name)
+    with beating(ctx.storage, study_id, trial.number, ctx.heartbeat.interval_s):
+        value = _measure(trial, key, ctx)
+    if value is None:
+        st.tell(trial, state=TrialState.FAIL)
+    else:
+        st.tell(trial, value)
+
+
+def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
+    """Launch the combination; its figures (or why it failed) become user attributes.
+
+    Returns:
+        The measured step time, or None when the run failed.
+    """
     from autoplace.evaluation import evaluate
     from autoplace.runtime.spec import scaled_plan
 
@@ -260,6 +313,7 @@ def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None
     trial.set_user_attr("predicted_time_s", ev.time)
     trial.set_user_attr("predicted_comm_bytes", ev.comm)
     trial.set_user_attr("scale", ctx.scale)
+    trial.set_user_attr("launcher", ctx.launcher)
     extra = ["--bucket-mb", str(key[1])]
     if key[0] in ctx.inject:
         extra += ["--fail", ctx.inject[key[0]]]
@@ -271,8 +325,7 @@ def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None
         trial.set_user_attr("fail_reason", reason)
         trial.set_user_attr("error", outcome.error[:2000])
         log.warning("trial %d failed (%s): %s", trial.number, reason, outcome.error[:200])
-        st.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return
+        return None
     r = outcome.result
     if outcome.error:
         trial.set_user_attr("exit_note", outcome.error)
@@ -282,7 +335,7 @@ def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None
     trial.set_user_attr("state_bytes_per_device", r["memory"]["state_bytes_per_device"])
     trial.set_user_attr("measured_comm_bytes", (r.get("collectives") or {}).get("ring_bytes_by_dim", {}))
     trial.set_user_attr("losses", r["losses"])
-    st.tell(trial, r["step_time_s"])
+    return float(r["step_time_s"])
 
 
 def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str]) -> Any:
@@ -294,7 +347,9 @@ def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str]) -
                          scale=ctx.scale, extra=extra)
     from autoplace.runtime.slurm import run_slurm
 
-    return run_slurm(ctx.model, plan, directory, nodes=ctx.cluster.nodes, gpus_per_node=ctx.cluster.gpus_per_node,
+    # a `cpu` device profile means CPU ranks (gloo, no GPUs requested), as in `autoplace submit`
+    gpus = any(p.gpu.name != "cpu" for p in ctx.cluster.pools)
+    return run_slurm(ctx.model, plan, directory, gpus_per_node=ctx.cluster.gpus_per_node, use_gpus=gpus,
                      timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup, scale=ctx.scale, extra=extra)
 
 
@@ -307,10 +362,23 @@ def _record(t: Any) -> TrialRecord:
     plan = t.params.get("plan", "")
     return TrialRecord(
         number=t.number, plan=plan, bucket_mb=int(t.params.get("bucket_mb", BUCKETS_MB[0])), state=t.state.name,
-        reason=a.get("fail_reason", f"duplicate of #{a['duplicate_of']}" if "duplicate_of" in a else ""),
+        reason=_reason(t),
         predicted_step_s=a.get("predicted_step_time_s"), measured_step_s=a.get("measured_step_time_s"),
         tokens_per_s=a.get("tokens_per_s"), peak_rss_bytes=a.get("peak_rss_bytes"),
         predicted_comm_bytes=a.get("predicted_comm_bytes", {}), measured_comm_bytes=a.get("measured_comm_bytes", {}))
+
+
+def _reason(t: Any) -> str:
+    """Why a trial failed or was pruned, or which dead worker's trial it re-runs."""
+    a = t.user_attrs
+    if "fail_reason" in a:
+        return str(a["fail_reason"])
+    if "duplicate_of" in a:
+        return f"duplicate of #{a['duplicate_of']}"
+    if t.state == TrialState.FAIL:  # told by fail_stale_trials, not by a worker
+        return "worker died (heartbeat stale)"
+    retry_of = t.system_attrs.get("failed_trial")
+    return f"retry of #{retry_of}" if retry_of is not None else ""
 
 
 def short_plan(text: str) -> str:
@@ -332,9 +400,7 @@ def save_plots(st: Any, out: Path) -> list[Path]:
         from optuna.visualization import matplotlib as ovm
     except ImportError:
         return []
-    import optuna
-
-    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
+    if not any(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
         return []
     written = []
     for name, fn in (("optimization_history", ovm.plot_optimization_history), ("slice", ovm.plot_slice)):

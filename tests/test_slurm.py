@@ -1,6 +1,7 @@
-"""`autoplace submit --scheduler slurm` through a real Slurm: a single-node cluster on this
-machine (Debian's slurmctld, slurmd, munge; CI installs them), sbatch + srun + torchrun with
-c10d rendezvous, two gloo ranks all-reducing.  The daemons this test starts, it stops."""
+"""`autoplace submit --scheduler slurm` and `autoplace tune --launcher slurm` through a real Slurm:
+a single-node cluster on this machine (Debian's slurmctld, slurmd, munge; CI installs them), started
+once for the module.  submit: sbatch + srun + torchrun with c10d rendezvous, two gloo ranks
+all-reducing; tune: one submitit job per trial.  The daemons this module starts, it stops."""
 
 from __future__ import annotations
 
@@ -121,3 +122,29 @@ def test_submit_runs_a_tiny_job_through_sbatch_srun_torchrun(slurm: dict[str, st
     assert _wait(job, env) == "COMPLETED"
     output = "".join(p.read_text() for p in bundle.glob("*.out"))
     assert "rank 0 of 2 sum 3" in output and "rank 1 of 2 sum 3" in output, output
+
+
+def test_tune_launcher_slurm_runs_a_trial_as_a_submitit_job(slurm: dict[str, str], tmp_path: Path) -> None:
+    # CPU cluster: the job must ask for no GPUs (this Slurm has no GRES) and run gloo
+    import json
+
+    import optuna
+
+    env = {**slurm, "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{slurm['PATH']}"}
+    out = tmp_path / "tune"
+    proc = subprocess.run([sys.executable, "-m", "autoplace.cli", "tune", str(REPO / "examples/models/tiny-llama.json"),
+                           str(REPO / "examples/clusters/cpu-2.yaml"), "--launcher", "slurm", "--trials", "1",
+                           "--top", "1", "--timeout", "120", "--out", str(out), "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    [trial] = json.loads(proc.stdout)["trials"]
+    assert trial["state"] == "COMPLETE", trial
+    assert trial["measured_step_s"] > 0 and trial["tokens_per_s"] > 0 and trial["peak_rss_bytes"] > 0
+    [frozen] = optuna.load_study(study_name="autoplace", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+    assert frozen.user_attrs["launcher"] == "slurm" and frozen.value == trial["measured_step_s"]
+    # the torchrun agent's log (node 0 of the job); the ranks ran on a CPU-only node, so not on nccl
+    assert Path(frozen.user_attrs["log"]) == out / "trials" / "0000" / "run.log.node0"
+    assert json.loads((out / "trials" / "0000" / "result.json").read_text())["world"] == 2
+    submission = next((out / "trials" / "0000" / "slurm").glob("*_submission.sh")).read_text()
+    assert "#SBATCH --nodes=1" in submission and "--cpus-per-task=2" in submission
+    assert "gpus" not in submission and "gres" not in submission

@@ -16,7 +16,8 @@ from autoplace.errors import SpecError
 from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
-from autoplace.tune import open_storage, print_report, run_tune, short_plan
+from autoplace.studies import open_storage
+from autoplace.tune import print_report, run_tune, short_plan
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "examples" / "models" / "tiny-llama.json"

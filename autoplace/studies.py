@@ -1,0 +1,138 @@
+"""Optuna study storage with heartbeats, for ``autoplace tune`` and ``autoplace calibrate``.
+
+SQLite (the default), any Optuna RDB URL or a journal file.  While a trial runs, a thread
+records its heartbeat in the storage; a worker killed mid-trial stops beating, and once the
+grace period has passed the next ask of any worker (or a re-run) fails that trial and
+re-enqueues its combination (Optuna's ``RetryHeartbeatStaleTrialCallback``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages._heartbeat import BaseHeartbeat  # what fail_stale_trials checks; not re-exported
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import TrialState
+
+from autoplace.errors import BenchmarkError
+
+log = logging.getLogger("autoplace")
+_BEAT = "autoplace:heartbeat"  # journal trials' heartbeat (a system attribute: wall-clock seconds)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How a dead worker's trial is noticed and retried.
+
+    Attributes:
+        interval_s: seconds between heartbeats of a running trial.
+        grace_s: a RUNNING trial whose last heartbeat is older than this is failed (its worker
+            died) and, up to ``max_retry`` times, re-enqueued.  Six beats by default, not Optuna's
+            two: a live worker whose beats stall (a locked SQLite file, a loaded host) must not
+            lose its trial to another worker.
+        max_retry: re-runs of a combination whose workers keep dying; then it stays FAIL, so a
+            plan that kills its orchestrator (host OOM) cannot loop for ever.
+    """
+
+    interval_s: int = 10
+    grace_s: int = 60
+    max_retry: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.interval_s <= self.grace_s or self.max_retry < 0:
+            raise BenchmarkError(f"1 <= interval_s <= grace_s and max_retry >= 0 must hold, but got (interval_s="
+                                 f"{self.interval_s}, grace_s={self.grace_s}, max_retry={self.max_retry})")
+
+
+class _BeatingJournalStorage(JournalStorage, BaseHeartbeat):
+    """A journal file with heartbeats, which Optuna 5's JournalStorage lacks (only RDBStorage has
+    them).  A beat is the trial's ``autoplace:heartbeat`` system attribute: the writer's wall clock,
+    so hosts sharing the file must keep their clocks in step (NTP), as they would for NFS anyway."""
+
+    def __init__(self, path: str, heartbeat: Heartbeat, on_stale: Callable[[Any, Any], None]) -> None:
+        super().__init__(JournalFileBackend(path))
+        self._heartbeat = heartbeat
+        self._on_stale = on_stale
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        self.set_trial_system_attr(trial_id, _BEAT, time.time())
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+        return [self.get_trial_id_from_study_id_trial_number(study_id, t.number) for t in running
+                if now - _last_beat(t) > self._heartbeat.grace_s]
+
+    def get_heartbeat_interval(self) -> int:
+        return self._heartbeat.interval_s
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[Any, Any], None]:
+        return self._on_stale
+
+
+def _last_beat(t: Any) -> float:
+    """A journal trial's last sign of life: its beat or its start, whichever is later (a retry
+    inherits its dead predecessor's system attributes, old beat included)."""
+    started = t.datetime_start.timestamp() if t.datetime_start else 0.0
+    return max(float(t.system_attrs.get(_BEAT, 0.0)), started)
+
+
+def open_storage(storage: str | None, out_dir: Path, heartbeat: Heartbeat | None = None) -> tuple[Any, str]:
+    """An Optuna storage with heartbeats: SQLite in ``out_dir`` by default, an RDB URL, or a journal
+    file (``journal:PATH`` or a path ending in ``.log``/``.journal``)."""
+    hb = heartbeat or Heartbeat()
+    if storage is None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=hb.max_retry)
+        if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
+            path = storage.removeprefix("journal:")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return _BeatingJournalStorage(path, hb, retry), storage
+        return optuna.storages.RDBStorage(storage, heartbeat_interval=hb.interval_s, grace_period=hb.grace_s,
+                                          heartbeat_stale_trial_callback=retry), storage
+
+
+@contextmanager
+def beating(storage: Any, study_id: int, number: int, interval_s: int) -> Iterator[None]:
+    """Record trial ``number``'s heartbeat now and every ``interval_s`` until the block exits.
+
+    Optuna beats only inside ``Study.optimize``; this study uses ask/tell (to skip duplicates), so
+    it beats itself.  The block must end before the trial is told: a journal beat on a finished
+    trial would be refused."""
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+    storage.record_heartbeat(trial_id)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as exc:  # noqa: BLE001 - a missed beat must not end the trial
+                log.warning("heartbeat of trial %d not recorded: %s", number, exc)
+
+    thread = threading.Thread(target=beat, name=f"autoplace-heartbeat-{number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fail_stale_trials(st: Any) -> None:
+    """Fail RUNNING trials whose worker stopped beating; the storage's callback re-enqueues them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(st)
