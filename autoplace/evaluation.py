@@ -41,6 +41,8 @@ class Evaluation:
         time: seconds per step by part (compute, exposed communication, bubble, optimizer).
         violations: broken rules, out-of-memory included.
         memory_peak_at: when each stage's memory peaks (``MEMORY_PHASES``).
+        model_states: params, grads and optimizer bytes on the fullest stage once every
+            gradient exists (``memory`` shows them at the peak, which may precede the gradients).
     """
 
     plan: Plan
@@ -56,6 +58,7 @@ class Evaluation:
     worst_stage: int
     violations: list[Violation] = field(default_factory=list)
     memory_peak_at: list[str] = field(default_factory=list)
+    model_states: dict[str, float] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -72,6 +75,7 @@ class Evaluation:
         out["memory_per_device_bytes"] = {k: int(round(v)) for k, v in self.memory.items()}
         out["memory_per_stage_bytes"] = [{k: int(round(v)) for k, v in s.items()} for s in self.memory_per_stage]
         out["memory_peak_at_per_stage"] = list(self.memory_peak_at)
+        out["model_states_bytes"] = {k: int(round(v)) for k, v in self.model_states.items()}
         out["comm_bytes_per_step_per_device"] = {k: int(round(v)) for k, v in self.comm.items()}
         out["time_breakdown_s"] = {k: round(v, 6) for k, v in self.time.items()}
         out.update({"step_time_s": round(self.step_time_s, 6), "tokens_per_s": round(self.tokens_per_s, 3),
@@ -115,4 +119,5 @@ def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
         tokens_per_s=float(batch.tokens_per_s[i]), mfu=float(batch.mfu[i]),
         tflops_per_gpu=float(per_second(batch.model_flops[i], step)) / gpus / 1e12,
         hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst,
-        memory_peak_at=[MEMORY_PHASES[int(f)] for f in batch.memory_phase[i, : plan.pp]])
+        memory_peak_at=[MEMORY_PHASES[int(f)] for f in batch.memory_phase[i, : plan.pp]],
+        model_states={k: float(v) for k, v in zip(MEMORY_PARTS[:3], batch.states[i, worst], strict=True)})

@@ -28,21 +28,26 @@ MODELS = REPO / "examples" / "models"
 # (model file, setup); reshard=True with the root kept gathered is what autoplace's FSDP2
 # emitter writes for ZeRO-3, reshard=False for ZeRO-2.
 CASES: list[tuple[str, Setup]] = [
-    ("llama-3-8b.json", Setup(world=8, precision="bf16")),
-    ("llama-3-8b.json", Setup(world=8, precision="bf16", root_reshard=True)),
+    ("llama-3-8b.json", Setup(world=8, precision="bf16-fsdp2")),
+    ("llama-3-8b.json", Setup(world=8, precision="bf16-fsdp2", root_reshard=True)),
     ("llama-3-8b.json", Setup(world=8, precision="fp32")),
-    ("llama-3-8b.json", Setup(world=8, precision="bf16", reshard=False)),
-    ("llama-3-8b.json", Setup(world=16, precision="bf16")),
-    ("llama-3-8b.json", Setup(world=64, precision="bf16")),
-    ("llama-3-8b.json", Setup(world=64, precision="bf16", dp_replicate=8)),
-    ("llama-3-8b.json", Setup(world=64, precision="bf16", tp=8)),
-    ("llama-3-70b.json", Setup(world=64, precision="bf16")),
-    ("llama-3-70b.json", Setup(world=64, precision="bf16", tp=8)),
-    ("gpt-3-175b.json", Setup(world=64, precision="fp16")),
+    ("llama-3-8b.json", Setup(world=8, precision="bf16-fsdp2", reshard=False)),
+    ("llama-3-8b.json", Setup(world=16, precision="bf16-fsdp2")),
+    ("llama-3-8b.json", Setup(world=64, precision="bf16-fsdp2")),
+    ("llama-3-8b.json", Setup(world=64, precision="bf16-fsdp2", dp_replicate=8)),
+    ("llama-3-8b.json", Setup(world=64, precision="bf16-fsdp2", tp=8)),
+    ("llama-3-70b.json", Setup(world=64, precision="bf16-fsdp2")),
+    ("llama-3-70b.json", Setup(world=64, precision="bf16-fsdp2", tp=8)),
+    ("gpt-3-175b.json", Setup(world=64, precision="bf16-fsdp2")),
+    ("gpt-3-175b.json", Setup(world=64, precision="bf16-fsdp2", tp=8)),
+    # Mixtral 8x7B (Hugging Face config): experts sharded by FSDP like dense weights (ep = 1),
+    # tokens split evenly over the experts (autoplace.fidelity.moe)
+    ("hf/mixtral-8x7b/config.json", Setup(world=8, precision="bf16-fsdp2")),
+    ("hf/mixtral-8x7b/config.json", Setup(world=64, precision="bf16-fsdp2")),
 ]
 NOT_RUN = {
-    "Mixtral-style MoE": "the tracker model builds dense blocks only (no router or experts yet)",
-    "GPT-3 with TP": "tied embeddings under DTensor TP are not built",
+    "Mixtral with expert parallelism (ep > 1)": "experts are sharded by FSDP only; no all-to-all dispatch is built",
+    "MoE with TP": "the TP plan covers dense MLPs only",
 }
 PEAK_PARTS = ("Sharded Param", "Unsharded Param", "Sharded Grad", "Unsharded Grad", "OptState", "Activation",
               "Temp", "All Gather", "Reduce Scatter", "Buffer", "Inputs")

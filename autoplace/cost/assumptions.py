@@ -40,6 +40,9 @@ class Assumptions:
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
+        loss_workspace_bytes_per_vocab_tp: the same per local vocabulary entry when the head is
+            vocabulary-parallel (tp > 1): PyTorch's ``loss_parallel`` keeps 12 (measured with
+            FSDPMemTracker on Llama-3-8B widths, tp = 2; autoplace.fidelity).
         elementwise_traffic: HBM passes over a block's stored activations made by its
             memory-bound kernels per micro-batch (norms, activation functions, dropout,
             softmax, residual adds): about one in forward and two in backward; full recompute
@@ -58,6 +61,7 @@ class Assumptions:
     offload_overlap: float = 1.0
     elementwise_traffic: float = 3.0
     loss_workspace_bytes_per_vocab: float = 8.0
+    loss_workspace_bytes_per_vocab_tp: float = 12.0
     compute_scale: float = 1.0  # calibration: measured / predicted compute time
     bandwidth_scale: float = 1.0  # calibration: predicted / measured link time
 

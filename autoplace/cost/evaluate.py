@@ -154,6 +154,7 @@ class Batch:
     Attributes:
         memory: bytes per device by part ``[C, S, 6]`` (MEMORY_PARTS) at the stage's peak.
         memory_phase: when that peak happens ``[C, S]`` (an index into MEMORY_PHASES).
+        states: params, grads, optimizer bytes once every gradient exists ``[C, S, 3]``.
         capacity: device memory ``[C, S]``.
         comm_bytes: bytes sent per device per step by dimension ``[C, S, 6]`` (COMM_PARTS).
         time: seconds per step by part ``[C, 10]`` (TIME_PARTS), summing to ``step_time``.
@@ -163,6 +164,7 @@ class Batch:
 
     memory: Array
     memory_phase: Array
+    states: Array
     capacity: Array
     comm_bytes: Array
     time: Array
@@ -235,7 +237,7 @@ def evaluate_batch(table: LayerTable, cluster: ClusterSpec, cand: Candidates, re
     terms = stage_terms(table, cluster, cand, recipe, assume)
     n = cand.counts.astype(float)
     mask = np.arange(n.shape[1])[None, :] < cand.pp[:, None]
-    memory, phase = terms.memory(n)
+    memory, phase, states = terms.memory(n)
     parts_all = terms.stage_parts(n)
     stage_t = parts_all.sum(axis=-1)
     tail = terms.tail(n)
@@ -253,7 +255,7 @@ def evaluate_batch(table: LayerTable, cluster: ClusterSpec, cand: Candidates, re
     parts = parts_all[np.arange(cand.size), slow_idx] * m[:, None]  # [C, 7]
     bubble = np.maximum(pipeline - parts.sum(axis=-1), 0.0)  # exact but for float noise
     time = np.concatenate([parts, bubble[:, None], tail_parts], axis=1)
-    return Batch(memory=memory, memory_phase=phase, capacity=terms.capacity, comm_bytes=terms.comm_bytes(n), time=time,
+    return Batch(memory=memory, memory_phase=phase, states=states, capacity=terms.capacity, comm_bytes=terms.comm_bytes(n), time=time,
                  stage_time=stage_t, step_time=step, model_flops=terms.model_flops, hardware_flops=terms.hardware_flops(n),
                  peak_flops_total=terms.peak_total, tokens_per_step=terms.tokens_per_step, stage_mask=mask,
                  terms=terms)

@@ -231,12 +231,17 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         sh_rep, sh_tp = (_mlp_act(h, e.shared_ffn_hidden or e.expert_ffn_hidden, gated, m.dropout, b)
                          if e.shared_experts else (0.0, 0.0))
         mats = 3 if gated else 2
+        # routing keeps, per token: the router's input; per routed copy, the expert's output (for
+        # the gate's gradient) and the gated output (the index_add_ combine of Hugging Face's
+        # Mixtral saves its source); int64 token/slot indices and fp32 + 16-bit gates, 32 B
+        # (measured with FSDPMemTracker, autoplace.fidelity.moe)
+        routing = (1 + 2 * e.top_k) * b * h + 32 * e.top_k
         kinds.append(BlockKind(
             name="moe", params_tp=att_tp + shared_tp, params_rep=att_rep + norms + shared_rep + router,
             params_expert=e.experts * (expert_tp + expert_rep),
             flops=(att_flops + 2 * router + flops_score
                    + 2 * mats * h * (e.top_k * e.expert_ffn_hidden + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden))),
-            act_rep=att_act_rep + norm_act + e.top_k * ex_rep + e.shared_experts * sh_rep + 4 * e.experts,
+            act_rep=att_act_rep + norm_act + e.top_k * ex_rep + e.shared_experts * sh_rep + 4 * e.experts + routing,
             act_tp=att_act_tp + e.top_k * ex_tp + e.shared_experts * sh_tp,
             ep_alltoall=e.top_k * b * h, moe=True, gemm_flops=2 * h * e.expert_ffn_hidden,
             gemm_token_share=e.top_k / e.experts, **common))  # type: ignore[arg-type]

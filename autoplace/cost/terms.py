@@ -74,9 +74,10 @@ class StageTerms:
 
     # -- assembly (used by evaluate_batch; the CP-SAT model reads the tables directly) --
 
-    def memory(self, n: Array) -> tuple[Array, Array]:
-        """Bytes per device by MEMORY_PARTS in the fuller memory phase ``[C, S, 6]``, and that
-        phase ``[C, S]`` (0: start of backward, 1: end of the first backward)."""
+    def memory(self, n: Array) -> tuple[Array, Array, Array]:
+        """Bytes per device by MEMORY_PARTS in the fuller memory phase ``[C, S, 6]``, that phase
+        ``[C, S]`` (0: start of backward, 1: end of the first backward), and the model states
+        once every gradient exists ``[C, S, 3]`` (the end of backward)."""
         per_stage = n.sum(axis=-1)  # [C, S, K]
         states = np.einsum("csk,cokp->csp", per_stage, self.state_block)
         acts = np.einsum("cskr,cokr->cs", n, self.act_block)
@@ -84,7 +85,7 @@ class StageTerms:
         phases[..., :3] += states[:, :, None, :] * self.state_live
         phases[..., 3] += self.act_mult * acts[..., None]
         fuller = phases.sum(-1).argmax(-1)  # [C, S]
-        return np.take_along_axis(phases, fuller[..., None, None], axis=2)[:, :, 0], fuller
+        return np.take_along_axis(phases, fuller[..., None, None], axis=2)[:, :, 0], fuller, phases[:, :, 1, :3]
 
     @cached_property
     def phases(self) -> tuple[Array, Array, Array]:
@@ -189,14 +190,14 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     z_sh, ez_sh = col(size["zero"]), col(size["ezero"])
     z = col(zero)
 
-    # A recipe whose gathered copy is narrower than the stored weights (FSDP2's fp32 shards
-    # cast to bf16 on all-gather) shards the stored weights from ZeRO-2 on, like a master
-    # copy, and ZeRO-2 (reshard_after_forward=False) keeps the gathered copy for the step.
-    cast_on_gather = pgb != pb
-    p_sharded = (z >= 3) | ((z == 2) & cast_on_gather)
+    # Without a separate master copy (fp32 training, FSDP2's fp32 shards) the stored weights are
+    # the master: ZeRO-2 shards them like optimizer state and keeps the gathered copy (FSDP2's
+    # reshard_after_forward=False; DeepSpeed's fp32 partitions) for the whole step.
+    shard_and_gathered = (z == 2) & (not recipe.master_copy)
+    p_sharded = (z >= 3) | shard_and_gathered
 
     def states(dense: Array, expert: Array) -> Array:
-        kept = np.where((z == 2) & cast_on_gather, (dense + expert) * pgb, 0.0)
+        kept = np.where(shard_and_gathered, (dense + expert) * pgb, 0.0)
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(off_par))
             + kept,
@@ -240,7 +241,8 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
     # the fp32 logits) are freed by the head's backward, before the first block's buffers
     # are needed (FSDPMemTracker, autoplace.fidelity)
-    loss = last * tok * assume.loss_workspace_bytes_per_vocab * table.vocab / tp[:, None]
+    per_vocab = np.where(tp > 1, assume.loss_workspace_bytes_per_vocab_tp, assume.loss_workspace_bytes_per_vocab)
+    loss = last * tok * (per_vocab * table.vocab / tp)[:, None]
     buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
     reserve = np.broadcast_to(reserve_bytes(hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)

@@ -21,9 +21,13 @@ What the model is built like, and why (the trackers only see what eager PyTorch 
 * SwiGLU is eager ``w2(silu(w1 x) * w3 x)`` as in torchtitan, so autograd keeps four
   ``f``-wide tensors (w1 x, silu(w1 x), w3 x, the product); GeLU MLP, LayerNorm, biases,
   learned positions, tied embeddings and dropout (p=0.1) follow the spec (GPT-3 style);
+* a MoE block (Mixtral) has a softmax router and ``experts`` SwiGLU MLPs, with tokens split
+  evenly over the experts so that shapes are static (:mod:`autoplace.fidelity.moe`); FSDP2
+  shards the experts with the rest of the block (no expert parallelism);
 * the loss is ``cross_entropy(logits.float())``, as torchtitan computes it.
 
-torch is imported here, and only here (``pip install torch`` if it is missing).
+torch is imported here and in :mod:`autoplace.fidelity.moe`, which only this module imports
+(``pip install torch`` if it is missing).
 """
 
 from __future__ import annotations
@@ -47,14 +51,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import Evaluation, evaluate
+from autoplace.fidelity.moe import MoEFeedForward
 from autoplace.plan import build_plan
 from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
 from autoplace.specs.model import TransformerSpec
 
 log = logging.getLogger("autoplace")
 
-# FSDP2 MixedPrecisionPolicy for autoplace's 16-bit recipes: compute and reduce in that dtype
-HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# FSDP2 MixedPrecisionPolicy(param_dtype, reduce_dtype) of autoplace's FSDP2 recipes (specs.model):
+# 16-bit gathers and compute, fp32 shards and gradient reduction, as torchtitan configures it
+MIXED = {"bf16-fsdp2": (torch.bfloat16, torch.float32)}
 
 # ---------------------------------------------------------------------------------------
 # The model
@@ -146,11 +152,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU ``w2(silu(w1 x) * w3 x)`` (torchtitan) or GeLU ``w2(gelu(w1 x))`` (GPT, Megatron)."""
+    """SwiGLU ``w2(silu(w1 x) * w3 x)`` (torchtitan) or GeLU ``w2(gelu(w1 x))`` (GPT, Megatron);
+    ``width`` is the inner size when it is not the dense ``ffn_hidden`` (a routed expert's)."""
 
-    def __init__(self, spec: TransformerSpec) -> None:
+    def __init__(self, spec: TransformerSpec, width: int | None = None) -> None:
         super().__init__()
-        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias
+        h, f, bias = spec.hidden, width or spec.ffn_hidden, spec.bias
         self.gated = spec.ffn == "swiglu"
         self.dropout = DROPOUT if spec.dropout else 0.0
         self.w1, self.w2 = nn.Linear(h, f, bias=bias), nn.Linear(f, h, bias=bias)
@@ -166,12 +173,20 @@ def _norm(spec: TransformerSpec) -> nn.Module:
     return RMSNorm(spec.hidden) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden)
 
 
+def _feed_forward(spec: TransformerSpec, index: int) -> nn.Module:
+    """Block ``index``'s MLP: dense, or Mixtral-style routed experts where the spec puts them."""
+    moe = spec.moe
+    if moe is None or not moe.is_moe_layer(index):
+        return MLP(spec)
+    return MoEFeedForward(spec.hidden, [MLP(spec, moe.expert_ffn_hidden) for _ in range(moe.experts)], moe.top_k)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: TransformerSpec) -> None:
+    def __init__(self, spec: TransformerSpec, index: int) -> None:
         super().__init__()
         self.attention_norm, self.ffn_norm = _norm(spec), _norm(spec)
         self.attention = Attention(spec)
-        self.feed_forward = MLP(spec)
+        self.feed_forward = _feed_forward(spec, index)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, causal)
@@ -187,7 +202,7 @@ class Transformer(nn.Module):
         self.pos_embeddings = (nn.Embedding(spec.max_position or spec.seq_len, spec.hidden)
                                if spec.position == "learned" else None)
         self.dropout = DROPOUT if spec.dropout else 0.0
-        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.layers))
+        self.layers = nn.ModuleList(Block(spec, i) for i in range(spec.layers))
         self.norm = _norm(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:
@@ -213,11 +228,13 @@ class Transformer(nn.Module):
 
 
 def check_supported(spec: TransformerSpec) -> None:
-    """The builder covers dense decoder-only transformers; say what it does not cover."""
-    unsupported = {"moe": spec.moe is not None, "attention (MLA)": spec.attention is not None}
+    """The builder covers dense and Mixtral-style MoE decoder-only transformers; say what it does not cover."""
+    unsupported = {"shared experts": spec.moe is not None and spec.moe.shared_experts > 0,
+                   "attention (MLA)": spec.attention is not None}
     bad = [name for name, on in unsupported.items() if on]
     if bad:
-        raise BenchmarkError(f"the tracker model builds dense blocks only; {spec.name} has {', '.join(bad)}")
+        raise BenchmarkError(f"the tracker model builds dense and routed-expert blocks only; {spec.name} has "
+                             f"{', '.join(bad)}")
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -335,9 +352,10 @@ class Setup:
             autoplace's emitter and torchtitan leave it False (gathered once per step).
         dp_replicate: HSDP replica groups (a ``(dp_replicate, dp_shard)`` mesh when > 1).
         tp: DTensor tensor parallelism (Megatron column/row pairs, vocab-parallel embedding,
-            column-parallel head with ``loss_parallel``; no sequence parallelism).
-        precision: "fp32" (no mixed precision), "bf16" or "fp16" (``MixedPrecisionPolicy`` with
-            16-bit parameters and gradient reduction: autoplace's recipe of that name).
+            column-parallel head with ``loss_parallel``, one shared matrix when tied; no sequence
+            parallelism; dense blocks only).
+        precision: "fp32" (no mixed precision) or "bf16-fsdp2" (``MixedPrecisionPolicy`` with
+            bf16 parameters and fp32 reduction: autoplace's recipe of that name).
         mbs: micro-batch in sequences.
     """
 
@@ -444,11 +462,10 @@ def measure(spec: TransformerSpec, setup: Setup) -> Measurement:
         raise BenchmarkError(f"dp_replicate({setup.dp_replicate}) * tp({setup.tp}) must divide world({setup.world})")
     if spec.n_kv_heads % setup.tp:
         raise BenchmarkError(f"tp({setup.tp}) must divide kv_heads({spec.n_kv_heads})")
-    if setup.tp > 1 and spec.tied_embeddings:
-        raise BenchmarkError("tp > 1 with tied embeddings is not built (the vocab-parallel table and head "
-                             "would shard one parameter twice)")
-    if setup.precision not in ("fp32", *HALF):
-        raise BenchmarkError(f"precision {setup.precision!r} is not measured; valid: fp32, {', '.join(HALF)}")
+    if setup.tp > 1 and spec.moe is not None:
+        raise BenchmarkError("tp > 1 with routed experts is not built (the TP plan covers dense MLPs only)")
+    if setup.precision not in ("fp32", *MIXED):
+        raise BenchmarkError(f"precision {setup.precision!r} is not measured; valid: fp32, {', '.join(MIXED)}")
     with fake_world(setup.world):
         # the mesh holds real rank tensors: build it before entering fake mode
         sizes, names = setup.mesh_dims()
@@ -492,6 +509,11 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> None:
     of wq/wk/wv (and w1/w3) are summed before a single all-reduce: Megatron's ``f`` operator
     (Shoeybi et al. 2019, Fig. 3), two all-reduces forward and two backward per block.
     Without it, eager DTensor all-reduces each column-parallel input gradient on its own.
+
+    Tied embeddings (GPT): the vocab-parallel table and the column-parallel head both shard the
+    ``(vocab, hidden)`` matrix by rows, so one ``Shard(0)`` parameter serves both, as Megatron's
+    shared word embedding does; ``parallelize_module`` replaces each module's parameter with its
+    own copy, so the head is re-tied to the table afterwards.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -501,10 +523,13 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> None:
         parallelize_module,
     )
 
+    tied = model.get_submodule("output").weight is model.get_submodule("tok_embeddings").weight
     parallelize_module(model, tp_mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
         "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),  # for loss_parallel
     })
+    if tied:
+        model.get_submodule("output").weight = model.get_submodule("tok_embeddings").weight
     for block in _blocks(model):
         gated = "feed_forward.w3" in dict(block.named_modules())
         parallelize_module(block, tp_mesh, {
@@ -526,8 +551,8 @@ def _parallelize(model: nn.Module, setup: Setup, mesh: Any) -> None:
     if setup.tp > 1:
         apply_tp(model, mesh["tp"])
     dp_mesh = mesh["dp_replicate", "dp_shard"] if setup.dp_replicate > 1 else mesh["dp_shard"]
-    half = HALF.get(setup.precision)
-    mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half) if half else MixedPrecisionPolicy()
+    param, reduce = MIXED.get(setup.precision, (None, None))
+    mp = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
     for block in _blocks(model):
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=setup.reshard, mp_policy=mp)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=setup.root_reshard, mp_policy=mp)
@@ -636,16 +661,16 @@ def predicted_dp_collectives(spec: TransformerSpec, setup: Setup) -> dict[str, f
     checks that the parts add up to ``comm["dp"]``."""
     recipe = tracker_spec(spec, setup).training.recipe()
     t = layer_table(spec)
-    tp_local = sum(k.params_tp for k in (t.kinds[i] for i in t.sequence)) + t.embed.params_tp + t.head.params_tp
+    head_tp = 0.0 if t.tied else t.head.params_tp  # a tied head is the embedding table, counted once
+    tp_local = sum(k.params_tp for k in (t.kinds[i] for i in t.sequence)) + t.embed.params_tp + head_tp
     psi = tp_local / setup.tp + (t.params - tp_local)
     n, r = setup.dp_shard, setup.dp_replicate
-    root = (t.embed.params_tp / setup.tp + t.embed.params_rep + t.head.params_rep
-            + (0.0 if t.tied else t.head.params_tp / setup.tp))
+    root = (t.embed.params_tp + head_tp) / setup.tp + t.embed.params_rep + t.head.params_rep
     gathered = (2 * psi - (0.0 if setup.root_reshard else root)) if setup.reshard else psi
-    out = {"all_gather": gathered * recipe.param_bytes * (n - 1) / n,
-           "reduce_scatter": psi * recipe.grad_bytes * (n - 1) / n}
+    out = {"all_gather": gathered * recipe.gather_bytes * (n - 1) / n,
+           "reduce_scatter": psi * recipe.reduce_bytes * (n - 1) / n}
     if r > 1:
-        out["all_reduce"] = 2 * (r - 1) / r * psi * recipe.grad_bytes / n
+        out["all_reduce"] = 2 * (r - 1) / r * psi * recipe.reduce_bytes / n
     return out
 
 
@@ -653,12 +678,12 @@ def compare(spec: TransformerSpec, setup: Setup) -> Comparison:
     """Measure ``setup`` and set autoplace's prediction beside it, state by state."""
     m = measure(spec, setup)
     ev = predict(spec, setup)
-    mem, at_peak, cat, fwd = ev.memory, m.peak, m.category_peak, m.after_forward
+    mem, states, at_peak, cat, fwd = ev.memory, ev.model_states, m.peak, m.category_peak, m.after_forward
     params = cat.get("Sharded Param", 0.0) + (0.0 if setup.reshard else fwd.get("Unsharded Param", 0.0))
-    rows = [Row("params", mem["params"], params,
+    rows = [Row("params", states["params"], params,
                 "sharded" if setup.reshard else "sharded + gathered (ZeRO-2 keeps gathered params)"),
-            Row("grads", mem["grads"], cat.get("Sharded Grad", 0.0), "sharded grads"),
-            Row("optimizer", mem["optimizer"], fwd.get("OptState", 0.0), "AdamW exp_avg, exp_avg_sq, step (resident)")]
+            Row("grads", states["grads"], cat.get("Sharded Grad", 0.0), "sharded grads"),
+            Row("optimizer", states["optimizer"], fwd.get("OptState", 0.0), "AdamW exp_avg, exp_avg_sq, step (resident)")]
     rows.append(Row("model states", sum(r.predicted for r in rows), sum(r.measured for r in rows)))
     rows.append(Row("activations kept", mem["activations"], fwd.get("Activation", 0.0),
                     "Activation category once the loss exists"))

@@ -62,6 +62,9 @@ class Precision(Strict):
     # stored copy: FSDP2 stores fp32 shards but all-gathers bf16 (MixedPrecisionPolicy)
     param_comm_bytes: float | None = Field(None, gt=0, le=16, allow_inf_nan=False)
     grad_comm_bytes: float | None = Field(None, gt=0, le=16, allow_inf_nan=False)
+    # whether optimizer_bytes holds an fp32 master copy of the weights (ZeRO's mixed precision);
+    # without one the stored weights are the master, so ZeRO-2 shards them like optimizer state
+    master_copy: bool = True
 
     @property
     def gather_bytes(self) -> float:
@@ -126,6 +129,7 @@ class Training(Strict):
             return self.precision
         p, g, master, act, dtype, *wire = _RECIPES[self.precision]
         return Precision(
+            master_copy=master > 0,
             param_comm_bytes=wire[0] if wire else None,
             grad_comm_bytes=wire[1] if wire else None,
             name=f"{self.precision}+{self.optimizer}",
