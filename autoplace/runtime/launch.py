@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,8 @@ def run_command(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int |
     """
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True)
+        reaped = [sys.executable, "-m", "autoplace.runtime.reaper", str(os.getpid()), *cmd]  # dies with us
+        proc = subprocess.Popen(reaped, stdout=logf, stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True)
         try:
             code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
