@@ -339,6 +339,8 @@ def tune(
                                                  "(default sqlite:///OUT/study.db).")] = None,
     study: Annotated[str, typer.Option("--study", help="Study name (resumed when it exists).")] = "autoplace",
     launcher: Annotated[str, typer.Option("--launcher", help="local (torchrun here) or slurm (submitit).")] = "local",
+    framework: Annotated[str, typer.Option("--framework", help="native (PyTorch parallelism) or deepspeed "
+                                           "(trials train with the emitted ds_config.json).")] = "native",
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per trial before it is killed.")] = 300.0,
     out: Annotated[Path, typer.Option("--out", help="Trial logs, storage and plots.")] = Path("autoplace-tune"),
     scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
@@ -350,8 +352,10 @@ def tune(
 
         if launcher not in ("local", "slurm"):
             raise SpecError(f"unknown launcher {launcher!r}; valid: local, slurm", field="--launcher")
+        if framework not in ("native", "deepspeed"):
+            raise SpecError(f"unknown framework {framework!r}; valid: native, deepspeed", field="--framework")
         report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
-                          progress=not as_json)
+                          progress=not as_json, framework=framework)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     if as_json:

@@ -38,7 +38,7 @@ from autoplace.studies import Heartbeat, beating, fail_stale_trials, open_storag
 log = logging.getLogger("autoplace")
 
 BUCKETS_MB = (25, 10, 50)  # DDP bucket_cap_mb choices; 25 (PyTorch's default) first
-DEFAULT_FEATURES = frozenset({"hsdp"})  # what the runtime implements: no cp, ep, offload or interleave
+DEFAULT_FEATURES = frozenset({"hsdp", "cp", "interleave", "offload"})  # what the runtime implements (not ep)
 
 
 @dataclass
@@ -86,14 +86,15 @@ class TuneReport:
 # storage and candidates
 
 
-def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.0) -> list[str]:
-    """The CP-SAT top-K plans the runtime can run, as plan strings, best predicted first."""
+def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.0,
+                   framework: str = "native") -> list[str]:
+    """The CP-SAT top-K plans the runtime can run with ``framework``, as plan strings, best predicted first."""
     from autoplace.runtime.spec import unsupported_reason
     from solvers.base import Budget, Problem, get_solver
 
     result = get_solver("cpsat").solve(Problem(model, cluster, features=DEFAULT_FEATURES, top_k=top),
                                        Budget(time_limit_s=time_limit_s))
-    plans = [ev.plan for ev in result.plans if unsupported_reason(ev.plan) is None]
+    plans = [ev.plan for ev in result.plans if unsupported_reason(ev.plan, framework) is None]
     if not plans:
         raise BenchmarkError(f"the solver found no plan the runtime can run (status {result.status})")
     return [p.to_string() for p in plans]
@@ -122,7 +123,7 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
              timeout_s: float = 300.0, out_dir: str | Path = "autoplace-tune", *, steps: int = 3, warmup: int = 1,
              scale: float = 1.0, candidates: list[str] | None = None, inject: dict[str, str] | None = None,
              solver_time_s: float = 10.0, seed: int = 0, progress: bool = True,
-             heartbeat: Heartbeat | None = None) -> TuneReport:
+             heartbeat: Heartbeat | None = None, framework: str = "native") -> TuneReport:
     """Run (or resume) the study until it holds ``trials`` finished trials.
 
     Args:
@@ -138,6 +139,8 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
         candidates: plan strings to use instead of CP-SAT's top-K.
         inject: plan string -> ``crash|oom|hang``, a failure injected into that plan's trials (tests).
         heartbeat: when a trial whose worker died is failed and retried (default :class:`Heartbeat`).
+        framework: ``native`` (PyTorch parallelism) or ``deepspeed`` (trials train with the
+            ds_config.json autoplace emits for the plan; data-parallel plans only).
 
     Returns:
         A :class:`TuneReport`; print it with :func:`print_report`.
@@ -147,9 +150,9 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
     from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
 
-    if trials < 1 or launcher not in ("local", "slurm"):
-        raise BenchmarkError(f"trials >= 1 and launcher in (local, slurm) must hold, but got trials={trials}, "
-                             f"launcher={launcher!r}")
+    if trials < 1 or launcher not in ("local", "slurm") or framework not in ("native", "deepspeed"):
+        raise BenchmarkError(f"trials >= 1, launcher in (local, slurm) and framework in (native, deepspeed) must hold, "
+                             f"but got trials={trials}, launcher={launcher!r}, framework={framework!r}")
     out = Path(out_dir)
     model, cluster = load_model(model_path), load_cluster(cluster_path)
     small = scaled_model(model, scale)
@@ -159,12 +162,12 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
     st = optuna.create_study(study_name=study, storage=store, direction="minimize", load_if_exists=True,
                              sampler=optuna.samplers.TPESampler(seed=seed))
     notes: list[str] = []
-    cands = _study_candidates(st, candidates, model, cluster, top, solver_time_s, notes)
+    cands = _study_candidates(st, candidates, model, cluster, top, solver_time_s, notes, framework)
     dists = {"plan": optuna.distributions.CategoricalDistribution(cands),
              "bucket_mb": optuna.distributions.CategoricalDistribution(list(BUCKETS_MB))}
     ctx = _Context(model_path=Path(model_path), model=model, small=small, cluster=cluster, out=out,
                    blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
-                   warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb)
+                   warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb, framework=framework)
     ran = _loop(st, dists, _combos(cands), trials, ctx, progress, random.Random(seed), notes)
     report = TuneReport(study, url, [_record(t) for t in st.get_trials(deepcopy=False)], ran, notes=notes)
     report.plots = save_plots(st, out)
@@ -172,14 +175,14 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
 
 
 def _study_candidates(st: Any, given: list[str] | None, model: Any, cluster: Any, top: int,
-                      solver_time_s: float, notes: list[str]) -> list[str]:
+                      solver_time_s: float, notes: list[str], framework: str) -> list[str]:
     """The candidate list stored in the study; set on creation, kept on resume."""
     stored = st.user_attrs.get("candidates")
     if stored:
         if given and list(given) != list(stored):
             notes.append("the study keeps the candidates it was created with; --top/candidates ignored")
         return list(stored)
-    cands = list(given) if given else top_candidates(model, cluster, top, solver_time_s)
+    cands = list(given) if given else top_candidates(model, cluster, top, solver_time_s, framework)
     st.set_user_attr("candidates", cands)
     st.set_user_attr("model", model.name)
     return cands
@@ -201,6 +204,7 @@ class _Context:
     inject: dict[str, str]
     storage: Any
     heartbeat: Heartbeat
+    framework: str
 
 
 @dataclass
@@ -314,6 +318,7 @@ def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
     trial.set_user_attr("predicted_comm_bytes", ev.comm)
     trial.set_user_attr("scale", ctx.scale)
     trial.set_user_attr("launcher", ctx.launcher)
+    trial.set_user_attr("framework", ctx.framework)
     extra = ["--bucket-mb", str(key[1])]
     if key[0] in ctx.inject:
         extra += ["--fail", ctx.inject[key[0]]]
@@ -344,13 +349,14 @@ def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str]) -
 
     if ctx.launcher == "local":
         return run_local(ctx.model, plan, directory, timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup,
-                         scale=ctx.scale, extra=extra)
+                         scale=ctx.scale, framework=ctx.framework, extra=extra)
     from autoplace.runtime.slurm import run_slurm
 
     # a `cpu` device profile means CPU ranks (gloo, no GPUs requested), as in `autoplace submit`
     gpus = any(p.gpu.name != "cpu" for p in ctx.cluster.pools)
     return run_slurm(ctx.model, plan, directory, gpus_per_node=ctx.cluster.gpus_per_node, use_gpus=gpus,
-                     timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup, scale=ctx.scale, extra=extra)
+                     timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup, scale=ctx.scale,
+                     extra=[*extra, "--framework", ctx.framework])
 
 
 # ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -121,3 +122,22 @@ def test_calibration_loader_is_strict(tmp_path: Path, doc: dict, field: str) -> 
 def test_calibration_needs_trials() -> None:
     with pytest.raises(SpecError, match="at least one"):
         fit([])
+
+
+@pytest.mark.slow
+def test_deepspeed_trials_train_with_the_emitted_config(tmp_path: Path) -> None:
+    """--framework deepspeed: the trial runs deepspeed.initialize with the ds_config.json autoplace
+    emits for the plan; plans DeepSpeed cannot express (tp here) are left out of the candidates."""
+    pytest.importorskip("deepspeed")
+    import optuna
+
+    report = run_tune(MODEL, CLUSTER, trials=1, top=3, out_dir=tmp_path, timeout_s=240, steps=1, progress=False,
+                      framework="deepspeed")
+    [trial] = report.records
+    assert trial.state == "COMPLETE" and trial.measured_step_s and trial.measured_step_s > 0
+    assert "tp=2" not in trial.plan
+    store, _ = open_storage(None, tmp_path)
+    [stored] = optuna.load_study(study_name="autoplace", storage=store).get_trials()
+    assert stored.user_attrs["framework"] == "deepspeed"
+    result = json.loads((tmp_path / "trials" / "0000" / "result.json").read_text())
+    assert result["framework"] == "deepspeed" and result["status"] == "ok"
