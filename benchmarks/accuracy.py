@@ -1,7 +1,7 @@
 """Print (never assert) autoplace's memory and communication errors against PyTorch's trackers (issue 6).
 
-Every case builds the model on fake tensors, shards it with FSDP2 (optionally HSDP or DTensor
-TP) over a fake process group, runs a training step under FSDPMemTracker and counts the
+Every case builds the model on fake tensors, shards it with FSDP2 (optionally HSDP, DTensor
+TP or expert parallelism) over a fake process group, runs a training step under FSDPMemTracker and counts the
 collectives (autoplace.fidelity.trackers); the prediction is autoplace's evaluation of the
 same plan.  Error = (predicted - measured) / measured.  Memory in GiB per device, bytes
 sent per device per step in GiB (ring: (n-1)/n of the full buffer, 2(n-1)/n for all-reduce).
@@ -44,10 +44,14 @@ CASES: list[tuple[str, Setup]] = [
     # tokens split evenly over the experts (autoplace.fidelity.moe)
     ("hf/mixtral-8x7b/config.json", Setup(world=8, precision="bf16-fsdp2")),
     ("hf/mixtral-8x7b/config.json", Setup(world=64, precision="bf16-fsdp2")),
+    # expert parallelism carved from the FSDP ranks: experts/ep experts per rank, FSDP2 over the
+    # dp/ep expert-data-parallel group, all-to-all dispatch and combine over the EP group
+    ("hf/mixtral-8x7b/config.json", Setup(world=8, precision="bf16-fsdp2", ep=2)),
+    ("hf/mixtral-8x7b/config.json", Setup(world=8, precision="bf16-fsdp2", ep=8)),
+    ("hf/mixtral-8x7b/config.json", Setup(world=64, precision="bf16-fsdp2", ep=8)),
 ]
 NOT_RUN = {
-    "Mixtral with expert parallelism (ep > 1)": "experts are sharded by FSDP only; no all-to-all dispatch is built",
-    "MoE with TP": "the TP plan covers dense MLPs only",
+    "MoE with TP, or EP with HSDP": "the TP plan covers dense MLPs only; EP is carved from a plain FSDP mesh",
 }
 PEAK_PARTS = ("Sharded Param", "Unsharded Param", "Sharded Grad", "Unsharded Grad", "OptState", "Activation",
               "Temp", "All Gather", "Reduce Scatter", "Buffer", "Inputs")

@@ -1,4 +1,4 @@
-"""autoplace against PyTorch's own trackers, CPU-sized (issue 6): FSDP2 on fake tensors, world 8.
+"""autoplace against PyTorch's own trackers, CPU-sized (issue 6): FSDP2 (+HSDP, TP, EP) on fake tensors, world 8.
 
 Ground truth: ``FSDPMemTracker`` (per-category bytes of one rank) and the bytes of every c10d
 collective, counted by a dispatch mode, for a Llama-style model built from the same spec
@@ -157,6 +157,79 @@ def test_moe_dp_collective_bytes_within_1_percent() -> None:
 
 def test_moe_activations_within_10_percent() -> None:
     within(compared(BF16, MINI_MOE), "activations kept", 0.10)
+
+
+# Expert parallelism carved from the 8 FSDP ranks: 4 experts per rank, FSDP2 over the 4-rank
+# expert-data-parallel group, tokens dispatched and combined by all-to-all over the EP pair
+EP2 = Setup(world=8, precision="bf16-fsdp2", ep=2)
+
+
+@pytest.mark.parametrize("state", ["params", "grads", "optimizer", "model states"])
+def test_ep_model_states_within_1_percent(state: str) -> None:
+    """Experts are sharded by ep, then by the expert ZeRO group (dp/ep): 1/dp of them per rank."""
+    within(compared(EP2, MINI_MOE), state, 0.01)
+
+
+@pytest.mark.parametrize("setup", [EP2, Setup(world=8, precision="bf16-fsdp2", ep=2, reshard=False)],
+                         ids=lambda s: s.label())
+def test_ep_collective_bytes_within_1_percent(setup: Setup) -> None:
+    """Dense weights over dp, experts over edp, and four all-to-alls per MoE block over ep."""
+    c = compared(setup, MINI_MOE)
+    quantities = [r.quantity for r in c.rows if r.quantity.split()[0] in ("dp", "edp", "comm")]
+    assert {"edp all_gather", "edp reduce_scatter", "comm ep"} <= set(quantities)
+    for quantity in quantities:
+        within(c, quantity, 0.01)
+
+
+def test_ep_activations_within_10_percent() -> None:
+    within(compared(EP2, MINI_MOE), "activations kept", 0.10)
+
+
+# Mixtral 8x7B's widths, sequence and vocabulary with 4 of its 32 layers (as WIDE for Llama)
+WIDE_MOE = TransformerSpec.model_validate({**load_model(REPO / "examples" / "models" / "hf" / "mixtral-8x7b" /
+                                                        "config.json").model_dump(exclude_none=True), "layers": 4})
+
+
+def test_ep_total_peak_within_2_percent_when_the_loss_sets_it() -> None:
+    """ep = dp = 8: one expert per rank, no expert sharding; the loss's fp32 workspace at the
+    start of backward is larger than the FSDP buffers and sets the peak."""
+    within(compared(Setup(world=8, precision="bf16-fsdp2", ep=8), WIDE_MOE), "peak", 0.02)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "autoplace over-predicts the peak by +3.7% (22.98 vs 22.16 GiB; +16.3% before the experts became "
+    "their own FSDP unit in the model): it places the FSDP working buffers (experts' fp32 reduce-scatter "
+    "+ the dense unit gathered twice, 3.27 GiB with the root) beside every activation, as at the start of "
+    "backward, but they fill up during a block's backward, after part of the activations is freed (the "
+    "tracker's peak here is the loss workspace, 1.95 GiB, at the start of backward).  When they meet "
+    "depends on the block's position in the stage, which a per-stage linear term cannot see; with all 32 "
+    "layers activations dominate and Mixtral's peak is within +1% (ep = 1, world 8)"))
+def test_ep_total_peak_within_2_percent_when_experts_are_sharded() -> None:
+    within(compared(EP2, WIDE_MOE), "peak", 0.02)
+
+
+def test_expert_parallel_dispatch_gives_what_local_experts_give() -> None:
+    """Simulated EP ranks (real tensors): dispatch, local experts and combine return each
+    routed copy's output in the order the single-rank layer computes it."""
+    import torch
+
+    from autoplace.fidelity.moe import Experts, MoEFeedForward, by_local_expert, by_source, routed_slots
+
+    torch.manual_seed(0)
+    hidden, experts, top_k, ep, tokens = 16, 8, 2, 4, 32
+    mlps: list[torch.nn.Module] = [torch.nn.Linear(hidden, hidden) for _ in range(experts)]
+    full, local = MoEFeedForward(hidden, mlps, top_k), experts // ep
+    xs = [torch.randn(tokens, hidden) for _ in range(ep)]
+    token, _ = routed_slots(tokens, experts, top_k)
+    sent = [x[token].chunk(ep) for x in xs]  # rank s's rows for rank r: sent[s][r]
+    returned = []
+    for r in range(ep):
+        received = torch.cat([sent[s][r] for s in range(ep)])
+        outputs = Experts(mlps[r * local:(r + 1) * local])(by_local_expert(received, ep, local))
+        returned.append(by_source(outputs, ep).chunk(ep))
+    for s in range(ep):
+        combined = torch.cat([returned[r][s] for r in range(ep)])
+        torch.testing.assert_close(combined, full.experts(xs[s][token].view(experts, -1, hidden)).flatten(0, 1))
 
 
 def test_balanced_routing_is_exact_and_inverted_by_expert_slots() -> None:

@@ -234,9 +234,15 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
     # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).
     gathered = (zero >= 3) | off_par
-    block_unit = (dense_local + exp_local).max(axis=(1, 2, 3))
+    # FSDP units: a block, experts included; with ep > 1 its local experts are a unit of their own
+    # over the expert-data-parallel group (torchtitan), so the largest unit is reduced while the
+    # smaller ones are gathered
+    dense_unit, exp_unit = dense_local.max(axis=(1, 2, 3)), exp_local.max(axis=(1, 2, 3))
+    apart = c.ep > 1  # type: ignore[attr-defined]
+    reduced = np.where(apart, np.maximum(dense_unit, exp_unit), dense_unit + exp_unit)
+    next_unit = np.where(apart, np.minimum(dense_unit, exp_unit), dense_unit + exp_unit)
     root = np.where(gathered[:, None], edge_dense * pgb, 0.0)
-    working = np.where(gathered, gather_buffer_bytes(block_unit, pgb, rgb, assume.zero3_prefetch_units, gathered),
+    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, pgb, rgb, assume.zero3_prefetch_units, gathered),
                        2 * assume.comm_bucket_MiB * 2**20)[:, None]
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
     # the fp32 logits) are freed by the head's backward, before the first block's buffers

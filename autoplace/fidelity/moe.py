@@ -13,10 +13,18 @@ what an eager Mixtral layer does (Hugging Face ``MixtralSparseMoeBlock``, Jiang 
 * each expert is a full SwiGLU MLP applied to a gathered copy of its tokens; its output is
   scaled by the gate and added back into the token's row.
 
+Expert parallelism (:func:`shard_experts`) keeps ``experts / ep`` experts on a rank and moves
+the routed copies with two ``all_to_all_single`` over the EP group, dispatch and combine, as
+torchtitan and Megatron-Core do; their autograd sends the gradients back the same way, so a
+step makes four all-to-alls per MoE block.  Balanced routing makes every split equal, the
+static shapes fake tensors need.
+
 The load-balancing auxiliary loss is left out: its state is a few numbers per token and expert.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +62,47 @@ def expert_slots(tokens: int, experts: int, top_k: int, expert: int) -> tuple[to
     return token, torch.arange(top_k).repeat_interleave(size)
 
 
+def routed_slots(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every routed copy's (token, slot), grouped by expert in expert order.
+
+    Experts are laid out on the EP ranks in order, so this is also the order of the
+    dispatch's send buffer: rank ``r``'s share is one contiguous, equal-sized chunk.
+    """
+    pairs = [expert_slots(tokens, experts, top_k, e) for e in range(experts)]
+    return torch.cat([t for t, _ in pairs]), torch.cat([s for _, s in pairs])
+
+
+def by_local_expert(received: torch.Tensor, ep: int, local: int) -> torch.Tensor:
+    """Dispatched rows ``(sources x local experts x rows, h)`` -> ``(local, sources x rows, h)``.
+
+    The all-to-all delivers each source rank's rows in one chunk; an expert's GEMM wants its
+    rows from every source together.  The copy this makes is the expert's input, which its
+    first linear layer keeps for backward (torchtitan's permute does the same).
+    """
+    return received.view(ep, local, -1, received.shape[-1]).transpose(0, 1).reshape(local, -1, received.shape[-1])
+
+
+def by_source(outputs: torch.Tensor, ep: int) -> torch.Tensor:
+    """Inverse of :func:`by_local_expert`: expert outputs back into one chunk per source rank."""
+    local, _, h = outputs.shape
+    return outputs.view(local, ep, -1, h).transpose(0, 1).reshape(-1, h)
+
+
+class Experts(nn.Module):
+    """The experts one rank holds, applied to equal-sized row groups ``(experts, rows, h)``.
+
+    One module so that FSDP2 shards and gathers a block's local experts as one unit, over
+    the expert-data-parallel group (torchtitan's ``GroupedExperts``).
+    """
+
+    def __init__(self, mlps: list[nn.Module]) -> None:
+        super().__init__()
+        self.mlps = nn.ModuleList(mlps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([mlp(x[i]) for i, mlp in enumerate(self.mlps)])
+
+
 class MoEFeedForward(nn.Module):
     """Router plus routed experts (Mixtral); the experts are built by the caller.
 
@@ -66,17 +115,47 @@ class MoEFeedForward(nn.Module):
     def __init__(self, hidden: int, experts: list[nn.Module], top_k: int) -> None:
         super().__init__()
         self.router = nn.Linear(hidden, len(experts), bias=False)
-        self.experts = nn.ModuleList(experts)
+        self.experts = Experts(experts)
         self.top_k = top_k
+        self.ep_group: Any = None  # a ProcessGroup once shard_experts has run
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        n, e = flat.shape[0], len(self.experts)
+        n, e = flat.shape[0], self.router.out_features
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
         gates = probs.gather(1, balanced_choice(n, e, self.top_k).to(x.device))
         gates = (gates / gates.sum(dim=-1, keepdim=True)).to(x.dtype)
-        out = torch.zeros_like(flat)
-        for i, expert in enumerate(self.experts):
-            token, slot = (t.to(x.device) for t in expert_slots(n, e, self.top_k, i))
-            out.index_add_(0, token, expert(flat[token]) * gates[token, slot, None])
+        token, slot = (t.to(x.device) for t in routed_slots(n, e, self.top_k))
+        routed = self._run_experts(flat[token], e)
+        out = torch.zeros_like(flat).index_add_(0, token, routed * gates[token, slot, None])
         return out.view_as(x)
+
+    def _run_experts(self, rows: torch.Tensor, experts: int) -> torch.Tensor:
+        """Expert outputs for ``rows`` (grouped by expert), through the EP group when there is one."""
+        if self.ep_group is None:
+            return self.experts(rows.view(experts, -1, rows.shape[-1])).flatten(0, 1)
+        from torch.distributed._functional_collectives import all_to_all_single
+
+        ep, local = experts // len(self.experts.mlps), len(self.experts.mlps)
+        received = all_to_all_single(rows, None, None, self.ep_group)
+        outputs = self.experts(by_local_expert(received, ep, local))
+        return all_to_all_single(by_source(outputs, ep), None, None, self.ep_group)
+
+
+def shard_experts(moe: MoEFeedForward, group: Any) -> None:
+    """Keep only this rank's ``experts / ep`` experts (rank ``r`` of the EP group holds the
+    ``r``-th contiguous slice, as torchtitan's ``Shard(0)`` and Megatron-Core lay them out)
+    and route through ``group``.
+
+    Raises:
+        BenchmarkError: the group size does not divide the experts.
+    """
+    import torch.distributed as dist
+
+    experts, ep = moe.router.out_features, group.size()
+    if experts % ep:
+        raise BenchmarkError(f"ep({ep}) must divide experts({experts})")
+    local = experts // ep
+    start = dist.get_rank(group) * local
+    moe.experts = Experts(list(moe.experts.mlps)[start:start + local])
+    moe.ep_group = group

@@ -22,8 +22,11 @@ What the model is built like, and why (the trackers only see what eager PyTorch 
   ``f``-wide tensors (w1 x, silu(w1 x), w3 x, the product); GeLU MLP, LayerNorm, biases,
   learned positions, tied embeddings and dropout (p=0.1) follow the spec (GPT-3 style);
 * a MoE block (Mixtral) has a softmax router and ``experts`` SwiGLU MLPs, with tokens split
-  evenly over the experts so that shapes are static (:mod:`autoplace.fidelity.moe`); FSDP2
-  shards the experts with the rest of the block (no expert parallelism);
+  evenly over the experts so that shapes are static (:mod:`autoplace.fidelity.moe`); with
+  ep = 1 FSDP2 shards the experts with the rest of the block; with ep > 1 each rank keeps
+  ``experts / ep`` of them, tokens travel by all-to-all over the EP group, and the local
+  experts are their own FSDP2 unit over the expert-data-parallel group (size dp / ep, EP
+  ranks innermost: Megatron's tp-cp-ep-dp order and autoplace's ``group_layout``);
 * the loss is ``cross_entropy(logits.float())``, as torchtitan computes it.
 
 torch is imported here and in :mod:`autoplace.fidelity.moe`, which only this module imports
@@ -51,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import Evaluation, evaluate
-from autoplace.fidelity.moe import MoEFeedForward
+from autoplace.fidelity.moe import MoEFeedForward, shard_experts
 from autoplace.plan import build_plan
 from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
 from autoplace.specs.model import TransformerSpec
@@ -284,6 +287,9 @@ def _group_size(name: str) -> int:
     return int(_resolve_process_group(name).size())  # type: ignore[arg-type]
 
 
+KIND_DIM = {"all_to_all": "ep"}  # only expert parallelism issues all-to-alls; FSDP and TP never do
+
+
 class CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
     """Bytes of every c10d collective (in-place ``c10d`` ops and ``_c10d_functional`` ops),
     keyed by ``(kind, mesh dimension)``.
@@ -292,10 +298,12 @@ class CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
     become (as ``FSDPMemTracker`` does).
 
     Args:
-        dims: process-group name -> mesh dimension name ("dp_shard", "tp", ...).
+        dims: process-group name -> the mesh dimensions it serves ("dp_shard", "tp", ...).  One
+            group can serve two (with ep = dp_shard the EP group is all of dp); its collectives
+            then go to the dimension that issues that kind (:data:`KIND_DIM`), else to FSDP's or TP's.
     """
 
-    def __init__(self, dims: dict[str, str]) -> None:
+    def __init__(self, dims: dict[str, list[str]]) -> None:
         super().__init__()
         self.dims = dims
         self.counts: dict[tuple[str, str], CollectiveCount] = {}
@@ -303,7 +311,10 @@ class CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def _add(self, kind: str, group: Any, full: float, factor: float = 1.0) -> None:
         name = _group_name(group)
         n = _group_size(name)
-        c = self.counts.setdefault((kind, self.dims.get(name, name)), CollectiveCount())
+        roles = self.dims.get(name, [name])
+        general = [r for r in roles if r not in KIND_DIM.values()] or roles
+        dim = KIND_DIM[kind] if KIND_DIM.get(kind) in roles else general[0]
+        c = self.counts.setdefault((kind, dim), CollectiveCount())
         c.calls += 1
         c.full_bytes += full
         c.sent_bytes += factor * (n - 1) / n * full
@@ -327,6 +338,9 @@ class CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
             self._add("all_gather", args[2], _nbytes(args[0]) * args[1])
         elif func is fn.reduce_scatter_tensor.default:
             self._add("reduce_scatter", args[3], _nbytes(args[0]))
+        elif func is fn.all_to_all_single.default:
+            _check_even(args[1], args[2])
+            self._add("all_to_all", args[3], _nbytes(args[0]))
         elif func.namespace in ("c10d", "_c10d_functional") and "wait" not in func.__name__:
             log.warning("collective %s is not counted", func)
         return func(*args, **(kwargs or {}))
@@ -334,6 +348,14 @@ class CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _nbytes(t: torch.Tensor) -> float:
     return float(t.numel() * t.element_size())
+
+
+def _check_even(*splits: list[int]) -> None:
+    """An all-to-all sends (n-1)/n of its buffer only when every rank's share is equal;
+    balanced routing makes it so, and an uneven split would be counted wrong."""
+    for sizes in splits:
+        if sizes and len(set(sizes)) > 1:
+            raise BenchmarkError(f"uneven all-to-all splits {sizes} are not counted")
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,6 +376,8 @@ class Setup:
         tp: DTensor tensor parallelism (Megatron column/row pairs, vocab-parallel embedding,
             column-parallel head with ``loss_parallel``, one shared matrix when tied; no sequence
             parallelism; dense blocks only).
+        ep: expert parallelism carved from the ``dp_shard`` ranks (MoE only, no HSDP or TP):
+            a ``(edp, ep)`` mesh, dense weights sharded over both flattened, experts over ``edp``.
         precision: "fp32" (no mixed precision) or "bf16-fsdp2" (``MixedPrecisionPolicy`` with
             bf16 parameters and fp32 reduction: autoplace's recipe of that name).
         mbs: micro-batch in sequences.
@@ -366,19 +390,22 @@ class Setup:
     tp: int = 1
     precision: str = "fp32"
     mbs: int = 1
+    ep: int = 1
 
     @property
     def dp_shard(self) -> int:
         return self.world // (self.dp_replicate * self.tp)
 
     def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        sizes = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
-        keep = [k for k, v in sizes.items() if v > 1 or k == "dp_shard"]
+        """The root mesh; with ep > 1 its ``dp_shard`` ranks are split into ``(edp, ep)``, EP innermost."""
+        shard = {"edp": self.dp_shard // self.ep, "ep": self.ep} if self.ep > 1 else {"dp_shard": self.dp_shard}
+        sizes = {"dp_replicate": self.dp_replicate, **shard, "tp": self.tp}
+        keep = [k for k, v in sizes.items() if v > 1 or k in shard]
         return tuple(sizes[k] for k in keep), tuple(keep)
 
     def label(self) -> str:
         parts = [f"rep{self.dp_replicate}" if self.dp_replicate > 1 else "", f"fsdp{self.dp_shard}",
-                 f"tp{self.tp}" if self.tp > 1 else ""]
+                 f"ep{self.ep}" if self.ep > 1 else "", f"tp{self.tp}" if self.tp > 1 else ""]
         root = "" if self.root_reshard == self.reshard or not self.reshard else " root-kept"
         return f"{'x'.join(p for p in parts if p)} reshard={str(self.reshard)[0]}{root} {self.precision} mbs{self.mbs}"
 
@@ -453,10 +480,10 @@ def measure(spec: TransformerSpec, setup: Setup) -> Measurement:
     """Run two training steps on fake tensors; return what the second one used and sent.
 
     Raises:
-        BenchmarkError: degrees that do not divide the world or the model's heads.
+        BenchmarkError: degrees that do not divide the world, the model's heads or its experts,
+            or a layout that is not built (MoE with TP, EP with HSDP or TP).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
 
     if setup.world % (setup.dp_replicate * setup.tp):
         raise BenchmarkError(f"dp_replicate({setup.dp_replicate}) * tp({setup.tp}) must divide world({setup.world})")
@@ -464,22 +491,56 @@ def measure(spec: TransformerSpec, setup: Setup) -> Measurement:
         raise BenchmarkError(f"tp({setup.tp}) must divide kv_heads({spec.n_kv_heads})")
     if setup.tp > 1 and spec.moe is not None:
         raise BenchmarkError("tp > 1 with routed experts is not built (the TP plan covers dense MLPs only)")
+    _check_ep(spec, setup)
     if setup.precision not in ("fp32", *MIXED):
         raise BenchmarkError(f"precision {setup.precision!r} is not measured; valid: fp32, {', '.join(MIXED)}")
     with fake_world(setup.world):
-        # the mesh holds real rank tensors: build it before entering fake mode
-        sizes, names = setup.mesh_dims()
-        mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-        dims = {str(mesh.get_group(name).group_name): name for name in names}
+        # the meshes hold real rank tensors: build them before entering fake mode
+        meshes = _meshes(setup)
+        dims: dict[str, list[str]] = {}
+        for name, m in meshes.items():
+            if name != "dp":  # the dense FSDP mesh: dp_shard, or (dp_replicate, dp_shard)
+                dims.setdefault(str(m.get_group().group_name), []).append(name)
         fake = FakeTensorMode()
         with fake:
             model = build_model(spec)
         # parallelize outside the mode: the fake parameters carry it with them, while the
         # mesh arithmetic FSDP2 does for a 2-D (dp, tp) mesh needs real rank tensors
         params = sum(p.numel() for p in model.parameters())
-        _parallelize(model, setup, mesh)
+        _parallelize(model, setup, meshes)
         with fake, _separate_propagation_mode():
             return _step(model, params, spec, setup, dims)
+
+
+def _check_ep(spec: TransformerSpec, setup: Setup) -> None:
+    """Expert parallelism is built for MoE models on a plain FSDP mesh (no HSDP, no TP).
+
+    Raises:
+        BenchmarkError: a layout the harness does not build.
+    """
+    if setup.ep == 1:
+        return
+    if spec.moe is None:
+        raise BenchmarkError(f"ep={setup.ep} but {spec.name} has no experts")
+    if setup.dp_replicate > 1 or setup.tp > 1:
+        raise BenchmarkError("ep > 1 is built on a plain FSDP mesh only (dp_replicate = tp = 1)")
+    if setup.dp_shard % setup.ep or spec.moe.experts % setup.ep:
+        raise BenchmarkError(f"ep({setup.ep}) must divide dp_shard({setup.dp_shard}) and experts({spec.moe.experts})")
+
+
+def _meshes(setup: Setup) -> dict[str, Any]:
+    """The device meshes the model is parallelized over, by role: ``dp`` (dense FSDP, 2-D
+    for HSDP), each 1-D dimension by name, and with ep > 1 ``dp_shard`` flattened from
+    ``(edp, ep)`` so that dense weights still shard over every data-parallel rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes, names = setup.mesh_dims()
+    mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
+    out = {name: mesh[name] for name in names}
+    if setup.ep > 1:
+        out["dp_shard"] = mesh["edp", "ep"]._flatten("dp_shard")
+    out["dp"] = mesh["dp_replicate", "dp_shard"] if setup.dp_replicate > 1 else out["dp_shard"]
+    return out
 
 
 @contextmanager
@@ -544,21 +605,25 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> None:
             **({"feed_forward.w3": ColwiseParallel()} if gated else {})})
 
 
-def _parallelize(model: nn.Module, setup: Setup, mesh: Any) -> None:
-    """TP first, then FSDP2 per block and on the root (torchtitan's order; autoplace's emitter)."""
+def _parallelize(model: nn.Module, setup: Setup, meshes: dict[str, Any]) -> None:
+    """TP first, then EP, then FSDP2 per block and on the root (torchtitan's order; autoplace's
+    emitter).  With EP a block's local experts are an FSDP2 unit of their own over ``edp``,
+    sharded before the block so that the block's unit (over all of dp) leaves them out."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if setup.tp > 1:
-        apply_tp(model, mesh["tp"])
-    dp_mesh = mesh["dp_replicate", "dp_shard"] if setup.dp_replicate > 1 else mesh["dp_shard"]
+        apply_tp(model, meshes["tp"])
     param, reduce = MIXED.get(setup.precision, (None, None))
     mp = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
     for block in _blocks(model):
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=setup.reshard, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=setup.root_reshard, mp_policy=mp)
+        if setup.ep > 1 and isinstance(moe := block.get_submodule("feed_forward"), MoEFeedForward):
+            shard_experts(moe, meshes["ep"].get_group())
+            fully_shard(moe.experts, mesh=meshes["edp"], reshard_after_forward=setup.reshard, mp_policy=mp)
+        fully_shard(block, mesh=meshes["dp"], reshard_after_forward=setup.reshard, mp_policy=mp)
+    fully_shard(model, mesh=meshes["dp"], reshard_after_forward=setup.root_reshard, mp_policy=mp)
 
 
-def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, dims: dict[str, str]) -> Measurement:
+def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, dims: dict[str, list[str]]) -> Measurement:
     from contextlib import nullcontext
 
     from torch.distributed.tensor.parallel import loss_parallel
@@ -611,7 +676,7 @@ def predict(spec: TransformerSpec, setup: Setup) -> Evaluation:
     """autoplace's evaluation of the plan ``setup`` runs (reshard True: ZeRO-3; False: ZeRO-2)."""
     spec = tracker_spec(spec, setup)
     table = layer_table(spec)
-    values = {"dp_replicate": setup.dp_replicate, "dp_shard": setup.dp_shard, "tp": setup.tp, "sp": False,
+    values = {"dp_replicate": setup.dp_replicate, "dp_shard": setup.dp_shard, "tp": setup.tp, "ep": setup.ep, "sp": False,
               "zero": 3 if setup.reshard else 2, "mbs": setup.mbs, "ga": 1}
     plan = build_plan(values, world=setup.world, blocks=table.blocks, global_batch=spec.training.global_batch)
     return evaluate(spec, fidelity_cluster(setup.world), plan)
@@ -652,26 +717,58 @@ class Comparison:
 
 
 def predicted_dp_collectives(spec: TransformerSpec, setup: Setup) -> dict[str, float]:
-    """autoplace's ``comm["dp"]`` split by collective, from the formulas it implements
-    (ZeRO paper Sec. 7; ``terms.stage_terms`` and ``terms._dp_terms``): ZeRO-3 gathers the
-    blocks twice and the root (embedding, final norm, head: kept gathered until backward)
-    once, and reduce-scatters the gradients once per micro-batch; ZeRO-2 gathers
-    once per step; HSDP all-reduces the gradient shards over the replicas.  Bytes sent per
-    device by the ring: (n-1)/n of the full buffer, 2(n-1)/n for all-reduce.  ``compare``
-    checks that the parts add up to ``comm["dp"]``."""
+    """autoplace's ``comm["dp"]`` split by group and collective ("dp all_gather", "edp
+    reduce_scatter", ...), from the formulas it implements (ZeRO paper Sec. 7;
+    ``terms.stage_terms`` and ``terms._dp_terms``): ZeRO-3 gathers the blocks twice and the
+    root (embedding, final norm, head: kept gathered until backward) once, and
+    reduce-scatters the gradients once per micro-batch; ZeRO-2 gathers once per step; HSDP
+    all-reduces the gradient shards over the replicas.  With ep > 1 the experts' ``1/ep``
+    share moves over the expert-data-parallel group ``edp`` (dp/ep ranks), the rest over
+    dp.  Bytes sent per device by the ring: (n-1)/n of the full buffer, 2(n-1)/n for
+    all-reduce.  ``compare`` checks that the parts add up to ``comm["dp"]``."""
     recipe = tracker_spec(spec, setup).training.recipe()
     t = layer_table(spec)
     head_tp = 0.0 if t.tied else t.head.params_tp  # a tied head is the embedding table, counted once
     tp_local = sum(k.params_tp for k in (t.kinds[i] for i in t.sequence)) + t.embed.params_tp + head_tp
-    psi = tp_local / setup.tp + (t.params - tp_local)
+    experts = sum(t.kinds[i].params_expert for i in t.sequence) if setup.ep > 1 else 0.0
+    psi = tp_local / setup.tp + (t.params - tp_local) - experts
     n, r = setup.dp_shard, setup.dp_replicate
     root = (t.embed.params_tp + head_tp) / setup.tp + t.embed.params_rep + t.head.params_rep
     gathered = (2 * psi - (0.0 if setup.root_reshard else root)) if setup.reshard else psi
-    out = {"all_gather": gathered * recipe.gather_bytes * (n - 1) / n,
-           "reduce_scatter": psi * recipe.reduce_bytes * (n - 1) / n}
+    out = {"dp all_gather": gathered * recipe.gather_bytes * (n - 1) / n,
+           "dp reduce_scatter": psi * recipe.reduce_bytes * (n - 1) / n}
     if r > 1:
-        out["all_reduce"] = 2 * (r - 1) / r * psi * recipe.reduce_bytes / n
+        out["dp all_reduce"] = 2 * (r - 1) / r * psi * recipe.reduce_bytes / n
+    if setup.ep > 1:
+        m, local = n // setup.ep, experts / setup.ep
+        out["edp all_gather"] = (2 if setup.reshard else 1) * local * recipe.gather_bytes * (m - 1) / m
+        out["edp reduce_scatter"] = local * recipe.reduce_bytes * (m - 1) / m
     return out
+
+
+DP_GROUPS = {"dp": ("dp_shard", "dp_replicate"), "edp": ("edp",)}  # row prefix -> mesh dimensions
+
+
+def _collective_rows(pred: dict[str, float], ev: Evaluation, m: Measurement, setup: Setup) -> list[Row]:
+    """Predicted against counted bytes: each data-parallel collective by group, their sum
+    against ``comm["dp"]``, and ``comm["tp"]`` / ``comm["ep"]`` when those dimensions exist."""
+    rows = []
+    for group, dims in DP_GROUPS.items():
+        kinds = {q.split()[1] for q in pred if q.split()[0] == group} | {k for k, d in m.collectives if d in dims}
+        for kind in sorted(kinds):
+            got = [c for (k, d), c in m.collectives.items() if k == kind and d in dims]
+            rows.append(Row(f"{group} {kind}", pred.get(f"{group} {kind}", 0.0), sum(c.sent_bytes for c in got),
+                            f"{sum(c.calls for c in got)} calls"))
+    all_dp = [d for dims in DP_GROUPS.values() for d in dims]
+    rows.append(Row("comm dp", ev.comm["dp"], sum(c.sent_bytes for (k, d), c in m.collectives.items() if d in all_dp),
+                    "comm['dp'] vs counted ring bytes sent" + (" (dp + edp)" if setup.ep > 1 else "")))
+    for dim, on in (("tp", setup.tp > 1), ("ep", setup.ep > 1)):
+        if on:
+            got = [c for (k, d), c in m.collectives.items() if d == dim]
+            names = sorted({k for k, d in m.collectives if d == dim})
+            rows.append(Row(f"comm {dim}", ev.comm[dim], sum(c.sent_bytes for c in got),
+                            f"{sum(c.calls for c in got)} calls ({', '.join(names)})"))
+    return rows
 
 
 def compare(spec: TransformerSpec, setup: Setup) -> Comparison:
@@ -700,16 +797,5 @@ def compare(spec: TransformerSpec, setup: Setup) -> Comparison:
     pred = predicted_dp_collectives(spec, setup)
     if abs(sum(pred.values()) - ev.comm["dp"]) > 1e-6 * max(ev.comm["dp"], 1.0):
         log.warning("the collective split %s does not add up to comm['dp'] = %s", pred, ev.comm["dp"])
-    dp_dims = ("dp_shard", "dp_replicate")
-    for kind in sorted(set(pred) | {k for k, d in m.collectives if d in dp_dims}):
-        got = [c for (k, d), c in m.collectives.items() if k == kind and d in dp_dims]
-        rows.append(Row(f"dp {kind}", pred.get(kind, 0.0), sum(c.sent_bytes for c in got),
-                        f"{sum(c.calls for c in got)} calls"))
-    rows.append(Row("comm dp", ev.comm["dp"], sum(c.sent_bytes for (k, d), c in m.collectives.items() if d in dp_dims),
-                    "comm['dp'] vs counted ring bytes sent"))
-    if setup.tp > 1:
-        tp = [c for (k, d), c in m.collectives.items() if d == "tp"]
-        kinds = sorted({k for k, d in m.collectives if d == "tp"})
-        rows.append(Row("comm tp", ev.comm["tp"], sum(c.sent_bytes for c in tp),
-                        f"{sum(c.calls for c in tp)} calls ({', '.join(kinds)})"))
+    rows += _collective_rows(pred, ev, m, setup)
     return Comparison(setup=setup, spec=spec, rows=rows, measurement=m, evaluation=ev)
