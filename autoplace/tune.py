@@ -38,7 +38,7 @@ from autoplace.studies import Heartbeat, beating, fail_stale_trials, open_storag
 log = logging.getLogger("autoplace")
 
 BUCKETS_MB = (25, 10, 50)  # DDP bucket_cap_mb choices; 25 (PyTorch's default) first
-DEFAULT_FEATURES = frozenset({"hsdp", "cp", "interleave", "offload"})  # what the runtime implements (not ep)
+DEFAULT_FEATURES = frozenset({"hsdp", "cp", "ep", "interleave", "offload"})  # what the runtime implements
 
 
 @dataclass

@@ -3,7 +3,9 @@
 The module tree follows torchtitan's ``llama3/model.py`` names (``tok_embeddings``,
 ``layers.<i>.attention.wq``, ``feed_forward.w1/w2/w3``, ``norm``, ``output``) so the tensor
 parallel plan reads like torchtitan's.  ``layers`` is a ModuleDict keyed by the global block
-index: a pipeline stage deletes the blocks it does not own and keeps every name stable.
+index: a pipeline stage deletes the blocks it does not own and keeps every name stable.  A MoE
+block's ``feed_forward`` is a :class:`MoE` whose ``experts`` are keyed by global expert index
+the same way, so an expert-parallel rank keeps only its experts under their single-process names.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoplace.specs.model import MoE as MoESpec
 from autoplace.specs.model import TransformerSpec
 
 
@@ -107,14 +110,94 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x)))
 
 
+class MoE(nn.Module):
+    """Routed experts plus optional shared experts (DeepSeek-MoE, Dai et al. 2024).
+
+    The router takes a softmax over all experts and keeps the top-k probabilities as gates,
+    without renormalizing them (Switch / DeepSeek-V2 / Qwen-MoE's default; renormalizing would
+    starve the router of gradient at top_k = 1).  There is no capacity factor: every token
+    reaches its k experts, so a run is exactly reproducible on one process whatever the
+    expert-parallel degree.  The shared experts form one FFN of ``shared_experts`` times the
+    width, which is the sum of that many separate experts.
+
+    With an expert-parallel group (``ep_group``, set by ``parallel.apply_ep``) this rank holds
+    ``experts / ep`` consecutive experts; routed token copies travel to their expert's rank in one
+    all-to-all and come back in a second (torch's autograd-aware functional all-to-all: the
+    backward is the reverse all-to-all of the gradients).
+    """
+
+    def __init__(self, hidden: int, moe: MoESpec, gated: bool) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = moe.experts, moe.top_k
+        self.router = nn.Linear(hidden, moe.experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): FeedForward(hidden, moe.expert_ffn_hidden, gated)
+                                      for e in range(moe.experts)})
+        width = moe.shared_experts * (moe.shared_ffn_hidden or moe.expert_ffn_hidden)
+        self.shared_experts = FeedForward(hidden, width, gated) if width else None
+        self.ep_group: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.router(flat).float(), dim=-1)
+        gates, chosen = probs.topk(self.top_k, dim=-1)  # [tokens, k]
+        order = chosen.flatten().argsort(stable=True)  # routed copies grouped by expert
+        counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
+        rows = flat[order // self.top_k]
+        done = self._local(rows, counts.tolist()) if self.ep_group is None else self._exchange(rows, counts)
+        copies = torch.empty_like(done).index_copy(0, order, done).view(-1, self.top_k, flat.shape[-1])
+        out = (copies * gates.to(copies.dtype)[..., None]).sum(dim=1)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(x.shape)
+
+    def _local(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """This rank's experts, in index order, each on its run of ``rows`` (possibly empty: every
+        expert runs, so its gradient is a zero tensor rather than None, as on one process)."""
+        experts = sorted(self.experts.items(), key=lambda kv: int(kv[0]))
+        return torch.cat([e(part) for (_, e), part in zip(experts, rows.split(counts), strict=True)])
+
+    def _exchange(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Send each routed copy to its expert's rank, run the local experts, send the results back.
+
+        The per-expert counts go first (a small all-to-all of ``experts`` int64s) so every rank
+        knows its split sizes; received rows arrive grouped by source rank and are regrouped by
+        local expert before the experts run, then put back for the return trip.
+        """
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        n = dist.get_world_size(self.ep_group)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)
+        recv = recv_counts.view(n, -1)  # [source rank, local expert]
+        send_splits = counts.view(n, -1).sum(dim=1).tolist()
+        recv_splits = recv.sum(dim=1).tolist()
+        got = all_to_all_single_autograd(rows, recv_splits, send_splits, self.ep_group)
+        regroup = _expert_major(recv)
+        done = self._local(got[regroup], recv.sum(dim=0).tolist())
+        back = torch.empty_like(done).index_copy(0, regroup, done)
+        return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep_group)
+
+
+def _expert_major(counts: torch.Tensor) -> torch.Tensor:
+    """Row indices that reorder rows stored source-major (``counts[s, e]`` rows of local expert e
+    from source s) into expert-major order."""
+    starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
+    starts = starts.view(counts.shape)
+    runs = [torch.arange(int(starts[s, e]), int(starts[s, e] + counts[s, e]))
+            for e in range(counts.shape[1]) for s in range(counts.shape[0])]
+    return torch.cat(runs)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: TransformerSpec) -> None:
+    def __init__(self, spec: TransformerSpec, index: int = 0) -> None:
         super().__init__()
         h = spec.hidden
         self.attention_norm = nn.RMSNorm(h, eps=1e-5)
         self.attention = Attention(h, spec.heads, spec.n_kv_heads, spec.dim_head)
         self.ffn_norm = nn.RMSNorm(h, eps=1e-5)
-        self.feed_forward = FeedForward(h, spec.ffn_hidden, spec.ffn == "swiglu")
+        gated = spec.ffn == "swiglu"
+        self.feed_forward: nn.Module = (MoE(h, spec.moe, gated) if spec.moe is not None and spec.moe.is_moe_layer(index)
+                                        else FeedForward(h, spec.ffn_hidden, gated))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -128,7 +211,7 @@ class Transformer(nn.Module):
     def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
         self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm: nn.Module | None = nn.RMSNorm(spec.hidden, eps=1e-5)
         self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         for p in self.parameters():  # small normal init, like GPT-2 / torchtitan

@@ -13,7 +13,12 @@ Mapping of autoplace's ZeRO levels (DESIGN.md placements) onto PyTorch:
 * HSDP (dp_replicate > 1 and zero >= 1): ``fully_shard`` over a 2-D (replicate, shard) mesh;
 * offload_params / offload_optimizer = cpu: FSDP2 ``CPUOffloadPolicy`` (one policy for both; on a
   CPU host unpinned and its copies are host-to-host, so a CPU trial does not measure PCIe traffic);
-* cp > 1: attention gathers K/V over a cp group (:func:`apply_cp`); gradients average over dp x cp.
+* cp > 1: attention gathers K/V over a cp group (:func:`apply_cp`); gradients average over dp x cp;
+* ep > 1: each rank of an expert-parallel group holds experts/ep of every MoE block's experts
+  and routed tokens travel by all-to-all on a group of its own (:func:`apply_ep`).  Dense weights
+  keep the dp x cp reduction above (DDP ignores the experts, FSDP2 shards the rest of the block);
+  expert weights are reduced over the expert-data-parallel group only (:func:`reduce_expert_grads`
+  by hand under DDP, FSDP2 on a mesh of their own otherwise).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan
 from autoplace.runtime.comms import CommLog, ddp_hook
-from autoplace.runtime.model import Transformer
+from autoplace.runtime.model import MoE, Transformer
 
 log = logging.getLogger("autoplace")
 
@@ -47,6 +52,13 @@ class Layout:
     cp_rank: int = 0  # which chunk of the sequence this rank holds
     dp_group: Any = None  # the gradient-averaging group (replicate x shard x cp flattened), if larger than 1
     cp_group: Any = None  # attention's K/V exchange: a group of its own, so the counter tells it from gradients
+    expert_mesh: DeviceMesh | None = None  # ("pp", "edp", "ep") when ep > 1: FSDP2 shards experts over "edp"
+    ep_group: Any = None  # the token all-to-all: a group of its own, so it is counted as "ep"
+
+    @property
+    def edp_group(self) -> Any:
+        """The expert-data-parallel group: ranks holding the same experts (size dp x cp / ep)."""
+        return self.expert_mesh["edp"].get_group() if self.expert_mesh is not None else None
 
     def group(self, dim: str) -> Any:
         return self.mesh[dim].get_group() if dim in self.dims else None
@@ -74,7 +86,24 @@ def build_layout(plan: Plan, world: int, device: str) -> Layout:
     if plan.dp * plan.cp > 1:
         dp_group = mesh[grad_dims[0]].get_group() if len(grad_dims) == 1 else mesh[grad_dims]._flatten().get_group()
     cp_group = _own_group(mesh, "cp") if plan.cp > 1 else None
-    return Layout(mesh, dims, coord.get("pp", 0), dp_rank, coord.get("tp", 0), coord.get("cp", 0), dp_group, cp_group)
+    lay = Layout(mesh, dims, coord.get("pp", 0), dp_rank, coord.get("tp", 0), coord.get("cp", 0), dp_group, cp_group)
+    if plan.ep > 1:
+        lay.expert_mesh = build_expert_mesh(plan, device)
+        lay.ep_group = _own_group(lay.expert_mesh, "ep")
+    return lay
+
+
+def build_expert_mesh(plan: Plan, device: str) -> DeviceMesh:
+    """The experts' view of the ranks, ``(pp, edp, ep)``: ep carved from dp x cp (tp = 1).
+
+    Megatron's rank order tp-cp-ep-dp-pp (the cost model's ``group_layout``): an ep group is
+    ``ep`` consecutive data-parallel ranks at the same cp coordinate (stride tp * cp), spilling
+    into cp only when ep > dp; the edp group is what remains of dp x cp.  Any split would be
+    correct (tokens may go to any rank); this one puts the all-to-all where the cost model does.
+    """
+    ranks = torch.arange(plan.world).view(plan.pp, plan.dp, plan.cp)  # the dense mesh's order (tp = 1)
+    experts = ranks.permute(0, 2, 1).reshape(plan.pp, -1, plan.ep)  # dp innermost, ep consecutive
+    return DeviceMesh(device, experts, mesh_dim_names=("pp", "edp", "ep"))
 
 
 def _own_group(mesh: DeviceMesh, dim: str) -> Any:
@@ -110,6 +139,9 @@ def group_dims(layout: Layout) -> dict[str, str]:
         out[layout.dp_group.group_name] = "dp"
     if layout.cp_group is not None:
         out[layout.cp_group.group_name] = "cp"
+    if layout.ep_group is not None:  # expert gradients over edp count as "dp", as in the cost model
+        out[layout.edp_group.group_name] = "dp"
+        out[layout.ep_group.group_name] = "ep"
     return out
 
 
@@ -157,6 +189,55 @@ def apply_cp(model: Transformer, group: Any) -> None:
         block.attention.core.cp_group = group
 
 
+def apply_ep(model: Transformer, group: Any) -> None:
+    """Expert parallel: keep this rank's experts/ep consecutive experts of every MoE block, drop
+    the rest (names keep their global expert index) and route tokens over ``group`` (see MoE)."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    for moe in _moe_layers(model):
+        if moe.n_experts % n:
+            raise BenchmarkError(f"ep={n} must divide experts={moe.n_experts}")
+        local = range(rank * moe.n_experts // n, (rank + 1) * moe.n_experts // n)
+        for key in [k for k in moe.experts if int(k) not in local]:
+            del moe.experts[key]
+        moe.ep_group = group
+
+
+def _moe_layers(model: nn.Module) -> list[MoE]:
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def expert_names(model: nn.Module) -> list[str]:
+    """Qualified names of the routed experts' parameters (wrapper prefixes included, as DDP needs)."""
+    return [n for n, _ in model.named_parameters() if _is_expert(n)]
+
+
+def _is_expert(name: str) -> bool:
+    """A routed expert's parameter (``...feed_forward.experts.<e>.w1.weight``; not ``shared_experts``)."""
+    return ".experts." in name
+
+
+def reduce_expert_grads(model: nn.Module, layout: Layout, fault: str, *, fsdp: bool) -> None:
+    """Average expert gradients over the global batch when ep > 1 (DDP / manual paths and FSDP2).
+
+    An expert's gradient already sums the contributions of its whole ep group (the all-to-all's
+    backward brings them home), each computed from a rank-local mean loss; so summing it over
+    the edp group and dividing by dp x cp gives the global-batch mean.  FSDP2 has averaged over
+    edp already, which leaves the division by ep.
+    """
+    if fault == "desync":
+        return
+    edp, ep = layout.edp_group, dist.get_world_size(layout.ep_group)
+    n = dist.get_world_size(edp)
+    for name, p in model.named_parameters():
+        if not _is_expert(name) or p.grad is None:
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        if not fsdp and n > 1:
+            dist.all_reduce(g, group=edp)  # counted by the dispatch mode, under "dp"
+        if fault != "sum-grads":
+            g.div_(ep if fsdp else ep * n)
+
+
 def apply_ac(model: Transformer, recompute: tuple[str, ...]) -> None:
     """Per-block activation checkpointing: ``full`` wraps the block, ``selective`` wraps only the
     attention core (rotary + softmax(QK^T)V, Korthikanti et al. 2022 Sec. 5)."""
@@ -171,8 +252,11 @@ def apply_ac(model: Transformer, recompute: tuple[str, ...]) -> None:
             block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, plan: Plan) -> None:
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, plan: Plan, expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2: each block is one unit (gathered as a whole), the root holds embedding and head.
+
+    With expert parallelism a MoE block's local experts form one unit of their own first, on
+    the expert mesh's edp dimension: they are replicated over edp, not over dp x cp.
 
     The root is never resharded after forward: its head is needed again at once by backward, so
     it is gathered once per micro-batch (the cost model's edge term; torchtitan does the same
@@ -186,24 +270,33 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, plan: Plan) -> None:
     pin = next(model.parameters()).device.type != "cpu"
     offload = CPUOffloadPolicy(pin_memory=pin) if "cpu" in (plan.offload_params, plan.offload_optimizer) else OffloadPolicy()
     for block in model.layers.values():
+        moe = _moe_layers(block)
+        if expert_mesh is not None and moe:
+            fully_shard(list(moe[0].experts.values()), mesh=expert_mesh["edp"], reshard_after_forward=reshard,
+                        offload_policy=offload)
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
 
 
-def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fault: str) -> nn.Module:
-    """DDP with a counting comm hook; ``fault`` injects sum-not-average or no reduction."""
+def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fault: str,
+              ignore: list[str] | None = None) -> nn.Module:
+    """DDP with a counting comm hook; ``fault`` injects sum-not-average or no reduction.  Parameters
+    named in ``ignore`` (expert-parallel experts) are left to :func:`reduce_expert_grads`."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if ignore:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb)
     ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync"))
     return ddp
 
 
-def reduce_dtensor_grads(model: nn.Module, group: Any, comm: CommLog, fault: str) -> None:
-    """zero 0 with tp > 1: all-reduce every gradient's local shard over the dp group."""
+def reduce_dtensor_grads(model: nn.Module, group: Any, comm: CommLog, fault: str, *, experts: bool = True) -> None:
+    """zero 0 with tp > 1 or pp > 1: all-reduce every gradient's local shard over the dp group
+    (expert-parallel experts excepted, ``experts=False``: :func:`reduce_expert_grads` does them)."""
     n = dist.get_world_size(group)
-    for p in model.parameters():
-        if p.grad is None or fault == "desync":
+    for name, p in model.named_parameters():
+        if p.grad is None or fault == "desync" or (not experts and _is_expert(name)):
             continue
         g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
         dist.all_reduce(g, group=group)  # counted by the dispatch mode

@@ -17,23 +17,23 @@ from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, even_split
 from autoplace.specs.model import ModelSpec, TransformerSpec, model_from_dict
 
-UNSUPPORTED_FEATURES = ("ep > 1", "moe", "mla", "offload to nvme")
-
 
 def scaled_model(model: ModelSpec, scale: float) -> TransformerSpec:
     """The model the runtime builds for ``--scale scale``.
 
     Hidden size (through the head dimension, keeping the head counts so GQA and TP splits stay
     valid), FFN width, vocabulary and layer count are multiplied by ``scale``; the sequence
-    length and batch are kept.  ``scale == 1`` returns the spec unchanged.
+    length and batch are kept.  A MoE keeps its expert counts and top-k (routing and the
+    expert-parallel split stay those of the full model) and shrinks the experts' widths like
+    the FFN; ``first_dense_layers`` shrinks with the layers.  ``scale == 1`` returns the spec unchanged.
 
     Raises:
-        BenchmarkError: a layer-graph, MoE or MLA model (the runtime builds dense Llama blocks only).
+        BenchmarkError: a layer-graph or MLA model (the runtime builds Llama blocks, dense or MoE).
     """
     if not isinstance(model, TransformerSpec):
         raise BenchmarkError("the runtime builds Llama-style transformers only; a layer-graph model cannot be run")
-    if model.moe is not None or model.attention is not None:
-        raise BenchmarkError("the runtime builds dense Llama blocks only (no MoE, no MLA)")
+    if model.attention is not None:
+        raise BenchmarkError("the runtime builds Llama attention only (no MLA)")
     if not 0 < scale <= 1:
         raise BenchmarkError(f"scale must hold 0 < scale <= 1, but got scale={scale}")
     if scale == 1:
@@ -43,8 +43,16 @@ def scaled_model(model: ModelSpec, scale: float) -> TransformerSpec:
     data.update(name=f"{model.name}@{scale:g}", layers=max(1, round(model.layers * scale)),
                 hidden=head_dim * model.heads, ffn_hidden=max(8, round(model.ffn_hidden * scale)),
                 vocab=max(64, round(model.vocab * scale)))
+    if model.moe is not None:
+        data["moe"] = _scaled_moe(data["moe"], scale)
     data.pop("head_dim", None)
     return model_from_dict(data, source="<scaled model>")  # type: ignore[return-value]
+
+
+def _scaled_moe(moe: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The MoE fields of a scaled model: expert widths as the FFN's, dense prefix as the layers."""
+    width = {k: max(8, round(moe[k] * scale)) for k in ("expert_ffn_hidden", "shared_ffn_hidden") if moe.get(k)}
+    return {**moe, **width, "first_dense_layers": round(moe.get("first_dense_layers", 0) * scale)}
 
 
 def scaled_plan(plan: Plan, layers: int) -> Plan:
@@ -76,8 +84,6 @@ def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
     """Why the runtime cannot run ``plan`` with ``framework`` (``native`` or ``deepspeed``), or None."""
     if framework == "deepspeed":
         return _deepspeed_reason(plan)
-    if plan.ep > 1:
-        return "expert parallel (ep > 1) is not implemented by the runtime"
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
         return "NVMe offload is not implemented by the runtime"
     if plan.offload_optimizer != "none" and plan.zero == 0:

@@ -4,9 +4,9 @@
         --plan-json plan.json --model-json model.json --out run.json [--steps 3 --warmup 1 --scale 1]
 
 Order (torchtitan's): mesh -> model on every rank from one seed -> pipeline split (one chunk
-per virtual stage) -> tensor parallel -> context parallel -> activation checkpointing -> FSDP2 /
-DDP -> optimizer; ``--framework deepspeed`` instead hands the model to ``deepspeed.initialize``
-with the emitted config (:mod:`autoplace.runtime.ds`).  Then ``warmup`` steps (the
+per virtual stage) -> tensor parallel -> context parallel -> expert parallel -> activation
+checkpointing -> FSDP2 / DDP -> optimizer; ``--framework deepspeed`` instead hands the model to
+``deepspeed.initialize`` with the emitted config (:mod:`autoplace.runtime.ds`).  Then ``warmup`` steps (the
 last one counted by the collective counter, untimed) and ``steps`` timed steps on synthetic
 tokens.  Rank 0 writes the result; a rank that fails writes ``OUT.rank<r>.error.json`` with
 the reason (``oom`` or ``crash``) and exits non-zero, so torchrun stops the other ranks.
@@ -80,6 +80,10 @@ class Trainer:
 
     def __init__(self, args: argparse.Namespace, spec: TransformerSpec, plan: Plan, device: torch.device) -> None:
         self.args, self.spec, self.plan, self.device = args, spec, plan, device
+        if spec.moe is not None and plan.tp > 1:  # alike on every rank, before any collective
+            raise Unsupported("tensor-parallel MoE blocks (expert tensor parallelism) are not implemented by the runtime")
+        if spec.moe is None and plan.ep > 1:
+            raise Unsupported(f"expert parallel (ep={plan.ep}) needs a MoE model, but {spec.name} has no experts")
         self.layout = par.build_layout(plan, dist.get_world_size(), device.type)
         self.comm = CommLog(par.group_dims(self.layout))
         self.manual_reduce = False
@@ -114,15 +118,18 @@ class Trainer:
             par.apply_tp(model, lay.mesh["tp"], plan.sp)
         if plan.cp > 1:
             par.apply_cp(model, lay.cp_group)
+        if plan.ep > 1:
+            par.apply_ep(model, lay.ep_group)
         par.apply_ac(model, plan.recompute)
         if lay.dp_group is None:  # one replica: nothing to reduce
             return model
         if plan.zero == 0 and plan.tp == 1 and plan.pp == 1:
-            return par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault)
+            return par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault,
+                                 ignore=par.expert_names(model) if plan.ep > 1 else None)
         if plan.zero == 0:
             self.manual_reduce = True
         else:
-            par.apply_fsdp(model, par.fsdp_mesh(lay), plan)
+            par.apply_fsdp(model, par.fsdp_mesh(lay), plan, lay.expert_mesh)
             self.fsdp = True
         return model
 
@@ -159,7 +166,9 @@ class Trainer:
                 total += float(out.detach())
             loss = total
         if self.manual_reduce:
-            par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault)
+            par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault, experts=plan.ep == 1)
+        if plan.ep > 1:
+            par.reduce_expert_grads(self.model, lay, self.args.fault, fsdp=self.fsdp)
         if self.fsdp and self.args.fault == "sum-grads":
             # gloo has no PREMUL_SUM, so FSDP2's divide factor cannot be set to 1: scale instead
             for p in self.model.parameters():
@@ -303,6 +312,8 @@ def _measure(trainer: Trainer | DeepSpeedTrainer, args: argparse.Namespace, time
                                 "the model), max over ranks; baseline is RSS before the model was built",
                       "state_bytes_per_device": {k: max(r["state"][k] for r in every) for k in mine["state"]}},
            "collectives": busiest["comm"] if args.warmup else None,
+           # per rank too: routed tokens make expert-parallel all-to-alls uneven, the cost model assumes the mean
+           "ring_bytes_by_rank": [r["comm"]["ring_bytes_by_dim"] for r in every] if args.warmup else None,
            "collectives_note": "counted over one step (the last warm-up step), busiest rank; ring_bytes are bytes "
                                "sent per rank under ring algorithms, the cost model's convention"}
     if args.save_params:
