@@ -35,6 +35,7 @@ _OPS = {
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
     "broadcast_": "broadcast", "broadcast": "broadcast", "send": "send", "recv_": "recv",
     "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+    "reduce_": "reduce",  # DeepSpeed ZeRO-1/2 without multi-rank bucket all-reduce: each partition to its owner
 }
 
 
@@ -52,8 +53,8 @@ def ring_bytes(kind: str, full_bytes: float, n: int) -> float:
         return 0.0
     if kind == "all_reduce":
         return 2 * (n - 1) / n * full_bytes
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n * full_bytes
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "reduce"):
+        return (n - 1) / n * full_bytes  # reduce: every rank but the root sends the buffer once
     if kind == "send":
         return full_bytes
     return 0.0  # recv: counted by the sender; broadcast: setup only
