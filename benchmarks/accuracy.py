@@ -2,7 +2,7 @@
 
 Every case builds the model on fake tensors, shards it with FSDP2 (optionally HSDP, DTensor
 TP or expert parallelism) over a fake process group, runs a training step under FSDPMemTracker and counts the
-collectives (autoplace.fidelity.trackers); the prediction is autoplace's evaluation of the
+collectives (autoplace.fidelity); the prediction is autoplace's evaluation of the
 same plan.  Error = (predicted - measured) / measured.  Memory in GiB per device, bytes
 sent per device per step in GiB (ring: (n-1)/n of the full buffer, 2(n-1)/n for all-reduce).
 
@@ -19,7 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autoplace.fidelity.trackers import Comparison, Setup, compare  # noqa: E402
+from autoplace.fidelity.compare import Comparison, compare  # noqa: E402
+from autoplace.fidelity.trackers import Setup  # noqa: E402
 from autoplace.specs.model import TransformerSpec, load_model  # noqa: E402
 
 GiB = 2**30

@@ -16,7 +16,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from autoplace.fidelity.trackers import Comparison, Setup, build_model, compare  # noqa: E402
+from autoplace.fidelity.compare import Comparison, compare  # noqa: E402
+from autoplace.fidelity.model import build_model  # noqa: E402
+from autoplace.fidelity.trackers import Setup  # noqa: E402
 from autoplace.specs.model import TransformerSpec, load_model  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 
