@@ -138,3 +138,18 @@ def test_readme_names_the_model_on_one_line_whatever_its_name(tmp_path) -> None:
     emit(make_plan("zero=2", model, CLUSTER16), model, CLUSTER16, ["torchrun"], tmp_path)
     first = (tmp_path / "README.txt").read_text().splitlines()[0]
     assert first == "autoplace bundle for evil?name on 2x8"
+
+
+@pytest.mark.parametrize(("precision", "noted", "silent"), [
+    ("bf16", {"accelerate_config.yaml", "fsdp2_parallelize.py", "torchtitan.toml"}, {"ds_config.json"}),
+    ("bf16-fsdp2", {"ds_config.json"}, {"accelerate_config.yaml", "fsdp2_parallelize.py", "torchtitan.toml"}),
+])
+def test_bundle_readme_names_the_recipe_each_framework_really_uses(tmp_path, precision: str, noted: set[str],
+                                                                   silent: set[str]) -> None:
+    """FSDP2 keeps fp32 shards (4 + 4 + 8 B) where ZeRO's bf16 recipe keeps 2 + 2 + 12: the README
+    says so beside each file whose framework differs from the recipe the plan was costed with."""
+    model = MODEL.model_copy(update={"training": MODEL.training.model_copy(update={"precision": precision})})
+    emit(make_plan("zero=3,mbs=2", model, CLUSTER16), model, CLUSTER16, None, tmp_path)
+    lines = {line.split(":")[0]: line for line in (tmp_path / "README.txt").read_text().splitlines()}
+    assert all("plan with training.precision" in lines[name] for name in noted)
+    assert not any("plan with training.precision" in lines[name] for name in silent)

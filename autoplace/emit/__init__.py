@@ -55,6 +55,29 @@ FILES = {
 }
 
 
+# formats whose framework shards with FSDP2: it keeps fp32 weight and gradient shards whatever
+# the compute dtype (MixedPrecisionPolicy casts on all-gather); the emitted fsdp module and
+# torchtitan also reduce-scatter in fp32
+_FSDP2_FORMATS = ("accelerate", "fsdp", "torchtitan")
+_ZERO_FORMATS = ("deepspeed", "megatron")
+
+
+def recipe_note(fmt: str, model: ModelSpec) -> str:
+    """A README remark when the framework of ``fmt`` splits the training states differently from
+    the bf16 recipe the plan was costed with (the totals agree; the split and the bytes moved do not)."""
+    recipe = model.training.recipe()
+    if recipe.compute_dtype != "bf16":
+        return ""
+    if fmt in _FSDP2_FORMATS and recipe.master_copy:
+        return (" [costed with the ZeRO recipe, 2 + 2 + 12 B per parameter and 16-bit gradient reduction; FSDP2 "
+                "keeps fp32 shards, 4 + 4 + 8 B" + (", and this config reduce-scatters in fp32" if fmt != "accelerate"
+                                                   else "") + ": plan with training.precision bf16-fsdp2 for its exact bytes]")
+    if fmt in _ZERO_FORMATS and not recipe.master_copy:
+        return (" [costed with FSDP2's recipe (fp32 shards, no master copy); this framework keeps 16-bit weights and "
+                "an fp32 master copy: plan with training.precision bf16 for its exact bytes]")
+    return ""
+
+
 def _json(doc: Any) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
@@ -162,7 +185,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             readme.append(f"(not written) {name}: {exc}")
             continue
         written[fmt] = _write(out / name, text, executable=fmt in _EXECUTABLE)
-        readme.append(f"{name}: {what}")
+        readme.append(f"{name}: {what}{recipe_note(fmt, model)}")
     (out / "README.txt").write_text("\n".join(readme) + "\n")
     return written
 
