@@ -3,7 +3,7 @@
 The module tree follows torchtitan's ``llama3/model.py`` names (``tok_embeddings``,
 ``layers.<i>.attention.wq``, ``feed_forward.w1/w2/w3``, ``norm``, ``output``) so the tensor
 parallel plan reads like torchtitan's.  ``layers`` is a ModuleDict keyed by the global block
-index: a pipeline stage deletes the blocks it does not own and keeps every name stable.  A MoE
+index: a pipeline stage keeps only the blocks it owns, under their global names.  A MoE
 block's ``feed_forward`` is a :class:`MoE` whose ``experts`` are keyed by global expert index
 the same way, so an expert-parallel rank keeps only its experts under their single-process names.
 """
