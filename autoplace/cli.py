@@ -182,6 +182,9 @@ def solve(
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
+    framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
+                                                  "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
+                                                  "accelerate.")] = None,
 ) -> None:
     """Rank plans with the integer program and write the best one's plan.json."""
     import time as _time
@@ -201,9 +204,20 @@ def solve(
         features |= set(allow or [])
         features -= set(deny or [])
         assume, band = _calibration(calibration)
-        problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
-                          assumptions=assume)
-        result = get_solver(solver.value).solve(problem, Budget(time_limit_s=time_limit, workers=workers, seed=seed))
+        budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
+        if framework is None:
+            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
+                              assumptions=assume)
+            result = get_solver(solver.value).solve(problem, budget)
+        else:
+            from autoplace import frameworks
+
+            frameworks.check(framework)
+            m = frameworks.costed_model(m, framework)
+            fixed, features = frameworks.search_limits(framework, fixed, features)
+            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
+                              assumptions=assume, admissible=frameworks.admissible(framework, m))
+            result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     from autoplace.cost.layers import layer_table

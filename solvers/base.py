@@ -8,6 +8,7 @@ re-scored by the evaluator (the single source of cost, DESIGN.md).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ class Problem:
         fixed: plan keys pinned by ``--fix`` (same keys as ``--plan``).
         features: what the search may use (FEATURES).
         max_mbs: largest micro-batch considered.
+        admissible: a configuration filter (e.g. what one framework's config can express,
+            :func:`autoplace.frameworks.admissible`); None admits every configuration.
     """
 
     model: ModelSpec
@@ -43,6 +46,7 @@ class Problem:
     assumptions: Assumptions = DEFAULT
     max_mbs: int = 8
     top_k: int = 3
+    admissible: Callable[[dict[str, Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

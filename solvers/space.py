@@ -64,6 +64,8 @@ def enumerate_configs(problem: Problem) -> list[dict[str, Any]]:
                 for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
                     out.extend(_micro(problem, L, B, dp, pp, dict(tp=tp, pp=pp, cp=cp, ep=ep, dp_rep=dp_rep,
                                                                   dp_shard=dp_shard, zero=zero)))
+    if problem.admissible is not None:
+        out = [config for config in out if problem.admissible(config)]
     if not out:
         raise Infeasible("no configuration satisfies the fixed keys and the composition rules "
                          f"({', '.join(f'{k}={v}' for k, v in fx.items()) or 'no keys fixed'}; {W} GPUs, {L} layers)")

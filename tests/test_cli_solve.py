@@ -78,3 +78,61 @@ def test_solve_as_a_process_prints_a_table_and_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert "Top plans" in out.stdout and out.stdout.strip().endswith("NO-TORCH"), out.stdout + out.stderr
+
+
+def _plans_for(framework: str, *extra: str) -> tuple[dict, list]:
+    from autoplace.frameworks import costed_model, unexpressible
+    from autoplace.plan import Plan
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    result = invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "3", "--framework", framework, *extra)
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    model = costed_model(load_model(LLAMA_8B), framework)
+    plans = [Plan.from_dict(p) for p in doc["plans"]]
+    assert plans and all(unexpressible(p, model, load_cluster(A100_8), framework) is None for p in plans)
+    return doc, plans
+
+
+def test_framework_returns_only_plans_its_config_expresses() -> None:
+    """Unconstrained, the best plans on 8 A100s include context parallelism, which DeepSpeed lacks."""
+    free = strict_json(invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "3").stdout)
+    assert any(p["degrees"]["cp"] > 1 for p in free["plans"])
+    _, plans = _plans_for("deepspeed")
+    assert all(p.cp == 1 for p in plans)
+    _, plans = _plans_for("fsdp")
+    assert all(p.pp == p.cp == p.ep == 1 and p.zero != 1 for p in plans)
+    _, plans = _plans_for("accelerate")  # one activation-checkpointing switch for every block
+    assert all(len(set(p.recompute)) == 1 and p.recompute[0] in ("none", "full") for p in plans)
+
+
+def test_deepspeed_plans_keep_zero_low_under_a_pipeline() -> None:
+    """DeepSpeed's pipeline engine allows ZeRO-0/1 only: the search leaves those configurations out
+    instead of finding only plans the framework refuses (70B on 64 H100s prefers ZeRO-3 + pp)."""
+    from tests.test_cli import CLUSTERS
+
+    result = invoke("solve", MODELS / "llama-3-70b.json", CLUSTERS / "8x8-h100.yaml", "--json", "--framework",
+                    "deepspeed", "--top", "2")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["status"] == "optimal" and doc["plans"]
+    assert all(p["degrees"]["pp"] == 1 or p["zero_stage"] <= 1 for p in doc["plans"])
+
+
+def test_framework_costs_the_plan_with_its_own_recipe() -> None:
+    """torchtitan's FSDP2 keeps fp32 shards (4 B) where DeepSpeed keeps bf16 weights (2 B)."""
+    doc, plans = _plans_for("torchtitan", "--fix", "zero=3")
+    states = doc["plans"][0]["model_states_bytes"]
+    assert states["params"] == states["grads"] and states["optimizer"] == 2 * states["params"]  # 4 + 4 + 8
+    doc, _ = _plans_for("deepspeed", "--fix", "zero=3")
+    states = doc["plans"][0]["model_states_bytes"]
+    assert states["params"] == states["grads"] and states["optimizer"] == 6 * states["params"]  # 2 + 2 + 12
+
+
+def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
+    result = invoke("solve", LLAMA_8B, A100_8, "--framework", "fsdp", "--fix", "pp=2")
+    assert result.exit_code == 2
+    assert "fsdp cannot run pp=2" in result.output
+    result = invoke("solve", LLAMA_8B, A100_8, "--framework", "jax")
+    assert result.exit_code == 2 and "valid: deepspeed, megatron" in result.output
