@@ -16,10 +16,12 @@ from autoplace.plan import Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
-FRAMEWORKS = ("deepspeed", "megatron", "torchtitan", "fsdp", "accelerate")
-_FSDP2 = ("torchtitan", "fsdp", "accelerate")
-# bf16 recipe name each family implements (specs.model recipes)
-_BF16 = {"fsdp2": "bf16-fsdp2", "zero": "bf16"}
+# ZeRO-style frameworks keep 16-bit weights and an fp32 master copy; FSDP2-based ones keep fp32
+# shards whatever the compute dtype (MixedPrecisionPolicy casts on all-gather)
+ZERO_FRAMEWORKS = ("deepspeed", "megatron")
+FSDP2_FRAMEWORKS = ("torchtitan", "fsdp", "accelerate")
+FRAMEWORKS = ZERO_FRAMEWORKS + FSDP2_FRAMEWORKS
+_BF16_RECIPES = ("bf16", "bf16-fsdp2")  # specs.model recipe names
 # search features the framework never has (solvers.base.FEATURES) and degrees it pins to 1
 _DENY = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, "fsdp": {"cp", "ep", "interleave"}}
 _PIN = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
@@ -32,12 +34,17 @@ def check(framework: str) -> None:
         raise SpecError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}", field="--framework")
 
 
+def bf16_recipe(framework: str) -> str:
+    """The bf16 recipe (specs.model) ``framework`` implements."""
+    return "bf16-fsdp2" if framework in FSDP2_FRAMEWORKS else "bf16"
+
+
 def costed_model(model: ModelSpec, framework: str) -> ModelSpec:
     """``model`` with the bf16 recipe ``framework`` implements (other recipes are left alone)."""
-    family = "fsdp2" if framework in _FSDP2 else "zero"
-    if model.training.precision not in _BF16.values() or model.training.precision == _BF16[family]:
+    want = bf16_recipe(framework)
+    if model.training.precision not in _BF16_RECIPES or model.training.precision == want:
         return model
-    training = model.training.model_copy(update={"precision": _BF16[family]})
+    training = model.training.model_copy(update={"precision": want})
     return model.model_copy(update={"training": training})
 
 

@@ -26,6 +26,7 @@ from autoplace.emit.launch import DEFAULT_LAUNCH, Launch, emit_deepspeed_launch,
 from autoplace.emit.megatron import emit_megatron
 from autoplace.emit.torchtitan import emit_torchtitan, torchtitan_overrides, torchtitan_toml
 from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks import FRAMEWORKS, FSDP2_FRAMEWORKS, ZERO_FRAMEWORKS, bf16_recipe
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -55,26 +56,20 @@ FILES = {
 }
 
 
-# formats whose framework shards with FSDP2: it keeps fp32 weight and gradient shards whatever
-# the compute dtype (MixedPrecisionPolicy casts on all-gather); the emitted fsdp module and
-# torchtitan also reduce-scatter in fp32
-_FSDP2_FORMATS = ("accelerate", "fsdp", "torchtitan")
-_ZERO_FORMATS = ("deepspeed", "megatron")
-
-
 def recipe_note(fmt: str, model: ModelSpec) -> str:
     """A README remark when the framework of ``fmt`` splits the training states differently from
     the bf16 recipe the plan was costed with (the totals agree; the split and the bytes moved do not)."""
     recipe = model.training.recipe()
-    if recipe.compute_dtype != "bf16":
+    if recipe.compute_dtype != "bf16" or fmt not in FRAMEWORKS:
         return ""
-    if fmt in _FSDP2_FORMATS and recipe.master_copy:
+    want = bf16_recipe(fmt)
+    if fmt in FSDP2_FRAMEWORKS and recipe.master_copy:  # the emitted fsdp module and torchtitan reduce in fp32
         return (" [costed with the ZeRO recipe, 2 + 2 + 12 B per parameter and 16-bit gradient reduction; FSDP2 "
                 "keeps fp32 shards, 4 + 4 + 8 B" + (", and this config reduce-scatters in fp32" if fmt != "accelerate"
-                                                   else "") + ": plan with training.precision bf16-fsdp2 for its exact bytes]")
-    if fmt in _ZERO_FORMATS and not recipe.master_copy:
+                                                   else "") + f": plan with training.precision {want} for its exact bytes]")
+    if fmt in ZERO_FRAMEWORKS and not recipe.master_copy:
         return (" [costed with FSDP2's recipe (fp32 shards, no master copy); this framework keeps 16-bit weights and "
-                "an fp32 master copy: plan with training.precision bf16 for its exact bytes]")
+                f"an fp32 master copy: plan with training.precision {want} for its exact bytes]")
     return ""
 
 
