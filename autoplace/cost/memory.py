@@ -60,13 +60,12 @@ def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: 
     return np.select([schedule == 0, schedule == 2], [m, interleaved], one_f1b).astype(float)
 
 
-def gather_buffer_bytes(reduced: Array, gathered: Array, param_bytes: float, grad_bytes: float, prefetch: int,
-                        on: Array) -> Array:
+def gather_buffer_bytes(reduced: Array, gathered: Array, param_bytes: float, grad_bytes: float, prefetch: int) -> Array:
     """ZeRO-3 / FSDP unshard buffers at their fullest: the ``reduced`` unit's gradient in its
     reduce-scatter buffer while the next unit and ``prefetch`` more (``gathered`` parameters
     each) are all-gathered (FSDP2's all-gather / reduce-scatter buffers, measured with
     FSDPMemTracker; ZeRO-3's ``stage3_prefetch_bucket_size``)."""
-    return np.where(on, reduced * grad_bytes + (1 + prefetch) * gathered * param_bytes, 0.0)
+    return reduced * grad_bytes + (1 + prefetch) * gathered * param_bytes
 
 
 def reserve_bytes(capacity: Array, fraction: float, framework_GiB: float) -> Array:

@@ -242,7 +242,7 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: object, recipe: P
     reduced = np.where(apart, np.maximum(dense_unit, exp_unit), dense_unit + exp_unit)
     next_unit = np.where(apart, np.minimum(dense_unit, exp_unit), dense_unit + exp_unit)
     root = np.where(gathered[:, None], edge_dense * pgb, 0.0)
-    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, pgb, rgb, assume.zero3_prefetch_units, gathered),
+    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, pgb, rgb, assume.zero3_prefetch_units),
                        2 * assume.comm_bucket_MiB * 2**20)[:, None]
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
     # the fp32 logits) are freed by the head's backward, before the first block's buffers
