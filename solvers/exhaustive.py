@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError
 from solvers.base import Budget, Problem, Solver, SolveResult, register
 from solvers.common import finish, objective_key
@@ -68,17 +69,14 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         mem = (static[None, :] + N @ per_block.T + mult[None, :] * (opts * t.act_block[i, 0]).sum((1, 2))[:, None]).max(-1)
         tim = t.t_static[i, s].sum() + (opts * t.t_block[i, s].sum(-1)).sum((1, 2))
         com = t.bytes_static[i, s].sum() + (opts * t.bytes_block[i, 0].sum(-1)).sum((1, 2))
-        fits = mem <= t.capacity[i, s]
+        host = t.host_static[i, s] + N @ t.host_block[i, s]
+        fits = (mem <= t.capacity[i, s]) & (host <= t.host_capacity[i, s])
         if not fits.any():
             return None
         key = {"time": (tim, mem), "comm": (com, tim), "memory": (mem, tim)}[problem.objective]
         order = np.lexsort((key[1], key[0], ~fits))
         j = int(order[0])
-        n = N[j]
-        red = t.reduce_static[i, s] + (n * t.reduce_block[i, s]).sum()
-        win = (t.t_static[i, s, 0] + (n * t.t_block[i, s, :, 0, 0]).sum()) * 2 / 3
-        tail = max(red - t.dp_overlap * win, 0.0) + t.gather_static[i, s] + (n * t.gather_block[i, s]).sum() \
-            + t.opt_static[i, s] + (n * t.opt_block[i, s]).sum()
+        tail = t.tail_at(i, np.asarray(s), N[j])
         return float(tim[j]), float(com[j]), float(mem[j]), float(tail), opts[j].astype(int).tolist()
 
     best: tuple[tuple[Any, ...], list[int], list[Any]] | None = None
@@ -87,8 +85,8 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         stages = [stage(s, int(bounds[s]), int(bounds[s + 1])) for s in range(P)]
         if any(x is None for x in stages):
             continue
-        ts = [x[0] for x in stages]  # type: ignore[index]
-        step = m * max(ts) + (sum(ts) - max(ts)) / v + max(x[3] for x in stages)  # type: ignore[index]
+        ts = np.array([x[0] for x in stages])  # type: ignore[index]
+        step = float(pipeline_time(ts, m, v)) + max(x[3] for x in stages)  # type: ignore[index]
         comm = max(x[1] for x in stages)  # type: ignore[index]
         mem = max(x[2] for x in stages)  # type: ignore[index]
         key = {"time": (step, comm), "comm": (comm, step), "memory": (mem, step)}[problem.objective]

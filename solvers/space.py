@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.cost.evaluate import Candidates
+from autoplace.cost.candidates import Candidates
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.cost.terms import StageTerms, stage_terms
@@ -176,8 +176,17 @@ def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
         terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
-    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks)
+    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks) & _host_fits(terms, mask, n_kind)
     return Scored(configs, table, terms, lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0)))
+
+
+def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
+    """Whether the offloaded states can fit the hosts: every block on the stage with the least
+    host memory per block, and the stages' edges, within the largest host share (necessary)."""
+    host_block = np.where(mask[..., None], terms.host_block, np.inf).min(1)  # [C, K]
+    total = np.where(mask, terms.host_static, 0).sum(1) + (host_block * n_kind).sum(-1)
+    pp = mask.sum(1)
+    return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
 def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int) -> np.ndarray:
