@@ -207,7 +207,8 @@ def solve(
     try:
         from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
+        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget, Problem
+        from solvers.registry import get_solver
 
         m, c = _load(model, cluster, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")

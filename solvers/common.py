@@ -9,17 +9,8 @@ import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.evaluation import Evaluation, evaluate
-from solvers.base import Problem, SolveResult
+from solvers.problem import Problem, SolveResult, objective_key
 from solvers.space import Scored, plan_from, to_candidates
-
-
-def objective_key(ev: Evaluation, objective: str) -> tuple[float, float]:
-    """(primary, tie-break) of an evaluated plan, the order every back end ranks by."""
-    if objective == "time":
-        return ev.step_time_s, ev.comm["total"]
-    if objective == "comm":
-        return ev.comm["total"], ev.step_time_s
-    return ev.memory["total"], ev.step_time_s
 
 
 def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], list[int], list[Any]]],

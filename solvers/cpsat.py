@@ -28,7 +28,7 @@ import numpy as np
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
-from solvers.base import Budget, Problem, Solver, SolveResult, register
+from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.cpsat_tables import build_table_model, read_solution
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
@@ -201,7 +201,6 @@ def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray, int
     return keep.tolist(), best_mode, hint
 
 
-@register
 class CpSatSolver(Solver):
     """OR-Tools CP-SAT over the whole placement space (the default)."""
 

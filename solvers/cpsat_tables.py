@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from autoplace.cost.step import pipeline_weights
-from solvers.base import Problem
+from solvers.problem import Problem
 from solvers.space import Scored
 from solvers.tables import StageTables
 

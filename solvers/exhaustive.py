@@ -17,8 +17,8 @@ import numpy as np
 
 from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError
-from solvers.base import Budget, Problem, Solver, SolveResult, register
-from solvers.common import finish, objective_key
+from solvers.base import Budget, Problem, Solver, SolveResult
+from solvers.common import finish
 from solvers.space import Scored, enumerate_configs, score_space
 
 MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
@@ -95,7 +95,6 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     return best
 
 
-@register
 class ExhaustiveSolver(Solver):
     """Enumerates the whole space; the oracle the contract tests compare CP-SAT against."""
 
@@ -122,4 +121,4 @@ class ExhaustiveSolver(Solver):
                       bound=None, start=start, n_evaluated=len(configs))
 
 
-__all__ = ["ExhaustiveSolver", "compositions", "best_inner", "objective_key"]
+__all__ = ["ExhaustiveSolver", "best_inner", "compositions"]

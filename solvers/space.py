@@ -20,7 +20,7 @@ from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
 from autoplace.plan import RECOMPUTE, Plan, even_split
 from autoplace.specs.model import TransformerSpec
-from solvers.base import Problem
+from solvers.problem import Problem
 
 CONFIG_KEYS = ("tp", "pp", "cp", "ep", "dp_rep", "dp_shard", "vpp", "zero", "mbs", "ga", "schedule", "off_opt", "off_par")
 

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.specs.model import model_from_dict
-from solvers.base import Budget, Problem, get_solver
-from solvers.common import objective_key
+from solvers.problem import Budget, Problem, objective_key
+from solvers.registry import get_solver
 from tests.helpers import gpu_cluster
 
 BACKENDS = ["cpsat", "exhaustive"]
