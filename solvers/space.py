@@ -115,14 +115,18 @@ def to_candidates(configs: list[dict[str, Any]], table: LayerTable, mode: int = 
     K = len(table.kinds)
     counts = np.zeros((len(configs), S, K, 3))
     seq = np.asarray(table.sequence)
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, cf in enumerate(configs):
-        split = even_split(table.blocks // cf["vpp"], cf["pp"])
+        groups.setdefault((cf["pp"], cf["vpp"]), []).append(i)
+    for (pp, vpp), rows in groups.items():  # one even split per (pp, vpp), shared by its configurations
+        grid = np.zeros((S, K))
         start = 0
-        for s, n in enumerate(split):
-            n *= cf["vpp"]
-            counts[i, s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+        for s, n in enumerate(even_split(table.blocks // vpp, pp)):
+            n *= vpp
+            grid[s] = np.bincount(seq[start:start + n], minlength=K)
             start += n
-        counts[i, cf["pp"] - 1, :, mode] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+        grid[pp - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+        counts[rows, :, :, mode] = grid
 
     def col(key: str) -> np.ndarray:
         return np.array([cf[key] for cf in configs], dtype=np.int64)
