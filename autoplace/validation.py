@@ -156,6 +156,7 @@ def _run(row: dict[str, Any]) -> PublishedRun:
     model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": plan.global_batch})})
     options = row.get("options") or {}
     assume = DEFAULT.for_framework(row["framework"]).replace(compiled=bool(options.get("compile")),
+                                                             fused_kernels=bool(options.get("fused_kernels")),
                                                              tp_comm_overlap=bool(options.get("async_tp")),
                                                              fp8_rowwise="rowwise" in str(options.get("ac_detail")))
     metric, measured = _metric(row)

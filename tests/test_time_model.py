@@ -162,16 +162,7 @@ RUNS = load_runs(REFERENCE / "published_runs.yaml")
 # runs whose activation checkpointing is not fully stated: fms-fsdp's selective_checkpointing
 # fraction (validation.recompute_layers assumes one block in two)
 UNSTATED_AC = {r.id for r in RUNS if "fraction of blocks" in str(r.raw["options"].get("ac_detail"))}
-# the flash-attention repo's GPT training uses its own fused MLP, fused dropout-add-layernorm and
-# fused cross-entropy (no fp32 logits kept): memory autoplace's eager or compiled models overstate
-FUSED_BY_HAND = {"flashattn-train-gpt3-355m-a100x8": "predicted 95 GiB of 80",
-                 "flashattn-train-gpt2-355m-owt-a100x8": "predicted 95 GiB of 80"}
-
-
-@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.xfail(
-    strict=True, reason=f"{FUSED_BY_HAND[r.id]}: the repo's hand-fused kernels (fused MLP, fused cross-entropy) keep "
-                        "less than eager or torch.compile does; autoplace has no such kernel recipe yet"))
-    if r.id in FUSED_BY_HAND else r for r in RUNS if r.id not in UNSTATED_AC], ids=lambda r: r.id)
+@pytest.mark.parametrize("run", [r for r in RUNS if r.id not in UNSTATED_AC], ids=lambda r: r.id)
 def test_every_published_run_is_predicted_to_fit(run: object) -> None:
     """A configuration that trained is ground truth for memory: with its published micro-batch
     and recompute it must be predicted to fit (the tracker harness measures our own torch

@@ -58,6 +58,11 @@ class Assumptions:
         compiled: whether the model runs under torch.compile (Ansel et al. 2024, "PyTorch 2",
             ASPLOS): its memory-bound ops fuse into fewer kernels that stream fewer bytes, as
             ``elementwise_traffic_compiled`` and ``kernels_per_block_compiled`` say.
+        fused_kernels: whether the model uses hand-fused layers: a fused MLP that keeps only its
+            activation's input (as compiled code does) and a fused cross-entropy that keeps the
+            16-bit logits and writes their gradient in place (flash-attention's training layers,
+            Liger, Megatron's fusions) instead of eager PyTorch's fp32 logits and workspace.
+            Memory only: their time is eager's (the flash-attention repo's runs bear it out).
         fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
             scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
             et al. 2022, torchao's Float8Linear.  Default 5.
@@ -96,6 +101,7 @@ class Assumptions:
     kernels_per_block_compiled: float = 10.0
     kernel_overhead_us: float = 2.5
     compiled: bool = False
+    fused_kernels: bool = False
     fp8_cast_bytes: float = 5.0
     fp8_rowwise: bool = False
     fp8_rowwise_gemm_time: float = 1.5
