@@ -9,12 +9,14 @@ recompute counts that fit.  That makes the enumeration exact, and small instance
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from autoplace.cost.layers import layer_table
 from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError
 from solvers.base import Budget, Problem, Solver, SolveResult
@@ -34,6 +36,11 @@ def compositions(total: int, parts: int, step: int) -> list[tuple[int, ...]]:
         bounds = (0, *cuts, units)
         out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:], strict=False)))
     return out
+
+
+def count_compositions(total: int, parts: int, step: int) -> int:
+    """``len(compositions(total, parts, step))`` without listing them: C(total/step - 1, parts - 1)."""
+    return math.comb(total // step - 1, parts - 1) if total % step == 0 and total >= parts * step else 0
 
 
 def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
@@ -103,11 +110,11 @@ class ExhaustiveSolver(Solver):
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
         configs = enumerate_configs(problem)
+        L = layer_table(problem.model).blocks
+        work = sum(count_compositions(L, c["pp"], c["vpp"]) for c in configs)
+        if work > MAX_WORK:  # known before any scoring: refuse at once
+            raise SolverError(f"the space has {work:,} splits to enumerate (limit {MAX_WORK:,}); use --solver cpsat")
         scored = score_space(problem, configs)
-        L = scored.table.blocks
-        work = sum(len(compositions(L, c["pp"], c["vpp"])) for c in configs)
-        if work > MAX_WORK:
-            raise SolverError(f"the space has {work} splits to enumerate (limit {MAX_WORK}); use --solver cpsat")
         found = []
         for i in range(len(configs)):
             inner = best_inner(scored, i, problem)
