@@ -44,11 +44,12 @@ def advice(problem: Problem, nearest: Evaluation) -> list[str]:
     short = worst["total"] - worst["capacity"]
     states = worst["params"] + worst["grads"] + worst["optimizer"]
     host_short = nearest.host["offloaded"] - nearest.host["capacity"]
-    if host_short > 0 and short <= 0:
-        return [f"the nearest plan offloads {host_short / 2**30:.1f} GiB per GPU more than its share of host memory",
-                "hosts with more memory (host_memory_GB in the cluster file), or more GPUs to shard the offloaded states",
-                "offload less: parameters stay on the GPU (--fix offload_params=none)"]
-    out = [f"the nearest plan misses by {short / 2**30:.1f} GiB per device on stage {nearest.worst_stage}"]
+    host = ([f"its offloaded states need {host_short / 2**30:.1f} GiB per GPU more host memory than each GPU's share "
+             f"({nearest.host['capacity'] / 2**30:.1f} GiB): hosts with more memory (host_memory_GB in the cluster "
+             "file), more GPUs to shard the offloaded states, or less offload"] if host_short > 0 else [])
+    if short <= 0:
+        return host
+    out = [f"the nearest plan misses by {short / 2**30:.1f} GiB per device on stage {nearest.worst_stage}", *host]
     if states > 0:
         # model states shrink about in proportion to the devices sharing them (ZeRO-3 / more stages)
         factor = states / max(states - short, 1e-9) if short < states else float("inf")

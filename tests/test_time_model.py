@@ -3,6 +3,7 @@ development set of published runs (tests/reference/published_runs.yaml) for memo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +170,19 @@ def test_every_published_run_is_predicted_to_fit(run: object) -> None:
     model; real runs use fused kernels, torch.compile and flash attention)."""
     _, ev = predict(run)  # type: ignore[arg-type]
     assert ev.fits, (ev.memory["total"] / 2**30, ev.memory["capacity"] / 2**30)
+
+
+def test_solve_says_when_offloaded_states_miss_the_host_memory(tmp_path: Path) -> None:
+    """Exit 3, and the advice names host memory (issue: a 405B plan offloading terabytes to 16 GB hosts)."""
+    from typer.testing import CliRunner
+
+    from autoplace.cli import app
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: smallhost\nnodes: 1\ngpus_per_node: 8\ngpu: a100-sxm4-40gb\nintra_node: nvlink3\n"
+                       "host_memory_GB: 64\n")
+    model = Path(__file__).resolve().parents[1] / "examples" / "models" / "llama-3-70b.json"
+    result = CliRunner().invoke(app, ["solve", str(model), str(cluster), "--fix", "offload_optimizer=cpu", "--fix",
+                                      "zero=3", "--json", "--time-limit", "600"])
+    assert result.exit_code == 3, result.output
+    assert any("host memory" in line for line in json.loads(result.stdout)["advice"])
