@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import evaluate
@@ -33,6 +34,14 @@ def _run(text: str, directory: Path, framework: str = "native", **kw: Any) -> di
 
     out = run_local(load_model(MODEL), _plan(text), directory, timeout_s=240, steps=2, warmup=1,
                     framework=framework, **kw)
+    assert out.ok, f"{out.status} {out.reason} {out.error} (log: {out.log})"
+    return out.result
+
+
+def _run_world(text: str, directory: Path, world: int) -> dict[str, Any]:
+    from autoplace.runtime.launch import run_local
+
+    out = run_local(load_model(MODEL), _plan(text, world=world), directory, timeout_s=240, steps=2, warmup=1)
     assert out.ok, f"{out.status} {out.reason} {out.error} (log: {out.log})"
     return out.result
 
@@ -121,21 +130,41 @@ def test_interleaved_pipeline_trains_like_data_parallel(zero2: dict[str, Any], t
     assert r["collectives"]["ring_bytes_by_dim"]["pp"] == pytest.approx(_predicted(text)["pp"], rel=1e-3)
 
 
+def _kv_chunk_bytes(cp: int, rows: int = 4) -> float:
+    """K and V of one rank's sequence chunk in one micro-batch of one block (fp32)."""
+    m = load_model(MODEL)
+    return rows * m.seq_len / cp * 2 * m.n_kv_heads * m.dim_head * FP32
+
+
 def test_context_parallel_zero3_bytes(zero2: dict[str, Any], tmp_path: Path) -> None:
-    """cp=2 with ZeRO-3 over the cp ranks: same losses; FSDP2 moves the cost model's dp bytes; K/V
-    all-gather forward + dK/dV reduce-scatter backward is 2/3 of the ring-attention bytes the
-    cost model charges (ring CP passes K/V forward, K/V and dK/dV backward)."""
+    """cp=2 with ZeRO-3 over the cp ranks: same losses; FSDP2 moves the cost model's dp bytes; ring
+    attention sends each K/V chunk on cp-1 times forward and, in backward, K/V again plus the
+    dK/dV accumulators: 3 (cp-1) chunks per block and micro-batch, the cost model's cp bytes."""
     text = "cp=2,zero=3,mbs=4"
     r = _run(text, tmp_path)
     _assert_same_losses(r, zero2)
-    m = load_model(MODEL)
-    kv_full = 4 * m.seq_len * 2 * m.n_kv_heads * m.dim_head * FP32  # K and V of one micro-batch, one block
-    per_pass = (N - 1) / N * kv_full * m.layers * 2  # 4 blocks x 2 micro-batches
-    assert _ring_bytes(r, "cp", "all_gather") == pytest.approx(per_pass, rel=1e-12)
-    assert _ring_bytes(r, "cp", "reduce_scatter") == pytest.approx(per_pass, rel=1e-12)
+    blocks, micro_batches = load_model(MODEL).layers, 2
+    sends = 3 * (N - 1) * _kv_chunk_bytes(N) * blocks * micro_batches
+    assert _ring_bytes(r, "cp", "send") == pytest.approx(sends, rel=1e-12)
     predicted = _predicted(text)
-    assert r["collectives"]["ring_bytes_by_dim"]["cp"] == pytest.approx(2 / 3 * predicted["cp"], rel=1e-12)
+    assert r["collectives"]["ring_bytes_by_dim"]["cp"] == pytest.approx(predicted["cp"], rel=1e-12)
     assert r["collectives"]["ring_bytes_by_dim"]["dp"] == pytest.approx(predicted["dp"], rel=1e-12)
+
+
+def test_ring_attention_on_four_ranks(zero2: dict[str, Any], tmp_path: Path) -> None:
+    """cp=4 (DDP over the cp ranks): the ring takes 3 hops each way; same losses, and the counted
+    K/V and dK/dV sends are the cost model's cp bytes (its cluster: four of cpu-2's ranks)."""
+    from autoplace.specs.cluster import cluster_from_dict
+
+    text = "cp=4,mbs=4"
+    r = _run_world(text, tmp_path, 4)
+    _assert_same_losses(r, zero2)
+    blocks, micro_batches = load_model(MODEL).layers, 2
+    assert _ring_bytes(r, "cp", "send") == pytest.approx(3 * 3 * _kv_chunk_bytes(4) * blocks * micro_batches,
+                                                         rel=1e-12)
+    cluster = cluster_from_dict({**yaml.safe_load(CLUSTER.read_text()), "gpus_per_node": 4})
+    predicted = evaluate(load_model(MODEL), cluster, _plan(text, world=4)).comm
+    assert r["collectives"]["ring_bytes_by_dim"]["cp"] == pytest.approx(predicted["cp"], rel=1e-12)
 
 
 def test_context_parallel_matches_one_process() -> None:
