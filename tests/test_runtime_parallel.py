@@ -149,6 +149,7 @@ def test_context_parallel_zero3_bytes(zero2: dict[str, Any], tmp_path: Path) -> 
     predicted = _predicted(text)
     assert r["collectives"]["ring_bytes_by_dim"]["cp"] == pytest.approx(predicted["cp"], rel=1e-12)
     assert r["collectives"]["ring_bytes_by_dim"]["dp"] == pytest.approx(predicted["dp"], rel=1e-12)
+    assert r["exact"] and r["deviation"] is None
 
 
 def test_ring_attention_on_four_ranks(zero2: dict[str, Any], tmp_path: Path) -> None:

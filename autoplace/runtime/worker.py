@@ -36,6 +36,7 @@ from autoplace.runtime.data import micro_batch, split_inputs
 from autoplace.runtime.ds import DeepSpeedTrainer, Unsupported
 from autoplace.runtime.model import build_model, causal_lm_loss, pipeline_stage
 from autoplace.runtime.spec import (
+    deviation,
     plan_from_json,
     scaled_model,
     scaled_plan,
@@ -259,8 +260,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = scaled_model(model_from_dict(json.loads(args.model_json.read_text()), source=str(args.model_json)),
                         args.scale)
     plan = scaled_plan(plan_from_json(json.loads(args.plan_json.read_text())), spec.layers)
+    why = deviation(plan, args.framework)
     base = {"schema": "autoplace.trial/v1", "plan": plan.to_string(), "world": dist.get_world_size(),
-            "framework": args.framework,
+            "framework": args.framework, "deviation": why, "exact": why is None,
             "model": spec.model_dump(exclude_none=True), "scale": args.scale}
     reason = unsupported_reason(plan, args.framework)
     if reason:
