@@ -94,6 +94,36 @@ def test_deepspeed_zero3_trains_with_the_emitted_config(zero2: dict[str, Any], t
     assert r["step_time_s"] > 0 and r["tokens_per_s"] > 0
 
 
+# DeepSpeed 0.19 reduces ZeRO-1/2 gradients by all-reducing its buckets (use_multi_rank_bucket_allreduce):
+# twice the ring bytes of the reduce-scatter the cost model charges; its parameter all-gather (once per
+# step) is the cost model's.  Measured here: ZeRO-2 moves 5/3 of comm["dp"] at two micro-batches,
+# ZeRO-1 1.5x.  main's cost model has no DeepSpeed-specific gradient reduction yet; when it has one,
+# assert against it instead of this factor.
+DS_GRAD_REDUCE_FACTOR = 2.0
+
+
+def _deepspeed_dp_bytes(text: str) -> float:
+    """The cost model's comm["dp"] with its gradient reduce-scatters counted as DeepSpeed's all-reduces."""
+    gather = (N - 1) / N * layer_table(load_model(MODEL)).params * FP32  # fp32 parameters, once per step
+    return gather + DS_GRAD_REDUCE_FACTOR * (_predicted(text)["dp"] - gather)
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_deepspeed_zero12_bytes_and_states(zero: int, zero2: dict[str, Any], tmp_path: Path) -> None:
+    """ZeRO-1 and ZeRO-2 as DeepSpeed runs them natively (an exact trial, no deviation): same losses,
+    parameters replicated and optimizer state sharded between steps, and the counted data-parallel
+    bytes are the cost model's with DeepSpeed's all-reduce in place of the reduce-scatter."""
+    text = f"dp=2,zero={zero},mbs=2"
+    r = _run(text, tmp_path, framework="deepspeed")
+    _assert_same_losses(r, zero2)
+    assert r["exact"] and r["deviation"] is None
+    psi = layer_table(load_model(MODEL)).params
+    states = r["memory"]["state_bytes_per_device"]
+    assert states["params"] == psi * FP32 and states["optimizer"] == 2 * psi * FP32 / N
+    # + the few scalar all-reduces of DeepSpeed's overflow check
+    assert r["collectives"]["ring_bytes_by_dim"]["dp"] == pytest.approx(_deepspeed_dp_bytes(text), abs=64)
+
+
 def test_deepspeed_zero2_all_reduces_every_micro_batch(zero2: dict[str, Any], tmp_path: Path) -> None:
     """DeepSpeed 0.19's ZeRO-2 all-reduces each gradient bucket (use_multi_rank_bucket_allreduce), once
     per micro-batch: twice the ring bytes of the reduce-scatter the cost model charges."""
