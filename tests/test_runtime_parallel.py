@@ -138,8 +138,14 @@ def test_deepspeed_zero2_all_reduces_every_micro_batch(zero2: dict[str, Any], tm
 @pytest.mark.skipif(os.environ.get("AUTOPLACE_JIT_TESTS") != "1",
                     reason="JIT-builds DeepSpeedCPUAdam (~55 s on a fresh machine); set AUTOPLACE_JIT_TESTS=1")
 def test_deepspeed_zero3_with_cpu_optimizer_offload(zero2: dict[str, Any], tmp_path: Path) -> None:
+    """Optimizer-only offload, natively (ZeRO-Offload: DeepSpeedCPUAdam on host copies, parameters
+    stay on the device): an exact trial; the gradients are reduce-scattered once per micro-batch,
+    the bytes the cost model charges, as without offload."""
     r = _run("dp=2,zero=3,mbs=2,offload_optimizer=cpu", tmp_path, framework="deepspeed")
     _assert_same_losses(r, zero2)
+    assert r["exact"] and r["deviation"] is None
+    psi = layer_table(load_model(MODEL)).params
+    assert _ring_bytes(r, "dp", "reduce_scatter") == pytest.approx(2 * (N - 1) / N * psi * FP32, rel=1e-12)
 
 
 def test_deepspeed_reports_what_the_emitter_cannot_express(tmp_path: Path) -> None:
@@ -147,6 +153,16 @@ def test_deepspeed_reports_what_the_emitter_cannot_express(tmp_path: Path) -> No
 
     out = run_local(load_model(MODEL), _plan("cp=2"), tmp_path, framework="deepspeed")
     assert out.status == "unsupported" and "deepspeed: cp=2" in out.reason
+
+
+def test_tensor_parallel_bytes_equal_the_cost_model(zero2: dict[str, Any], tmp_path: Path) -> None:
+    """tp=2 without SP, the head vocabulary-parallel under ``loss_parallel`` (as the tracker harness
+    measures it): same losses; two all-reduces forward and two backward per block, the cost
+    model's comm["tp"] to the byte (the logits are never gathered)."""
+    text = "tp=2,sp=false,mbs=4"
+    r = _run(text, tmp_path)
+    _assert_same_losses(r, zero2)
+    assert r["collectives"]["ring_bytes_by_dim"]["tp"] == pytest.approx(_predicted(text)["tp"], rel=1e-12)
 
 
 def test_interleaved_pipeline_trains_like_data_parallel(zero2: dict[str, Any], tmp_path: Path) -> None:

@@ -99,6 +99,9 @@ class Trainer:
         self.comm = CommLog(par.group_dims(self.layout))
         self.manual_reduce = False
         self.fsdp = False
+        # the head's logits stay sharded over the vocabulary for the loss (torchtitan, and what the
+        # tracker harness measures); pipelining's loss_fn gets them gathered
+        self.loss_parallel = plan.tp > 1 and plan.pp == 1
         self.grad_bytes = 0
         self.schedule: Any = None
         self.model = self._build()
@@ -125,7 +128,7 @@ class Trainer:
     def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plan's parallelisms on one model (chunk) (:func:`parallel.parallelize`), then DDP if it asks for it."""
         plan, lay = self.plan, self.layout
-        mode = par.parallelize(model, plan, lay)  # type: ignore[arg-type]
+        mode = par.parallelize(model, plan, lay, loss_parallel=self.loss_parallel)  # type: ignore[arg-type]
         self.manual_reduce = self.manual_reduce or mode == "manual"
         self.fsdp = self.fsdp or mode == "fsdp"
         if mode == "ddp":
@@ -159,7 +162,7 @@ class Trainer:
         else:
             total = 0.0
             for m, tokens in enumerate(batches):
-                with self._no_sync(last=m == len(batches) - 1):
+                with self._no_sync(last=m == len(batches) - 1), self._loss_context():
                     inputs, targets = split_inputs(tokens, plan.cp, lay.cp_rank)
                     out = causal_lm_loss(self.model(inputs), targets) / plan.grad_accum
                     out.backward()
@@ -198,6 +201,12 @@ class Trainer:
         """Every parameter in full under its plain model name (collective)."""
         parts = self.model if isinstance(self.model, nn.ModuleList) else [self.model]
         return {name: t for part in parts for name, t in par.full_state(part).items()}
+
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        """``loss_parallel`` when the logits are vocabulary-sharded DTensors (forward and backward)."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """What a non-final micro-batch skips, following the cost model (and torchtitan, DeepSpeed):
