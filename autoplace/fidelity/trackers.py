@@ -49,6 +49,7 @@ from autoplace.specs.model import TransformerSpec
 log = logging.getLogger("autoplace")
 PRECISIONS = ("fp32", *par.MIXED)
 
+
 @dataclass(frozen=True)
 class Setup:
     """How the torch side is parallelized; the autoplace plan is derived from it.
@@ -63,8 +64,9 @@ class Setup:
         tp: DTensor tensor parallelism (Megatron column/row pairs, vocab-parallel embedding,
             column-parallel head with ``loss_parallel``, one shared matrix when tied; no sequence
             parallelism; dense blocks only).
-        ep: expert parallelism carved from the ``dp_shard`` ranks (MoE only, no HSDP or TP):
-            a ``(edp, ep)`` mesh, dense weights sharded over both flattened, experts over ``edp``.
+        ep: expert parallelism carved from the ``dp_shard`` ranks (MoE only, no HSDP or TP), laid
+            out as the runtime does (``build_expert_mesh``: EP ranks innermost): dense weights
+            sharded over all of ``dp_shard``, experts over the expert-data-parallel ``edp``.
         precision: "fp32" (no mixed precision) or "bf16-fsdp2" (``MixedPrecisionPolicy`` with
             bf16 parameters and fp32 reduction: autoplace's recipe of that name).
         mbs: micro-batch in sequences.
