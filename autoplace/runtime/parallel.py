@@ -342,7 +342,8 @@ def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fau
 
     if ignore:
         DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
-    ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb)
+    # the only buffers are the rotary tables, constants built alike on every rank: no per-forward broadcast
+    ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb, broadcast_buffers=False)
     ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync"))
     return ddp
 
