@@ -22,6 +22,7 @@ gives a multiplicative 95 % band ``[exp(-1.96 s), exp(1.96 s)]`` on every predic
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from autoplace.errors import SpecError
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
+
+log = logging.getLogger("autoplace")
 
 SCHEMA = "autoplace.calibration/v1"
 FITTED = ("compute_scale", "bandwidth_scale")
@@ -210,8 +213,14 @@ def load_band(path: str | Path) -> tuple[float, float]:
     return (float(band[0]), float(band[1])) if band else (1.0, 1.0)
 
 
-def observations_from_study(model_path: str | Path, cluster_path: str | Path, storage: str, study: str) -> list[Observation]:
-    """Every completed trial of a tune study as an Observation of the model the runtime built."""
+def observations_from_study(model_path: str | Path, cluster_path: str | Path, storage: str, study: str, *,
+                            include_deviations: bool = False) -> list[Observation]:
+    """Every completed trial of a tune study as an Observation of the model the runtime built.
+
+    A trial whose run departed from its plan's semantics (user attribute ``deviation``, e.g. ZeRO-2
+    run as unresharded FSDP2) measured another plan than the one it is labelled with, so it is
+    left out of the fit unless ``include_deviations``; the ones left out are logged.
+    """
     import optuna
 
     from autoplace.cost.layers import layer_table
@@ -224,14 +233,20 @@ def observations_from_study(model_path: str | Path, cluster_path: str | Path, st
     model, cluster = load_model(model_path), load_cluster(cluster_path)
     store, _ = open_storage(storage, Path("."))
     st = optuna.load_study(study_name=study, storage=store)
-    out = []
+    out, skipped = [], []
     for t in st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         if t.value is None:
+            continue
+        if t.user_attrs.get("deviation") and not include_deviations:
+            skipped.append(f"trial {t.number} ({t.user_attrs['deviation']})")
             continue
         small = scaled_model(model, float(t.user_attrs.get("scale", 1.0)))
         plan = build_plan(parse_plan_string(t.params["plan"]), world=cluster.gpus, blocks=layer_table(model).blocks,
                           global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         out.append(Observation(small, cluster, scaled_plan(plan, small.layers), float(t.value), f"trial {t.number}"))
+    if skipped:
+        log.warning("calibration leaves out %d trial(s) that ran another plan than their label: %s", len(skipped),
+                    "; ".join(skipped))
     return out
 
 

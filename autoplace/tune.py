@@ -56,6 +56,7 @@ class TrialRecord:
     peak_rss_bytes: int | None = None
     predicted_comm_bytes: dict[str, float] = field(default_factory=dict)
     measured_comm_bytes: dict[str, float] = field(default_factory=dict)
+    deviation: str | None = None  # how the trial departed from the plan's semantics, if it did
 
 
 @dataclass
@@ -341,6 +342,9 @@ def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
     trial.set_user_attr("state_bytes_per_device", r["memory"]["state_bytes_per_device"])
     trial.set_user_attr("measured_comm_bytes", (r.get("collectives") or {}).get("ring_bytes_by_dim", {}))
     trial.set_user_attr("losses", r["losses"])
+    # what the trial really ran: the plan's semantics, or a labelled deviation calibrate leaves out
+    trial.set_user_attr("deviation", r.get("deviation"))
+    trial.set_user_attr("semantics", "deviation" if r.get("deviation") else "exact")
     return float(r["step_time_s"])
 
 
@@ -372,7 +376,8 @@ def _record(t: Any) -> TrialRecord:
         reason=_reason(t),
         predicted_step_s=a.get("predicted_step_time_s"), measured_step_s=a.get("measured_step_time_s"),
         tokens_per_s=a.get("tokens_per_s"), peak_rss_bytes=a.get("peak_rss_bytes"),
-        predicted_comm_bytes=a.get("predicted_comm_bytes", {}), measured_comm_bytes=a.get("measured_comm_bytes", {}))
+        predicted_comm_bytes=a.get("predicted_comm_bytes", {}), measured_comm_bytes=a.get("measured_comm_bytes", {}),
+        deviation=a.get("deviation"))
 
 
 def _reason(t: Any) -> str:
@@ -445,6 +450,9 @@ def print_report(report: TuneReport) -> None:
     best = report.best
     if best:
         c.print(f"best measured: trial {best.number}, {short_plan(best.plan)} ({best.measured_step_s:.4f} s/step)")
+    for r in report.records:
+        if r.deviation:
+            c.print(f"trial {r.number} deviates from its plan (left out of calibrate): {r.deviation}")
     for note in report.notes:
         c.print(f"note: {note}")
     for p in report.plots:

@@ -42,7 +42,7 @@ CASES: list[tuple[str, Setup]] = [
     ("gpt-3-175b.json", Setup(world=64, precision="bf16-fsdp2")),
     ("gpt-3-175b.json", Setup(world=64, precision="bf16-fsdp2", tp=8)),
     # Mixtral 8x7B (Hugging Face config): experts sharded by FSDP like dense weights (ep = 1),
-    # tokens split evenly over the experts (autoplace.fidelity.moe)
+    # tokens split evenly over the experts (autoplace.runtime.moe, balanced routing)
     ("hf/mixtral-8x7b/config.json", Setup(world=8, precision="bf16-fsdp2")),
     ("hf/mixtral-8x7b/config.json", Setup(world=64, precision="bf16-fsdp2")),
     # expert parallelism carved from the FSDP ranks: experts/ep experts per rank, FSDP2 over the

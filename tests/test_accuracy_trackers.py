@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch")
 
 from autoplace.fidelity.compare import Comparison, compare  # noqa: E402
-from autoplace.fidelity.model import build_model  # noqa: E402
 from autoplace.fidelity.trackers import Setup  # noqa: E402
+from autoplace.runtime.model import build_model  # noqa: E402
 from autoplace.specs.model import TransformerSpec, load_model  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 
@@ -35,7 +35,7 @@ MINI_GPT = TransformerSpec.model_validate({
     "position": "learned", "dropout": True, "flash_attention": False})
 
 # Mixtral proportions (8 experts of width 3.5h, top-2, vocab 8h) at CPU size; the 512 tokens
-# split evenly over the experts (autoplace.fidelity.moe routes them so)
+# split evenly over the experts (autoplace.runtime.moe routes them so on fake tensors)
 MINI_MOE = TransformerSpec.model_validate({
     "name": "mini-mixtral", "layers": 4, "hidden": 512, "ffn_hidden": 1792, "heads": 8, "kv_heads": 2, "vocab": 4096,
     "seq_len": 512, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1792}})
@@ -211,31 +211,38 @@ def test_ep_total_peak_within_2_percent_when_experts_are_sharded() -> None:
 
 
 def test_expert_parallel_dispatch_gives_what_local_experts_give() -> None:
-    """Simulated EP ranks (real tensors): dispatch, local experts and combine return each
-    routed copy's output in the order the single-rank layer computes it."""
+    """Simulated EP ranks (real tensors, balanced routing): dispatch, regroup by local expert,
+    local experts and combine return each routed copy's output in the order the single-rank
+    layer computes it (the steps of ``MoE._exchange``, with the all-to-alls done by hand)."""
     import torch
 
-    from autoplace.fidelity.moe import Experts, MoEFeedForward, by_local_expert, by_source, routed_slots
+    from autoplace.runtime.moe import MoE, expert_major
 
     torch.manual_seed(0)
     hidden, experts, top_k, ep, tokens = 16, 8, 2, 4, 32
     mlps: list[torch.nn.Module] = [torch.nn.Linear(hidden, hidden) for _ in range(experts)]
-    full, local = MoEFeedForward(hidden, mlps, top_k), experts // ep
+    full, local = MoE(hidden, mlps, top_k, routing="balanced"), experts // ep
     xs = [torch.randn(tokens, hidden) for _ in range(ep)]
-    token, _ = routed_slots(tokens, experts, top_k)
-    sent = [x[token].chunk(ep) for x in xs]  # rank s's rows for rank r: sent[s][r]
+    routes = [full._route(torch.softmax(full.router(x), -1)) for x in xs]
+    counts = routes[0][2]
+    mine = [counts[r * local:(r + 1) * local] for r in range(ep)]
+    rows = [x[order // top_k] for x, (_, order, _) in zip(xs, routes, strict=True)]
+    sent = [r.split([sum(c) for c in mine]) for r in rows]  # rank s's rows for rank r: sent[s][r]
     returned = []
     for r in range(ep):
-        received = torch.cat([sent[s][r] for s in range(ep)])
-        outputs = Experts(mlps[r * local:(r + 1) * local])(by_local_expert(received, ep, local))
-        returned.append(by_source(outputs, ep).chunk(ep))
+        recv = [mine[r]] * ep
+        regroup = expert_major(recv)
+        received = torch.cat([sent[s][r] for s in range(ep)])[regroup]
+        parts = received.split([sum(c[e] for c in recv) for e in range(local)])
+        done = torch.cat([mlps[r * local + e](part) for e, part in enumerate(parts)])
+        returned.append(torch.empty_like(done).index_copy(0, regroup, done).split([sum(c) for c in recv]))
     for s in range(ep):
         combined = torch.cat([returned[r][s] for r in range(ep)])
-        torch.testing.assert_close(combined, full.experts(xs[s][token].view(experts, -1, hidden)).flatten(0, 1))
+        torch.testing.assert_close(combined, full.experts(rows[s], counts))
 
 
 def test_balanced_routing_is_exact_and_inverted_by_expert_slots() -> None:
-    from autoplace.fidelity.moe import balanced_choice, expert_slots
+    from autoplace.runtime.moe import balanced_choice, expert_slots
 
     tokens, experts, top_k = 64, 8, 2
     choice = balanced_choice(tokens, experts, top_k)

@@ -97,3 +97,19 @@ def test_unsupported_plan_is_reported_not_run(tmp_path: Path) -> None:
 
     out = run_local(load_model(MODEL), _plan("ep=2"), tmp_path, timeout_s=120)
     assert out.status == "unsupported" and "expert parallel" in out.reason
+
+
+def test_trials_name_where_they_depart_from_their_plan() -> None:
+    """FSDP2 has no ZeRO-1/2 and no optimizer-only offload: those native trials carry a labelled
+    deviation; DeepSpeed runs them natively, and ring CP and ZeRO-3 are exact."""
+    from autoplace.runtime.spec import deviation
+
+    for text in ("dp=2,zero=1", "dp=2,zero=2"):
+        zero = text[-1]
+        assert f"zero{zero} ran as FSDP2 reshard_after_forward=False" in (deviation(_plan(text)) or "")
+        assert deviation(_plan(text), "deepspeed") is None
+    offload = deviation(_plan("dp=2,zero=3,offload_optimizer=cpu"))
+    assert offload is not None and "parameters and gradients are offloaded too" in offload
+    assert deviation(_plan("dp=2,zero=3,offload_optimizer=cpu"), "deepspeed") is None
+    for text in ("dp=2,zero=3", "dp=2,zero=0", "cp=2", "tp=2", "dp=2,zero=3,offload_optimizer=cpu,offload_params=cpu"):
+        assert deviation(_plan(text)) is None, text

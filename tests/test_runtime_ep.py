@@ -57,11 +57,11 @@ def test_expert_parallel_plans_are_supported() -> None:
 def test_moe_block_is_the_gate_weighted_sum_of_its_top_k_experts() -> None:
     """The sorted dispatch / index_copy combine against a per-token loop over the chosen experts."""
     torch = pytest.importorskip("torch")
-    from autoplace.runtime.model import MoE
+    from autoplace.runtime.model import build_model
 
     torch.manual_seed(0)
     spec = scaled_model(_full(), SCALE)
-    moe = MoE(spec.hidden, spec.moe, gated=True)
+    moe = build_model(spec).layers["0"].feed_forward  # block 0 routes (no first_dense_layers)
     x = torch.randn(2, 5, spec.hidden)
     flat = x.reshape(-1, spec.hidden)
     gates, chosen = torch.softmax(moe.router(flat), -1).topk(spec.moe.top_k, -1)

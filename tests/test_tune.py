@@ -119,6 +119,24 @@ def test_calibration_loader_is_strict(tmp_path: Path, doc: dict, field: str) -> 
     assert field in str(err.value)
 
 
+def test_calibration_leaves_out_trials_that_ran_another_plan(tmp_path: Path) -> None:
+    """A trial labelled with a deviation (e.g. ZeRO-2 run as unresharded FSDP2) is not fitted."""
+    import optuna
+
+    from autoplace.calibrate import observations_from_study
+
+    store, url = open_storage(str(tmp_path / "study.journal"), tmp_path)
+    st = optuna.create_study(storage=store, study_name="s")
+    plans = [_plan(t).to_string() for t in ("dp=2,zero=3", "dp=2,zero=2")]
+    dist = optuna.distributions.CategoricalDistribution(plans)
+    for plan, why in zip(plans, [None, "zero2 ran as FSDP2 reshard_after_forward=False"], strict=True):
+        st.add_trial(optuna.trial.create_trial(params={"plan": plan}, distributions={"plan": dist}, value=1.0,
+                                               user_attrs={"scale": 1.0, "deviation": why}))
+    kept = observations_from_study(MODEL, CLUSTER, url, "s")
+    assert [o.plan.zero for o in kept] == [3]
+    assert len(observations_from_study(MODEL, CLUSTER, url, "s", include_deviations=True)) == 2
+
+
 def test_calibration_needs_trials() -> None:
     with pytest.raises(SpecError, match="at least one"):
         fit([])
@@ -139,5 +157,7 @@ def test_deepspeed_trials_train_with_the_emitted_config(tmp_path: Path) -> None:
     store, _ = open_storage(None, tmp_path)
     [stored] = optuna.load_study(study_name="autoplace", storage=store).get_trials()
     assert stored.user_attrs["framework"] == "deepspeed"
+    # DeepSpeed runs ZeRO-1/2 and optimizer-only offload natively: its trials run their plan exactly
+    assert stored.user_attrs["semantics"] == "exact" and stored.user_attrs["deviation"] is None
     result = json.loads((tmp_path / "trials" / "0000" / "result.json").read_text())
     assert result["framework"] == "deepspeed" and result["status"] == "ok"

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import Evaluation, evaluate
 from autoplace.fidelity.trackers import Measurement, Setup, measure
-from autoplace.plan import build_plan
 from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
 from autoplace.specs.model import TransformerSpec
 
@@ -32,12 +31,7 @@ def fidelity_cluster(world: int) -> ClusterSpec:
 
 def predict(spec: TransformerSpec, setup: Setup) -> Evaluation:
     """autoplace's evaluation of the plan ``setup`` runs (reshard True: ZeRO-3; False: ZeRO-2)."""
-    spec = tracker_spec(spec, setup)
-    table = layer_table(spec)
-    values = {"dp_replicate": setup.dp_replicate, "dp_shard": setup.dp_shard, "tp": setup.tp, "ep": setup.ep, "sp": False,
-              "zero": 3 if setup.reshard else 2, "mbs": setup.mbs, "ga": 1}
-    plan = build_plan(values, world=setup.world, blocks=table.blocks, global_batch=spec.training.global_batch)
-    return evaluate(spec, fidelity_cluster(setup.world), plan)
+    return evaluate(tracker_spec(spec, setup), fidelity_cluster(setup.world), setup.plan(spec))
 
 
 @dataclass(frozen=True)
@@ -112,19 +106,19 @@ def _collective_rows(pred: dict[str, float], ev: Evaluation, m: Measurement, set
     against ``comm["dp"]``, and ``comm["tp"]`` / ``comm["ep"]`` when those dimensions exist."""
     rows = []
     for group, dims in DP_GROUPS.items():
-        kinds = {q.split()[1] for q in pred if q.split()[0] == group} | {k for k, d in m.collectives if d in dims}
+        kinds = {q.split()[1] for q in pred if q.split()[0] == group} | {k for d, k in m.collectives if d in dims}
         for kind in sorted(kinds):
-            got = [c for (k, d), c in m.collectives.items() if k == kind and d in dims]
-            rows.append(Row(f"{group} {kind}", pred.get(f"{group} {kind}", 0.0), sum(c.sent_bytes for c in got),
+            got = [c for (d, k), c in m.collectives.items() if k == kind and d in dims]
+            rows.append(Row(f"{group} {kind}", pred.get(f"{group} {kind}", 0.0), sum(c.ring_bytes for c in got),
                             f"{sum(c.calls for c in got)} calls"))
     all_dp = [d for dims in DP_GROUPS.values() for d in dims]
-    rows.append(Row("comm dp", ev.comm["dp"], sum(c.sent_bytes for (k, d), c in m.collectives.items() if d in all_dp),
+    rows.append(Row("comm dp", ev.comm["dp"], sum(c.ring_bytes for (d, k), c in m.collectives.items() if d in all_dp),
                     "comm['dp'] vs counted ring bytes sent" + (" (dp + edp)" if setup.ep > 1 else "")))
     for dim, on in (("tp", setup.tp > 1), ("ep", setup.ep > 1)):
         if on:
-            got = [c for (k, d), c in m.collectives.items() if d == dim]
-            names = sorted({k for k, d in m.collectives if d == dim})
-            rows.append(Row(f"comm {dim}", ev.comm[dim], sum(c.sent_bytes for c in got),
+            got = [c for (d, k), c in m.collectives.items() if d == dim]
+            names = sorted({k for d, k in m.collectives if d == dim})
+            rows.append(Row(f"comm {dim}", ev.comm[dim], sum(c.ring_bytes for c in got),
                             f"{sum(c.calls for c in got)} calls ({', '.join(names)})"))
     return rows
 

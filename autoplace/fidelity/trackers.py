@@ -9,9 +9,16 @@ tensor storage under a category (sharded/unsharded params and grads, optimizer s
 activations, temporaries, all-gather/reduce-scatter buffers).  A dispatch mode counts the
 bytes of every c10d collective (``CommDebugMode`` counts calls, not bytes).
 
-The model: :mod:`autoplace.fidelity.model`; the byte counter: :mod:`autoplace.fidelity.counting`;
-the prediction set beside the measurement: :mod:`autoplace.fidelity.compare`.  torch is imported
-only inside the fidelity package (``pip install torch`` if it is missing).
+What is measured is what the runtime trains: the :class:`Setup` becomes a
+:class:`~autoplace.plan.Plan`, the ranks are laid out by the runtime's
+:func:`~autoplace.runtime.parallel.build_layout`, the model is the runtime's
+(:func:`~autoplace.runtime.model.build_model`) and it is parallelized by the runtime's
+:func:`~autoplace.runtime.parallel.parallelize`; the byte counter is the runtime's
+(:mod:`autoplace.runtime.comms`), filing by finer groups.  One difference, forced by fake
+tensors: MoE tokens are routed by the balanced rule (:mod:`autoplace.runtime.moe`), since a
+router's top-k has no values to decide shapes with.  The prediction set beside the
+measurement: :mod:`autoplace.fidelity.compare`.  torch is imported only inside the fidelity
+and runtime packages (``pip install torch`` if it is missing).
 """
 
 from __future__ import annotations
@@ -32,16 +39,16 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise BenchmarkError("autoplace.fidelity needs PyTorch: pip install torch (CPU wheel is enough)") from exc
 
-from autoplace.fidelity.counting import CollectiveCount, CollectiveCounter
-from autoplace.fidelity.model import blocks, build_model
-from autoplace.fidelity.moe import MoEFeedForward, shard_experts
+from autoplace.cost.layers import layer_table
+from autoplace.plan import Plan, build_plan
+from autoplace.runtime import parallel as par
+from autoplace.runtime.comms import CollectiveCount, CommLog, CountingMode
+from autoplace.runtime.model import build_model
 from autoplace.specs.model import TransformerSpec
 
 log = logging.getLogger("autoplace")
+PRECISIONS = ("fp32", *par.MIXED)
 
-# FSDP2 MixedPrecisionPolicy(param_dtype, reduce_dtype) of autoplace's FSDP2 recipes (specs.model):
-# 16-bit gathers and compute, fp32 shards and gradient reduction, as torchtitan configures it
-MIXED = {"bf16-fsdp2": (torch.bfloat16, torch.float32)}
 
 @dataclass(frozen=True)
 class Setup:
@@ -57,8 +64,9 @@ class Setup:
         tp: DTensor tensor parallelism (Megatron column/row pairs, vocab-parallel embedding,
             column-parallel head with ``loss_parallel``, one shared matrix when tied; no sequence
             parallelism; dense blocks only).
-        ep: expert parallelism carved from the ``dp_shard`` ranks (MoE only, no HSDP or TP):
-            a ``(edp, ep)`` mesh, dense weights sharded over both flattened, experts over ``edp``.
+        ep: expert parallelism carved from the ``dp_shard`` ranks (MoE only, no HSDP or TP), laid
+            out as the runtime does (``build_expert_mesh``: EP ranks innermost): dense weights
+            sharded over all of ``dp_shard``, experts over the expert-data-parallel ``edp``.
         precision: "fp32" (no mixed precision) or "bf16-fsdp2" (``MixedPrecisionPolicy`` with
             bf16 parameters and fp32 reduction: autoplace's recipe of that name).
         mbs: micro-batch in sequences.
@@ -77,12 +85,13 @@ class Setup:
     def dp_shard(self) -> int:
         return self.world // (self.dp_replicate * self.tp)
 
-    def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The root mesh; with ep > 1 its ``dp_shard`` ranks are split into ``(edp, ep)``, EP innermost."""
-        shard = {"edp": self.dp_shard // self.ep, "ep": self.ep} if self.ep > 1 else {"dp_shard": self.dp_shard}
-        sizes = {"dp_replicate": self.dp_replicate, **shard, "tp": self.tp}
-        keep = [k for k, v in sizes.items() if v > 1 or k in shard]
-        return tuple(sizes[k] for k in keep), tuple(keep)
+    def plan(self, spec: TransformerSpec) -> Plan:
+        """The autoplace plan this setup runs (reshard True: ZeRO-3; False: ZeRO-2, the mapping
+        autoplace's FSDP2 emitter and the runtime use), one micro-batch per rank, no SP."""
+        values = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "ep": self.ep,
+                  "sp": False, "zero": 3 if self.reshard else 2, "mbs": self.mbs, "ga": 1}
+        return build_plan(values, world=self.world, blocks=layer_table(spec).blocks,
+                          global_batch=self.mbs * self.world // self.tp)
 
     def label(self) -> str:
         parts = [f"rep{self.dp_replicate}" if self.dp_replicate > 1 else "", f"fsdp{self.dp_shard}",
@@ -99,14 +108,14 @@ class Measurement:
         peak: bytes per tracker category at the moment of the total peak ("Total" included).
         category_peak: the highest value each category reached on its own.
         after_forward: bytes per category once the loss exists (activations kept for backward).
-        collectives: per (collective kind, mesh dimension), calls and bytes.
+        collectives: per (mesh dimension, collective kind), calls and bytes.
         params: parameters of the torch model.
     """
 
     peak: dict[str, float]
     category_peak: dict[str, float]
     after_forward: dict[str, float]
-    collectives: dict[tuple[str, str], CollectiveCount]
+    collectives: dict[tuple[str, str], CollectiveCount]  # (dim, kind)
     params: int
 
 
@@ -173,24 +182,32 @@ def measure(spec: TransformerSpec, setup: Setup) -> Measurement:
     if setup.tp > 1 and spec.moe is not None:
         raise BenchmarkError("tp > 1 with routed experts is not built (the TP plan covers dense MLPs only)")
     _check_ep(spec, setup)
-    if setup.precision not in ("fp32", *MIXED):
-        raise BenchmarkError(f"precision {setup.precision!r} is not measured; valid: fp32, {', '.join(MIXED)}")
+    if setup.precision not in PRECISIONS:
+        raise BenchmarkError(f"precision {setup.precision!r} is not measured; valid: {', '.join(PRECISIONS)}")
+    plan = setup.plan(spec)
     with fake_world(setup.world):
-        # the meshes hold real rank tensors: build them before entering fake mode
-        meshes = _meshes(setup)
-        dims: dict[str, list[str]] = {}
-        for name, m in meshes.items():
-            if name != "dp":  # the dense FSDP mesh: dp_shard, or (dp_replicate, dp_shard)
-                dims.setdefault(str(m.get_group().group_name), []).append(name)
+        # the meshes hold real rank tensors: lay the ranks out before entering fake mode
+        layout = par.build_layout(plan, setup.world, "cpu")
         fake = FakeTensorMode()
         with fake:
-            model = build_model(spec)
+            model = build_model(spec, routing="balanced")
         # parallelize outside the mode: the fake parameters carry it with them, while the
         # mesh arithmetic FSDP2 does for a 2-D (dp, tp) mesh needs real rank tensors
         params = sum(p.numel() for p in model.parameters())
-        _parallelize(model, setup, meshes)
+        par.parallelize(model, plan, layout, precision=setup.precision, root_reshard=setup.root_reshard,
+                        loss_parallel=setup.tp > 1)
         with fake, _separate_propagation_mode():
-            return _step(model, params, spec, setup, dims)
+            return _step(model, params, spec, setup, group_roles(layout))
+
+
+def group_roles(layout: par.Layout) -> dict[str, str]:
+    """Process-group name -> mesh dimension, finer than the runtime's (which files all of these as
+    "dp"): ``dp_shard``, ``dp_replicate``, ``tp``, and with ep > 1 ``edp`` and ``ep``."""
+    out = {str(layout.mesh[d].get_group().group_name): d for d in layout.dims}
+    if layout.ep_group is not None:
+        out[str(layout.edp_group.group_name)] = "edp"
+        out[str(layout.ep_group.group_name)] = "ep"
+    return out
 
 
 def _check_ep(spec: TransformerSpec, setup: Setup) -> None:
@@ -207,21 +224,6 @@ def _check_ep(spec: TransformerSpec, setup: Setup) -> None:
         raise BenchmarkError("ep > 1 is built on a plain FSDP mesh only (dp_replicate = tp = 1)")
     if setup.dp_shard % setup.ep or spec.moe.experts % setup.ep:
         raise BenchmarkError(f"ep({setup.ep}) must divide dp_shard({setup.dp_shard}) and experts({spec.moe.experts})")
-
-
-def _meshes(setup: Setup) -> dict[str, Any]:
-    """The device meshes the model is parallelized over, by role: ``dp`` (dense FSDP, 2-D
-    for HSDP), each 1-D dimension by name, and with ep > 1 ``dp_shard`` flattened from
-    ``(edp, ep)`` so that dense weights still shard over every data-parallel rank."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    sizes, names = setup.mesh_dims()
-    mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-    out = {name: mesh[name] for name in names}
-    if setup.ep > 1:
-        out["dp_shard"] = mesh["edp", "ep"]._flatten("dp_shard")
-    out["dp"] = mesh["dp_replicate", "dp_shard"] if setup.dp_replicate > 1 else out["dp_shard"]
-    return out
 
 
 @contextmanager
@@ -244,67 +246,7 @@ def _separate_propagation_mode() -> Iterator[None]:
         yield
 
 
-def apply_tp(model: nn.Module, tp_mesh: Any) -> None:
-    """Megatron-style TP with DTensor (torchtitan's llama3 plan without sequence parallelism).
-
-    Each block's attention and MLP input enters as one replicated DTensor, so the gradients
-    of wq/wk/wv (and w1/w3) are summed before a single all-reduce: Megatron's ``f`` operator
-    (Shoeybi et al. 2019, Fig. 3), two all-reduces forward and two backward per block.
-    Without it, eager DTensor all-reduces each column-parallel input gradient on its own.
-
-    Tied embeddings (GPT): the vocab-parallel table and the column-parallel head both shard the
-    ``(vocab, hidden)`` matrix by rows, so one ``Shard(0)`` parameter serves both, as Megatron's
-    shared word embedding does; ``parallelize_module`` replaces each module's parameter with its
-    own copy, so the head is re-tied to the table afterwards.
-    """
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    tied = model.get_submodule("output").weight is model.get_submodule("tok_embeddings").weight
-    parallelize_module(model, tp_mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-        "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),  # for loss_parallel
-    })
-    if tied:
-        model.get_submodule("output").weight = model.get_submodule("tok_embeddings").weight
-    for block in blocks(model):
-        gated = "feed_forward.w3" in dict(block.named_modules())
-        parallelize_module(block, tp_mesh, {
-            "attention": PrepareModuleInput(input_layouts=(Replicate(), None, None, None),
-                                            desired_input_layouts=(Replicate(), None, None, None),
-                                            use_local_output=False),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-                                               use_local_output=False),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(),
-            **({"feed_forward.w3": ColwiseParallel()} if gated else {})})
-
-
-def _parallelize(model: nn.Module, setup: Setup, meshes: dict[str, Any]) -> None:
-    """TP first, then EP, then FSDP2 per block and on the root (torchtitan's order; autoplace's
-    emitter).  With EP a block's local experts are an FSDP2 unit of their own over ``edp``,
-    sharded before the block so that the block's unit (over all of dp) leaves them out."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    if setup.tp > 1:
-        apply_tp(model, meshes["tp"])
-    param, reduce = MIXED.get(setup.precision, (None, None))
-    mp = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
-    for block in blocks(model):
-        if setup.ep > 1 and isinstance(moe := block.get_submodule("feed_forward"), MoEFeedForward):
-            shard_experts(moe, meshes["ep"].get_group())
-            fully_shard(moe.experts, mesh=meshes["edp"], reshard_after_forward=setup.reshard, mp_policy=mp)
-        fully_shard(block, mesh=meshes["dp"], reshard_after_forward=setup.reshard, mp_policy=mp)
-    fully_shard(model, mesh=meshes["dp"], reshard_after_forward=setup.root_reshard, mp_policy=mp)
-
-
-def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, dims: dict[str, list[str]]) -> Measurement:
+def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, dims: dict[str, str]) -> Measurement:
     from contextlib import nullcontext
 
     from torch.distributed.tensor.parallel import loss_parallel
@@ -314,14 +256,15 @@ def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, di
     labels = torch.randint(0, spec.vocab, (setup.mbs, spec.seq_len))
     tracker = _tracker_class()(model, optim)
     tracker.track_inputs((tokens, labels))
-    counter = CollectiveCounter(dims)
+    comm = CommLog(dims)
+    comm.enabled = True
     loss_ctx = loss_parallel if setup.tp > 1 else nullcontext
     with tracker:
         for step in range(2):
             if step == 1:  # steady state: optimizer state exists from the start of the step
                 tracker.reset_peaks()
-                counter.counts = {}
-            with counter, loss_ctx():
+                comm.reset()
+            with CountingMode(comm), loss_ctx():
                 logits = model(tokens)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
                 del logits  # torchtitan's train step drops the logits before backward
@@ -331,6 +274,6 @@ def _step(model: nn.Module, params: int, spec: TransformerSpec, setup: Setup, di
                 optim.zero_grad(set_to_none=True)
                 del loss
     return Measurement(peak=_flat(tracker.get_tracker_snapshot("peak")), category_peak=dict(tracker.category_peak),
-                       after_forward=after_forward, collectives=dict(counter.counts), params=params)
+                       after_forward=after_forward, collectives=dict(comm.counts), params=params)
 
 

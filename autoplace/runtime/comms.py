@@ -1,28 +1,39 @@
-"""Counting collectives and the bytes they move (torch).
+"""The collective counter: every c10d collective of a step, its bytes, filed by plan dimension (torch).
 
-Two counters, because the collectives reach c10d by two routes:
+One counter for the runtime (real gloo/NCCL ranks) and the tracker harness (a fake process
+group on fake tensors, :mod:`autoplace.fidelity.trackers`): one op table, one ring-bytes
+function; the two differ only in the mapping from process-group name to dimension they pass
+to :class:`CommLog` (the runtime files by the cost model's dimensions, ``dp``/``tp``/``cp``...;
+the harness keeps ``dp_shard``, ``dp_replicate`` and ``edp`` apart).
 
-* FSDP2, DTensor (TP/SP) and pipelining call c10d ops from Python, so a
-  :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees them (``c10d.allreduce_``,
-  ``c10d._allgather_base_``, ``_c10d_functional.all_gather_into_tensor``, ...);
+Collectives reach c10d by two routes:
+
+* FSDP2, DTensor (TP/SP), pipelining, ring attention and expert all-to-alls call c10d ops from
+  Python, so a :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees them
+  (``c10d.allreduce_``, ``c10d._allgather_base_``, ``_c10d_functional.all_gather_into_tensor``,
+  ``c10d.send``, ...).  The mode defers on DTensor, so DTensor's redistributions are seen as
+  the local collectives they become (as ``FSDPMemTracker`` does);
 * DDP's reducer calls the process group from C++, invisible to dispatch modes, so its
   gradient buckets are counted by a DDP communication hook (:func:`ddp_hook`).
 
 Every collective is recorded with the raw tensor bytes and, like the cost model
-(:mod:`autoplace.cost.comm`), the bytes each rank *sends* under a ring algorithm:
-all-reduce ``2 (n-1)/n * S``, all-gather / reduce-scatter ``(n-1)/n * S`` with S the full
-(gathered) size, send ``S``.  Each is filed under the plan dimension whose group it ran on.
+(:mod:`autoplace.cost.comm`), the bytes each rank *sends* under a ring algorithm
+(:func:`ring_bytes`).  CommDebugMode counts calls, not bytes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("autoplace")
 
 # c10d / functional op name -> collective kind
 _OPS = {
@@ -60,27 +71,41 @@ def ring_bytes(kind: str, full_bytes: float, n: int) -> float:
     return 0.0  # recv: counted by the sender; broadcast: setup only
 
 
+@dataclass
+class CollectiveCount:
+    """Calls and bytes of one (dimension, collective): raw tensor bytes (the full gathered or
+    reduced buffer) and the bytes one rank sends under a ring algorithm (:func:`ring_bytes`)."""
+
+    calls: int = 0
+    tensor_bytes: float = 0.0
+    ring_bytes: float = 0.0
+
+
 class CommLog:
-    """Counts per (dimension, collective): calls, tensor bytes and ring bytes sent per rank."""
+    """Counts per (dimension, collective).
+
+    Args:
+        group_dims: process-group name -> the dimension its collectives are filed under.
+        default_dim: the dimension of a group not in ``group_dims``.
+    """
 
     def __init__(self, group_dims: dict[str, str], default_dim: str = "other") -> None:
-        self.group_dims = group_dims  # process-group name -> plan dimension ("dp", "tp", "pp")
-        self.default_dim = default_dim  # the dimension of a group not in group_dims
+        self.group_dims = group_dims
+        self.default_dim = default_dim
         self.enabled = False
         self.paused = False  # set while a comm hook that has counted its own collective issues it
         self.reset()
 
     def reset(self) -> None:
-        self.calls: dict[tuple[str, str], int] = defaultdict(int)
-        self.tensor_bytes: dict[tuple[str, str], float] = defaultdict(float)
-        self.ring: dict[tuple[str, str], float] = defaultdict(float)
+        self.counts: dict[tuple[str, str], CollectiveCount] = defaultdict(CollectiveCount)
 
     def add(self, dim: str, kind: str, full_bytes: float, n: int) -> None:
         if not self.enabled or self.paused:
             return
-        self.calls[dim, kind] += 1
-        self.tensor_bytes[dim, kind] += full_bytes
-        self.ring[dim, kind] += ring_bytes(kind, full_bytes, n)
+        c = self.counts[dim, kind]
+        c.calls += 1
+        c.tensor_bytes += full_bytes
+        c.ring_bytes += ring_bytes(kind, full_bytes, n)
 
     def dim_of(self, group: Any) -> tuple[str, int]:
         """(dimension, size) of a process group given as an object or a group name."""
@@ -93,11 +118,11 @@ class CommLog:
 
     def summary(self) -> dict[str, Any]:
         """``{"by_collective": [...], "ring_bytes_by_dim": {...}, "total_ring_bytes": ...}``."""
-        rows = [{"dim": d, "collective": k, "calls": self.calls[d, k], "tensor_bytes": int(self.tensor_bytes[d, k]),
-                 "ring_bytes": int(round(self.ring[d, k]))} for d, k in sorted(self.calls)]
+        rows = [{"dim": d, "collective": k, "calls": c.calls, "tensor_bytes": int(c.tensor_bytes),
+                 "ring_bytes": int(round(c.ring_bytes))} for (d, k), c in sorted(self.counts.items())]
         by_dim: dict[str, float] = defaultdict(float)
-        for (d, _), v in self.ring.items():
-            by_dim[d] += v
+        for (d, _), c in self.counts.items():
+            by_dim[d] += c.ring_bytes
         return {"by_collective": rows, "ring_bytes_by_dim": {k: int(round(v)) for k, v in sorted(by_dim.items())},
                 "total_ring_bytes": int(round(sum(by_dim.values())))}
 
@@ -110,12 +135,17 @@ class CountingMode(TorchDispatchMode):
         self.log = log
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        ns = func.namespace
-        name = func._schema.name.split("::")[-1]
-        if ns in ("c10d", "_c10d_functional") and name in _OPS:
-            self._record(_OPS[name], name, args)
-        return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        ns, name = func.namespace, func._schema.name.split("::")[-1]
+        if ns in ("c10d", "_c10d_functional"):
+            if name in _OPS:
+                self._record(_OPS[name], name, args)
+            elif not any(word in name for word in _NOT_COLLECTIVES):
+                log.warning("collective %s is not counted", func)
+        return func(*args, **(kwargs or {}))
 
     def _record(self, kind: str, name: str, args: tuple) -> None:
         # c10d ops carry the ProcessGroup as their first ScriptObject (before the ReduceOp);
@@ -135,13 +165,14 @@ class CountingMode(TorchDispatchMode):
         elif kind == "all_gather" and functional:
             full = _nbytes(args[0]) * n  # functional: the local shard goes in
         else:
-            full = _nbytes(args[0])  # all-reduce buffer, gathered output, full functional input
+            full = _nbytes(args[0])  # all-reduce buffer(s), gathered output, full functional input, sent tensor
         self.log.add(dim, kind, full, n)
 
 
 _FUNCTIONAL = {"all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
                "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
                "broadcast", "all_to_all_single"}
+_NOT_COLLECTIVES = ("wait", "barrier")  # synchronisation, no payload
 
 
 def _nbytes(x: Any) -> float:

@@ -30,7 +30,7 @@ from autoplace.plan import Plan
 from autoplace.runtime import parallel as par
 from autoplace.runtime.comms import CommLog
 from autoplace.runtime.data import micro_batch
-from autoplace.runtime.model import Transformer, causal_lm_loss
+from autoplace.runtime.model import build_model, causal_lm_loss
 from autoplace.specs.model import TransformerSpec
 
 
@@ -81,7 +81,7 @@ class DeepSpeedTrainer:
         # with tp = pp = 1 every group DeepSpeed creates (its clone of the world, hpZ groups) is data parallel
         self.comm = CommLog({}, default_dim="dp")
         torch.manual_seed(args.seed)
-        model = Transformer(spec).to(device)
+        model = build_model(spec).to(device)
         par.apply_ac(model, plan.recompute)
         optim, extra = self._optimizer(model)
         self.engine, self.optim, *_ = self.deepspeed.initialize(model=model, optimizer=optim, config={**cfg, **extra})

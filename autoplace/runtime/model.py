@@ -1,11 +1,27 @@
-"""A small Llama-style decoder built from a TransformerSpec (torch).
+"""The one torch model: a decoder built from a TransformerSpec with autoplace's parameter count.
 
-The module tree follows torchtitan's ``llama3/model.py`` names (``tok_embeddings``,
+The runtime trains it and the tracker harness (:mod:`autoplace.fidelity.trackers`) measures
+it on fake tensors, parallelized by the same appliers (:mod:`autoplace.runtime.parallel`).
+Module names follow torchtitan's ``llama3/model.py`` (``tok_embeddings``,
 ``layers.<i>.attention.wq``, ``feed_forward.w1/w2/w3``, ``norm``, ``output``) so the tensor
 parallel plan reads like torchtitan's.  ``layers`` is a ModuleDict keyed by the global block
-index: a pipeline stage keeps only the blocks it owns, under their global names.  A MoE
-block's ``feed_forward`` is a :class:`MoE` whose ``experts`` are keyed by global expert index
-the same way, so an expert-parallel rank keeps only its experts under their single-process names.
+index: a pipeline stage keeps only its blocks, under their global names; a MoE block's experts
+are keyed by global expert index the same way (:mod:`autoplace.runtime.moe`).
+
+What it is built like, and why (the trackers only see what eager PyTorch keeps):
+
+* with ``flash_attention`` attention is ``F.scaled_dot_product_attention`` with ``enable_gqa``;
+  on CPU it dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which keeps q, k,
+  v, the output and an fp32 log-sum-exp per head and token (no ``s x s`` scores), as flash
+  attention does on GPU; without it, Megatron's unfused softmax(QK^T) -> dropout -> x V;
+  with context parallelism, ring attention (:mod:`autoplace.runtime.ring`);
+* RMSNorm is an autograd function that keeps its input and the fp32 ``rstd`` per token, as
+  the fused CUDA kernels do (``torch._fused_rms_norm``, Apex, TE); PyTorch's CPU fallback is
+  composite and would also keep the normalized tensor, which no GPU run does;
+* SwiGLU is eager ``w2(silu(w1 x) * w3 x)`` as in torchtitan, so autograd keeps four
+  ``f``-wide tensors; GeLU MLP, LayerNorm, biases, learned positions, tied embeddings and
+  dropout (p=0.1) follow the spec (GPT-3 style);
+* the loss is ``cross_entropy(logits.float())``, as torchtitan computes it.
 """
 
 from __future__ import annotations
@@ -13,216 +29,213 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from autoplace.specs.model import MoE as MoESpec
+from autoplace.cost.layers import layer_table
+from autoplace.errors import BenchmarkError
+from autoplace.runtime.moe import MoE
+from autoplace.runtime.ring import ring_attention
 from autoplace.specs.model import TransformerSpec
 
+DROPOUT = 0.1  # GPT-2/3 and Megatron-LM's hidden and attention dropout
+ROPE_THETA = 500000.0  # Llama 3
 
-def _rotary(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021), rotate-half form; x is [b, s, heads, d] holding
-    positions ``offset ..< offset + s`` (a context-parallel rank holds a later chunk)."""
-    seq, dim = x.shape[1], x.shape[-1]
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
-    pos = torch.arange(offset, offset + seq, dtype=torch.float32, device=x.device)
-    angles = torch.outer(pos, inv)  # [s, d/2]
-    cos = torch.cat([angles.cos()] * 2, dim=-1)[None, :, None, :]
-    sin = torch.cat([angles.sin()] * 2, dim=-1)[None, :, None, :]
-    half = dim // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm keeping what the fused CUDA kernels keep: the input and fp32 rstd per token."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        dw = (grad.float() * normed).sum(dim=tuple(range(grad.dim() - 1)))
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Su et al. 2021), half-split form; cos/sin are constants (no grad)."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def _dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout keeping a 1-byte mask, as CUDA's ``native_dropout`` does; CPU's ``F.dropout``
+    keeps a mask in the input's dtype, which no GPU run does."""
+    return torch.native_dropout(x, p, True)[0] if p > 0 else x
+
+
+def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: torch.Tensor,
+                    dropout: float) -> torch.Tensor:
+    """Attention that keeps the ``s x s`` scores, as Megatron-LM's unfused path does (Korthikanti
+    et al. 2022, Sec. 4.1: softmax output 2as^2, dropout mask as^2, dropout output 2as^2).
+    ``causal`` is built once per forward and shared by every layer."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+    probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+    return _dropout(probs, dropout) @ v
 
 
 class AttentionCore(nn.Module):
-    """Rotary + causal scaled-dot-product attention: what selective recompute recomputes
-    (Korthikanti et al. 2022, Sec. 5: the s x s part of attention is cheap to recompute).
+    """Rotary + causal attention on ``[b, s, heads, d]`` q, k, v; returns ``[b, heads, s, d]``.
 
-    With a context-parallel group (``cp_group``, set by ``parallel.apply_cp``) each rank holds
-    one contiguous chunk of the sequence: K and V are all-gathered along the sequence and the
-    local queries attend causally with their chunk's offset (Llama 3, Dubey et al. 2024, Sec.
-    3.3.2).  The all-gather's autograd backward reduce-scatters dK and dV to their owners.
+    What selective recompute recomputes (Korthikanti et al. 2022, Sec. 5: the ``s x s`` part of
+    attention is cheap to recompute).  With a context-parallel group (``cp_group``, set by
+    ``parallel.apply_cp``) each rank holds one contiguous chunk of the sequence and attends by
+    ring attention over the group.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
+        self.rope, self.flash = spec.position == "rope", spec.flash_attention
+        self.dropout = DROPOUT if spec.dropout else 0.0
         self.cp_group: Any = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        offset, mask = 0, None
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                causal: torch.Tensor) -> torch.Tensor:
+        if self.rope:  # rotate in (batch, seq, heads, dim) layout and transpose last, as torchtitan
+            # does: the attention output then comes back in that layout and the caller's reshape is a view
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.cp_group is not None:
-            offset = dist.get_rank(self.cp_group) * q.shape[1]
-            q, k = _rotary(q, offset), _rotary(k, offset)
-            k, v = _gather_sequence(k, v, self.cp_group)
-            mask = torch.arange(offset, offset + q.shape[1], device=q.device)[:, None] >= torch.arange(
-                k.shape[1], device=q.device)[None, :]
-        else:
-            q, k = _rotary(q), _rotary(k)
-        rep = q.shape[2] // k.shape[2]  # grouped-query attention: share each K/V head
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=mask, is_causal=mask is None)
-        return out.transpose(1, 2)
-
-
-def _gather_sequence(k: torch.Tensor, v: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V ([b, s/cp, heads, d]) of every rank of ``group``, in rank order along the sequence,
-    in one all-gather (functional collectives: autograd reduce-scatters the gradient back)."""
-    from torch.distributed._functional_collectives import all_gather_single
-
-    kv = torch.stack((k, v)).permute(2, 0, 1, 3, 4).contiguous()  # [s/cp, 2, b, heads, d]: gather dim 0
-    full = all_gather_single(kv, 0, group).permute(1, 2, 0, 3, 4)  # [2, b, s, heads, d]
-    return full[0], full[1]
+            return ring_attention(q, k, v, self.cp_group)
+        if self.flash:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each K/V head
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        return _core_attention(q, k, v, causal, self.dropout)
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        self.wq = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.wk = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.wv = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.wo = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.core = AttentionCore()
+        h, d = spec.hidden, spec.dim_head
+        self.head_dim = d
+        self.dropout = DROPOUT if spec.dropout else 0.0
+        self.wq = nn.Linear(h, spec.heads * d, bias=spec.bias or spec.qkv_bias)
+        self.wk = nn.Linear(h, spec.n_kv_heads * d, bias=spec.bias or spec.qkv_bias)
+        self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=spec.bias or spec.qkv_bias)
+        self.wo = nn.Linear(spec.heads * d, h, bias=spec.bias)
+        self.core: nn.Module = AttentionCore(spec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s = x.shape[0], x.shape[1]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds heads/tp of them
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        return self.wo(self.core(q, k, v).reshape(b, s, -1))
+        out = self.core(q, k, v, cos, sin, causal)
+        return _dropout(self.wo(out.transpose(1, 2).reshape(b, s, -1)), self.dropout)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, hidden: int, ffn: int, gated: bool) -> None:
+class MLP(nn.Module):
+    """SwiGLU ``w2(silu(w1 x) * w3 x)`` (torchtitan) or GeLU ``w2(gelu(w1 x))`` (GPT, Megatron);
+    ``width`` is the inner size when it is not the dense ``ffn_hidden`` (a routed expert's)."""
+
+    def __init__(self, spec: TransformerSpec, width: int | None = None) -> None:
         super().__init__()
-        self.gated = gated
-        self.w1 = nn.Linear(hidden, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, ffn, bias=False) if gated else None
+        h, f, bias = spec.hidden, width or spec.ffn_hidden, spec.bias
+        self.dropout = DROPOUT if spec.dropout else 0.0
+        self.w1, self.w2 = nn.Linear(h, f, bias=bias), nn.Linear(f, h, bias=bias)
+        self.w3 = nn.Linear(h, f, bias=bias) if spec.ffn == "swiglu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is not None:  # SwiGLU (Shazeer 2020)
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))
+        inner = F.silu(self.w1(x)) * self.w3(x) if self.w3 is not None else F.gelu(self.w1(x))
+        return _dropout(self.w2(inner), self.dropout)
 
 
-class MoE(nn.Module):
-    """Routed experts plus optional shared experts (DeepSeek-MoE, Dai et al. 2024).
-
-    The router takes a softmax over all experts and keeps the top-k probabilities as gates,
-    without renormalizing them (Switch / DeepSeek-V2 / Qwen-MoE's default; renormalizing would
-    starve the router of gradient at top_k = 1).  There is no capacity factor: every token
-    reaches its k experts, so a run is exactly reproducible on one process whatever the
-    expert-parallel degree.  The shared experts form one FFN of ``shared_experts`` times the
-    width, which is the sum of that many separate experts.
-
-    With an expert-parallel group (``ep_group``, set by ``parallel.apply_ep``) this rank holds
-    ``experts / ep`` consecutive experts; routed token copies travel to their expert's rank in one
-    all-to-all and come back in a second (torch's autograd-aware functional all-to-all: the
-    backward is the reverse all-to-all of the gradients).
-    """
-
-    def __init__(self, hidden: int, moe: MoESpec, gated: bool) -> None:
-        super().__init__()
-        self.n_experts, self.top_k = moe.experts, moe.top_k
-        self.router = nn.Linear(hidden, moe.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): FeedForward(hidden, moe.expert_ffn_hidden, gated)
-                                      for e in range(moe.experts)})
-        width = moe.shared_experts * (moe.shared_ffn_hidden or moe.expert_ffn_hidden)
-        self.shared_experts = FeedForward(hidden, width, gated) if width else None
-        self.ep_group: Any = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        probs = F.softmax(self.router(flat).float(), dim=-1)
-        gates, chosen = probs.topk(self.top_k, dim=-1)  # [tokens, k]
-        order = chosen.flatten().argsort(stable=True)  # routed copies grouped by expert
-        counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
-        rows = flat[order // self.top_k]
-        done = self._local(rows, counts.tolist()) if self.ep_group is None else self._exchange(rows, counts)
-        copies = torch.empty_like(done).index_copy(0, order, done).view(-1, self.top_k, flat.shape[-1])
-        out = (copies * gates.to(copies.dtype)[..., None]).sum(dim=1)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
-        return out.view(x.shape)
-
-    def _local(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """This rank's experts, in index order, each on its run of ``rows`` (possibly empty: every
-        expert runs, so its gradient is a zero tensor rather than None, as on one process)."""
-        experts = sorted(self.experts.items(), key=lambda kv: int(kv[0]))
-        return torch.cat([e(part) for (_, e), part in zip(experts, rows.split(counts), strict=True)])
-
-    def _exchange(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Send each routed copy to its expert's rank, run the local experts, send the results back.
-
-        The per-expert counts go first (a small all-to-all of ``experts`` int64s) so every rank
-        knows its split sizes; received rows arrive grouped by source rank and are regrouped by
-        local expert before the experts run, then put back for the return trip.
-        """
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-
-        n = dist.get_world_size(self.ep_group)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)
-        recv = recv_counts.view(n, -1)  # [source rank, local expert]
-        send_splits = counts.view(n, -1).sum(dim=1).tolist()
-        recv_splits = recv.sum(dim=1).tolist()
-        got = all_to_all_single_autograd(rows, recv_splits, send_splits, self.ep_group)
-        regroup = _expert_major(recv)
-        done = self._local(got[regroup], recv.sum(dim=0).tolist())
-        back = torch.empty_like(done).index_copy(0, regroup, done)
-        return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep_group)
+def _norm(spec: TransformerSpec) -> nn.Module:
+    # LayerNorm is one aten op on every device (keeps input, mean, rstd); RMSNorm is not, see above
+    return RMSNorm(spec.hidden) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden)
 
 
-def _expert_major(counts: torch.Tensor) -> torch.Tensor:
-    """Row indices that reorder rows stored source-major (``counts[s, e]`` rows of local expert e
-    from source s) into expert-major order."""
-    starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
-    starts = starts.view(counts.shape)
-    runs = [torch.arange(int(starts[s, e]), int(starts[s, e] + counts[s, e]))
-            for e in range(counts.shape[1]) for s in range(counts.shape[0])]
-    return torch.cat(runs)
+def _feed_forward(spec: TransformerSpec, index: int, routing: str) -> nn.Module:
+    """Block ``index``'s MLP: dense, or routed (+ shared) experts where the spec puts them."""
+    moe = spec.moe
+    if moe is None or not moe.is_moe_layer(index):
+        return MLP(spec)
+    width = moe.shared_experts * (moe.shared_ffn_hidden or moe.expert_ffn_hidden)
+    return MoE(spec.hidden, [MLP(spec, moe.expert_ffn_hidden) for _ in range(moe.experts)], moe.top_k,
+               MLP(spec, width) if width else None, routing)
 
 
 class Block(nn.Module):
-    def __init__(self, spec: TransformerSpec, index: int = 0) -> None:
+    def __init__(self, spec: TransformerSpec, index: int, routing: str = "topk") -> None:
         super().__init__()
-        h = spec.hidden
-        self.attention_norm = nn.RMSNorm(h, eps=1e-5)
-        self.attention = Attention(h, spec.heads, spec.n_kv_heads, spec.dim_head)
-        self.ffn_norm = nn.RMSNorm(h, eps=1e-5)
-        gated = spec.ffn == "swiglu"
-        self.feed_forward: nn.Module = (MoE(h, spec.moe, gated) if spec.moe is not None and spec.moe.is_moe_layer(index)
-                                        else FeedForward(h, spec.ffn_hidden, gated))
+        self.attention_norm, self.ffn_norm = _norm(spec), _norm(spec)
+        self.attention = Attention(spec)
+        self.feed_forward = _feed_forward(spec, index, routing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, causal)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
-    """Embedding, blocks, final norm and untied output layer; any of them may be None on a
-    pipeline stage that does not hold it (the forward then skips it, as torchtitan's does)."""
+    """Embedding (+ learned positions), blocks, final norm, head; on a pipeline stage that does
+    not hold the embedding or the head they are None and the forward skips them (torchtitan).
 
-    def __init__(self, spec: TransformerSpec) -> None:
+    ``cp_rank`` (set by ``parallel.apply_cp``) says which contiguous chunk of the sequence this
+    rank's tokens are: positions ``cp_rank * s ..< (cp_rank + 1) * s``.
+    """
+
+    def __init__(self, spec: TransformerSpec, routing: str = "topk") -> None:
         super().__init__()
         self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
-        self.norm: nn.Module | None = nn.RMSNorm(spec.hidden, eps=1e-5)
+        self.pos_embeddings: nn.Module | None = (nn.Embedding(spec.max_position or spec.seq_len, spec.hidden)
+                                                 if spec.position == "learned" else None)
+        self.dropout = DROPOUT if spec.dropout else 0.0
+        self.layers = nn.ModuleDict({str(i): Block(spec, i, routing) for i in range(spec.layers)})
+        self.norm: nn.Module | None = _norm(spec)
         self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        for p in self.parameters():  # small normal init, like GPT-2 / torchtitan
-            nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.ones_(p)
+        if spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.cp_rank = 0
+        half = spec.dim_head // 2
+        inv = 1.0 / (ROPE_THETA ** (torch.arange(half, dtype=torch.float32) / half))
+        angles = torch.outer(torch.arange(spec.seq_len, dtype=torch.float32), inv)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        for name, p in self.named_parameters():  # small normal init, like GPT-2 / torchtitan
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+            else:
+                nn.init.zeros_(p) if name.endswith("bias") else nn.init.ones_(p)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        s, first = tokens.shape[1], self.tok_embeddings is not None
+        offset = self.cp_rank * s
+        positions = torch.arange(offset, offset + s, device=tokens.device)
+        x = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if first and self.pos_embeddings is not None:
+            x = x + self.pos_embeddings(positions)
+        x = _dropout(x, self.dropout) if first else x
+        cos_all, sin_all = self.get_buffer("cos"), self.get_buffer("sin")
+        cos = cos_all[offset:offset + s, None, :].to(x.dtype)  # (seq, 1, dim/2)
+        sin = sin_all[offset:offset + s, None, :].to(x.dtype)
+        causal = torch.ones(s, s, dtype=torch.bool, device=tokens.device).triu(1)
         for block in self.layers.values():
-            h = block(h)
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+            x = block(x, cos, sin, causal)
+        x = self.norm(x) if self.norm is not None else x
+        return self.output(x) if self.output is not None else x
 
 
 def pipeline_stage(model: Transformer, start: int, stop: int, first: bool, last: bool) -> Transformer:
@@ -231,10 +244,47 @@ def pipeline_stage(model: Transformer, start: int, stop: int, first: bool, last:
     chunk = Transformer.__new__(Transformer)
     nn.Module.__init__(chunk)
     chunk.tok_embeddings = model.tok_embeddings if first else None
+    chunk.pos_embeddings = model.pos_embeddings if first else None
+    chunk.dropout, chunk.cp_rank = model.dropout, model.cp_rank
     chunk.layers = nn.ModuleDict({i: b for i, b in model.layers.items() if start <= int(i) < stop})
     chunk.norm = model.norm if last else None
     chunk.output = model.output if last else None
+    chunk.register_buffer("cos", model.get_buffer("cos"), persistent=False)
+    chunk.register_buffer("sin", model.get_buffer("sin"), persistent=False)
     return chunk
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's blocks in order (a pipeline chunk: the ones it holds)."""
+    return list(model.get_submodule("layers").children())
+
+
+def check_supported(spec: TransformerSpec) -> None:
+    """The model covers dense and routed-expert decoder-only transformers; say what it does not cover.
+
+    Raises:
+        BenchmarkError: multi-head latent attention (MLA).
+    """
+    if spec.attention is not None:
+        raise BenchmarkError(f"the torch model builds Llama/GPT attention only; {spec.name} has attention (MLA)")
+
+
+def build_model(spec: TransformerSpec, routing: str = "topk") -> Transformer:
+    """The torch model of ``spec``; its parameter count must equal autoplace's, exactly.
+
+    Args:
+        routing: ``"topk"`` (training) or ``"balanced"`` (fake tensors; see :mod:`autoplace.runtime.moe`).
+
+    Raises:
+        BenchmarkError: an unsupported spec, or a parameter count that differs.
+    """
+    check_supported(spec)
+    model = Transformer(spec, routing)
+    built = sum(p.numel() for p in model.parameters())
+    expected = int(layer_table(spec).params)
+    if built != expected:
+        raise BenchmarkError(f"torch model has {built} parameters, autoplace counts {expected} for {spec.name}")
+    return model
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Applying a plan with PyTorch-native parallelism (torch), in torchtitan's order:
-pipeline split -> tensor (+ sequence) parallel -> activation checkpointing -> FSDP2 / DDP.
+pipeline split -> tensor (+ sequence) parallel -> context parallel -> expert parallel ->
+activation checkpointing -> FSDP2 / DDP (:func:`parallelize`; the runtime's worker and the
+tracker harness of :mod:`autoplace.fidelity.trackers` both apply plans through it).
 
 Mapping of autoplace's ZeRO levels (DESIGN.md placements) onto PyTorch:
 
@@ -9,11 +11,13 @@ Mapping of autoplace's ZeRO levels (DESIGN.md placements) onto PyTorch:
 * zero 1 and 2 (R,S,R|S,R): FSDP2 ``fully_shard(reshard_after_forward=False)``.  PyTorch has
   no native ZeRO-1/2: FSDP2 without resharding keeps the gathered parameters from forward to
   backward (one all-gather + one reduce-scatter per micro-batch, the same bytes as ZeRO-2) but
-  still frees them after backward, so between steps the parameters are sharded, not replicated;
+  still frees them after backward, so between steps the parameters are sharded, not replicated
+  (a labelled deviation of the trial, :func:`autoplace.runtime.spec.deviation`);
 * HSDP (dp_replicate > 1 and zero >= 1): ``fully_shard`` over a 2-D (replicate, shard) mesh;
-* offload_params / offload_optimizer = cpu: FSDP2 ``CPUOffloadPolicy`` (one policy for both; on a
-  CPU host unpinned and its copies are host-to-host, so a CPU trial does not measure PCIe traffic);
-* cp > 1: attention gathers K/V over a cp group (:func:`apply_cp`); gradients average over dp x cp;
+* offload_params / offload_optimizer = cpu: FSDP2 ``CPUOffloadPolicy`` (one policy for both, so
+  optimizer-only offload also offloads the parameters: a labelled deviation; on a CPU host
+  unpinned and its copies are host-to-host, so a CPU trial does not measure PCIe traffic);
+* cp > 1: ring attention over a cp group (:func:`apply_cp`); gradients average over dp x cp;
 * ep > 1: each rank of an expert-parallel group holds experts/ep of every MoE block's experts
   and routed tokens travel by all-to-all on a group of its own (:func:`apply_ep`).  Dense weights
   keep the dp x cp reduction above (DDP ignores the experts, FSDP2 shards the rest of the block);
@@ -35,7 +39,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan
 from autoplace.runtime.comms import CommLog, ddp_hook
-from autoplace.runtime.model import MoE, Transformer
+from autoplace.runtime.model import Transformer, blocks
+from autoplace.runtime.moe import MoE
 
 log = logging.getLogger("autoplace")
 
@@ -145,8 +150,18 @@ def group_dims(layout: Layout) -> dict[str, str]:
     return out
 
 
-def apply_tp(model: Transformer, mesh: DeviceMesh, sp: bool) -> None:
-    """Megatron-style tensor parallel (+ sequence parallel) with DTensor, as torchtitan's apply_tp."""
+def apply_tp(model: Transformer, mesh: DeviceMesh, sp: bool, loss_parallel: bool = False) -> None:
+    """Megatron-style tensor parallel (+ sequence parallel) with DTensor, as torchtitan's apply_tp.
+
+    Each block's attention and MLP input enters as one replicated DTensor, so the gradients of
+    wq/wk/wv (and w1/w3) are summed before a single all-reduce: Megatron's ``f`` operator
+    (Shoeybi et al. 2019, Fig. 3).  ``loss_parallel`` leaves the head's logits sharded over the
+    vocabulary for ``torch.distributed.tensor.parallel.loss_parallel`` (torchtitan's default);
+    otherwise they are gathered.  Tied embeddings (GPT): the vocab-parallel table and the
+    column-parallel head both shard the ``(vocab, hidden)`` matrix by rows, so one ``Shard(0)``
+    parameter serves both, as Megatron's shared word embedding does; ``parallelize_module``
+    gives each module its own copy, so the head is re-tied to the table afterwards.
+    """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -157,25 +172,30 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, sp: bool) -> None:
     )
 
     seq = Shard(1) if sp else Replicate()
+    tied = model.output is not None and model.tok_embeddings is not None and (
+        model.output.weight is model.tok_embeddings.weight)
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True)
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                        use_local_output=not loss_parallel)
     if top:
         parallelize_module(model, mesh, top)
-    block: Any
-    for block in model.layers.values():
+    if tied:
+        model.output.weight = model.tok_embeddings.weight  # type: ignore[union-attr]
+    for block in blocks(model):
         plan: dict[str, Any] = {
-            "attention": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "attention": PrepareModuleInput(input_layouts=(seq, None, None, None),
+                                            desired_input_layouts=(Replicate(), None, None, None)),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
             "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
+        if "feed_forward.w3" in dict(block.named_modules()):
             plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
             plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
@@ -183,10 +203,11 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, sp: bool) -> None:
 
 
 def apply_cp(model: Transformer, group: Any) -> None:
-    """Context parallel: every attention core gathers K and V over ``group`` (see AttentionCore)."""
-    block: Any
-    for block in model.layers.values():
-        block.attention.core.cp_group = group
+    """Context parallel: this rank's tokens are chunk ``rank(group)`` of the sequence (rotary and
+    learned positions start there) and every attention core runs ring attention over ``group``."""
+    model.cp_rank = dist.get_rank(group)
+    for block in blocks(model):
+        block.get_submodule("attention.core").cp_group = group
 
 
 def apply_ep(model: Transformer, group: Any) -> None:
@@ -252,30 +273,65 @@ def apply_ac(model: Transformer, recompute: tuple[str, ...]) -> None:
             block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, plan: Plan, expert_mesh: DeviceMesh | None = None) -> None:
+# FSDP2 MixedPrecisionPolicy(param_dtype, reduce_dtype) of autoplace's FSDP2 recipes (specs.model):
+# 16-bit gathers and compute, fp32 shards and gradient reduction, as torchtitan configures it
+MIXED = {"bf16-fsdp2": (torch.bfloat16, torch.float32)}
+
+
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard: bool, root_reshard: bool = False,
+               precision: str = "fp32", offload: bool = False, expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2: each block is one unit (gathered as a whole), the root holds embedding and head.
 
     With expert parallelism a MoE block's local experts form one unit of their own first, on
     the expert mesh's edp dimension: they are replicated over edp, not over dp x cp.
 
-    The root is never resharded after forward: its head is needed again at once by backward, so
-    it is gathered once per micro-batch (the cost model's edge term; torchtitan does the same
-    for the last layers, which FSDP would prefetch right after forward anyway).
+    Args:
+        reshard: blocks' ``reshard_after_forward`` (True: ZeRO-3).
+        root_reshard: the root's.  autoplace's emitter and torchtitan leave it False: its head is
+            needed again at once by backward, so it is gathered once per micro-batch (the cost
+            model's edge term).
+        precision: ``fp32`` or a recipe of :data:`MIXED` (``MixedPrecisionPolicy``).
+        offload: ``CPUOffloadPolicy`` -- parameters, gradients and the optimizer step on the host
+            (FSDP2 has no optimizer-only offload); pinned only with an accelerator.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    reshard = plan.zero >= 3
-    # pinned host memory needs an accelerator; on a CPU host the policy still runs (sharded states and
-    # the optimizer step on the host), its copies are host-to-host and cost nothing
+    param, reduce = MIXED.get(precision, (None, None))
     pin = next(model.parameters()).device.type != "cpu"
-    offload = CPUOffloadPolicy(pin_memory=pin) if "cpu" in (plan.offload_params, plan.offload_optimizer) else OffloadPolicy()
-    for block in model.layers.values():
+    kw: dict[str, Any] = {"mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
+                          "offload_policy": CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()}
+    for block in blocks(model):
         moe = _moe_layers(block)
         if expert_mesh is not None and moe:
-            fully_shard(list(moe[0].experts.values()), mesh=expert_mesh["edp"], reshard_after_forward=reshard,
-                        offload_policy=offload)
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
+            fully_shard(moe[0].experts, mesh=expert_mesh["edp"], reshard_after_forward=reshard, **kw)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(model, mesh=mesh, reshard_after_forward=root_reshard, **kw)
+
+
+def parallelize(model: Transformer, plan: Plan, layout: Layout, *, precision: str = "fp32", root_reshard: bool = False,
+                loss_parallel: bool = False) -> str:
+    """Apply ``plan`` to one model (chunk) in torchtitan's order: TP -> CP -> EP -> activation
+    checkpointing -> FSDP2.  The runtime and the tracker harness both call this.
+
+    Returns:
+        what is left to the caller for the gradients: ``"none"`` (one replica), ``"fsdp"`` (done),
+        ``"ddp"`` (zero 0, no tp/pp: wrap in :func:`apply_ddp`) or ``"manual"`` (zero 0 with tp or
+        pp: :func:`reduce_dtensor_grads` after backward).
+    """
+    if plan.tp > 1:
+        apply_tp(model, layout.mesh["tp"], plan.sp, loss_parallel)
+    if plan.cp > 1:
+        apply_cp(model, layout.cp_group)
+    if plan.ep > 1:
+        apply_ep(model, layout.ep_group)
+    apply_ac(model, plan.recompute)
+    if layout.dp_group is None:
+        return "none"
+    if plan.zero == 0:
+        return "ddp" if plan.tp == 1 and plan.pp == 1 else "manual"
+    apply_fsdp(model, fsdp_mesh(layout), reshard=plan.zero >= 3, root_reshard=root_reshard, precision=precision,
+               offload="cpu" in (plan.offload_params, plan.offload_optimizer), expert_mesh=layout.expert_mesh)
+    return "fsdp"
 
 
 def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fault: str,
@@ -286,7 +342,8 @@ def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fau
 
     if ignore:
         DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
-    ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb)
+    # the only buffers are the rotary tables, constants built alike on every rank: no per-forward broadcast
+    ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb, broadcast_buffers=False)
     ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync"))
     return ddp
 

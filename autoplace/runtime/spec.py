@@ -91,6 +91,30 @@ def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
     return None
 
 
+def deviation(plan: Plan, framework: str = "native") -> str | None:
+    """How a trial of ``plan`` departs from the plan's semantics, or None when it runs them exactly.
+
+    The trial still runs and is labelled with ``plan``; ``calibrate`` leaves deviating trials out
+    of its fit (their memory, and with offload their traffic, are another plan's).  DeepSpeed
+    runs ZeRO-1/2 and optimizer-only CPU offload natively; PyTorch-native FSDP2 has neither.
+    """
+    if framework == "deepspeed":
+        return None
+    notes = []
+    sharded = plan.dp * plan.cp > 1  # FSDP2 is applied only with more than one data-parallel rank
+    if plan.zero in (1, 2) and sharded:
+        what = ("gradients reduce-scattered into shards on the last micro-batch, not all-reduced into replicated "
+                "buffers; " if plan.zero == 1 else "")
+        notes.append(f"zero{plan.zero} ran as FSDP2 reshard_after_forward=False: {what}parameters are sharded "
+                     "between steps and gathered for the whole step (ZeRO keeps them replicated)")
+    if plan.offload_optimizer == "cpu" and plan.offload_params != "cpu" and plan.zero >= 1 and sharded:
+        notes.append("offload_optimizer=cpu ran as FSDP2 CPUOffloadPolicy: parameters and gradients are offloaded "
+                     "too (FSDP2 has no optimizer-only offload)")
+    if "cpu" in (plan.offload_optimizer, plan.offload_params) and not sharded:
+        notes.append("offload not applied: with one data-parallel rank there is no FSDP2 unit to offload")
+    return "; ".join(notes) or None
+
+
 def _deepspeed_reason(plan: Plan) -> str | None:
     """The emitter's own verdict first (what DeepSpeed cannot express), then the runtime's limits."""
     from autoplace.emit.deepspeed import check_expressible

@@ -34,8 +34,15 @@ from autoplace.runtime import parallel as par
 from autoplace.runtime.comms import CommLog, CountingMode
 from autoplace.runtime.data import micro_batch, split_inputs
 from autoplace.runtime.ds import DeepSpeedTrainer, Unsupported
-from autoplace.runtime.model import Transformer, causal_lm_loss, pipeline_stage
-from autoplace.runtime.spec import plan_from_json, scaled_model, scaled_plan, unsupported_reason, virtual_stages
+from autoplace.runtime.model import build_model, causal_lm_loss, pipeline_stage
+from autoplace.runtime.spec import (
+    deviation,
+    plan_from_json,
+    scaled_model,
+    scaled_plan,
+    unsupported_reason,
+    virtual_stages,
+)
 from autoplace.specs.model import TransformerSpec, model_from_dict
 
 log = logging.getLogger("autoplace")
@@ -84,10 +91,17 @@ class Trainer:
             raise Unsupported("tensor-parallel MoE blocks (expert tensor parallelism) are not implemented by the runtime")
         if spec.moe is None and plan.ep > 1:
             raise Unsupported(f"expert parallel (ep={plan.ep}) needs a MoE model, but {spec.name} has no experts")
+        if spec.tied_embeddings and plan.pp > 1:
+            raise Unsupported("tied embeddings across pipeline stages (a shared-weight gradient sync) are not implemented")
+        if spec.dropout and plan.cp > 1:
+            raise Unsupported("attention dropout under ring attention (cp > 1) is not implemented")
         self.layout = par.build_layout(plan, dist.get_world_size(), device.type)
         self.comm = CommLog(par.group_dims(self.layout))
         self.manual_reduce = False
         self.fsdp = False
+        # the head's logits stay sharded over the vocabulary for the loss (torchtitan, and what the
+        # tracker harness measures); pipelining's loss_fn gets them gathered
+        self.loss_parallel = plan.tp > 1 and plan.pp == 1
         self.grad_bytes = 0
         self.schedule: Any = None
         self.model = self._build()
@@ -101,7 +115,7 @@ class Trainer:
         plan, lay = self.plan, self.layout
         par.check_heads(self.spec.heads, self.spec.n_kv_heads, plan.tp)
         torch.manual_seed(self.args.seed)  # the same full model on every rank, then split
-        model = Transformer(self.spec).to(self.device)
+        model = build_model(self.spec).to(self.device)
         if plan.pp == 1:
             return self._parallelize(model)
         last = plan.pp * plan.vpp - 1
@@ -111,26 +125,15 @@ class Trainer:
         self.schedule = self._schedule(parts, [v for v, _, _ in chunks])
         return parts[0] if len(parts) == 1 else nn.ModuleList(parts)
 
-    def _parallelize(self, model: Transformer) -> torch.nn.Module:
-        """Tensor parallel -> activation checkpointing -> DDP / FSDP2 on one model (chunk)."""
+    def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The plan's parallelisms on one model (chunk) (:func:`parallel.parallelize`), then DDP if it asks for it."""
         plan, lay = self.plan, self.layout
-        if plan.tp > 1:
-            par.apply_tp(model, lay.mesh["tp"], plan.sp)
-        if plan.cp > 1:
-            par.apply_cp(model, lay.cp_group)
-        if plan.ep > 1:
-            par.apply_ep(model, lay.ep_group)
-        par.apply_ac(model, plan.recompute)
-        if lay.dp_group is None:  # one replica: nothing to reduce
-            return model
-        if plan.zero == 0 and plan.tp == 1 and plan.pp == 1:
+        mode = par.parallelize(model, plan, lay, loss_parallel=self.loss_parallel)  # type: ignore[arg-type]
+        self.manual_reduce = self.manual_reduce or mode == "manual"
+        self.fsdp = self.fsdp or mode == "fsdp"
+        if mode == "ddp":
             return par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault,
                                  ignore=par.expert_names(model) if plan.ep > 1 else None)
-        if plan.zero == 0:
-            self.manual_reduce = True
-        else:
-            par.apply_fsdp(model, par.fsdp_mesh(lay), plan, lay.expert_mesh)
-            self.fsdp = True
         return model
 
     def _schedule(self, parts: list[torch.nn.Module], indices: list[int]) -> Any:
@@ -159,7 +162,7 @@ class Trainer:
         else:
             total = 0.0
             for m, tokens in enumerate(batches):
-                with self._no_sync(last=m == len(batches) - 1):
+                with self._no_sync(last=m == len(batches) - 1), self._loss_context():
                     inputs, targets = split_inputs(tokens, plan.cp, lay.cp_rank)
                     out = causal_lm_loss(self.model(inputs), targets) / plan.grad_accum
                     out.backward()
@@ -198,6 +201,12 @@ class Trainer:
         """Every parameter in full under its plain model name (collective)."""
         parts = self.model if isinstance(self.model, nn.ModuleList) else [self.model]
         return {name: t for part in parts for name, t in par.full_state(part).items()}
+
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        """``loss_parallel`` when the logits are vocabulary-sharded DTensors (forward and backward)."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """What a non-final micro-batch skips, following the cost model (and torchtitan, DeepSpeed):
@@ -260,8 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = scaled_model(model_from_dict(json.loads(args.model_json.read_text()), source=str(args.model_json)),
                         args.scale)
     plan = scaled_plan(plan_from_json(json.loads(args.plan_json.read_text())), spec.layers)
+    why = deviation(plan, args.framework)
     base = {"schema": "autoplace.trial/v1", "plan": plan.to_string(), "world": dist.get_world_size(),
-            "framework": args.framework,
+            "framework": args.framework, "deviation": why, "exact": why is None,
             "model": spec.model_dump(exclude_none=True), "scale": args.scale}
     reason = unsupported_reason(plan, args.framework)
     if reason:
