@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autoplace.cost.assumptions import DEFAULT
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import evaluate
 from autoplace.specs.cluster import load_cluster
@@ -51,8 +52,9 @@ def _ring_bytes(result: dict[str, Any], dim: str, collective: str) -> int:
                if r["dim"] == dim and r["collective"] == collective)
 
 
-def _predicted(text: str) -> dict[str, float]:
-    return evaluate(load_model(MODEL), load_cluster(CLUSTER), _plan(text)).comm
+def _predicted(text: str, framework: str | None = None) -> dict[str, float]:
+    """The cost model's bytes for ``text``, as ``framework`` runs it (None: ZeRO's paper, FSDP2)."""
+    return evaluate(load_model(MODEL), load_cluster(CLUSTER), _plan(text), DEFAULT.for_framework(framework)).comm
 
 
 def _assert_same_losses(result: dict[str, Any], reference: dict[str, Any]) -> None:
@@ -94,18 +96,11 @@ def test_deepspeed_zero3_trains_with_the_emitted_config(zero2: dict[str, Any], t
     assert r["step_time_s"] > 0 and r["tokens_per_s"] > 0
 
 
-# DeepSpeed 0.19 reduces ZeRO-1/2 gradients by all-reducing its buckets (use_multi_rank_bucket_allreduce):
-# twice the ring bytes of the reduce-scatter the cost model charges; its parameter all-gather (once per
-# step) is the cost model's.  Measured here: ZeRO-2 moves 5/3 of comm["dp"] at two micro-batches,
-# ZeRO-1 1.5x.  main's cost model has no DeepSpeed-specific gradient reduction yet; when it has one,
-# assert against it instead of this factor.
-DS_GRAD_REDUCE_FACTOR = 2.0
-
-
 def _deepspeed_dp_bytes(text: str) -> float:
-    """The cost model's comm["dp"] with its gradient reduce-scatters counted as DeepSpeed's all-reduces."""
-    gather = (N - 1) / N * layer_table(load_model(MODEL)).params * FP32  # fp32 parameters, once per step
-    return gather + DS_GRAD_REDUCE_FACTOR * (_predicted(text)["dp"] - gather)
+    """The cost model's comm["dp"] costed for DeepSpeed 0.19, which all-reduces ZeRO-1/2 gradient
+    buckets (``use_multi_rank_bucket_allreduce``): ZeRO-2 moves 5/3 of the reduce-scatter plan's
+    bytes at two micro-batches, ZeRO-1 1.5x."""
+    return _predicted(text, "deepspeed")["dp"]
 
 
 @pytest.mark.parametrize("zero", [1, 2])

@@ -295,7 +295,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         # routing keeps, per token: the router's input; per routed copy, the expert's output (for
         # the gate's gradient) and the gated output (the index_add_ combine of Hugging Face's
         # Mixtral saves its source); int64 token/slot indices and fp32 + 16-bit gates, 32 B
-        # (measured with FSDPMemTracker, autoplace.fidelity.moe)
+        # (measured with FSDPMemTracker on autoplace.runtime.moe, autoplace.fidelity)
         routing = (1 + 2 * e.top_k) * b * h + 32 * e.top_k
         kinds.append(BlockKind(
             name="moe", params_tp=att_tp + shared_tp, params_rep=att_rep + norms + shared_rep + router,
