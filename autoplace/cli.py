@@ -23,7 +23,8 @@ log = logging.getLogger("autoplace")
 _state = {"debug": False}
 
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
-                                          help="model.json (shorthand or layer graph) or a Hugging Face config.json")]
+                                          help="model.json (shorthand or layer graph), a Hugging Face config.json, "
+                                               "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
@@ -60,9 +61,13 @@ def _fail(exc: BaseException) -> NoReturn:
 def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
     """Load both files; a GPU without a peak for the model's compute dtype is the cluster file's error."""
     from autoplace.specs.cluster import check_compute_dtype, load_cluster
+    from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import load_model
 
-    m = load_model(model, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    path, repo = resolve_model(model)
+    m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    if repo is not None:  # named as the user typed it, not by the snapshot's file
+        m = m.model_copy(update={"name": repo})
     c = load_cluster(cluster)
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster))
     return m, c
