@@ -26,6 +26,20 @@ ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
                                           help="model.json (shorthand or layer graph), a Hugging Face config.json, "
                                                "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
+OptClusterArg = Annotated[Path | None, typer.Argument(
+    metavar="[CLUSTER]", help="cluster.yaml, or NODESxGPUSxGPU (4x8xh100); or use --cluster / --gpu --nodes",
+    show_default=False)]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="NODESxGPUSxGPU, e.g. 4x8xh100: the GPU's "
+                                                "reference nodes, links from its profile", rich_help_panel="Cluster")]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU profile or alias (h100, a100, ...)",
+                                            rich_help_panel="Cluster")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes (default 1).", rich_help_panel="Cluster")]
+GpnOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="Default: the GPU profile's.",
+                                            rich_help_panel="Cluster")]
+IntraOpt = Annotated[str | None, typer.Option("--intra-node", help="Link inside a node (default: the GPU profile's).",
+                                              rich_help_panel="Cluster")]
+InterOpt = Annotated[str | None, typer.Option("--inter-node", help="Link between nodes (default: the GPU profile's).",
+                                              rich_help_panel="Cluster")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
@@ -58,9 +72,37 @@ def _fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
-    """Load both files; a GPU without a peak for the model's compute dtype is the cluster file's error."""
-    from autoplace.specs.cluster import check_compute_dtype, load_cluster
+def _cluster(path: Path | None, short: str | None = None, gpu: str | None = None, nodes: int | None = None,
+             gpus_per_node: int | None = None, intra: str | None = None, inter: str | None = None) -> Any:
+    """The cluster from CLUSTER (a file, or NODESxGPUSxGPU) or from the cluster flags, not both."""
+    from autoplace.specs.cluster import SHORTHAND, cluster_from_flags, load_cluster, parse_cluster_shorthand
+
+    flags = {"--cluster": short, "--gpu": gpu, "--nodes": nodes, "--gpus-per-node": gpus_per_node,
+             "--intra-node": intra, "--inter-node": inter}
+    given = [k for k, v in flags.items() if v is not None]
+    if path is not None and not path.exists() and SHORTHAND.match(str(path)):
+        path, short = None, short or str(path)  # CLUSTER written as 4x8xh100
+    if path is not None:
+        if given:
+            raise SpecError(f"give the cluster once: a file or {', '.join(given)}", source=str(path))
+        return load_cluster(path)
+    if short is not None and gpu is not None:
+        raise SpecError("give --cluster or --gpu, not both", source="--cluster")
+    if short is not None:
+        n, gpn, gpu = parse_cluster_shorthand(short)
+        nodes, gpus_per_node = n, gpus_per_node or gpn
+    if gpu is None:
+        raise SpecError("a cluster is needed: a cluster.yaml, --cluster 4x8xh100, or --gpu h100 --nodes 4",
+                        source="CLUSTER")
+    return cluster_from_flags(gpu, nodes or 1, gpus_per_node=gpus_per_node, intra_node=intra, inter_node=inter)
+
+
+def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
+    """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
+
+    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags.
+    """
+    from autoplace.specs.cluster import check_compute_dtype
     from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import load_model
 
@@ -68,8 +110,9 @@ def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | N
     m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
-    c = load_cluster(cluster)
-    check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster))
+    c = _cluster(cluster) if isinstance(cluster, Path) else cluster
+    check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
+                        else c.name)
     return m, c
 
 
@@ -92,13 +135,19 @@ def _json(doc: dict[str, Any]) -> str:
 @app.command()
 def evaluate(
     model: ModelArg,
-    cluster: ClusterArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "dp=64,tp=8,pp=16,zero=1,mbs=1,recompute=selective"')],
+    cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
     allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
     calibration: CalibrationOpt = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -106,7 +155,8 @@ def evaluate(
         from autoplace.evaluation import evaluate as score
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
@@ -125,12 +175,18 @@ def evaluate(
 @app.command()
 def explain(
     model: ModelArg,
-    cluster: ClusterArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=8,pp=4,zero=1,recompute=selective"')],
+    cluster: OptClusterArg = None,
     png: Annotated[Path | None, typer.Option("--png", help="Write the stacked-bar chart here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
     try:
@@ -139,7 +195,8 @@ def explain(
         from autoplace.explain import alternatives, plot, print_explanation
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p)
@@ -172,7 +229,7 @@ class SolverName(StrEnum):
 @app.command()
 def solve(
     model: ModelArg,
-    cluster: ClusterArg,
+    cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="How many distinct plans to return.")] = 3,
     objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory.")] = Objective.time,
@@ -190,6 +247,12 @@ def solve(
     framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
                                                   "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
                                                   "accelerate.")] = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Rank plans with the integer program and write the best one's plan.json."""
     import time as _time
@@ -200,7 +263,8 @@ def solve(
         from autoplace.plan import parse_plan_string
         from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
         features = set(DEFAULT_FEATURES)
         for name in (allow or []) + (deny or []):
@@ -242,7 +306,7 @@ def solve(
             from autoplace.hook import write_bundle
 
             files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": str(model.resolve()), "cluster": str(cluster.resolve())})
+                                 inputs={"model": str(model.resolve()), "cluster": _cluster_ref(cluster, c)})
             doc["bundle"] = {k: str(v) for k, v in files.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
@@ -254,6 +318,15 @@ def solve(
         print_solution(doc, result)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _cluster_ref(path: Path | None, cluster: Any) -> str:
+    """How plan.json names the cluster: the file, or NODESxGPUSxGPU for a cluster built from flags
+    (link overrides are not kept: the reference is the GPU's default node)."""
+    if path is not None and path.exists():
+        return str(path.resolve())
+    pool = cluster.pools[0]
+    return f"{pool.nodes}x{pool.gpus_per_node}x{pool.gpu.name}"
 
 
 @app.command()
