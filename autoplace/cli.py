@@ -41,6 +41,17 @@ IntraOpt = Annotated[str | None, typer.Option("--intra-node", help="Link inside 
 InterOpt = Annotated[str | None, typer.Option("--inter-node", help="Link between nodes (default: the GPU profile's).",
                                               rich_help_panel="Cluster")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+
+
+class Format(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+FormatOpt = Annotated[Format | None, typer.Option(
+    "--format", help="table (rich text; never cut when piped), json (as --json), csv (the tables), markdown.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
@@ -51,9 +62,22 @@ class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"autoplace {version('autoplace')}")
+        except PackageNotFoundError:
+            typer.echo("autoplace (not installed: version unknown)")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log diagnostics to stderr.")] = False) -> None:
+         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log diagnostics to stderr.")] = False,
+         show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = False) -> None:
     """autoplace: placement search for distributed training."""
     _state["debug"] = debug
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
@@ -116,6 +140,22 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
     return m, c
 
 
+def _format(fmt: Format | None, as_json: bool) -> str:
+    """--json is --format json; the two must agree when both are given."""
+    if as_json and fmt not in (None, Format.json):
+        raise SpecError(f"--json and --format {fmt.value} disagree; give one", source="--format")
+    return "json" if as_json else (fmt or Format.table).value
+
+
+def _origin(model: Path, m: Any, seq_len: int | None, global_batch: int | None) -> dict[str, Any]:
+    """Where the model came from and which of its training numbers are defaults (the header)."""
+    from autoplace.report import model_origin
+    from autoplace.specs.hub import resolve_model
+
+    path, repo = resolve_model(model)
+    return model_origin(m, path, repo, seq_len_given=seq_len is not None, global_batch_given=global_batch is not None)
+
+
 def _calibration(path: Path | None) -> tuple[Any, tuple[float, float]]:
     """(assumptions, 95% band) from a calibration file, or the defaults."""
     from autoplace.cost.assumptions import DEFAULT
@@ -142,6 +182,7 @@ def evaluate(
     global_batch: BatchOpt = None,
     allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
     calibration: CalibrationOpt = None,
+    fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -161,13 +202,15 @@ def evaluate(
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p, _calibration(calibration)[0], allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
-        if as_json:
-            typer.echo(_json({"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params)},
+        out, origin = _format(fmt, as_json), _origin(model, m, seq_len, global_batch)
+        if out == "json":
+            typer.echo(_json({"schema": "autoplace.evaluation/v1",
+                              "model": {"name": m.name, "params": int(table.params), **origin},
                               "cluster": c.summary(), "plan": ev.to_dict()}))
         else:
-            from autoplace.report import print_evaluation
+            from autoplace.report import origin_lines, print_evaluation
 
-            print_evaluation(ev, c)
+            print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
     except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
         _fail(exc)
 
@@ -181,6 +224,7 @@ def explain(
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
+    fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -203,12 +247,17 @@ def explain(
         alts = alternatives(m, c, p, ev)
         if png is not None:
             plot(ev, alts, png)
-        if as_json:
-            typer.echo(_json({"schema": "autoplace.explanation/v1", "plan": ev.to_dict(),
+        out, origin = _format(fmt, as_json), _origin(model, m, seq_len, global_batch)
+        params = layer_table(m).params
+        if out == "json":
+            typer.echo(_json({"schema": "autoplace.explanation/v1",
+                              "model": {"name": m.name, "params": int(params), **origin}, "plan": ev.to_dict(),
                               "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
                               "png": str(png) if png else None}))
         else:
-            print_explanation(ev, alts, c, png)
+            from autoplace.report import origin_lines
+
+            print_explanation(ev, alts, c, png, fmt=out, header=origin_lines(m.name, params, origin, c))
     except ImportError as exc:
         _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
@@ -247,6 +296,7 @@ def solve(
     framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
                                                   "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
                                                   "accelerate.")] = None,
+    fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -263,8 +313,10 @@ def solve(
         from autoplace.plan import parse_plan_string
         from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
 
+        out_fmt = _format(fmt, as_json)
         m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
+        origin = _origin(model, m, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
         features = set(DEFAULT_FEATURES)
         for name in (allow or []) + (deny or []):
@@ -294,7 +346,7 @@ def solve(
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice,
-           "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
+           "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
     if calibration is not None:  # the calibration's residuals as a band around each predicted step time
         for plan_doc in doc["plans"]:
@@ -310,12 +362,12 @@ def solve(
             doc["bundle"] = {k: str(v) for k, v in files.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
-    if as_json:
+    if out_fmt == "json":
         typer.echo(_json(doc))
     else:
-        from autoplace.report import print_solution
+        from autoplace.report import origin_lines, print_solution
 
-        print_solution(doc, result)
+        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
     if not result.plans:
         raise typer.Exit(3)
 
