@@ -56,6 +56,8 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override t
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
                                                      "`autoplace calibrate` (measured efficiency factors).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Apply a --calibration measured on other hardware or "
+                                        "with another framework (warns instead of refusing).")]
 
 
 class Allow(StrEnum):
@@ -156,14 +158,21 @@ def _origin(model: Path, m: Any, seq_len: int | None, global_batch: int | None) 
     return model_origin(m, path, repo, seq_len_given=seq_len is not None, global_batch_given=global_batch is not None)
 
 
-def _calibration(path: Path | None) -> tuple[Any, tuple[float, float]]:
-    """(assumptions, 95% band) from a calibration file, or the defaults."""
+def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
+                 force: bool = False) -> tuple[Any, tuple[float, float] | None]:
+    """(assumptions, 95% band or None) from a calibration file, or the defaults.
+
+    A file measured on other hardware (GPU, link tiers) or another framework is refused
+    unless ``force``; then, and for a file that records nothing, a warning goes to stderr.
+    """
     from autoplace.cost.assumptions import DEFAULT
 
     if path is None:
-        return DEFAULT, (1.0, 1.0)
-    from autoplace.calibrate import load_band, load_calibration
+        return DEFAULT, None
+    from autoplace.calibrate import check_applies, load_band, load_calibration
 
+    for warning in check_applies(path, cluster, framework, force=force):
+        log.warning(warning)
     return load_calibration(path), load_band(path)
 
 
@@ -182,6 +191,7 @@ def evaluate(
     global_batch: BatchOpt = None,
     allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
     fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
@@ -201,7 +211,8 @@ def evaluate(
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        ev = score(m, c, p, _calibration(calibration)[0], allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
+        ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
+                   allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
         out, origin = _format(fmt, as_json), _origin(model, m, seq_len, global_batch)
         if out == "json":
             typer.echo(_json({"schema": "autoplace.evaluation/v1",
@@ -293,6 +304,7 @@ def solve(
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
     framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
                                                   "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
                                                   "accelerate.")] = None,
@@ -324,7 +336,7 @@ def solve(
                 raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
         features |= set(allow or [])
         features -= set(deny or [])
-        assume, band = _calibration(calibration)
+        assume, band = _calibration(calibration, c, framework, force)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
         if framework is None:
             problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
@@ -348,7 +360,7 @@ def solve(
            "disagreement": result.disagreement, "advice": result.advice,
            "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
-    if calibration is not None:  # the calibration's residuals as a band around each predicted step time
+    if band is not None:  # the calibration's prediction interval around each predicted step time
         for plan_doc in doc["plans"]:
             plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
     if result.nearest is not None:
