@@ -567,6 +567,63 @@ def verify(
     raise typer.Exit(0 if report.ok else 1)
 
 
+class TraceInput(StrEnum):
+    tokens = "tokens"
+    hidden = "hidden"
+
+
+class TraceDtype(StrEnum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+@app.command()
+def trace(
+    factory: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="e.g. transformers:LlamaForCausalLM or "
+                                           "mypkg.model:build (called with --args as keyword arguments)")],
+    args: Annotated[str | None, typer.Option("--args", help="JSON object of keyword arguments (for a Hugging Face "
+                                             "model class: its config's keys)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Where to write the layer-graph model.json.")] = Path("model.json"),
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Training sequence length traced.")] = 2048,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences in the traced micro-batch.")] = 1,
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Written as training.global_batch.")] = 1024,
+    dtype: Annotated[TraceDtype, typer.Option("--dtype", help="Parameter and activation dtype.")] = TraceDtype.bf16,
+    inputs: Annotated[TraceInput, typer.Option("--input", help="tokens (long ids) or hidden (float activations)")]
+    = TraceInput.tokens,
+    hidden: Annotated[int | None, typer.Option("--hidden", min=1, help="Hidden size when it cannot be read.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Model name (default: the factory's).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build a PyTorch model on the meta device and write the layer graph solve reads (needs torch)."""
+    try:
+        try:
+            from autoplace.trace import trace_factory
+        except ImportError as exc:
+            raise AutoplaceError(f"{exc.name} is needed for trace: pip install 'autoplace[torch]'") from None
+        doc, measured = trace_factory(factory, args, seq_len=seq_len, batch=batch, dtype=dtype.value,
+                                      inputs=inputs.value, hidden=hidden, global_batch=global_batch, name=name)
+        from autoplace.specs.model import model_from_dict
+
+        model_from_dict(doc, source=str(out))  # what solve will read must load
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.trace/v1", "model": doc, "out": str(out), "notes": measured.notes}))
+        return
+    from autoplace.report import Section, fmt_count, render
+
+    rows = [(e["name"], str(e["repeat"]), fmt_count(e["params"]), f"{e['flops_per_token']:,.0f}",
+             f"{e['activation_bytes_per_token']:,.0f}") for e in doc["graph"]]
+    total = sum(e["params"] * e["repeat"] for e in doc["graph"])
+    render([Section(f"Layer graph of {doc['name']} (seq_len {seq_len}, per token)",
+                    ("layer", "repeat", "params", "fwd FLOPs", "saved bytes"), rows,
+                    right=frozenset({"repeat", "params", "fwd FLOPs", "saved bytes"}))],
+           [f"{fmt_count(total)} params; {'; '.join(measured.notes)}", f"written: {out}"], "table")
+
+
 @app.command()
 def profiles() -> None:
     """List the shipped GPU and interconnect profiles."""
