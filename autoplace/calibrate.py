@@ -357,9 +357,9 @@ def calibrate_study(model_path: str | Path, cluster_path: str | Path, storage: s
 
 def print_calibration(cal: Calibration) -> None:
     """Before/after error and the fitted factors, as rich text."""
-    from rich.console import Console
+    from autoplace.report import make_console
 
-    c = Console()
+    c = make_console()  # never cut when piped (autoplace.report)
     a = cal.assumptions
     c.print(f"fitted on {cal.n} trials: compute_scale={a.compute_scale:.4g}, bandwidth_scale={a.bandwidth_scale:.4g}")
     c.print(f"step-time error before: mean {cal.error_before['mean_abs_rel']:.1%}, max {cal.error_before['max_abs_rel']:.1%}")

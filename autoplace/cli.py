@@ -370,7 +370,7 @@ def solve(
             from autoplace.hook import write_bundle
 
             files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": str(model.resolve()), "cluster": _cluster_ref(cluster, c)})
+                                 inputs={"model": _model_ref(model), "cluster": _cluster_ref(cluster, c)})
             doc["bundle"] = {k: str(v) for k, v in files.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
@@ -382,6 +382,13 @@ def solve(
         print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _model_ref(model: Path) -> str:
+    """How plan.json names the model: the file read (a Hub id's cached config.json)."""
+    from autoplace.specs.hub import resolve_model
+
+    return str(resolve_model(model)[0].resolve())
 
 
 def _cluster_ref(path: Path | None, cluster: Any) -> str:
