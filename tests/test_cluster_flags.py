@@ -44,7 +44,7 @@ def pools(c: Any) -> Any:
 @pytest.mark.parametrize("flags", [["--cluster", "8x8xh100"], ["--gpu", "h100", "--nodes", "8"],
                                    ["8x8xh100"], ["--cluster", "8xh100-sxm5-80gb"]])
 def test_flags_solve_as_the_example_yaml(flags: list[str]) -> None:
-    base = ["solve", MODEL, "--json", "--time-limit", "5"]
+    base = ["solve", MODEL, "--json", "--time-limit", "120", "--workers", "1"]  # proved optimal, deterministic
     assert run(*base, *flags) == run(*base, str(H100_YAML))
 
 
