@@ -15,6 +15,24 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from autoplace.cli_inputs import (
+    ClusterOpt,
+    ForceOpt,
+    FormatOpt,
+    GpnOpt,
+    GpuOpt,
+    InterOpt,
+    IntraOpt,
+    NodesOpt,
+    OptClusterArg,
+    TraceDtype,
+    TraceInput,
+    cluster_from_args,
+    cluster_ref,
+    model_origin_of,
+    model_ref,
+    output_format,
+)
 from autoplace.errors import AutoplaceError, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -26,40 +44,13 @@ ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
                                           help="model.json (shorthand or layer graph), a Hugging Face config.json, "
                                                "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
-OptClusterArg = Annotated[Path | None, typer.Argument(
-    metavar="[CLUSTER]", help="cluster.yaml, or NODESxGPUSxGPU (4x8xh100); or use --cluster / --gpu --nodes",
-    show_default=False)]
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="NODESxGPUSxGPU, e.g. 4x8xh100: the GPU's "
-                                                "reference nodes, links from its profile", rich_help_panel="Cluster")]
-GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU profile or alias (h100, a100, ...)",
-                                            rich_help_panel="Cluster")]
-NodesOpt = Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes (default 1).", rich_help_panel="Cluster")]
-GpnOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="Default: the GPU profile's.",
-                                            rich_help_panel="Cluster")]
-IntraOpt = Annotated[str | None, typer.Option("--intra-node", help="Link inside a node (default: the GPU profile's).",
-                                              rich_help_panel="Cluster")]
-InterOpt = Annotated[str | None, typer.Option("--inter-node", help="Link between nodes (default: the GPU profile's).",
-                                              rich_help_panel="Cluster")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 
 
-class Format(StrEnum):
-    table = "table"
-    json = "json"
-    csv = "csv"
-    markdown = "markdown"
-
-
-FormatOpt = Annotated[Format | None, typer.Option(
-    "--format", help="table (rich text; never cut when piped), json (as --json), csv (the tables), markdown.")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
                                                      "`autoplace calibrate` (measured efficiency factors).")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Apply a --calibration measured on other hardware or "
-                                        "with another framework (warns instead of refusing).")]
-
-
 class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
@@ -98,31 +89,6 @@ def _fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _cluster(path: Path | None, short: str | None = None, gpu: str | None = None, nodes: int | None = None,
-             gpus_per_node: int | None = None, intra: str | None = None, inter: str | None = None) -> Any:
-    """The cluster from CLUSTER (a file, or NODESxGPUSxGPU) or from the cluster flags, not both."""
-    from autoplace.specs.cluster import SHORTHAND, cluster_from_flags, load_cluster, parse_cluster_shorthand
-
-    flags = {"--cluster": short, "--gpu": gpu, "--nodes": nodes, "--gpus-per-node": gpus_per_node,
-             "--intra-node": intra, "--inter-node": inter}
-    given = [k for k, v in flags.items() if v is not None]
-    if path is not None and not path.exists() and SHORTHAND.match(str(path)):
-        path, short = None, short or str(path)  # CLUSTER written as 4x8xh100
-    if path is not None:
-        if given:
-            raise SpecError(f"give the cluster once: a file or {', '.join(given)}", source=str(path))
-        return load_cluster(path)
-    if short is not None and gpu is not None:
-        raise SpecError("give --cluster or --gpu, not both", source="--cluster")
-    if short is not None:
-        n, gpn, gpu = parse_cluster_shorthand(short)
-        nodes, gpus_per_node = n, gpus_per_node or gpn
-    if gpu is None:
-        raise SpecError("a cluster is needed: a cluster.yaml, --cluster 4x8xh100, or --gpu h100 --nodes 4",
-                        source="CLUSTER")
-    return cluster_from_flags(gpu, nodes or 1, gpus_per_node=gpus_per_node, intra_node=intra, inter_node=inter)
-
-
 def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
     """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
 
@@ -136,26 +102,10 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
     m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
-    c = _cluster(cluster) if isinstance(cluster, Path) else cluster
+    c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
                         else c.name)
     return m, c
-
-
-def _format(fmt: Format | None, as_json: bool) -> str:
-    """--json is --format json; the two must agree when both are given."""
-    if as_json and fmt not in (None, Format.json):
-        raise SpecError(f"--json and --format {fmt.value} disagree; give one", source="--format")
-    return "json" if as_json else (fmt or Format.table).value
-
-
-def _origin(model: Path, m: Any, seq_len: int | None, global_batch: int | None) -> dict[str, Any]:
-    """Where the model came from and which of its training numbers are defaults (the header)."""
-    from autoplace.report import model_origin
-    from autoplace.specs.hub import resolve_model
-
-    path, repo = resolve_model(model)
-    return model_origin(m, path, repo, seq_len_given=seq_len is not None, global_batch_given=global_batch is not None)
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -206,14 +156,14 @@ def evaluate(
         from autoplace.evaluation import evaluate as score
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
                    allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
-        out, origin = _format(fmt, as_json), _origin(model, m, seq_len, global_batch)
+        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
         if out == "json":
             typer.echo(_json({"schema": "autoplace.evaluation/v1",
                               "model": {"name": m.name, "params": int(table.params), **origin},
@@ -250,7 +200,7 @@ def explain(
         from autoplace.explain import alternatives, plot, print_explanation
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
@@ -258,7 +208,7 @@ def explain(
         alts = alternatives(m, c, p, ev)
         if png is not None:
             plot(ev, alts, png)
-        out, origin = _format(fmt, as_json), _origin(model, m, seq_len, global_batch)
+        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
         params = layer_table(m).params
         if out == "json":
             typer.echo(_json({"schema": "autoplace.explanation/v1",
@@ -325,10 +275,10 @@ def solve(
         from autoplace.plan import parse_plan_string
         from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
 
-        out_fmt = _format(fmt, as_json)
-        m, c = _load(model, _cluster(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+        out_fmt = output_format(fmt, as_json)
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
-        origin = _origin(model, m, seq_len, global_batch)
+        origin = model_origin_of(model, m, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
         features = set(DEFAULT_FEATURES)
         for name in (allow or []) + (deny or []):
@@ -370,7 +320,7 @@ def solve(
             from autoplace.hook import write_bundle
 
             files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": _model_ref(model), "cluster": _cluster_ref(cluster, c)})
+                                 inputs={"model": model_ref(model), "cluster": cluster_ref(cluster, c)})
             doc["bundle"] = {k: str(v) for k, v in files.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
@@ -382,22 +332,6 @@ def solve(
         print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
     if not result.plans:
         raise typer.Exit(3)
-
-
-def _model_ref(model: Path) -> str:
-    """How plan.json names the model: the file read (a Hub id's cached config.json)."""
-    from autoplace.specs.hub import resolve_model
-
-    return str(resolve_model(model)[0].resolve())
-
-
-def _cluster_ref(path: Path | None, cluster: Any) -> str:
-    """How plan.json names the cluster: the file, or NODESxGPUSxGPU for a cluster built from flags
-    (link overrides are not kept: the reference is the GPU's default node)."""
-    if path is not None and path.exists():
-        return str(path.resolve())
-    pool = cluster.pools[0]
-    return f"{pool.nodes}x{pool.gpus_per_node}x{pool.gpu.name}"
 
 
 @app.command()
@@ -572,17 +506,6 @@ def verify(
     else:
         print_verify(report)
     raise typer.Exit(0 if report.ok else 1)
-
-
-class TraceInput(StrEnum):
-    tokens = "tokens"
-    hidden = "hidden"
-
-
-class TraceDtype(StrEnum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
 
 
 @app.command()
