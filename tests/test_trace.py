@@ -68,6 +68,13 @@ def test_plain_torch_factory(tmp_path: Path) -> None:
     assert (traced.hidden, traced.vocab, traced.seq_len) == (32, 100, SEQ)
 
 
+def test_hidden_input_without_an_embedding(tmp_path: Path) -> None:
+    traced = run_trace(tmp_path, "tests.trace_models:Stack", None, "--input", "hidden", "--hidden", "16")
+    [block] = traced.graph
+    assert (block.repeat, block.params, block.flops_per_token) == (2, 2 * 16 * 64 + 64 + 16, 2 * 2 * 16 * 64)
+    assert (traced.hidden, traced.vocab) == (16, 0)
+
+
 def test_the_traced_graph_solves(tmp_path: Path) -> None:
     run_trace(tmp_path, "tests.trace_models:build", None)
     result = CliRunner().invoke(app, ["solve", str(tmp_path / "model.json"), "--cluster", "1x2xcpu", "--json",

@@ -35,3 +35,16 @@ class Net(nn.Module):
 
 def build(vocab: int = 100, hidden: int = 32, width: int = 128, layers: int = 3) -> Net:
     return Net(vocab, hidden, width, layers)
+
+
+class Stack(nn.Module):
+    """Blocks only: float activations in, float activations out (traced with --input hidden)."""
+
+    def __init__(self, hidden: int = 16, width: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(hidden, width) for _ in range(layers))
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        for block in self.blocks:
+            x = block(x)
+        return x

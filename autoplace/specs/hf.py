@@ -332,7 +332,9 @@ def shorthand_from_hf(config: Mapping[str, Any], *, source: str, name: str | Non
     Returns:
         The shorthand dict: name, layers, hidden, ffn_hidden, heads, kv_heads,
         [head_dim], vocab, seq_len, ffn, norm, bias, qkv_bias, tied_embeddings,
-        position, [max_position], dropout, flash_attention, [moe], [attention], source.
+        position, [max_position], dropout, flash_attention, [moe], [attention], source;
+        and where a family has them: qk_norm, block_norms, embedding_norm, sliding_window,
+        full_attention_every, final_logit_softcap, mtp_layers.
 
     Raises:
         SpecError: unsupported model_type or architectures, or a required key that
