@@ -106,3 +106,15 @@ def test_bad_cluster_flags_are_one_line(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(app, ["solve", MODEL, *args])
     assert result.exit_code == 2
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_flag_cluster_round_trips_through_plan_json(tmp_path: Path) -> None:
+    tiny = str(REPO / "examples" / "models" / "tiny-llama.json")
+    solved = CliRunner().invoke(app, ["solve", tiny, "--cluster", "1x2xcpu", "--time-limit", "3",
+                                      "--out", str(tmp_path / "b")])
+    assert solved.exit_code == 0, solved.output
+    inputs = json.loads((tmp_path / "b" / "plan.json").read_text())["inputs"]
+    assert inputs["cluster"] == "1x2xcpu"
+    emitted = CliRunner().invoke(app, ["emit", str(tmp_path / "b" / "plan.json"), "--format", "torchrun",
+                                       "--out", str(tmp_path / "e")])
+    assert emitted.exit_code == 0, emitted.output
