@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -34,6 +35,9 @@ from autoplace.cli_inputs import (
     output_format,
 )
 from autoplace.errors import AutoplaceError, SpecError
+
+if TYPE_CHECKING:
+    from autoplace.specs.cluster import ClusterSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
@@ -106,6 +110,16 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
                         else c.name)
     return m, c
+
+
+def _band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:
+    """The 95% band of a predicted step time: the calibration's when one is given, otherwise
+    from the development-set error of the cluster's least well predicted GPU."""
+    if calibrated is not None:
+        return calibrated, "calibration"
+    sigma = max(p.gpu.throughput_error for p in cluster.pools)
+    gpu = max(cluster.pools, key=lambda p: p.gpu.throughput_error).gpu.name
+    return (math.exp(-1.96 * sigma), math.exp(1.96 * sigma)), f"published runs on {gpu}"
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -273,7 +287,8 @@ def solve(
     try:
         from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
+        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget, Problem
+        from solvers.registry import get_solver
 
         out_fmt = output_format(fmt, as_json)
         m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
@@ -310,9 +325,11 @@ def solve(
            "disagreement": result.disagreement, "advice": result.advice,
            "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
-    if band is not None:  # the calibration's prediction interval around each predicted step time
-        for plan_doc in doc["plans"]:
-            plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
+    # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
+    band, band_source = _band(c, band)
+    for plan_doc in doc["plans"]:
+        plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
+        plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     if out is not None and result.plans:

@@ -113,7 +113,7 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     """
     import dataclasses
 
-    from solvers.common import objective_key
+    from solvers.problem import objective_key
 
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = None if "recompute" in problem.fixed else _UNIFORM_RECOMPUTE.get(framework)

@@ -53,7 +53,8 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
         built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
-    from solvers.base import Budget, Problem, get_solver
+    from solvers.problem import Budget, Problem
+    from solvers.registry import get_solver
 
     result = get_solver("cpsat").solve(Problem(model, cluster, top_k=1), Budget(time_limit_s=time_limit_s))
     if not result.plans:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplace.cost.comm import members_per_node
-from autoplace.cost.terms import group_layout
+from autoplace.cost.context import group_layout
 from autoplace.evaluation import Evaluation
 from autoplace.specs.cluster import ClusterSpec
 
@@ -189,7 +189,9 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     tim_rows.append(("step", f"{ev.step_time_s:.3f}", "100%"))
     tim = Section("Step time", ("part", "seconds", "share"), tim_rows, right=frozenset({"seconds", "share"}),
                   styles=[None] * (len(tim_rows) - 1) + ["bold"])
-    lines = [f"[bold]plan[/bold] {p.to_string()}",
+    lines = [f"host memory per GPU for offloaded states: {ev.host['offloaded'] / GiB:.1f} of "
+             f"{ev.host['capacity'] / GiB:.1f} GiB (its share of host_memory_GB)"] if ev.host["offloaded"] else []
+    lines += [f"[bold]plan[/bold] {p.to_string()}",
              f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
              f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}"]
     if ev.violations:
@@ -209,7 +211,16 @@ def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | No
 # ---------------------------------------------------------------- solve
 
 _PLAN_COLUMNS = ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "schedule/vpp", "recompute", "offload",
-                 "mem GiB / cap GiB", "comm/step", "step s", "MFU")
+                 "mem GiB / cap GiB", "comm/step", "step s", "±95%", "MFU")
+
+
+def _band_text(plan: dict[str, Any]) -> str:
+    """The 95% band of a plan's step time as ``-a/+b%`` (from calibration or published runs)."""
+    band = plan.get("step_time_band_95_s")
+    if not band or not plan["step_time_s"]:
+        return "-"
+    low, high = band[0] / plan["step_time_s"] - 1, band[1] / plan["step_time_s"] - 1
+    return f"{low:+.0%}/{high:+.0%}"
 
 
 def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[list[Section], list[str]]:
@@ -225,10 +236,11 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
                      f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                      p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                      _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
-                     f"{p['mfu']:.1%}"))
-    tab = Section("Top plans", _PLAN_COLUMNS, rows, right=frozenset({"#", "step s", "MFU", "comm/step"}))
+                     _band_text(p), f"{p['mfu']:.1%}"))
+    tab = Section("Top plans", _PLAN_COLUMNS, rows, right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
     lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
+    lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     return [tab], lines
 
 
@@ -254,8 +266,8 @@ def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
     """One row per plan with every field as a plain number or word, and the full plan string."""
     columns = ("rank", "dp", "tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "schedule", "zero", "mbs",
                "ga", "global_batch", "recompute", "offload_optimizer", "offload_params", "layers_per_stage",
-               "memory_GiB", "capacity_GiB", "comm_bytes_per_step", "step_time_s", "tokens_per_s",
-               "tflops_per_gpu", "mfu", "plan")
+               "memory_GiB", "capacity_GiB", "comm_bytes_per_step", "step_time_s", "step_time_low_95_s",
+               "step_time_high_95_s", "tokens_per_s", "tflops_per_gpu", "mfu", "plan")
     rows = []
     for p, text in zip(doc["plans"], plans, strict=False):
         d, mem = p["degrees"], p["memory_per_device_bytes"]
@@ -264,8 +276,8 @@ def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
             p["virtual_stages"], p["schedule"], p["zero_stage"], p["micro_batch"], p["grad_accum"], p["global_batch"],
             p["recompute"], p["offload"]["optimizer"], p["offload"]["params"],
             ":".join(map(str, p["layers_per_stage"])), f"{mem['total'] / GiB:.3f}", f"{mem['capacity'] / GiB:.3f}",
-            p["comm_bytes_per_step_per_device"]["total"], p["step_time_s"], p["tokens_per_s"], p["tflops_per_gpu"],
-            p["mfu"], text)))
+            p["comm_bytes_per_step_per_device"]["total"], p["step_time_s"],
+            *(p.get("step_time_band_95_s") or ("", "")), p["tokens_per_s"], p["tflops_per_gpu"], p["mfu"], text)))
     return Section("Top plans", columns, rows)
 
 
