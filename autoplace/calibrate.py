@@ -15,8 +15,18 @@ dependency.  A
 small ridge term keeps a factor the data cannot see (e.g. bandwidth when every reduction is
 hidden) at 1.
 
-Uncertainty: the residuals' standard deviation ``s`` in log space (n - 2 degrees of freedom)
-gives a multiplicative 95 % band ``[exp(-1.96 s), exp(1.96 s)]`` on every prediction.
+Uncertainty: a 95 % prediction interval in log space for a new step time,
+``t(0.975, n - 2) * sqrt(s^2 + g' C g)``, where ``s`` is the residuals' standard deviation
+(n - 2 degrees of freedom), ``C = s^2 (J'J)^-1`` the fitted factors' covariance (J: the
+Jacobian of log step time in the log factors at the fit) and ``g`` the worst (largest-variance)
+row of J among the trials -- the Student-t interval of a nonlinear least-squares fit (Seber &
+Wild 1989, Sec. 5.1).  With fewer than MIN_BAND_TRIALS trials no band is given: two factors
+fitted to one or two step times leave the residuals no freedom to say anything (one trial
+used to report x0.9996..x1.0004).
+
+What it was measured on: the GPU, its link tiers and the framework the trials ran are
+written beside the factors (``measured_on``); applying the file to other hardware or
+another framework is refused unless forced (:func:`check_applies`).
 """
 
 from __future__ import annotations
@@ -41,9 +51,10 @@ log = logging.getLogger("autoplace")
 
 SCHEMA = "autoplace.calibration/v1"
 FITTED = ("compute_scale", "bandwidth_scale")
-Z95 = 1.96
 RIDGE = 1e-4  # per squared log-factor: breaks ties toward 1 without moving a well-determined fit
-_TOP_KEYS = {"schema", "assumptions", "uncertainty", "fit"}
+MIN_BAND_TRIALS = 4  # n - 2 >= 2 degrees of freedom: the t quantile is finite and the band means something
+_TOP_KEYS = {"schema", "assumptions", "uncertainty", "fit", "measured_on"}
+_MEASURED_KEYS = ("gpu", "gpus_per_node", "intra_node", "inter_node", "framework")
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Observation:
     plan: Plan
     measured_s: float
     label: str = ""
+    framework: str = "native"
 
 
 @dataclass(frozen=True)
@@ -70,15 +82,22 @@ class Calibration:
 
     assumptions: Assumptions
     sigma: float
-    band: tuple[float, float]
+    band: tuple[float, float] | None
     error_before: dict[str, float]
     error_after: dict[str, float]
     n: int
+    measured_on: dict[str, Any] = dataclasses.field(default_factory=dict)
+    factor_sd: tuple[float, float] | None = None  # standard errors of the log factors
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA,
+        uncertainty: dict[str, Any] = {"log_sigma": self.sigma, "band_95": list(self.band) if self.band else None}
+        if self.band is None:
+            uncertainty["note"] = f"no band: it needs >= {MIN_BAND_TRIALS} trials, got {self.n}"
+        if self.factor_sd is not None:
+            uncertainty["log_factor_sd"] = dict(zip(FITTED, self.factor_sd, strict=True))
+        return {"schema": SCHEMA, "measured_on": self.measured_on,
                 "assumptions": {k: float(getattr(self.assumptions, k)) for k in FITTED},
-                "uncertainty": {"log_sigma": self.sigma, "band_95": [self.band[0], self.band[1]]},
+                "uncertainty": uncertainty,
                 "fit": {"trials": self.n, "objective": "least squares on log step time",
                         "error_before": self.error_before, "error_after": self.error_after}}
 
@@ -120,10 +139,98 @@ def fit(observations: list[Observation], base: Assumptions = DEFAULT) -> Calibra
     center = min((_nelder_mead(loss, start) for _, start in coarse[:3]), key=lambda p: loss(*p))
     fitted = base.replace(compute_scale=float(np.exp(center[0])), bandwidth_scale=float(np.exp(center[1])))
     resid = logs - np.log([predict(o, fitted) for o in observations])
-    dof = max(len(observations) - len(FITTED), 1)
+    n = len(observations)
+    dof = max(n - len(FITTED), 1)
     sigma = float(math.sqrt(float((resid**2).sum()) / dof))
-    return Calibration(fitted, sigma, (math.exp(-Z95 * sigma), math.exp(Z95 * sigma)),
-                       errors(observations, base), errors(observations, fitted), len(observations))
+    band, factor_sd = None, None
+    if n >= MIN_BAND_TRIALS:
+        jac = _jacobian(observations, base, center)
+        cov = sigma**2 * np.linalg.inv(jac.T @ jac + RIDGE * np.eye(len(FITTED)))
+        factor_sd = (float(math.sqrt(cov[0, 0])), float(math.sqrt(cov[1, 1])))
+        leverage = max(float(g @ cov @ g) for g in jac)
+        half = t_quantile(0.975, n - len(FITTED)) * math.sqrt(sigma**2 + leverage)
+        band = (math.exp(-half), math.exp(half))
+    return Calibration(fitted, sigma, band, errors(observations, base), errors(observations, fitted), n,
+                       measured_on(observations), factor_sd)
+
+
+def _jacobian(observations: list[Observation], base: Assumptions, center: tuple[float, float],
+              step: float = 1e-3) -> np.ndarray:
+    """d log T_i / d (log compute_scale, log bandwidth_scale) at the fit, by central differences."""
+
+    def logs_at(lc: float, lb: float) -> np.ndarray:
+        a = base.replace(compute_scale=float(np.exp(lc)), bandwidth_scale=float(np.exp(lb)))
+        return np.log([predict(o, a) for o in observations])
+
+    lc, lb = center
+    return np.stack([(logs_at(lc + step, lb) - logs_at(lc - step, lb)) / (2 * step),
+                     (logs_at(lc, lb + step) - logs_at(lc, lb - step)) / (2 * step)], axis=1)
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The Student-t quantile ``t(p, dof)`` for p in (0.5, 1), dof >= 1, without scipy.
+
+    Bisection on the CDF, itself Simpson's rule on the density over [0, t] (2000 intervals;
+    within 1e-4 of the tables: t(0.975, 2) = 4.303, t(0.975, 10) = 2.228).
+    """
+    norm = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+
+    def cdf_above_half(x: float, steps: int = 2000) -> float:
+        h = x / steps
+        f = [norm * (1 + (i * h) ** 2 / dof) ** (-(dof + 1) / 2) for i in range(steps + 1)]
+        return h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 1.0
+    while cdf_above_half(hi) < p - 0.5:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf_above_half(mid) < p - 0.5 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def measured_on(observations: list[Observation]) -> dict[str, Any]:
+    """The hardware and framework the trials ran on (what a calibration is only valid for)."""
+    pools = {(p.gpu.name, p.gpus_per_node, p.intra_node.name, p.inter_node.name)
+             for o in observations for p in o.cluster.pools}
+    frameworks = sorted({o.framework for o in observations})
+    if len(pools) != 1 or len(frameworks) != 1:
+        raise SpecError(f"trials mix hardware {sorted(pools)} or frameworks {frameworks}; calibrate each separately")
+    gpu, gpn, intra, inter = pools.pop()
+    return {"gpu": gpu, "gpus_per_node": gpn, "intra_node": intra, "inter_node": inter, "framework": frameworks[0]}
+
+
+def check_applies(path: str | Path, cluster: ClusterSpec, framework: str | None, *, force: bool = False) -> list[str]:
+    """Whether a calibration file was measured on this cluster's hardware and this framework.
+
+    Args:
+        path: the calibration file.
+        cluster: where it is about to be applied.
+        framework: the framework the plans are for (None: not stated, not compared).
+        force: apply it anyway; the differences come back as warnings.
+
+    Returns:
+        Warnings (differences when forced; a file that records nothing).
+
+    Raises:
+        SpecError: it was measured elsewhere and ``force`` is false.
+    """
+    doc = read_calibration(path)
+    measured = doc.get("measured_on") or {}
+    if not measured:
+        return [f"{path} does not record the hardware it was measured on; applied as it is"]
+    here = {"gpu": cluster.gpu_label, "gpus_per_node": cluster.gpus_per_node,
+            "intra_node": "+".join(dict.fromkeys(p.intra_node.name for p in cluster.pools)),
+            "inter_node": "+".join(dict.fromkeys(p.inter_node.name for p in cluster.pools)),
+            "framework": framework}
+    diff = [f"{k} {measured.get(k)!r} (here {here[k]!r})" for k in _MEASURED_KEYS
+            if here[k] is not None and measured.get(k) is not None and measured.get(k) != here[k]]
+    if not diff:
+        return []
+    text = f"measured on other hardware or framework: {', '.join(diff)}"
+    if not force:
+        raise SpecError(f"{text}; calibrate on this cluster, or pass --force to apply it anyway", source=str(path))
+    return [f"{path}: {text}; applied anyway (--force)"]
 
 
 def _nelder_mead(f: Any, start: tuple[float, float], step: float = 0.5, tol: float = 1e-5,
@@ -194,6 +301,10 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
     band = (doc.get("uncertainty") or {}).get("band_95")
     if band is not None and (not isinstance(band, list) or len(band) != 2 or not 0 < band[0] <= 1 <= band[1]):
         raise SpecError(f"expected [low <= 1, high >= 1], got {band!r}", source=src, field="uncertainty.band_95")
+    measured = doc.get("measured_on")
+    if measured is not None and (not isinstance(measured, dict) or set(measured) - set(_MEASURED_KEYS)):
+        raise SpecError(f"expected a mapping with keys among {', '.join(_MEASURED_KEYS)}, got {measured!r}",
+                        source=src, field="measured_on")
     return doc
 
 
@@ -207,10 +318,10 @@ def load_calibration(path: str | Path, base: Assumptions = DEFAULT) -> Assumptio
     return base.replace(**{k: (int(v) if isinstance(getattr(base, k), int) else float(v)) for k, v in values.items()})
 
 
-def load_band(path: str | Path) -> tuple[float, float]:
-    """The multiplicative 95 % band of a calibration file ((1, 1) when it has none)."""
+def load_band(path: str | Path) -> tuple[float, float] | None:
+    """The multiplicative 95 % band of a calibration file, or None when it has none (too few trials)."""
     band = (read_calibration(path).get("uncertainty") or {}).get("band_95")
-    return (float(band[0]), float(band[1])) if band else (1.0, 1.0)
+    return (float(band[0]), float(band[1])) if band else None
 
 
 def observations_from_study(model_path: str | Path, cluster_path: str | Path, storage: str, study: str, *,
@@ -243,7 +354,8 @@ def observations_from_study(model_path: str | Path, cluster_path: str | Path, st
         small = scaled_model(model, float(t.user_attrs.get("scale", 1.0)))
         plan = build_plan(parse_plan_string(t.params["plan"]), world=cluster.gpus, blocks=layer_table(model).blocks,
                           global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
-        out.append(Observation(small, cluster, scaled_plan(plan, small.layers), float(t.value), f"trial {t.number}"))
+        out.append(Observation(small, cluster, scaled_plan(plan, small.layers), float(t.value), f"trial {t.number}",
+                               str(t.user_attrs.get("framework", "native"))))
     if skipped:
         log.warning("calibration leaves out %d trial(s) that ran another plan than their label: %s", len(skipped),
                     "; ".join(skipped))
@@ -260,11 +372,16 @@ def calibrate_study(model_path: str | Path, cluster_path: str | Path, storage: s
 
 def print_calibration(cal: Calibration) -> None:
     """Before/after error and the fitted factors, as rich text."""
-    from rich.console import Console
+    from autoplace.report import make_console
 
-    c = Console()
+    c = make_console()  # never cut when piped (autoplace.report)
     a = cal.assumptions
     c.print(f"fitted on {cal.n} trials: compute_scale={a.compute_scale:.4g}, bandwidth_scale={a.bandwidth_scale:.4g}")
     c.print(f"step-time error before: mean {cal.error_before['mean_abs_rel']:.1%}, max {cal.error_before['max_abs_rel']:.1%}")
     c.print(f"step-time error after:  mean {cal.error_after['mean_abs_rel']:.1%}, max {cal.error_after['max_abs_rel']:.1%}")
-    c.print(f"95% band on a prediction: x{cal.band[0]:.3f} .. x{cal.band[1]:.3f}")
+    c.print(f"measured on: {', '.join(f'{k} {v}' for k, v in cal.measured_on.items())}")
+    if cal.band is None:
+        c.print(f"no 95% band: it needs >= {MIN_BAND_TRIALS} trials, got {cal.n}")
+    else:
+        c.print(f"95% band on a prediction (t-interval, factors' uncertainty included): "
+                f"x{cal.band[0]:.3f} .. x{cal.band[1]:.3f}")

@@ -16,6 +16,24 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from autoplace.cli_inputs import (
+    ClusterOpt,
+    ForceOpt,
+    FormatOpt,
+    GpnOpt,
+    GpuOpt,
+    InterOpt,
+    IntraOpt,
+    NodesOpt,
+    OptClusterArg,
+    TraceDtype,
+    TraceInput,
+    cluster_from_args,
+    cluster_ref,
+    model_origin_of,
+    model_ref,
+    output_format,
+)
 from autoplace.errors import AutoplaceError, SpecError
 
 if TYPE_CHECKING:
@@ -27,22 +45,36 @@ log = logging.getLogger("autoplace")
 _state = {"debug": False}
 
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
-                                          help="model.json (shorthand or layer graph) or a Hugging Face config.json")]
+                                          help="model.json (shorthand or layer graph), a Hugging Face config.json, "
+                                               "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+
+
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
                                                      "`autoplace calibrate` (measured efficiency factors).")]
-
-
 class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"autoplace {version('autoplace')}")
+        except PackageNotFoundError:
+            typer.echo("autoplace (not installed: version unknown)")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log diagnostics to stderr.")] = False) -> None:
+         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log diagnostics to stderr.")] = False,
+         show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = False) -> None:
     """autoplace: placement search for distributed training."""
     _state["debug"] = debug
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
@@ -61,14 +93,22 @@ def _fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
-    """Load both files; a GPU without a peak for the model's compute dtype is the cluster file's error."""
-    from autoplace.specs.cluster import check_compute_dtype, load_cluster
+def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
+    """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
+
+    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags.
+    """
+    from autoplace.specs.cluster import check_compute_dtype
+    from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import load_model
 
-    m = load_model(model, overrides={"seq_len": seq_len, "global_batch": global_batch})
-    c = load_cluster(cluster)
-    check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster))
+    path, repo = resolve_model(model)
+    m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    if repo is not None:  # named as the user typed it, not by the snapshot's file
+        m = m.model_copy(update={"name": repo})
+    c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
+    check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
+                        else c.name)
     return m, c
 
 
@@ -82,14 +122,21 @@ def _band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple
     return (math.exp(-1.96 * sigma), math.exp(1.96 * sigma)), f"published runs on {gpu}"
 
 
-def _calibration(path: Path | None) -> tuple[Any, tuple[float, float]]:
-    """(assumptions, 95% band) from a calibration file, or the defaults."""
+def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
+                 force: bool = False) -> tuple[Any, tuple[float, float] | None]:
+    """(assumptions, 95% band or None) from a calibration file, or the defaults.
+
+    A file measured on other hardware (GPU, link tiers) or another framework is refused
+    unless ``force``; then, and for a file that records nothing, a warning goes to stderr.
+    """
     from autoplace.cost.assumptions import DEFAULT
 
     if path is None:
-        return DEFAULT, (1.0, 1.0)
-    from autoplace.calibrate import load_band, load_calibration
+        return DEFAULT, None
+    from autoplace.calibrate import check_applies, load_band, load_calibration
 
+    for warning in check_applies(path, cluster, framework, force=force):
+        log.warning(warning)
     return load_calibration(path), load_band(path)
 
 
@@ -101,13 +148,21 @@ def _json(doc: dict[str, Any]) -> str:
 @app.command()
 def evaluate(
     model: ModelArg,
-    cluster: ClusterArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "dp=64,tp=8,pp=16,zero=1,mbs=1,recompute=selective"')],
+    cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
     allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
+    fmt: FormatOpt = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -115,18 +170,22 @@ def evaluate(
         from autoplace.evaluation import evaluate as score
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        ev = score(m, c, p, _calibration(calibration)[0], allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
-        if as_json:
-            typer.echo(_json({"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params)},
+        ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
+                   allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
+        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
+        if out == "json":
+            typer.echo(_json({"schema": "autoplace.evaluation/v1",
+                              "model": {"name": m.name, "params": int(table.params), **origin},
                               "cluster": c.summary(), "plan": ev.to_dict()}))
         else:
-            from autoplace.report import print_evaluation
+            from autoplace.report import origin_lines, print_evaluation
 
-            print_evaluation(ev, c)
+            print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
     except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
         _fail(exc)
 
@@ -134,12 +193,19 @@ def evaluate(
 @app.command()
 def explain(
     model: ModelArg,
-    cluster: ClusterArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=8,pp=4,zero=1,recompute=selective"')],
+    cluster: OptClusterArg = None,
     png: Annotated[Path | None, typer.Option("--png", help="Write the stacked-bar chart here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
+    fmt: FormatOpt = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
     try:
@@ -148,19 +214,25 @@ def explain(
         from autoplace.explain import alternatives, plot, print_explanation
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p)
         alts = alternatives(m, c, p, ev)
         if png is not None:
             plot(ev, alts, png)
-        if as_json:
-            typer.echo(_json({"schema": "autoplace.explanation/v1", "plan": ev.to_dict(),
+        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
+        params = layer_table(m).params
+        if out == "json":
+            typer.echo(_json({"schema": "autoplace.explanation/v1",
+                              "model": {"name": m.name, "params": int(params), **origin}, "plan": ev.to_dict(),
                               "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
                               "png": str(png) if png else None}))
         else:
-            print_explanation(ev, alts, c, png)
+            from autoplace.report import origin_lines
+
+            print_explanation(ev, alts, c, png, fmt=out, header=origin_lines(m.name, params, origin, c))
     except ImportError as exc:
         _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
@@ -181,7 +253,7 @@ class SolverName(StrEnum):
 @app.command()
 def solve(
     model: ModelArg,
-    cluster: ClusterArg,
+    cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="How many distinct plans to return.")] = 3,
     objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory.")] = Objective.time,
@@ -196,9 +268,17 @@ def solve(
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
     framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
                                                   "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
                                                   "accelerate.")] = None,
+    fmt: FormatOpt = None,
+    short: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpnOpt = None,
+    intra_node: IntraOpt = None,
+    inter_node: InterOpt = None,
 ) -> None:
     """Rank plans with the integer program and write the best one's plan.json."""
     import time as _time
@@ -210,7 +290,10 @@ def solve(
         from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget, Problem
         from solvers.registry import get_solver
 
-        m, c = _load(model, cluster, seq_len, global_batch)
+        out_fmt = output_format(fmt, as_json)
+        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+                     seq_len, global_batch)
+        origin = model_origin_of(model, m, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
         features = set(DEFAULT_FEATURES)
         for name in (allow or []) + (deny or []):
@@ -218,7 +301,7 @@ def solve(
                 raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
         features |= set(allow or [])
         features -= set(deny or [])
-        assume, band = _calibration(calibration)
+        assume, band = _calibration(calibration, c, framework, force)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
         if framework is None:
             problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
@@ -240,10 +323,11 @@ def solve(
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice,
-           "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
+           "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
            "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
-    band, band_source = _band(c, band if calibration is not None else None)
-    for plan_doc in doc["plans"]:  # calibration residuals, or the development set's, around each step time
+    # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
+    band, band_source = _band(c, band)
+    for plan_doc in doc["plans"]:
         plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
         plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
@@ -253,16 +337,16 @@ def solve(
             from autoplace.hook import write_bundle
 
             files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": str(model.resolve()), "cluster": str(cluster.resolve())})
+                                 inputs={"model": model_ref(model), "cluster": cluster_ref(cluster, c)})
             doc["bundle"] = {k: str(v) for k, v in files.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
-    if as_json:
+    if out_fmt == "json":
         typer.echo(_json(doc))
     else:
-        from autoplace.report import print_solution
+        from autoplace.report import origin_lines, print_solution
 
-        print_solution(doc, result)
+        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
     if not result.plans:
         raise typer.Exit(3)
 
@@ -439,6 +523,52 @@ def verify(
     else:
         print_verify(report)
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def trace(
+    factory: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="e.g. transformers:LlamaForCausalLM or "
+                                           "mypkg.model:build (called with --args as keyword arguments)")],
+    args: Annotated[str | None, typer.Option("--args", help="JSON object of keyword arguments (for a Hugging Face "
+                                             "model class: its config's keys)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Where to write the layer-graph model.json.")] = Path("model.json"),
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Training sequence length traced.")] = 2048,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences in the traced micro-batch.")] = 1,
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Written as training.global_batch.")] = 1024,
+    dtype: Annotated[TraceDtype, typer.Option("--dtype", help="Parameter and activation dtype.")] = TraceDtype.bf16,
+    inputs: Annotated[TraceInput, typer.Option("--input", help="tokens (long ids) or hidden (float activations)")]
+    = TraceInput.tokens,
+    hidden: Annotated[int | None, typer.Option("--hidden", min=1, help="Hidden size when it cannot be read.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Model name (default: the factory's).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build a PyTorch model on the meta device and write the layer graph solve reads (needs torch)."""
+    try:
+        try:
+            from autoplace.trace import trace_factory
+        except ImportError as exc:
+            raise AutoplaceError(f"{exc.name} is needed for trace: pip install 'autoplace[torch]'") from None
+        doc, measured = trace_factory(factory, args, seq_len=seq_len, batch=batch, dtype=dtype.value,
+                                      inputs=inputs.value, hidden=hidden, global_batch=global_batch, name=name)
+        from autoplace.specs.model import model_from_dict
+
+        model_from_dict(doc, source=str(out))  # what solve will read must load
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if as_json:
+        typer.echo(_json({"schema": "autoplace.trace/v1", "model": doc, "out": str(out), "notes": measured.notes}))
+        return
+    from autoplace.report import Section, fmt_count, render
+
+    rows = [(e["name"], str(e["repeat"]), fmt_count(e["params"]), f"{e['flops_per_token']:,.0f}",
+             f"{e['activation_bytes_per_token']:,.0f}") for e in doc["graph"]]
+    total = sum(e["params"] * e["repeat"] for e in doc["graph"])
+    render([Section(f"Layer graph of {doc['name']} (seq_len {seq_len}, per token)",
+                    ("layer", "repeat", "params", "fwd FLOPs", "saved bytes"), rows,
+                    right=frozenset({"repeat", "params", "fwd FLOPs", "saved bytes"}))],
+           [f"{fmt_count(total)} params; {'; '.join(measured.notes)}", f"written: {out}"], "table")
 
 
 @app.command()

@@ -7,6 +7,7 @@ offload) -- and shows the few that move the step time or the peak memory most.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,23 +131,18 @@ def plot(current: Evaluation, alts: list[Alternative], path: Path) -> Path:
     return path
 
 
-def print_explanation(current: Evaluation, alts: list[Alternative], cluster: ClusterSpec, png: Path | None) -> None:
-    """The evaluation's tables, then the alternatives with their deltas."""
-    from rich.console import Console
-    from rich.table import Table
+def print_explanation(current: Evaluation, alts: list[Alternative], cluster: ClusterSpec, png: Path | None,
+                      *, fmt: str = "table", header: Sequence[str] = ()) -> None:
+    """The evaluation's tables, then the alternatives with their deltas (as table, markdown or csv)."""
+    from autoplace.report import Section, evaluation_sections, render
 
-    from autoplace.report import print_evaluation
-
-    console = Console()
-    print_evaluation(current, cluster, console)
-    tab = Table(title="Alternatives that change the most (one knob each)")
-    for col in ("change", "step s", "vs plan", "peak GiB", "vs plan", "fits"):
-        tab.add_column(col, justify="left" if col == "change" else "right")
-    for alt in alts:
-        ev = alt.evaluation
-        tab.add_row(alt.change, f"{ev.step_time_s:.3f}", f"{ev.step_time_s / current.step_time_s - 1:+.1%}",
-                    f"{ev.memory['total'] / GiB:.1f}", f"{ev.memory['total'] / current.memory['total'] - 1:+.1%}",
-                    "yes" if ev.fits else "[red]no[/red]")
-    console.print(tab)
-    if png is not None:
-        console.print(f"chart: {png}")
+    sections, lines = evaluation_sections(current, cluster)
+    rows = [(alt.change, f"{alt.evaluation.step_time_s:.3f}",
+             f"{alt.evaluation.step_time_s / current.step_time_s - 1:+.1%}",
+             f"{alt.evaluation.memory['total'] / GiB:.1f}",
+             f"{alt.evaluation.memory['total'] / current.memory['total'] - 1:+.1%}",
+             "yes" if alt.evaluation.fits else "no") for alt in alts]
+    sections.append(Section("Alternatives that change the most (one knob each)",
+                            ("change", "step s", "step vs plan", "peak GiB", "peak vs plan", "fits"), rows,
+                            right=frozenset({"step s", "step vs plan", "peak GiB", "peak vs plan", "fits"})))
+    render(sections, lines + ([f"chart: {png}"] if png is not None else []), fmt, header=header)

@@ -1,6 +1,18 @@
-"""Readable output: rich tables of an evaluation (what ``autoplace evaluate`` prints)."""
+"""Readable output of solve, evaluate and explain: tables as rich text, markdown or CSV.
+
+Every table is built once as a :class:`Section` (title, columns, rows) and rendered by
+:func:`render`.  Piped or redirected output is never cut: a rich console that is not a
+terminal gets an unbounded width, and on a terminal cells fold instead of ending in '…'.
+"""
 
 from __future__ import annotations
+
+import csv
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -57,55 +69,152 @@ def tiers(ev: Evaluation, cluster: ClusterSpec) -> dict[str, str]:
     return out
 
 
-def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | None = None) -> None:
-    """Memory against capacity, communication by dimension and tier, and the time split."""
-    console = console or Console()
+
+# A console that is not a terminal (a pipe, a file, CliRunner) prints at this width: wide
+# enough that no table row or plan string is wrapped or cut.
+UNBOUNDED_WIDTH = 100_000
+FORMATS = ("table", "json", "csv", "markdown")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One table: its title, column headers (units in them), rows of text, right-aligned columns."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: Sequence[Sequence[str]]
+    right: frozenset[str] = frozenset()
+    styles: list[str | None] = field(default_factory=list)
+
+
+def make_console() -> Console:
+    """The terminal's width on a terminal; unbounded when piped or redirected."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=UNBOUNDED_WIDTH, no_color=True, highlight=False)
+
+
+def fmt_count(n: float) -> str:
+    """A parameter count with a unit that keeps 3 significant digits: 70.6B, 124M, 45.1K, 512."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}" if n / scale < 100 else f"{n / scale:.0f}{unit}"
+    return f"{n:.0f}"
+
+
+def render(sections: Sequence[Section], lines: Sequence[str], fmt: str, console: Console | None = None,
+           *, header: Sequence[str] = ()) -> None:
+    """Print ``header``, the tables and the closing ``lines`` as ``fmt`` (table, markdown or csv).
+
+    CSV holds the tables only (one block per table: a title row unless it is the only one, the
+    header row, the rows; blocks separated by an empty line) so it loads into a spreadsheet.
+    """
+    console = console or make_console()
+    if fmt == "csv":
+        console.print(_csv(sections), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    if fmt == "markdown":
+        console.print(_markdown(sections, lines, header), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    for line in header:
+        console.print(line, soft_wrap=True)
+    for sec in sections:
+        tab = Table(title=sec.title)
+        for col in sec.columns:
+            tab.add_column(col, justify="right" if col in sec.right else "left", overflow="fold")
+        for i, row in enumerate(sec.rows):
+            tab.add_row(*row, style=sec.styles[i] if i < len(sec.styles) else None)
+        console.print(tab)
+    for line in lines:
+        console.print(line, soft_wrap=True)
+
+
+def _csv(sections: Sequence[Section]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for i, sec in enumerate(sections):
+        if i:
+            buf.write("\n")
+        if len(sections) > 1:
+            writer.writerow([sec.title])
+        writer.writerow(sec.columns)
+        writer.writerows(sec.rows)
+    return buf.getvalue()
+
+
+def _markdown(sections: Sequence[Section], lines: Sequence[str], header: Sequence[str]) -> str:
+    out = [f"{_plain(line)}  " for line in header]
+    for sec in sections:
+        out += ["", f"**{sec.title}**", "", "| " + " | ".join(sec.columns) + " |",
+                "|" + "|".join("---:" if c in sec.right else "---" for c in sec.columns) + "|"]
+        out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in sec.rows]
+    if lines:
+        out += [""] + [f"{_plain(line)}  " for line in lines]
+    return "\n".join(out) + "\n"
+
+
+def _plain(text: str) -> str:
+    """Rich markup removed (``[bold]x[/bold]`` -> ``x``)."""
+    from rich.text import Text
+
+    return Text.from_markup(text).plain
+
+
+# ---------------------------------------------------------------- evaluate / explain
+
+
+def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Section], list[str]]:
+    """Memory against capacity per stage, communication by dimension and tier, the time split;
+    then the plan, throughput and verdict lines."""
     p = ev.plan
-    console.print(f"[bold]plan[/bold] {p.to_string()}")
-    mem = Table(title=f"Memory per device, GiB (fullest stage: {ev.worst_stage} of {p.pp})")
-    mem.add_column("stage", justify="right")
-    for head in ("params", "grads", "optim", "activ", "buffers", "reserve", "total", "capacity"):
-        mem.add_column(head, justify="right")
-    mem.add_column("peak at")
-    for s, stage in enumerate(ev.memory_per_stage):
-        style = "red" if stage["total"] > stage["capacity"] else ("bold" if s == ev.worst_stage else None)
-        mem.add_row(str(s), *(f"{stage[k] / GiB:.2f}" for k in
-                               ("params", "grads", "optimizer", "activations", "buffers", "reserve", "total", "capacity")),
-                    ev.memory_peak_at[s] if s < len(ev.memory_peak_at) else "", style=style)
-    console.print(mem)
-    if ev.host["offloaded"]:
-        console.print(f"host memory per GPU for offloaded states: {ev.host['offloaded'] / GiB:.1f} of "
-                      f"{ev.host['capacity'] / GiB:.1f} GiB (its share of host_memory_GB)")
+    parts = ("params", "grads", "optimizer", "activations", "buffers", "reserve", "total", "capacity")
+    mem = Section(
+        f"Memory per device, GiB (fullest stage: {ev.worst_stage} of {p.pp})",
+        ("stage", "params", "grads", "optim", "activ", "buffers", "reserve", "total", "capacity", "peak at"),
+        [(str(s), *(f"{stage[k] / GiB:.2f}" for k in parts),
+          ev.memory_peak_at[s] if s < len(ev.memory_peak_at) else "") for s, stage in enumerate(ev.memory_per_stage)],
+        right=frozenset({"stage", "params", "grads", "optim", "activ", "buffers", "reserve", "total", "capacity"}),
+        styles=["red" if st["total"] > st["capacity"] else ("bold" if s == ev.worst_stage else None)
+                for s, st in enumerate(ev.memory_per_stage)])
     links = tiers(ev, cluster)
-    com = Table(title="Communication per step, busiest device")
-    for col in ("dim", "collective", "link tiers (group)", "bytes", "exposed s"):
-        com.add_column(col, justify="right" if col in ("bytes", "exposed s") else "left")
     exposed = {"dp": ev.time["dp"] + ev.time["zero"], "tp": ev.time["tp"], "pp": ev.time["pp"], "cp": ev.time["cp"],
                "ep": ev.time["ep"], "offload": ev.time["offload"]}
-    for dim, (name, _) in _COLLECTIVES.items():
-        if ev.comm[dim] or exposed[dim]:
-            com.add_row(dim, name, links[dim], _fmt_bytes(ev.comm[dim]), f"{exposed[dim]:.3f}")
-    com.add_row("total", "", "", _fmt_bytes(ev.comm["total"]), "", style="bold")
-    console.print(com)
-    tim = Table(title="Step time")
-    tim.add_column("part")
-    tim.add_column("seconds", justify="right")
-    tim.add_column("share", justify="right")
-    for part, sec in ev.time.items():
-        if sec:
-            tim.add_row(part, f"{sec:.3f}", f"{sec / ev.step_time_s:.1%}")
-    tim.add_row("step", f"{ev.step_time_s:.3f}", "100%", style="bold")
-    console.print(tim)
-    console.print(f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
-                  f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}")
+    com_rows = [(dim, name, links[dim], _fmt_bytes(ev.comm[dim]), f"{exposed[dim]:.3f}")
+                for dim, (name, _) in _COLLECTIVES.items() if ev.comm[dim] or exposed[dim]]
+    com_rows.append(("total", "", "", _fmt_bytes(ev.comm["total"]), ""))
+    com = Section("Communication per step, busiest device",
+                  ("dim", "collective", "link tiers (group)", "bytes", "exposed s"), com_rows,
+                  right=frozenset({"bytes", "exposed s"}), styles=[None] * (len(com_rows) - 1) + ["bold"])
+    tim_rows = [(part, f"{sec:.3f}", f"{sec / ev.step_time_s:.1%}") for part, sec in ev.time.items() if sec]
+    tim_rows.append(("step", f"{ev.step_time_s:.3f}", "100%"))
+    tim = Section("Step time", ("part", "seconds", "share"), tim_rows, right=frozenset({"seconds", "share"}),
+                  styles=[None] * (len(tim_rows) - 1) + ["bold"])
+    lines = [f"host memory per GPU for offloaded states: {ev.host['offloaded'] / GiB:.1f} of "
+             f"{ev.host['capacity'] / GiB:.1f} GiB (its share of host_memory_GB)"] if ev.host["offloaded"] else []
+    lines += [f"[bold]plan[/bold] {p.to_string()}",
+             f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
+             f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}"]
     if ev.violations:
-        for v in ev.violations:
-            console.print(f"[red]violation[/red] {v.rule}: {v.message}")
+        lines += [f"[red]violation[/red] {v.rule}: {v.message}" for v in ev.violations]
     else:
-        console.print("[green]fits and is sound[/green]")
+        lines.append("[green]fits and is sound[/green]")
+    return [mem, com, tim], lines
 
 
-def _band_text(plan: dict) -> str:
+def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | None = None, *,
+                     fmt: str = "table", header: Sequence[str] = ()) -> None:
+    """Memory against capacity, communication by dimension and tier, and the time split."""
+    sections, lines = evaluation_sections(ev, cluster)
+    render(sections, lines, fmt, console, header=header)
+
+
+# ---------------------------------------------------------------- solve
+
+_PLAN_COLUMNS = ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "schedule/vpp", "recompute", "offload",
+                 "mem GiB / cap GiB", "comm/step", "step s", "±95%", "MFU")
+
+
+def _band_text(plan: dict[str, Any]) -> str:
     """The 95% band of a plan's step time as ``-a/+b%`` (from calibration or published runs)."""
     band = plan.get("step_time_band_95_s")
     if not band or not plan["step_time_s"]:
@@ -114,37 +223,144 @@ def _band_text(plan: dict) -> str:
     return f"{low:+.0%}/{high:+.0%}"
 
 
-def print_solution(doc: dict, result: object, console: Console | None = None) -> None:
-    """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall."""
-    console = console or Console()
-    console.print(f"[bold]{doc['model']['name']}[/bold] ({doc['model']['params'] / 1e9:.2f}B params) on "
-                  f"{doc['cluster']['gpus']} x {doc['cluster']['gpu']}: status [bold]{doc['status']}[/bold], "
-                  f"objective {doc['objective']}, {doc['solve_seconds']:.2f} s")
-    if doc["plans"]:
-        tab = Table(title="Top plans")
-        for col in ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "sched", "recompute", "offload",
-                    "mem GiB / cap", "comm/step", "step s", "±95%", "MFU"):
-            tab.add_column(col)
-        for p in doc["plans"]:
-            d = p["degrees"]
-            mem = p["memory_per_device_bytes"]
-            off = "/".join(v for v in (p["offload"]["optimizer"], p["offload"]["params"]) if v != "none") or "-"
-            tab.add_row(str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
-                        f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
-                        p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
-                        _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
-                        _band_text(p), f"{p['mfu']:.1%}")
-        console.print(tab)
-        console.print(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
-        console.print(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
+def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[list[Section], list[str]]:
+    """The top-K plans as one table and each full plan string (what --plan and --fix accept)
+    on its own line; for an infeasible problem, the nearest plan and its shortfall."""
+    if not doc["plans"]:
+        return [], _infeasible_lines(doc)
+    rows = []
+    for p in doc["plans"]:
+        d, mem = p["degrees"], p["memory_per_device_bytes"]
+        off = "/".join(v for v in (p["offload"]["optimizer"], p["offload"]["params"]) if v != "none") or "-"
+        rows.append((str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
+                     f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
+                     p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
+                     _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
+                     _band_text(p), f"{p['mfu']:.1%}"))
+    tab = Section("Top plans", _PLAN_COLUMNS, rows, right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
+    lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
+    lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
+    lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
+    return [tab], lines
+
+
+def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    near = doc.get("nearest")
+    if near:
+        mem = near["memory_per_device_bytes"]
+        lines.append(f"[red]no plan fits[/red]; nearest: {near['degrees']} zero={near['zero_stage']} "
+                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
+                     f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
+    return lines + [f"  - {line}" for line in doc.get("advice", [])]
+
+
+def solution_header(doc: dict[str, Any]) -> str:
+    """One line: model, cluster, status, objective, seconds."""
+    return (f"[bold]{doc['model']['name']}[/bold] ({fmt_count(doc['model']['params'])} params) on "
+            f"{doc['cluster']['gpus']} x {doc['cluster']['gpu']}: status [bold]{doc['status']}[/bold], "
+            f"objective {doc['objective']}, {doc['solve_seconds']:.2f} s")
+
+
+def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
+    """One row per plan with every field as a plain number or word, and the full plan string."""
+    columns = ("rank", "dp", "tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "schedule", "zero", "mbs",
+               "ga", "global_batch", "recompute", "offload_optimizer", "offload_params", "layers_per_stage",
+               "memory_GiB", "capacity_GiB", "comm_bytes_per_step", "step_time_s", "step_time_low_95_s",
+               "step_time_high_95_s", "tokens_per_s", "tflops_per_gpu", "mfu", "plan")
+    rows = []
+    for p, text in zip(doc["plans"], plans, strict=False):
+        d, mem = p["degrees"], p["memory_per_device_bytes"]
+        rows.append(tuple(str(x) for x in (
+            p["rank"], d["dp"], d["tp"], d["pp"], d["cp"], d["ep"], p["dp_replicate"], p["dp_shard"],
+            p["virtual_stages"], p["schedule"], p["zero_stage"], p["micro_batch"], p["grad_accum"], p["global_batch"],
+            p["recompute"], p["offload"]["optimizer"], p["offload"]["params"],
+            ":".join(map(str, p["layers_per_stage"])), f"{mem['total'] / GiB:.3f}", f"{mem['capacity'] / GiB:.3f}",
+            p["comm_bytes_per_step_per_device"]["total"], p["step_time_s"],
+            *(p.get("step_time_band_95_s") or ("", "")), p["tokens_per_s"], p["tflops_per_gpu"], p["mfu"], text)))
+    return Section("Top plans", columns, rows)
+
+
+def print_solution(doc: dict, result: object, console: Console | None = None, *, fmt: str = "table",
+                   header: Sequence[str] = ()) -> None:
+    """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall.
+
+    ``header`` replaces the one-line summary (the CLI passes the model's and cluster's origin).
+    """
+    plans = [ev.plan.to_string() for ev in getattr(result, "plans", [])]
+    sections, lines = solution_sections(doc, plans)
+    if fmt == "csv" and doc["plans"]:
+        sections = [plans_csv_section(doc, plans)]
+    notes = [f"[dim]{note}[/dim]" for note in doc.get("notes", [])]
+    status = (f"status [bold]{doc['status']}[/bold], objective {doc['objective']}, "
+              f"{doc['solve_seconds']:.2f} s")
+    render(sections, lines + notes, fmt, console, header=[*header, status] if header else [solution_header(doc)])
+
+
+# ---------------------------------------------------------------- where the numbers came from
+
+
+def model_origin(model: Any, path: Any, repo: str | None, *, seq_len_given: bool,
+                 global_batch_given: bool) -> dict[str, Any]:
+    """Where the model came from and which training numbers were assumed rather than given.
+
+    A Hugging Face config carries no training setup: its global batch (1024 sequences) and
+    sequence length (the config's context, capped at 8192) are autoplace's defaults, as is a
+    model.json's global batch when its ``training`` block leaves it out.
+
+    Returns:
+        {"source", "seq_len", "global_batch", "defaulted": [...], "seq_len_default": how it was derived}
+    """
+    from autoplace.specs._io import read_document
+    from autoplace.specs.hf import SEQ_LEN_CAP, hf_key
+
+    try:
+        data = read_document(path)
+    except Exception:  # noqa: BLE001 - the spec loaded already; the header is best effort
+        data = {}
+    hf = "model_type" in data
+    raw_training = data.get("training")
+    training: dict[str, Any] = raw_training if isinstance(raw_training, dict) else {}
+    defaulted = []
+    if not global_batch_given and "global_batch" not in training:
+        defaulted.append("global_batch")
+    out: dict[str, Any] = {"seq_len": model.seq_len, "global_batch": model.training.global_batch}
+    if hf:
+        kind = f"Hugging Face config (model_type {data.get('model_type')})"
+        out["source"] = f"{kind} of {repo}, {path}" if repo else f"{kind}, {path}"
+        if not seq_len_given:
+            defaulted.append("seq_len")
+            key = hf_key(data, "seq_len")
+            value = _dotted(data, key) if key else None
+            out["seq_len_default"] = (f"{key} {value} capped at {SEQ_LEN_CAP}" if value is not None
+                                      else "the family's training length")
     else:
-        near = doc.get("nearest")
-        if near:
-            mem = near["memory_per_device_bytes"]
-            console.print(f"[red]no plan fits[/red]; nearest: {near['degrees']} zero={near['zero_stage']} "
-                          f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
-                          f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
-        for line in doc.get("advice", []):
-            console.print(f"  - {line}")
-    for note in doc.get("notes", []):
-        console.print(f"[dim]{note}[/dim]")
+        out["source"] = f"{'layer graph' if 'graph' in data else 'model shorthand'}, {path}"
+    out["defaulted"] = defaulted
+    return out
+
+
+def _dotted(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: ClusterSpec) -> list[str]:
+    """The header: model (source, params, batch and sequence, defaults named) and cluster."""
+    batch = f"global batch {origin['global_batch']:,} sequences"
+    if "global_batch" in origin["defaulted"]:
+        batch += " (default; --global-batch)"
+    seq = f"seq len {origin['seq_len']:,}"
+    if "seq_len" in origin["defaulted"]:
+        seq += f" (default: {origin.get('seq_len_default', 'assumed')}; --seq-len)"
+    pool = cluster.pools[0]
+    links = f"{pool.intra_node.name} / {pool.inter_node.name}" if len(cluster.pools) == 1 else "mixed pools"
+    return [f"model {name}: {fmt_count(params)} params · {batch} · {seq} · from {origin['source']}",
+            f"cluster {cluster.name}: {cluster.gpus} x {cluster.gpu_label} "
+            f"({_nodes(sum(p.nodes for p in cluster.pools))} x {cluster.gpus_per_node}, {links})"]
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"

@@ -433,8 +433,9 @@ def save_plots(st: Any, out: Path) -> list[Path]:
 
 def print_report(report: TuneReport) -> None:
     """The trials as a rich table, predicted vs measured step time, then the best plan."""
-    from rich.console import Console
     from rich.table import Table
+
+    from autoplace.report import make_console
 
     table = Table(title=f"study {report.study} ({report.storage})")
     for col in ("#", "plan", "bucket MB", "state", "pred s", "meas s", "meas/pred", "tok/s", "RSS MiB"):
@@ -445,7 +446,7 @@ def print_report(report: TuneReport) -> None:
         table.add_row(str(r.number), short_plan(r.plan), str(r.bucket_mb), state, _num(r.predicted_step_s),
                       _num(r.measured_step_s), ratio, _num(r.tokens_per_s, 0),
                       _num(r.peak_rss_bytes / 2**20 if r.peak_rss_bytes else None, 0))
-    c = Console()
+    c = make_console()  # never cut when piped (autoplace.report)
     c.print(table)
     best = report.best
     if best:

@@ -172,9 +172,9 @@ def _rel(a: Any, b: Any) -> float:
 
 def print_verify(report: VerifyReport) -> None:
     """One rich line for the verdict plus the error figures."""
-    from rich.console import Console
+    from autoplace.report import make_console
 
-    c = Console()
+    c = make_console()  # never cut when piped (autoplace.report)
     verdict = "[green]PASS[/green]" if report.ok else f"[red]FAIL: {report.broken}[/red]"
     c.print(f"{verdict}  {report.plan}")
     c.print(f"  {report.detail}")

@@ -8,6 +8,7 @@ Fixtures in tests/data/hf/ are Hub config.json texts:
   qwen2.5-0.5b.json         Qwen/Qwen2.5-0.5B (model_type qwen2)
   pythia-1b.json            EleutherAI/pythia-1b (model_type gpt_neox)
   deepseek-v2-lite.json     deepseek-ai/DeepSeek-V2-Lite
+  (the families added for issue 14 are listed in tests/test_hf_families.py)
   qwen1.5-moe-a2.7b-chat-gptq-int4.json
                             Qwen/Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4, with its quantization_config
                             block removed (the copy found had it abridged); the architecture
@@ -35,7 +36,8 @@ DATA = Path(__file__).parent / "data" / "hf"
 SCHEMA_KEYS = {
     "name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "seq_len",
     "ffn", "norm", "bias", "qkv_bias", "tied_embeddings", "position", "max_position", "dropout",
-    "flash_attention", "moe", "attention", "source",
+    "flash_attention", "moe", "attention", "source", "qk_norm", "block_norms", "embedding_norm",
+    "sliding_window", "full_attention_every", "final_logit_softcap", "mtp_layers",
 }
 MOE_KEYS = {"experts", "top_k", "expert_ffn_hidden", "shared_experts", "shared_ffn_hidden",
             "first_dense_layers", "layer_freq"}
@@ -159,7 +161,7 @@ def test_mixtral_active_parameters_match_published() -> None:
 def test_llama3_8b_fields() -> None:
     m = translate("meta-llama-3-8b.json")
     assert m == {
-        "name": "llama", "layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
+        "name": "meta-llama-3-8b", "layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
         "kv_heads": 8, "vocab": 128256, "seq_len": 8192, "ffn": "swiglu", "norm": "rmsnorm",
         "bias": False, "qkv_bias": False, "tied_embeddings": False, "position": "rope",
         "dropout": False, "flash_attention": True,
@@ -249,6 +251,7 @@ def test_every_fixture_fits_the_schema(fixture: str) -> None:
     assert set(m.get("attention", MLA_KEYS)) == MLA_KEYS
     assert m["flash_attention"] is True and m["seq_len"] <= SEQ_LEN_CAP
     assert ("max_position" in m) == (m["position"] == "learned")
+    assert ("full_attention_every" not in m) or "sliding_window" in m
     assert json.loads(json.dumps(m)) == m
 
 
@@ -324,7 +327,8 @@ def test_unsupported_model_type_lists_supported() -> None:
     error = _raises({**load("gpt2.json"), "model_type": "bert"}, "model_type")
     assert "'bert'" in str(error)
     for name in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt2", "gpt_neox",
-                 "deepseek_v2", "deepseek_v3"):
+                 "deepseek_v2", "deepseek_v3", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "olmo2",
+                 "falcon", "RefinedWebModel", "RefinedWeb", "bloom", "mpt", "gpt_bigcode", "starcoder2"):
         assert name in str(error)
 
 

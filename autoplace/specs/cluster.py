@@ -7,6 +7,7 @@ top-level ``nodes, gpus_per_node, gpu, intra_node`` and becomes a single pool.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -159,6 +160,13 @@ class GPUProfile(Strict):
     hbm_efficiency: Fraction = 0.8
     sustained_fraction: Fraction = 1.0
     throughput_error: float = Field(0.2, ge=0, le=10, allow_inf_nan=False)
+    # The vendor's reference node for this GPU (DGX/HGX), used when a cluster is given as
+    # flags (--cluster 4x8xh100) or a cluster.yaml leaves the links out; see sources.defaults.
+    aliases: list[str] = []
+    default_gpus_per_node: GPUsPerNode | None = None
+    default_intra_node: str | None = None
+    default_inter_node: str | None = None
+    default_host_memory_GB: HostMemory | None = None
     sources: dict[str, str] = {}
 
     @property
@@ -199,9 +207,9 @@ class PoolInput(Strict):
 
     name: str = "pool"
     nodes: Nodes
-    gpus_per_node: GPUsPerNode
+    gpus_per_node: GPUsPerNode | None = None  # default: the GPU profile's default_gpus_per_node
     gpu: str | GPUProfile
-    intra_node: str | LinkProfile
+    intra_node: str | LinkProfile | None = None  # default: the GPU profile's default_intra_node
     inter_node: str | LinkProfile | None = None
     host_memory_GB: HostMemory = 512
 
@@ -311,27 +319,52 @@ def cluster_from_dict(data: dict[str, Any], *, source: str = "<cluster>") -> Clu
     resolved = []
     for i, pool in enumerate(pools):
         where = f"pools.{i}." if raw.pools is not None else ""
-        inter = pool.inter_node or raw.inter_node
-        if inter is None:
-            if pool.nodes > 1 or len(pools) > 1:
-                raise SpecError("required when there is more than one node", source=source, field=f"{where}inter_node")
-            inter = pool.intra_node
         gpu = _resolve("gpu", pool.gpu, source=source, field=f"{where}gpu")
+        intra, inter = _links(pool, raw.inter_node, gpu, several=pool.nodes > 1 or len(pools) > 1,
+                              source=source, where=where)
         resolved.append(NodePool(
             name=pool.name if raw.pools is not None else raw.name,
             nodes=pool.nodes,
-            gpus_per_node=pool.gpus_per_node,
+            gpus_per_node=_default(pool.gpus_per_node, gpu.default_gpus_per_node, gpu,
+                                   source=source, field=f"{where}gpus_per_node"),
             gpu=gpu,
-            intra_node=_resolve("interconnect", pool.intra_node, source=source, field=f"{where}intra_node"),
-            inter_node=_resolve("interconnect", inter, source=source, field=f"{where}inter_node"),
+            intra_node=intra,
+            inter_node=inter,
             host_link=_resolve("interconnect", gpu.host_link, source=source, field=f"{where}gpu.host_link"),
             host_memory_GB=pool.host_memory_GB,
         ))
     return ClusterSpec(name=raw.name, pools=tuple(resolved))
 
 
+def _default(given: Any, default: Any, gpu: GPUProfile, *, source: str, field: str) -> Any:
+    """``given``, else the GPU profile's default for it; neither is an error naming the field."""
+    if given is not None:
+        return given
+    if default is None:
+        raise SpecError(f"required: GPU profile {gpu.name!r} gives no default_{field.rsplit('.', 1)[-1]}",
+                        source=source, field=field)
+    return default
+
+
+def _links(pool: PoolInput, shared_inter: Any, gpu: GPUProfile, *, several: bool, source: str,
+           where: str) -> tuple[LinkProfile, LinkProfile]:
+    """(intra, inter) link tiers: as given, else the GPU profile's defaults.
+
+    One node alone never uses its inter-node link; without one it is the intra-node link.
+    """
+    intra = _default(pool.intra_node, gpu.default_intra_node, gpu, source=source, field=f"{where}intra_node")
+    inter = pool.inter_node or shared_inter or gpu.default_inter_node
+    if inter is None:
+        if several:
+            raise SpecError(f"required when there is more than one node (GPU profile {gpu.name!r} gives no "
+                            "default_inter_node)", source=source, field=f"{where}inter_node")
+        inter = intra
+    return (_resolve("interconnect", intra, source=source, field=f"{where}intra_node"),
+            _resolve("interconnect", inter, source=source, field=f"{where}inter_node"))
+
+
 def _single_pool(raw: ClusterInput, source: str) -> PoolInput:
-    for key in ("nodes", "gpus_per_node", "gpu", "intra_node"):
+    for key in ("nodes", "gpu"):
         if getattr(raw, key) is None:
             raise SpecError("required key is missing (or give 'pools')", source=source, field=key)
     return PoolInput(name=raw.name, nodes=raw.nodes, gpus_per_node=raw.gpus_per_node, gpu=raw.gpu,  # type: ignore[arg-type]
@@ -364,3 +397,64 @@ def check_compute_dtype(cluster: ClusterSpec, dtype: str, *, source: str) -> Non
             raise SpecError(f"GPU {pool.gpu.name!r} has no peak for {dtype} (the model's compute dtype) or a wider "
                             f"type; add a peak for {' or '.join(_FALLBACK[dtype])}",
                             source=source, field=f"{where}gpu.peak_TFLOPS")
+
+
+# ---------------------------------------------------------------- clusters from flags
+
+# NODES x [GPUS_PER_NODE x] GPU, e.g. 4x8xh100, 2xa100-sxm4-80gb
+SHORTHAND = re.compile(r"^(?P<nodes>\d+)x(?:(?P<gpn>\d+)x)?(?P<gpu>[a-z][a-z0-9-]*)$", re.IGNORECASE)
+
+
+def gpu_profile_name(token: str, *, source: str = "--gpu") -> str:
+    """The shipped GPU profile a name or alias (``h100``, ``a100``) refers to.
+
+    Raises:
+        SpecError: no profile has that name or alias (the message lists both).
+    """
+    names = profile_names("gpu")
+    wanted = token.lower()
+    if wanted in names:
+        return wanted
+    by_alias = {alias: name for name in names for alias in load_profile("gpu", name).aliases}
+    if wanted in by_alias:
+        return by_alias[wanted]
+    raise SpecError(f"unknown GPU {token!r}; valid: {', '.join(names)} (aliases: {', '.join(sorted(by_alias))})",
+                    source=source)
+
+
+def parse_cluster_shorthand(text: str) -> tuple[int, int | None, str]:
+    """(nodes, gpus per node or None, GPU profile name) from ``4x8xh100`` or ``2xh100``.
+
+    Raises:
+        SpecError: not of that form, or an unknown GPU.
+    """
+    match = SHORTHAND.match(text.strip())
+    if match is None:
+        raise SpecError(f"expected NODESxGPUSxGPU (e.g. 4x8xh100) or NODESxGPU (e.g. 2xa100), got {text!r}",
+                        source="--cluster")
+    gpn = int(match["gpn"]) if match["gpn"] else None
+    return int(match["nodes"]), gpn, gpu_profile_name(match["gpu"], source="--cluster")
+
+
+def cluster_from_flags(gpu: str, nodes: int, *, gpus_per_node: int | None = None, intra_node: str | None = None,
+                       inter_node: str | None = None, host_memory_GB: float | None = None,
+                       name: str | None = None) -> ClusterSpec:
+    """A homogeneous cluster of the GPU's reference nodes, every part overridable.
+
+    Unset values come from the GPU profile's defaults (``default_gpus_per_node``,
+    ``default_intra_node``, ``default_inter_node``, ``default_host_memory_GB``), so
+    ``--cluster 8x8xh100`` is eight DGX H100 nodes, as examples/clusters/8x8-h100.yaml.
+
+    Raises:
+        SpecError: unknown GPU or link name, or a value out of range, naming the flag.
+    """
+    profile = gpu_profile_name(gpu)
+    default = load_profile("gpu", profile)
+    gpn = gpus_per_node or default.default_gpus_per_node
+    doc: dict[str, Any] = {
+        "name": name or f"{nodes}x{gpn}x{profile}", "nodes": nodes, "gpu": profile,
+        **{k: v for k, v in (("gpus_per_node", gpus_per_node), ("intra_node", intra_node),
+                             ("inter_node", inter_node)) if v is not None},
+        "host_memory_GB": float(host_memory_GB or default.default_host_memory_GB or 512),
+    }
+    return cluster_from_dict(doc, source="--gpu/--cluster flags")

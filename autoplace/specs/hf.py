@@ -16,184 +16,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from autoplace.errors import SpecError
-
-# The shorthand's seq_len is a training choice, not the model's context limit:
-# max_position_embeddings is often 32k-160k (RoPE-extended), far beyond what a
-# training run uses by default. Cap it; the user overrides seq_len explicitly.
-SEQ_LEN_CAP = 8192
-
-# Dropout probabilities that act inside the trained network. Classification-head
-# dropouts (summary_first_dropout, classifier_dropout) are left out on purpose:
-# the causal-LM head does not use them.
-_DROPOUT_KEYS = (
-    "attention_dropout",
-    "attn_pdrop",
-    "attention_probs_dropout_prob",
-    "hidden_dropout",
-    "hidden_dropout_prob",
-    "resid_pdrop",
-    "embd_pdrop",
+from autoplace.specs import _hf_more as more
+from autoplace.specs._hf_read import (
+    SEQ_LEN_CAP,
+    _dropout,
+    _heads,
+    _llama_biases,
+    _moe,
+    _Reader,
+    _rope_decoder,
+    _seq_len,
+    _window,
 )
 
-_REQUIRED = object()  # sentinel: the key has no default and must be present
-
-
-class _Reader:
-    """Typed access to one config; every failure names the HF key and the source file."""
-
-    def __init__(self, config: Mapping[str, Any], source: str, model_type: str) -> None:
-        self.config = config
-        self.source = source
-        self.model_type = model_type
-
-    def error(self, key: str, message: str) -> SpecError:
-        """A SpecError about ``key`` in this config."""
-        return SpecError(message, source=self.source, field=key)
-
-    def integer(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
-        """An integer >= ``minimum``; ``default`` when the key is absent or null.
-
-        Args:
-            key: Hugging Face config key.
-            default: value when absent or null; omit to make the key required.
-            minimum: smallest valid value (1 for sizes, 0 for counts that may be zero).
-
-        Returns:
-            The integer, or ``default``.
-        """
-        value = self.config.get(key)
-        if value is None:
-            if default is _REQUIRED:
-                raise self.error(key,
-                                 f"required key is missing (a {self.model_type} config must set it)")
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key,
-                             f"must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        """A JSON boolean; ``default`` when the key is absent or null."""
-        value = self.config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r} ({type(value).__name__})")
-        return value
-
-    def probability(self, key: str) -> float:
-        """A number in [0, 1]; 0.0 when the key is absent or null."""
-        value = self.config.get(key)
-        if value is None:
-            return 0.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            raise self.error(key, f"must be a probability in [0, 1], got {value!r}")
-        return float(value)
-
-
-# ---------------------------------------------------------------- shared pieces
-
-
-def _seq_len(max_positions: int) -> int:
-    """Default training sequence length: the model's limit, capped at SEQ_LEN_CAP."""
-    return min(max_positions, SEQ_LEN_CAP)
-
-
-def _dropout(r: _Reader) -> bool:
-    """True iff any attention/hidden/residual dropout probability is > 0."""
-    return any(r.probability(key) > 0.0 for key in _DROPOUT_KEYS)
-
-
-def _heads(r: _Reader, hidden: int, heads_key: str, *, hidden_key: str = "hidden_size",
-           mla: bool = False) -> dict[str, Any]:
-    """heads, kv_heads and (only when it differs from hidden/heads) head_dim.
-
-    kv_heads defaults to heads, as in LlamaConfig (multi-head attention). With MLA
-    (DeepSeek) head sizes come from the MLA keys, so head_dim is not read.
-    """
-    heads = r.integer(heads_key)
-    kv_heads = r.integer("num_key_value_heads", default=heads)
-    if heads % kv_heads:
-        raise r.error("num_key_value_heads", f"must divide {heads_key}={heads}, got {kv_heads}")
-    out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads}
-    if mla:
-        return out
-    head_dim = r.integer("head_dim", default=None)
-    if head_dim is None and hidden % heads:
-        raise r.error(heads_key, f"must divide {hidden_key}={hidden} unless head_dim is set, got {heads}")
-    if head_dim is not None and head_dim * heads != hidden:
-        out["head_dim"] = head_dim
-    return out
-
-
-def _llama_biases(r: _Reader) -> dict[str, bool]:
-    """bias/qkv_bias from LlamaConfig's attention_bias (q,k,v,o) and mlp_bias.
-
-    The shorthand has only "every linear layer" and "q/k/v only"; attention biases
-    without MLP biases (which include o_proj) cannot be expressed, so they are refused.
-    """
-    attention_bias = r.flag("attention_bias", False)
-    mlp_bias = r.flag("mlp_bias", False)
-    if attention_bias != mlp_bias:
-        raise r.error(
-            "attention_bias",
-            f"attention_bias={attention_bias} with mlp_bias={mlp_bias} cannot be expressed "
-            "(shorthand supports biases on every linear layer, or none)",
-        )
-    return {"bias": attention_bias, "qkv_bias": attention_bias}
-
-
-def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
-    """Fields shared by the Llama-style decoders (pre-RMSNorm, SwiGLU MLP, RoPE).
-
-    Used for llama, mistral, mixtral, qwen2, qwen2_moe and deepseek; families
-    override bias/qkv_bias and add moe/attention afterwards.
-    """
-    hidden = r.integer("hidden_size")
-    heads = _heads(r, hidden, "num_attention_heads", mla=mla)
-    return {
-        "layers": r.integer("num_hidden_layers"),
-        "hidden": hidden,
-        "ffn_hidden": r.integer("intermediate_size"),
-        **heads,
-        "vocab": r.integer("vocab_size"),
-        "seq_len": _seq_len(r.integer("max_position_embeddings")),
-        "ffn": "swiglu",
-        "norm": "rmsnorm",
-        "bias": False,
-        "qkv_bias": False,
-        "tied_embeddings": r.flag("tie_word_embeddings", False),
-        "position": "rope",
-        "dropout": _dropout(r),
-    }
-
-
-def _moe(r: _Reader, *, experts: int, expert_ffn: int, shared: int, shared_ffn: int,
-         first_dense: int, layer_freq: int) -> dict[str, int]:
-    """The shorthand's moe block; top_k is read here and checked against experts."""
-    top_k = r.integer("num_experts_per_tok")
-    if top_k > experts:
-        raise r.error("num_experts_per_tok", f"must be <= the number of experts ({experts}), got {top_k}")
-    return {
-        "experts": experts,
-        "top_k": top_k,
-        "expert_ffn_hidden": expert_ffn,
-        "shared_experts": shared,
-        "shared_ffn_hidden": shared_ffn,
-        "first_dense_layers": first_dense,
-        "layer_freq": layer_freq,
-    }
+__all__ = ["SEQ_LEN_CAP", "hf_key", "shorthand_from_hf"]
 
 
 # ---------------------------------------------------------------- families
 
 
 def _llama(r: _Reader) -> dict[str, Any]:
-    """llama (incl. Llama 3) and mistral: rope_scaling and sliding_window are ignored."""
-    return {**_rope_decoder(r), **_llama_biases(r)}
+    """llama (incl. Llama 3) and mistral: rope_scaling is ignored; Mistral-7B-v0.1's
+    sliding_window (4096 of a 32k context) is kept."""
+    out = {**_rope_decoder(r), **_llama_biases(r)}
+    return {**out, **_window(r, out["layers"], r.integer("max_position_embeddings"))}
 
 
 def _mixtral(r: _Reader) -> dict[str, Any]:
@@ -207,8 +57,13 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
 
 
 def _qwen2(r: _Reader) -> dict[str, Any]:
-    """qwen2: q/k/v carry biases, o_proj and the MLP do not (hard-coded in Qwen2Attention)."""
-    return {**_rope_decoder(r), "qkv_bias": True}
+    """qwen2: q/k/v carry biases, o_proj and the MLP do not (hard-coded in Qwen2Attention).
+
+    sliding_window is read only when use_sliding_window is true (then refused: Qwen's
+    max_window_layers split cannot be expressed); every published Qwen2 config has it false.
+    """
+    out = {**_rope_decoder(r), "qkv_bias": True}
+    return {**out, **_window(r, out["layers"], r.integer("max_position_embeddings"))}
 
 
 def _qwen2_moe(r: _Reader) -> dict[str, Any]:
@@ -250,8 +105,9 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     intermediate_size is the dense-layer MLP; each routed and shared expert is a
     moe_intermediate_size SwiGLU MLP (DeepSeek fuses the n_shared_experts into one
     MLP of n_shared * moe_intermediate_size, which has the same parameters).
-    DeepSeek-V3's multi-token-prediction layer (num_nextn_predict_layers) is not
-    part of the trained trunk described here.
+    DeepSeek-V3's multi-token-prediction modules (num_nextn_predict_layers) are
+    counted in mtp_layers: each is one more decoder block of the last kind (MoE) plus a
+    2h -> h projection and norms, sharing the embedding and head (DeepSeek-V3 report, Sec. 2.2).
     """
     if r.flag("attention_bias", False):
         raise r.error("attention_bias", "MLA projections with biases are not supported; expected false")
@@ -267,7 +123,8 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
             first_dense=r.integer("first_k_dense_replace", default=0, minimum=0),
             layer_freq=r.integer("moe_layer_freq", default=1),
         )
-    return out
+    mtp = r.integer("num_nextn_predict_layers", default=0, minimum=0)
+    return {**out, **({"mtp_layers": mtp} if mtp else {})}
 
 
 def _gpt2(r: _Reader) -> dict[str, Any]:
@@ -324,6 +181,15 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
     }
 
 
+def _gpt_bigcode(r: _Reader) -> dict[str, Any]:
+    """gpt_bigcode (StarCoder, SantaCoder): GPT-2 with multi-query attention (multi_query,
+    default true: one k/v head shared by all heads)."""
+    out = _gpt2(r)
+    if r.flag("multi_query", True):
+        out["kv_heads"] = 1
+    return out
+
+
 # Shorthand field -> the Hugging Face keys its value is read from, first present one first
 # (kv_heads defaults to the head count, gpt2's n_inner to 4 * n_embd).  Used to report an
 # error the shorthand validator finds (a value out of range) under the config's own key.
@@ -354,6 +220,24 @@ _GPT2_KEYS: _Keys = {
     "seq_len": ("n_positions", "n_ctx"), "max_position": ("n_positions", "n_ctx"),
 }
 
+_QWEN3_MOE_KEYS: _Keys = {k: v for k, v in _QWEN2_MOE_KEYS.items() if not k.startswith("moe.shared")}
+_GEMMA3_KEYS: _Keys = {k: tuple(f"text_config.{key}" for key in v) for k, v in _LLAMA_KEYS.items()}
+_FALCON_KEYS: _Keys = {
+    **_LLAMA_KEYS, "layers": ("num_hidden_layers", "n_layer"), "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_kv_heads", "n_head_kv", "num_attention_heads", "n_head"),
+    "ffn_hidden": ("ffn_hidden_size", "hidden_size"),
+}
+_BLOOM_KEYS: _Keys = {
+    "layers": ("n_layer", "num_hidden_layers"), "hidden": ("hidden_size", "n_embed"),
+    "ffn_hidden": ("hidden_size", "n_embed"), "heads": ("n_head",), "kv_heads": ("n_head",),
+    "vocab": ("vocab_size",), "seq_len": ("seq_length",),
+}
+_MPT_KEYS: _Keys = {
+    "layers": ("n_layers",), "hidden": ("d_model",), "ffn_hidden": ("expansion_ratio",), "heads": ("n_heads",),
+    "kv_heads": ("attn_config.kv_n_heads", "n_heads"), "vocab": ("vocab_size",), "seq_len": ("max_seq_len",),
+    "max_position": ("max_seq_len",),
+}
+
 
 @dataclass(frozen=True)
 class _Family:
@@ -374,6 +258,21 @@ _FAMILIES: dict[str, _Family] = {
     "deepseek_v3": _Family(frozenset({"DeepseekV3ForCausalLM"}), _deepseek, _DEEPSEEK_KEYS),
     "gpt2": _Family(frozenset({"GPT2LMHeadModel"}), _gpt2, _GPT2_KEYS),
     "gpt_neox": _Family(frozenset({"GPTNeoXForCausalLM"}), _gpt_neox, _LLAMA_KEYS),
+    "gpt_bigcode": _Family(frozenset({"GPTBigCodeForCausalLM"}), _gpt_bigcode, _GPT2_KEYS),
+    "qwen3": _Family(frozenset({"Qwen3ForCausalLM"}), more.qwen3, _LLAMA_KEYS),
+    "qwen3_moe": _Family(frozenset({"Qwen3MoeForCausalLM"}), more.qwen3_moe, _QWEN3_MOE_KEYS),
+    "gemma2": _Family(frozenset({"Gemma2ForCausalLM"}), more.gemma2, _LLAMA_KEYS),
+    "gemma3_text": _Family(frozenset({"Gemma3ForCausalLM"}), more.gemma3, _LLAMA_KEYS),
+    "gemma3": _Family(frozenset({"Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"}), more.gemma3,
+                      _GEMMA3_KEYS),
+    "phi3": _Family(frozenset({"Phi3ForCausalLM"}), more.phi3, _LLAMA_KEYS),
+    "olmo2": _Family(frozenset({"Olmo2ForCausalLM"}), more.olmo2, _LLAMA_KEYS),
+    "falcon": _Family(frozenset({"FalconForCausalLM", "RWForCausalLM"}), more.falcon, _FALCON_KEYS),
+    "RefinedWebModel": _Family(frozenset({"RWForCausalLM", "FalconForCausalLM"}), more.falcon, _FALCON_KEYS),
+    "RefinedWeb": _Family(frozenset({"RWForCausalLM", "FalconForCausalLM"}), more.falcon, _FALCON_KEYS),
+    "bloom": _Family(frozenset({"BloomForCausalLM"}), more.bloom, _BLOOM_KEYS),
+    "mpt": _Family(frozenset({"MPTForCausalLM", "MptForCausalLM"}), more.mpt, _MPT_KEYS),
+    "starcoder2": _Family(frozenset({"Starcoder2ForCausalLM"}), more.starcoder2, _LLAMA_KEYS),
 }
 
 
@@ -405,13 +304,18 @@ def _check_architectures(r: _Reader, family: _Family) -> None:
                                        f"model_type {r.model_type!r}; supported: {valid}")
 
 
-def _name(config: Mapping[str, Any], model_type: str) -> str:
-    """_name_or_path when it is a non-empty string, else the model_type."""
-    name = config.get("_name_or_path")
-    return name if isinstance(name, str) and name else model_type
+def _name(config: Mapping[str, Any], model_type: str, source: str, given: str | None) -> str:
+    """What the model is called: the Hub id it was fetched as, else ``_name_or_path``, else
+    the file's name (its directory's for a file called config.json), else the model_type."""
+    name = given or config.get("_name_or_path")
+    if isinstance(name, str) and name:
+        return name
+    path = PurePath(source)
+    stem = path.parent.name if path.stem == "config" else path.stem
+    return stem or model_type
 
 
-def shorthand_from_hf(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+def shorthand_from_hf(config: Mapping[str, Any], *, source: str, name: str | None = None) -> dict[str, Any]:
     """Translate a Hugging Face config.json (already parsed) into autoplace's model shorthand dict.
 
     seq_len is max_position_embeddings (n_positions for GPT-2) capped at SEQ_LEN_CAP
@@ -423,11 +327,14 @@ def shorthand_from_hf(config: Mapping[str, Any], *, source: str) -> dict[str, An
         config: the parsed config.json of a supported causal-LM checkpoint.
         source: where the config came from (file or Hub id), used in errors and
             in the returned "source" field.
+        name: the model's name when the caller knows it (the Hub id it was read as).
 
     Returns:
         The shorthand dict: name, layers, hidden, ffn_hidden, heads, kv_heads,
         [head_dim], vocab, seq_len, ffn, norm, bias, qkv_bias, tied_embeddings,
-        position, [max_position], dropout, flash_attention, [moe], [attention], source.
+        position, [max_position], dropout, flash_attention, [moe], [attention], source;
+        and where a family has them: qk_norm, block_norms, embedding_norm, sliding_window,
+        full_attention_every, final_logit_softcap, mtp_layers.
 
     Raises:
         SpecError: unsupported model_type or architectures, or a required key that
@@ -443,7 +350,7 @@ def shorthand_from_hf(config: Mapping[str, Any], *, source: str) -> dict[str, An
     # moe/attention go last, after the flat fields, to keep the shorthand readable.
     extras: dict[str, Any] = {key: body.pop(key) for key in ("moe", "attention") if key in body}
     return {
-        "name": _name(config, model_type),
+        "name": _name(config, model_type, source, name),
         **body,
         "flash_attention": True,
         **extras,

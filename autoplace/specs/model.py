@@ -196,12 +196,33 @@ class TransformerSpec(Strict):
     bias: bool = False
     qkv_bias: bool = False
     tied_embeddings: bool = False
-    position: Literal["rope", "learned"] = "rope"
+    position: Literal["rope", "learned", "alibi"] = "rope"  # ALiBi (BLOOM, MPT): no parameters
     max_position: SeqLen | None = None
     dropout: bool = False
     flash_attention: bool = True
     moe: MoE | None = None
+    # Block details of newer families.  Each default leaves a Llama/GPT block as it was.
+    # q/k normalised before attention: per head (Qwen3, Gemma 3: head_dim weights each) or
+    # over all heads at once (OLMo 2: heads x head_dim and kv_heads x head_dim weights)
+    qk_norm: Literal["head", "layer"] | None = None
+    # hidden-wide norms per block: 2 pre-norms; 4 with Gemma 2/3's post-norms; 1 when
+    # attention and MLP share one (Falcon-7B's parallel block)
+    block_norms: int = Field(2, ge=1, le=4)
+    embedding_norm: bool = False  # a LayerNorm right after the embedding (BLOOM)
+    # keys each query attends to in windowed layers (Mistral, Gemma, Phi-3, StarCoder2); with
+    # full_attention_every=k every k-th layer (1-based) attends to the whole sequence instead
+    sliding_window: SeqLen | None = None
+    full_attention_every: Layers | None = None
+    final_logit_softcap: float | None = Field(None, gt=0, allow_inf_nan=False)  # Gemma 2: cap*tanh(z/cap)
+    mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS)  # DeepSeek-V3 multi-token-prediction modules
     training: Training = Training()
+
+    @field_validator("full_attention_every")
+    @classmethod
+    def _needs_a_window(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("sliding_window") is None:
+            raise ValueError("full_attention_every needs sliding_window (the other layers' window)")
+        return value
 
     @field_validator("heads")
     @classmethod

@@ -1,0 +1,237 @@
+"""Typed reading of a Hugging Face ``config.json``: the reader and the pieces families share.
+
+Every translator in :mod:`autoplace.specs.hf` and :mod:`autoplace.specs._hf_more` reads the
+config through a :class:`_Reader`, so a missing or ill-typed key raises ``SpecError`` naming
+the Hugging Face key and what would be valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autoplace.errors import SpecError
+
+# The shorthand's seq_len is a training choice, not the model's context limit:
+# max_position_embeddings is often 32k-160k (RoPE-extended), far beyond what a
+# training run uses by default. Cap it; the user overrides seq_len explicitly.
+SEQ_LEN_CAP = 8192
+
+# Dropout probabilities that act inside the trained network. Classification-head
+# dropouts (summary_first_dropout, classifier_dropout) are left out on purpose:
+# the causal-LM head does not use them.
+_DROPOUT_KEYS = (
+    "attention_dropout",
+    "attn_pdrop",
+    "attention_probs_dropout_prob",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+)
+
+_REQUIRED = object()  # sentinel: the key has no default and must be present
+
+
+class _Reader:
+    """Typed access to one config; every failure names the HF key and the source file."""
+
+    def __init__(self, config: Mapping[str, Any], source: str, model_type: str) -> None:
+        self.config = config
+        self.source = source
+        self.model_type = model_type
+
+    def error(self, key: str, message: str) -> SpecError:
+        """A SpecError about ``key`` in this config."""
+        return SpecError(message, source=self.source, field=key)
+
+    def integer(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
+        """An integer >= ``minimum``; ``default`` when the key is absent or null.
+
+        Args:
+            key: Hugging Face config key.
+            default: value when absent or null; omit to make the key required.
+            minimum: smallest valid value (1 for sizes, 0 for counts that may be zero).
+
+        Returns:
+            The integer, or ``default``.
+        """
+        value = self.config.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise self.error(key,
+                                 f"required key is missing (a {self.model_type} config must set it)")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(key,
+                             f"must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A JSON boolean; ``default`` when the key is absent or null."""
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r} ({type(value).__name__})")
+        return value
+
+    def probability(self, key: str) -> float:
+        """A number in [0, 1]; 0.0 when the key is absent or null."""
+        value = self.config.get(key)
+        if value is None:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise self.error(key, f"must be a probability in [0, 1], got {value!r}")
+        return float(value)
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+def _seq_len(max_positions: int) -> int:
+    """Default training sequence length: the model's limit, capped at SEQ_LEN_CAP."""
+    return min(max_positions, SEQ_LEN_CAP)
+
+
+def _dropout(r: _Reader) -> bool:
+    """True iff any attention/hidden/residual dropout probability is > 0."""
+    return any(r.probability(key) > 0.0 for key in _DROPOUT_KEYS)
+
+
+def _heads(r: _Reader, hidden: int, heads_key: str, *, hidden_key: str = "hidden_size",
+           mla: bool = False) -> dict[str, Any]:
+    """heads, kv_heads and (only when it differs from hidden/heads) head_dim.
+
+    kv_heads defaults to heads, as in LlamaConfig (multi-head attention). With MLA
+    (DeepSeek) head sizes come from the MLA keys, so head_dim is not read.
+    """
+    heads = r.integer(heads_key)
+    kv_heads = r.integer("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise r.error("num_key_value_heads", f"must divide {heads_key}={heads}, got {kv_heads}")
+    out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads}
+    if mla:
+        return out
+    head_dim = r.integer("head_dim", default=None)
+    if head_dim is None and hidden % heads:
+        raise r.error(heads_key, f"must divide {hidden_key}={hidden} unless head_dim is set, got {heads}")
+    if head_dim is not None and head_dim * heads != hidden:
+        out["head_dim"] = head_dim
+    return out
+
+
+def _llama_biases(r: _Reader) -> dict[str, bool]:
+    """bias/qkv_bias from LlamaConfig's attention_bias (q,k,v,o) and mlp_bias.
+
+    The shorthand has only "every linear layer" and "q/k/v only"; attention biases
+    without MLP biases (which include o_proj) cannot be expressed, so they are refused.
+    """
+    attention_bias = r.flag("attention_bias", False)
+    mlp_bias = r.flag("mlp_bias", False)
+    if attention_bias != mlp_bias:
+        raise r.error(
+            "attention_bias",
+            f"attention_bias={attention_bias} with mlp_bias={mlp_bias} cannot be expressed "
+            "(shorthand supports biases on every linear layer, or none)",
+        )
+    return {"bias": attention_bias, "qkv_bias": attention_bias}
+
+
+def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
+    """Fields shared by the Llama-style decoders (pre-RMSNorm, SwiGLU MLP, RoPE).
+
+    Used for llama, mistral, mixtral, qwen2, qwen2_moe and deepseek; families
+    override bias/qkv_bias and add moe/attention afterwards.
+    """
+    hidden = r.integer("hidden_size")
+    heads = _heads(r, hidden, "num_attention_heads", mla=mla)
+    return {
+        "layers": r.integer("num_hidden_layers"),
+        "hidden": hidden,
+        "ffn_hidden": r.integer("intermediate_size"),
+        **heads,
+        "vocab": r.integer("vocab_size"),
+        "seq_len": _seq_len(r.integer("max_position_embeddings")),
+        "ffn": "swiglu",
+        "norm": "rmsnorm",
+        "bias": False,
+        "qkv_bias": False,
+        "tied_embeddings": r.flag("tie_word_embeddings", False),
+        "position": "rope",
+        "dropout": _dropout(r),
+    }
+
+
+def _moe(r: _Reader, *, experts: int, expert_ffn: int, shared: int, shared_ffn: int,
+         first_dense: int, layer_freq: int) -> dict[str, int]:
+    """The shorthand's moe block; top_k is read here and checked against experts."""
+    top_k = r.integer("num_experts_per_tok")
+    if top_k > experts:
+        raise r.error("num_experts_per_tok", f"must be <= the number of experts ({experts}), got {top_k}")
+    return {
+        "experts": experts,
+        "top_k": top_k,
+        "expert_ffn_hidden": expert_ffn,
+        "shared_experts": shared,
+        "shared_ffn_hidden": shared_ffn,
+        "first_dense_layers": first_dense,
+        "layer_freq": layer_freq,
+    }
+
+
+def _alias(r: _Reader, keys: tuple[str, ...], default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
+    """The integer under the first of ``keys`` that is set (old and new spellings of one key).
+
+    Falcon's old RefinedWeb configs say ``n_layer``/``n_head``, the transformers port
+    ``num_hidden_layers``/``num_attention_heads``; both are read, the first present wins.
+    """
+    for key in keys:
+        if r.config.get(key) is not None:
+            return r.integer(key, minimum=minimum)
+    if default is _REQUIRED:
+        raise r.error(keys[0], f"required key is missing (a {r.model_type} config must set "
+                               f"{' or '.join(keys)})")
+    return default
+
+
+def _full_every(r: _Reader, layers: int, pattern: int | None) -> int | None:
+    """Which layers attend globally: every ``k``-th (1-based), or None when every layer is windowed.
+
+    Read from ``layer_types`` (transformers >= 4.53 writes it) or from a sliding-window
+    pattern (Gemma 2: every 2nd, Gemma 3: ``sliding_window_pattern``, default 6).
+    """
+    types = r.config.get("layer_types")
+    if types is None:
+        return pattern
+    valid = ("full_attention", "sliding_attention")
+    if not isinstance(types, list) or len(types) != layers or any(t not in valid for t in types):
+        raise r.error("layer_types", f"must list {layers} entries, each one of {', '.join(valid)}")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full:
+        return None
+    every = full[0] + 1
+    if full != list(range(every - 1, layers, every)):
+        raise r.error("layer_types", f"global layers {full} are not every k-th layer; "
+                                     "only a periodic pattern can be expressed")
+    return every
+
+
+def _window(r: _Reader, layers: int, positions: int, *, pattern: int | None = None) -> dict[str, int]:
+    """sliding_window / full_attention_every when a window binds; {} otherwise.
+
+    A window at least as long as the model's context never binds (Phi-3-128k sets 262144)
+    and is left out, as is Qwen's window when ``use_sliding_window`` is false.  Qwen's
+    per-layer ``max_window_layers`` split cannot be expressed and is refused.
+    """
+    if r.config.get("use_sliding_window") is True:
+        raise r.error("use_sliding_window", "Qwen's max_window_layers split cannot be expressed; expected false")
+    if r.config.get("use_sliding_window") is False:
+        return {}
+    window = r.integer("sliding_window", default=None)
+    if window is None or window >= positions:
+        return {}
+    every = _full_every(r, layers, pattern)
+    if every == 1:
+        return {}
+    return {"sliding_window": window, **({"full_attention_every": every} if every else {})}

@@ -1,0 +1,95 @@
+"""Hugging Face Hub ids as model arguments: ``autoplace solve Qwen/Qwen3-8B cluster.yaml``.
+
+An argument that is not an existing file but looks like ``ORG/NAME`` is read from the local
+Hugging Face cache, the layout huggingface_hub writes (``models--ORG--NAME/refs/main`` holds a
+commit, ``snapshots/<commit>/config.json`` the file), without any network.  When the cache has
+no copy, huggingface_hub (if installed, and unless ``HF_HUB_OFFLINE`` is set) downloads
+config.json alone -- never weights.  Without either, one line says how to get it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from autoplace.errors import SpecError
+
+log = logging.getLogger("autoplace")
+
+# ORG/NAME[@REVISION]: the Hub's own rule for names (letters, digits, '-', '_', '.'), one slash.
+_REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w.-]+))?$")
+# A file the user meant (a typo in a path) is not a Hub id.
+_FILE_SUFFIXES = (".json", ".yaml", ".yml", ".toml")
+
+
+def hub_cache() -> Path:
+    """The hub cache directory, as huggingface_hub resolves it: HF_HUB_CACHE, else HF_HOME/hub,
+    else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def parse_repo_id(arg: str) -> tuple[str, str] | None:
+    """(repo id, revision) when ``arg`` reads as a Hub model id, else None."""
+    match = _REPO_ID.match(arg)
+    if match is None or arg.lower().endswith(_FILE_SUFFIXES):
+        return None
+    return match["repo"], match["rev"] or "main"
+
+
+def cached_config(repo: str, revision: str = "main", cache: Path | None = None) -> Path | None:
+    """config.json of ``repo`` at ``revision`` (a branch, tag or commit) in the cache, or None."""
+    root = (cache or hub_cache()) / f"models--{repo.replace('/', '--')}"
+    ref = root / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    config = root / "snapshots" / commit / "config.json"
+    return config if config.is_file() else None
+
+
+def _download(repo: str, revision: str) -> Path | None:
+    """config.json through huggingface_hub, or None when it is missing, offline or fails."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None
+    try:
+        return Path(hf_hub_download(repo, "config.json", revision=revision))
+    except Exception as exc:  # noqa: BLE001 - no network, gated repo, no such repo: all mean "not here"
+        log.info("could not download config.json of %s: %s", repo, exc)
+        return None
+
+
+def resolve_model(arg: str | Path) -> tuple[Path, str | None]:
+    """The file to read for a model argument, and the Hub id when it was one.
+
+    Args:
+        arg: a path to model.json / config.json, or ``ORG/NAME[@REVISION]``.
+
+    Returns:
+        (path, repo id or None).  An existing file always wins over a Hub id.
+
+    Raises:
+        SpecError: a Hub id with no config.json in the cache and none downloadable.
+    """
+    path = Path(arg)
+    parsed = parse_repo_id(str(arg))
+    if path.exists() or parsed is None:
+        return path, None
+    repo, revision = parsed
+    found = cached_config(repo, revision) or _download(repo, revision)
+    if found is None:
+        raise SpecError(
+            f"not a file, and the Hugging Face cache ({hub_cache()}) has no config.json for {repo}@{revision}; "
+            f"get it with `huggingface-cli download {repo} config.json` (pip install huggingface_hub) "
+            "or pass the path of its config.json", source=str(arg))
+    return found, repo

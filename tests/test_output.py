@@ -1,0 +1,160 @@
+"""Output that survives pipes: no table cell or plan string cut at 80 columns, --format
+table|json|csv|markdown, a header that says where the model's numbers came from, --version."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from autoplace.cli import app
+from autoplace.plan import parse_plan_string
+from autoplace.report import fmt_count
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "examples" / "models" / "tiny-llama.json")
+LLAMA_70B = str(REPO / "examples" / "models" / "llama-3-70b.json")
+H100_64 = str(REPO / "examples" / "clusters" / "8x8-h100.yaml")
+QWEN3 = str(REPO / "tests" / "data" / "hf" / "qwen3-8b.json")
+PLAN = "tp=8,pp=4,zero=1,recompute=selective"
+LLAMA_8B = str(REPO / "examples" / "models" / "llama-3-8b.json")
+A100_8 = str(REPO / "examples" / "clusters" / "1x8-a100-80gb.yaml")
+# proved optimal in a few seconds; one worker keeps CP-SAT deterministic, so the --json run and
+# the text run return the same plans
+SOLVE = ["solve", LLAMA_8B, A100_8, "--time-limit", "120", "--top", "3", "--workers", "1"]
+
+
+def invoke(*args: str) -> Any:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def plan_strings(doc: dict[str, Any]) -> list[str]:
+    """Each plan of a --json document as the string --plan takes, rebuilt independently."""
+    from autoplace.plan import Plan
+
+    return [Plan.from_dict(p).to_string() for p in doc["plans"]]
+
+
+def assert_unabridged(text: str, fields: list[str]) -> None:
+    assert "…" not in text and "..." not in text
+    lines = text.splitlines()
+    for value in fields:
+        assert any(value in line for line in lines), f"{value!r} is not on one line"
+
+
+def test_piped_solve_shows_every_plan_field() -> None:
+    doc = json.loads(invoke(*SOLVE, "--json").stdout)
+    text = invoke(*SOLVE).stdout
+    fields = plan_strings(doc)
+    for p in doc["plans"]:
+        d = p["degrees"]
+        fields += [f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", f"{p['step_time_s']:.3f}",
+                   f"{p['mfu']:.1%}", f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}"]
+    assert_unabridged(text, fields)
+    assert any(len(line) > 80 for line in text.splitlines())  # wide, not folded to 80
+
+
+def test_solve_in_a_real_pipe_at_80_columns() -> None:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "autoplace.cli", *SOLVE], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(invoke(*SOLVE, "--json").stdout)
+    assert_unabridged(proc.stdout, plan_strings(doc))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "explain"])
+def test_piped_evaluate_and_explain_are_unabridged(command: str) -> None:
+    doc = json.loads(invoke(command, LLAMA_70B, H100_64, "--plan", PLAN, "--json").stdout)
+    text = invoke(command, LLAMA_70B, H100_64, "--plan", PLAN).stdout
+    from autoplace.plan import Plan
+
+    fields = [Plan.from_dict(doc["plan"]).to_string(), "all-reduce / SP gather+scatter"]
+    fields += [a["change"] for a in doc.get("alternatives", [])]
+    fields += [f"{s['total'] / 2**30:.2f}" for s in doc["plan"]["memory_per_stage_bytes"]]
+    assert_unabridged(text, fields)
+
+
+def test_a_narrow_terminal_folds_cells_instead_of_cutting_them() -> None:
+    from autoplace.report import Section, render
+
+    console = Console(width=60, force_terminal=True, color_system=None, record=True)
+    row = ("dp_replicate=4,dp_shard=2,tp=1,pp=2", "187.462", "68.0%", "1f1b/v1", "78.8 / 80", "47.75 TB")
+    render([Section("t", ("plan", "step s", "MFU", "sched", "mem GiB / cap GiB", "comm"), [row])], [], "table", console)
+    text = console.export_text()
+    assert "…" not in text
+    body = [line.split("│") for line in text.splitlines() if line.startswith("│")]
+    for col, cell in enumerate(row, start=1):  # each column read down its folded lines
+        assert "".join(parts[col].strip() for parts in body).replace(" ", "") == cell.replace(" ", "")
+
+
+def test_format_json_is_the_json_flag() -> None:
+    a = json.loads(invoke("evaluate", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--format", "json").stdout)
+    b = json.loads(invoke("evaluate", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--json").stdout)
+    assert a == b
+
+
+def test_json_and_format_must_agree() -> None:
+    result = CliRunner().invoke(app, ["evaluate", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--json",
+                                      "--format", "csv"])
+    assert result.exit_code == 2 and "disagree" in result.stderr
+
+
+def test_solve_csv_has_every_field_and_the_plan() -> None:
+    text = invoke(*SOLVE, "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(text)))
+    doc = json.loads(invoke(*SOLVE, "--json").stdout)
+    assert len(rows) == len(doc["plans"])
+    by_plan = dict(zip(plan_strings(doc), doc["plans"], strict=True))
+    for row in rows:
+        p = by_plan[row["plan"]]
+        assert parse_plan_string(row["plan"])
+        assert float(row["step_time_s"]) == p["step_time_s"] and int(row["tp"]) == p["degrees"]["tp"]
+
+
+def test_evaluate_csv_blocks_and_markdown_tables() -> None:
+    text = invoke("evaluate", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--format", "csv").stdout
+    blocks = text.strip().split("\n\n")
+    parsed = [list(csv.reader(io.StringIO(b))) for b in blocks]
+    assert [p[0][0].split(",")[0] for p in parsed] == ["Memory per device", "Communication per step", "Step time"]
+    assert all(len(p) >= 3 for p in parsed) and parsed[0][1][:2] == ["stage", "params"]
+    md = invoke("explain", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--format", "markdown").stdout
+    assert "| stage | params |" in md and "**Alternatives that change the most (one knob each)**" in md
+    assert "[bold]" not in md and "global batch 8 sequences" in md
+
+
+def test_header_names_the_source_and_the_defaults() -> None:
+    text = invoke("evaluate", QWEN3, "--cluster", "1x8xh100", "--plan", "tp=8").stdout
+    header = text.splitlines()[0]
+    assert header.startswith("model qwen3-8b: 8.19B params")
+    assert "global batch 1,024 sequences (default; --global-batch)" in header
+    assert "seq len 8,192 (default: max_position_embeddings 40960 capped at 8192; --seq-len)" in header
+    assert "Hugging Face config (model_type qwen3)" in header
+    doc = json.loads(invoke("solve", QWEN3, "--cluster", "1x8xh100", "--json", "--seq-len", "4096",
+                            "--time-limit", "3").stdout)
+    assert doc["model"]["defaulted"] == ["global_batch"] and doc["model"]["seq_len"] == 4096
+    tiny = json.loads(invoke("evaluate", TINY, "--cluster", "1x2xcpu", "--plan", "dp=2", "--json").stdout)
+    assert tiny["model"]["defaulted"] == []  # tiny-llama.json gives its own global batch
+
+
+def test_small_models_are_not_zero_billion() -> None:
+    text = invoke("solve", TINY, "--cluster", "1x2xcpu", "--time-limit", "3").stdout
+    assert "3.43M params" in text and "0.00B" not in text
+    assert [fmt_count(n) for n in (70.55e9, 124.4e6, 45_100, 512, 1.2e12, 405e9)] == [
+        "70.5B", "124M", "45.1K", "512", "1.2T", "405B"]
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.stdout.startswith("autoplace ")
