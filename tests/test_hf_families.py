@@ -234,10 +234,6 @@ def _norm(m: TransformerSpec) -> int:
     return (2 if m.norm == "layernorm" else 1) * m.hidden
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "layers.py _transformer_table: norms = 2 * _norm_params(m) must be m.block_norms * _norm_params(m); "
-    "params_rep must add the q/k norms (qk_norm 'head': 2 * dim_head, 'layer': (heads + kv_heads) * dim_head); "
-    "_finish: embed.params_rep must add _norm_params(m) when m.embedding_norm"))
 @pytest.mark.parametrize(("fixture", "exact"), [
     ("gemma-2-9b.json", 917_504_000 + 8_324_201_984),  # Gemma 2 report, to the parameter
     ("bloom-560m.json", 559_214_592),  # bloom-560m model card, to the parameter
@@ -246,21 +242,12 @@ def test_norm_parameters_are_counted_exactly(fixture: str, exact: int) -> None:
     assert layer_table(spec(fixture)).params == exact
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "layers.py: norm_act = 2 * b * h + 2 * _norm_stats(m) must use m.block_norms (each norm keeps its input and "
-    "fp32 stats); with qk_norm each of q and k keeps its input (b * (qw + kw) in act_tp) and fp32 rstd per head "
-    "('head') or per token ('layer')"))
 def test_sandwich_norm_activations_are_counted() -> None:
     gemma = spec("gemma-2-9b.json")
     plain = gemma.model_copy(update={"block_norms": 2})
     assert layer_table(gemma).kinds[0].act_rep > layer_table(plain).kinds[0].act_rep
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "layers.py: with flash attention a windowed layer's attention core sees min(seq_len, sliding_window) keys "
-    "per query: flops_score = 2 * min(s, w) * qw + 2 * min(s, w) * o_in; layers with i % full_attention_every "
-    "== full_attention_every - 1 keep the full s (a second dense/moe kind); without flash attention the s x s "
-    "scores are still materialised (act_score unchanged); CP ring traffic could also stop at the window"))
 def test_sliding_window_reduces_attention_flops() -> None:
     mistral = spec("mistral-7b-v0.1.json")  # 32 windowed layers, window 4096, seq_len 8192
     qw = o_in = mistral.heads * mistral.dim_head
@@ -268,10 +255,6 @@ def test_sliding_window_reduces_attention_flops() -> None:
     assert layer_table(mistral).kinds[0].flops_score == 2 * keys * qw + 2 * keys * o_in
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "layers.py _finish: with final_logit_softcap the head keeps tanh(z / cap) for backward, one more vocab-wide "
-    "tensor per token in the activation dtype: head act_tp = 4 * v + b * v (HF Gemma2ForCausalLM divides, "
-    "tanh, multiplies in the logits' dtype before the fp32 loss)"))
 def test_final_logit_softcap_keeps_a_tanh() -> None:
     gemma = spec("gemma-2-9b.json")
     b = gemma.training.recipe().activation_bytes

@@ -16,6 +16,7 @@ flash attention or selective recompute).  For the GPT layer they give the paper'
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,11 +246,20 @@ def _norm_params(m: TransformerSpec) -> int:
     return (2 if m.norm == "layernorm" else 1) * m.hidden
 
 
+def _qk_norm_params(m: TransformerSpec) -> int:
+    """RMSNorm weights on q and k: one head's width each (Qwen3, Gemma 3) or all heads' (OLMo 2)."""
+    if m.qk_norm == "head":
+        return 2 * m.dim_head
+    if m.qk_norm == "layer":
+        return (m.heads + m.n_kv_heads) * m.dim_head
+    return 0
+
+
 def _transformer_table(m: TransformerSpec) -> LayerTable:
     b = m.training.recipe().activation_bytes
     h, s = m.hidden, m.seq_len
     att_tp, att_rep, _, qw, kw, vw = _attention(m)
-    norms = 2 * _norm_params(m)
+    norms = m.block_norms * _norm_params(m) + _qk_norm_params(m)
     drop = 1.0 if m.dropout else 0.0
     # Attention (Korthikanti: 11sbh + 5as^2b): QKV input 2h and dropout mask h are replicated;
     # Q, K, V and the output projection's input (heads x v_head_dim wide, also under GQA) are
@@ -262,7 +272,12 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     if m.flash_attention:  # no s x s scores are kept (Dao et al. 2022): only fp32 log-sum-exp per head
         att_act_tp += 4 * m.heads
         score = 0.0
-    norm_act = 2 * b * h + 2 * _norm_stats(m)  # the two norms' inputs (4sbh) and their fp32 stats
+    # each hidden-wide norm keeps its input and fp32 stats (two norms: Korthikanti's 4sbh); q/k norms
+    # keep q and k (per head: an fp32 rstd per head; over the layer: one per token for each)
+    norm_act = m.block_norms * (b * h + _norm_stats(m))
+    if m.qk_norm is not None:
+        att_act_tp += b * (qw + kw) + (4 * (m.heads + m.n_kv_heads) if m.qk_norm == "head" else 0)
+        norm_act += 8 if m.qk_norm == "layer" else 0
     att_flops = 2 * (att_tp - (0 if not (m.bias or m.qkv_bias) else (qw + 2 * kw)))  # 2 FLOPs per weight
     att_flops += 2 * att_rep if m.attention is not None else 0
     flops_score = 2 * s * qw + 2 * s * o_in  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
@@ -312,8 +327,24 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                      if e.shared_experts else ())),
             **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
+    kinds, sequence = _windowed(m, kinds, sequence)
     used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
     return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
+
+
+def _windowed(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int]) -> tuple[list[BlockKind], list[int]]:
+    """Sliding-window layers as kinds of their own: with flash attention a windowed layer's core
+    sees ``min(seq_len, window)`` keys per query (Mistral, Gemma, Phi-3); every
+    ``full_attention_every``-th layer keeps the whole sequence.  Without flash attention the
+    masked s x s scores are still computed and kept."""
+    if m.sliding_window is None or not m.flash_attention or m.sliding_window >= m.seq_len:
+        return kinds, sequence
+    keys = m.sliding_window / m.seq_len
+    windowed = [dataclasses.replace(k, name=f"{k.name}-window", flops=k.flops - k.flops_score * (1 - keys),
+                                    flops_score=k.flops_score * keys) for k in kinds]
+    every = m.full_attention_every
+    full_layer = [every is not None and i % every == every - 1 for i in range(len(sequence))]
+    return kinds + windowed, [k if full else k + len(kinds) for k, full in zip(sequence, full_layer, strict=True)]
 
 
 def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: float) -> LayerTable:
@@ -322,13 +353,18 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     drop = 1.0 if m.dropout else 0.0
     # Embedding: vocab-parallel table (Megatron), one all-reduce of its output; the dropout
     # mask on its output is Korthikanti's "sbhp/t" extra term.
-    embed = Edge(params_tp=v * h, params_rep=pos, flops=0.0, act_rep=drop * h, act_tp=0.0, tp_allreduce=b * h)
+    emb_norm = (_norm_params(m), b * h + _norm_stats(m)) if m.embedding_norm else (0, 0.0)  # BLOOM's
+    embed = Edge(params_tp=v * h, params_rep=pos + emb_norm[0], flops=0.0, act_rep=drop * h + emb_norm[1], act_tp=0.0,
+                 tp_allreduce=b * h)
     # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
     # norm input 2sbh, the output-layer input 2sbh (bytes at 16 bit) and fp32 logits 4sbv
     # (sharded by TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and
     # the vocab-parallel loss all-reduces three fp32 numbers per token (max, sum-exp, target).
+    # Gemma 2's final soft-cap keeps tanh(z / cap) for backward: one more vocab-wide tensor
+    softcap = b * v if m.final_logit_softcap else 0.0
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
-                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v, tp_allreduce=b * h + 12, gemms=(Gemm(v, h, "n"),))
+                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
+                gemms=(Gemm(v, h, "n"),))
     counts = np.bincount(sequence, minlength=len(kinds))
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
