@@ -223,11 +223,10 @@ def test_full_attention_every_needs_a_window() -> None:
     assert info.value.field == "full_attention_every"
 
 
-# ---------------------------------------------------------------- what layers.py must still count
+# ---------------------------------------------------------------- what layers.py counts of them
 #
-# The fields below are read and validated, but autoplace/cost/layers.py (owned by the cost
-# model) does not use them yet.  Each strict xfail names exactly what must change there;
-# it starts passing (and must then lose its marker) when layers.py does it.
+# Block norms, q/k norms, the embedding norm, the logit soft-cap and sliding windows are
+# counted by autoplace/cost/layers.py; the one strict xfail left names what it must still do.
 
 
 def _norm(m: TransformerSpec) -> int:
