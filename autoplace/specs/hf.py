@@ -167,8 +167,19 @@ def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
         "qkv_bias": False,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
+        **_rope_theta(r, "rope_theta"),
         "dropout": _dropout(r),
     }
+
+
+def _rope_theta(r: _Reader, key: str) -> dict[str, float]:
+    """The RoPE base when the config states it (a positive number), else nothing."""
+    value = r.config.get(key)
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise r.error(key, f"must be a positive number, got {value!r}")
+    return {"rope_theta": float(value)}
 
 
 def _moe(r: _Reader, *, experts: int, expert_ffn: int, shared: int, shared_ffn: int,
@@ -320,6 +331,7 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
         "qkv_bias": True,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
+        **_rope_theta(r, "rotary_emb_base"),
         "dropout": _dropout(r),
     }
 
