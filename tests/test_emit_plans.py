@@ -97,7 +97,9 @@ def test_bundle_writes_every_expressible_format_and_a_readme_line_each(tmp_path)
         assert path.exists() and path.name == FILES[fmt][0]
         assert sum(line.startswith(f"{path.name}: ") for line in readme) == 1
     not_written = [line for line in readme if line.startswith("(not written)")]
-    assert len(written) + len(not_written) == len(FORMATS) + 1  # + the torchtitan overrides
+    # + torchtitan's companions: the overrides and (MODEL is none of its flavors) the flavor module
+    assert len(written) + len(not_written) == len(FORMATS) + 2
+    assert {"torchtitan-overrides", "torchtitan-model"} <= set(written)
     assert (tmp_path / "launch_torchrun.sh").stat().st_mode & 0o111
 
 
