@@ -289,21 +289,32 @@ def check(
     cluster: ClusterArg,
     as_json: JsonOpt = False,
 ) -> None:
-    """Pre-submit hook: exit 0 when the job fits and is sound, 1 with the reasons otherwise."""
+    """Pre-submit hook: exit 0 when the job fits and is sound, 1 with the reasons otherwise.
+
+    The config's own batch is the truth; "auto" values (HF Trainer) are resolved from the model
+    or listed as unresolved.  The output names the framework, the plan read and those notes.
+    """
     try:
-        from autoplace.hook import check as run_check
+        from autoplace.hook import check_config
 
         m, c = _load(model, cluster, None, None)
-        ok, ev, why = run_check(config, m, c)
+        checked = check_config(config, m, c)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
+    ev = checked.evaluation
     if as_json:
-        typer.echo(_json({"schema": "autoplace.check/v1", "ok": ok, "reasons": why, "plan": ev.to_dict()}))
+        typer.echo(_json({"schema": "autoplace.check/v1", "ok": checked.ok, "framework": checked.framework,
+                          "config": str(config), "reasons": checked.reasons, "notes": list(checked.notes),
+                          "plan": ev.to_dict()}))
     else:
-        typer.echo(f"{'ok' if ok else 'REJECT'}: {config} on {c.name}: {ev.plan.to_string()}")
-        for line in why:
+        typer.echo(f"{'ok' if checked.ok else 'REJECT'}: {checked.framework} config {config} for {m.name} on "
+                   f"{c.name}")
+        typer.echo(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})")
+        for note in checked.notes:
+            typer.echo(f"  note: {note}")
+        for line in checked.reasons:
             typer.echo(f"  {line}")
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if checked.ok else 1)
 
 
 class Scheduler(StrEnum):

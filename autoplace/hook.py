@@ -17,7 +17,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
@@ -25,6 +25,9 @@ from autoplace.evaluation import Evaluation, evaluate
 from autoplace.plan import Plan, build_plan, parse_plan_string
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
+
+if TYPE_CHECKING:
+    from autoplace.emit.read import ReadConfig
 
 GiB = 2**30
 
@@ -63,8 +66,11 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
     return result.plans[0]
 
 
-def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    """A Plan from a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML."""
+def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+    """What a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML runs."""
+    from autoplace.emit.read import ReadConfig
+    from autoplace.emit.read import read_config as read_framework_config
+
     p = Path(path)
     if p.suffix.lower() == ".json":
         try:
@@ -72,16 +78,45 @@ def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SpecError(f"cannot read JSON ({exc})", source=str(path)) from None
         if isinstance(doc, dict) and "degrees" in doc:
-            return Plan.from_dict(doc, source=str(path))
-    from autoplace.emit.read import plan_from_file
+            return ReadConfig(Plan.from_dict(doc, source=str(path)), "plan.json", True)
+    return read_framework_config(p, model, cluster)
 
-    return plan_from_file(p, model, cluster)
+
+def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """A Plan from a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML."""
+    return read_config(path, model, cluster).plan
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of :func:`check_config`: the verdict, the evaluation, and what was read how."""
+
+    ok: bool
+    evaluation: Evaluation
+    reasons: list[str]
+    framework: str
+    notes: tuple[str, ...]
+
+
+def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Checked:
+    """Pre-submit check of an existing config against the model and cluster.
+
+    The config's own batch numbers are the truth: the plan is judged against the global batch
+    the config states (the model file's batch is used only when the config states none).
+    """
+    read = read_config(config, model, cluster)
+    if read.batch_stated and read.plan.global_batch != model.training.global_batch:
+        from autoplace.specs.model import with_overrides
+
+        model = with_overrides(model, {"global_batch": read.plan.global_batch}, source=str(config))
+    ev = evaluate(model, cluster, read.plan)
+    return Checked(ev.ok, ev, reasons(ev), read.framework, read.notes)
 
 
 def check(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> tuple[bool, Evaluation, list[str]]:
-    """Pre-submit check of an existing config: fits and sound -> ``(True, ev, [])``."""
-    ev = evaluate(model, cluster, plan_from_config(config, model, cluster))
-    return ev.ok, ev, reasons(ev)
+    """Pre-submit check of an existing config: fits and sound -> ``(True, ev, [])`` (see :func:`check_config`)."""
+    checked = check_config(config, model, cluster)
+    return checked.ok, checked.evaluation, checked.reasons
 
 
 def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,

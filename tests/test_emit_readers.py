@@ -30,7 +30,6 @@ DEEPSPEED_BAD = [
     (ds(overlap_com=True), "zero_optimization.overlap_com", "did you mean 'overlap_comm'"),
     (ds(stage=4), "zero_optimization.stage", "0, 1, 2 or 3"),
     ({**ds(), "train_batch_size": 48}, "train_batch_size", r"!= .* \* data-parallel size\(16\) = 64"),
-    ({**ds(), "train_batch_size": "auto"}, "train_batch_size", "Hugging Face Trainer"),
     ({**ds(), "gradient_accumulation_steps": 3, "train_micro_batch_size_per_gpu": None}, "train_batch_size",
      "not a multiple"),
     ({**ds(), "fp16": {"enabled": True}}, "fp16.enabled", "cannot both"),
