@@ -148,10 +148,10 @@ def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str,
     if not ev.ok:
         raise Infeasible("refusing to submit: " + "; ".join(reasons(ev)))
     files = write_bundle(ev, model, cluster, out_dir, script, args)
-    if scheduler == "slurm":
-        command = ["sbatch", "--parsable", str(files["slurm"])]
+    if scheduler == "slurm":  # absolute: the command runs in the bundle directory
+        command = ["sbatch", "--parsable", str(files["slurm"].resolve())]
     elif scheduler == "local":
-        command = ["bash", str(files["torchrun"])]
+        command = ["bash", str(files["torchrun"].resolve())]
     else:
         raise SpecError(f"unknown scheduler {scheduler!r}; valid: slurm, local", field="scheduler")
     if dry_run:

@@ -12,7 +12,6 @@ import json
 import logging
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,15 @@ from autoplace.emit._common import comment_safe
 from autoplace.emit.accelerate import emit_accelerate
 from autoplace.emit.deepspeed import emit_deepspeed
 from autoplace.emit.fsdp import emit_fsdp_module
-from autoplace.emit.launch import DEFAULT_LAUNCH, Launch, emit_deepspeed_launch, emit_k8s, emit_slurm, emit_torchrun
+from autoplace.emit.launch import (
+    DEFAULT_LAUNCH,
+    Launch,
+    emit_accelerate_launch,
+    emit_deepspeed_launch,
+    emit_k8s,
+    emit_slurm,
+    emit_torchrun,
+)
 from autoplace.emit.megatron import emit_megatron
 from autoplace.emit.torchtitan import emit_torchtitan, torchtitan_model_module, torchtitan_overrides, torchtitan_toml
 from autoplace.errors import EmitError, SpecError
@@ -55,7 +62,10 @@ FILES = {
     "torchrun": ("launch_torchrun.sh", "torchrun launch, run on every node (MASTER_ADDR = first node)"),
     "deepspeed-launch": ("launch_deepspeed.sh", "deepspeed launcher with ds_config.json"),
     "slurm": ("job.sbatch", "Slurm batch script: sbatch job.sbatch"),
-    "k8s": ("pytorchjob.yaml", "Kubeflow PyTorchJob manifest (set its image): kubectl apply -f pytorchjob.yaml"),
+    "k8s": ("pytorchjob.yaml", "Kubeflow PyTorchJob manifest: set its image, create the bundle's ConfigMap "
+                               "(the manifest's autoplace/bundle annotation), then kubectl apply -f pytorchjob.yaml"),
+    "accelerate-launch": ("launch_accelerate.sh", "accelerate launch with accelerate_config.yaml, run on every node "
+                                                  "(NODE_RANK or SLURM_NODEID, MASTER_ADDR)"),
 }
 
 
@@ -107,6 +117,11 @@ def _deepspeed_launch(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch
     return emit_deepspeed_launch(plan, model, cluster, launch)
 
 
+def _accelerate_launch(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> str:
+    emit_accelerate(plan, model, cluster)
+    return emit_accelerate_launch(plan, model, cluster, launch)
+
+
 Renderer = Callable[[Plan, ModelSpec, ClusterSpec, Launch], str]
 RENDERERS: dict[str, Renderer] = {
     "deepspeed": lambda p, m, c, launch: _json(emit_deepspeed(p, m, c)),
@@ -120,6 +135,7 @@ RENDERERS: dict[str, Renderer] = {
     "megatron": lambda p, m, c, launch: bash_array("MEGATRON_ARGS", emit_megatron(p, m, c), "Megatron-LM arguments"),
     "torchrun": emit_torchrun,
     "deepspeed-launch": lambda p, m, c, launch: _deepspeed_launch(p, m, c, launch),
+    "accelerate-launch": lambda p, m, c, launch: _accelerate_launch(p, m, c, launch),
     "slurm": emit_slurm,
     "k8s": lambda p, m, c, launch: _yaml(emit_k8s(p, m, c, launch)),
 }
@@ -150,7 +166,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             flavors, the module registering its shapes (``torchtitan-model``).
         out_dir: the bundle directory (created).
         launch: script, arguments and job name for the launch scripts; a bundle directory
-            left at its default ("." ) becomes ``out_dir``'s absolute path.
+            left at its default (".") is found by the scripts at run time (the bundle moves).
 
     Returns:
         format -> path of the file written.
@@ -166,9 +182,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             raise SpecError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}", field="format")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    launch = launch or DEFAULT_LAUNCH
-    if launch.bundle_dir == Launch.bundle_dir:  # the default "." means: this bundle
-        launch = replace(launch, bundle_dir=str(out.resolve()))
+    launch = launch or DEFAULT_LAUNCH  # bundle_dir "." (the default): scripts find the bundle at run time
     for fmt, extra in _COMPANIONS.items():
         if fmt in wanted:
             wanted[wanted.index(fmt) + 1:wanted.index(fmt) + 1] = list(extra)
@@ -196,7 +210,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
 
 _EXECUTABLE = {"torchrun", "deepspeed-launch", "slurm", "accelerate-launch"}
 # files written along with a format when it is written (never asked for alone)
-_COMPANIONS = {"torchtitan": ("torchtitan-model", "torchtitan-overrides")}
+_COMPANIONS = {"torchtitan": ("torchtitan-model", "torchtitan-overrides"), "accelerate": ("accelerate-launch",)}
 _COMPANION_FORMATS = {f for extra in _COMPANIONS.values() for f in extra}
 
 
