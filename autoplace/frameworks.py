@@ -26,7 +26,7 @@ _BF16_RECIPES = ("bf16", "bf16-fsdp2")  # specs.model recipe names
 _DENY = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, "fsdp": {"cp", "ep", "interleave"}}
 _PIN = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
 # frameworks that recompute every block alike: the search runs once per mode they offer
-_UNIFORM_RECOMPUTE = {"accelerate": ("none", "full")}
+_UNIFORM_RECOMPUTE = {"accelerate": ("none", "full"), "deepspeed": ("none", "selective", "full")}
 
 
 def check(framework: str) -> None:
