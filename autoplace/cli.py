@@ -176,24 +176,28 @@ def solve(
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes.")] = None,
     deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json of the best plan here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's bundle here (plan.json and every "
+                                             "framework file that expresses it) and, unless --framework names one, "
+                                             "each framework's own best plan in OUT/<framework>/.")] = None,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
-    framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
-                                                  "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
-                                                  "accelerate.")] = None,
+    framework: Annotated[str, typer.Option("--framework", help="any (default): only plans at least one supported "
+                                           "framework can run; none: the theoretical optimum, unfiltered; or one of "
+                                           "deepspeed, megatron, torchtitan, fsdp, accelerate: the plans it can run, "
+                                           "costed with its precision recipe.")] = "any",
 ) -> None:
-    """Rank plans with the integer program and write the best one's plan.json."""
+    """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time as _time
 
     t0 = _time.perf_counter()
     try:
+        from autoplace import frameworks
         from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, Problem, get_solver
+        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, get_solver
 
         m, c = _load(model, cluster, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
@@ -205,50 +209,66 @@ def solve(
         features -= set(deny or [])
         assume, band = _calibration(calibration)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
-        if framework is None:
-            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
-                              assumptions=assume)
+        search = {"objective": objective.value, "assumptions": assume}
+        problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
+        m = problem.model
+        if framework == frameworks.NONE:
             result = get_solver(solver.value).solve(problem, budget)
         else:
-            from autoplace import frameworks
-
-            frameworks.check(framework)
-            m = frameworks.costed_model(m, framework)
-            fixed, features = frameworks.search_limits(framework, fixed, features)
-            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
-                              assumptions=assume, admissible=frameworks.admissible(framework, m))
             result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     from autoplace.cost.layers import layer_table
 
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
-           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
-           "disagreement": result.disagreement, "advice": result.advice,
+           "solve_seconds": 0.0, "bound": result.bound, "gap": result.gap,
+           "disagreement": result.disagreement, "advice": result.advice, "framework": framework,
            "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
-           "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
+           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": frameworks.runnable_by(ev.plan, m, c)}
+                     for i, ev in enumerate(result.plans)], "notes": result.notes}
+    if framework == frameworks.NONE:
+        doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
+                        "'frameworks' lists who can run each plan", *result.notes]
     if calibration is not None:  # the calibration's residuals as a band around each predicted step time
         for plan_doc in doc["plans"]:
             plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
+    per_framework: dict[str, Any] = {}
     if out is not None and result.plans:
         try:
-            from autoplace.hook import write_bundle
+            from autoplace.hook import write_bundle, write_framework_bundles
 
-            files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": str(model.resolve()), "cluster": str(cluster.resolve())})
+            inputs = {"model": str(model.resolve()), "cluster": str(cluster.resolve())}
+            files = write_bundle(result.plans[0], m, c, out, inputs=inputs)
             doc["bundle"] = {k: str(v) for k, v in files.items()}
+            if framework in (frameworks.ANY, frameworks.NONE):
+                per_framework = write_framework_bundles(
+                    result.plans[0], problem.model, c, out, get_solver(solver.value), budget, fixed=fixed,
+                    features=features, inputs=inputs, **search)
+                doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
+    doc["solve_seconds"] = round(_time.perf_counter() - t0, 3)
     if as_json:
         typer.echo(_json(doc))
     else:
         from autoplace.report import print_solution
 
         print_solution(doc, result)
+        if out is not None and result.plans:
+            _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
+    """The files solve --out wrote: the best plan's bundle, then each framework's best or why none."""
+    names = sorted(Path(p).name for k, p in doc.get("bundle", {}).items())
+    typer.echo(f"written: {out}/ (the best plan): {', '.join(names)}")
+    for f, bundle in per_framework.items():
+        typer.echo(f"  {f:<10} {bundle.summary()}")
+
 
 
 @app.command()

@@ -49,16 +49,19 @@ def reasons(ev: Evaluation) -> list[str]:
 
 def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = None,
              time_limit_s: float = 10.0) -> Evaluation:
-    """The plan to run: ``plan`` as given (a --plan string or a Plan), else CP-SAT's best."""
+    """The plan to run: ``plan`` as given (a --plan string or a Plan), else CP-SAT's best among
+    the plans at least one supported framework can run (``solve --framework any``)."""
     if isinstance(plan, Plan):
         return evaluate(model, cluster, plan)
     if plan:
         built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
-    from solvers.base import Budget, Problem, get_solver
+    from autoplace import frameworks
+    from solvers.base import Budget, get_solver
 
-    result = get_solver("cpsat").solve(Problem(model, cluster, top_k=1), Budget(time_limit_s=time_limit_s))
+    problem = frameworks.problem_for(frameworks.ANY, model, cluster, fixed={}, features=_default_features(), top_k=1)
+    result = frameworks.solve_for(frameworks.ANY, get_solver("cpsat"), problem, Budget(time_limit_s=time_limit_s), 1)
     if not result.plans:
         near = result.nearest
         detail = "; ".join(result.advice) if result.advice else "no plan fits"
@@ -80,6 +83,12 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
         if isinstance(doc, dict) and "degrees" in doc:
             return ReadConfig(Plan.from_dict(doc, source=str(path)), "plan.json", True)
     return read_framework_config(p, model, cluster)
+
+
+def _default_features() -> set[str]:
+    from solvers.base import DEFAULT_FEATURES
+
+    return set(DEFAULT_FEATURES)
 
 
 def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -133,6 +142,85 @@ def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir
     (out / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     written = emit(ev.plan, model, cluster, None, out, launch=Launch(script=script, args=tuple(args)))
     return {"plan": out / "plan.json", **written}
+
+
+# What each framework's subfolder of a `solve --out` bundle holds: its config and a launcher for it
+# (accelerate's launch script comes with its YAML, torchtitan's overrides and flavor module with its TOML).
+FRAMEWORK_FORMATS = {
+    "deepspeed": ("deepspeed", "deepspeed-launch", "slurm"),
+    "megatron": ("megatron", "torchrun", "slurm"),
+    "torchtitan": ("torchtitan", "torchrun", "slurm"),
+    "fsdp": ("fsdp", "torchrun", "slurm", "k8s"),
+    "accelerate": ("accelerate", "slurm"),
+}
+
+
+@dataclass(frozen=True)
+class FrameworkBundle:
+    """One framework's best plan and the files written for it, or why there are none.
+
+    Attributes:
+        evaluation: its best plan, costed with the framework's own precision recipe.
+        files: format -> path, plan.json included.
+        slowdown: predicted step time over the overall best plan's, minus one (0.05 = 5% slower).
+        reason: why nothing was written (no plan the framework can express fits, or a --fix it cannot run).
+    """
+
+    evaluation: Evaluation | None = None
+    files: dict[str, Path] | None = None
+    slowdown: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.evaluation is None or self.files is None:
+            return {"written": False, "reason": self.reason}
+        return {"written": True, "dir": str(self.files["plan"].parent), "files": {k: str(v) for k, v in self.files.items()},
+                "slowdown": self.slowdown, "plan": self.evaluation.to_dict()}
+
+    def summary(self) -> str:
+        """One console line: the folder, its files and the predicted slowdown, or the reason."""
+        if self.evaluation is None or self.files is None:
+            return f"not written: {self.reason}"
+        names = ", ".join(path.name for key, path in self.files.items() if key != "plan")
+        return (f"{self.files['plan'].parent}/: {names}; step {self.evaluation.step_time_s:.3f} s "
+                f"({self.slowdown:+.1%} vs the best plan)")
+
+
+def write_framework_bundles(best: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
+                            solver: Any, budget: Any, *, fixed: dict[str, Any], features: set[str],
+                            inputs: dict[str, str] | None = None, **options: Any) -> dict[str, FrameworkBundle]:
+    """For each framework, solve for the best plan it can express (costed with its recipe) and
+    write that plan's plan.json and files into ``out_dir/<framework>/``.
+
+    Args:
+        best: the overall best plan, which each framework's step time is compared with.
+        solver, budget: the search back end and its limits.
+        fixed, features, options: the search the user asked for (``--fix``, features, objective...).
+    """
+    from autoplace import frameworks
+    from autoplace.emit import emit
+
+    out: dict[str, FrameworkBundle] = {}
+    for name in frameworks.FRAMEWORKS:
+        try:
+            problem = frameworks.problem_for(name, model, cluster, fixed=dict(fixed), features=set(features),
+                                             top_k=1, **options)
+            result = frameworks.solve_for(name, solver, problem, budget, 1)
+        except AutoplaceError as exc:
+            out[name] = FrameworkBundle(reason=str(exc))
+            continue
+        if not result.plans:
+            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
+            out[name] = FrameworkBundle(reason=f"no plan {name} can express fits ({detail})")
+            continue
+        ev, folder = result.plans[0], Path(out_dir) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {**ev.to_dict(), "framework": name, **({"inputs": inputs} if inputs else {})}
+        (folder / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        files = emit(ev.plan, problem.model, cluster, FRAMEWORK_FORMATS[name], folder, strict=False)
+        out[name] = FrameworkBundle(ev, {"plan": folder / "plan.json", **files},
+                                    ev.step_time_s / best.step_time_s - 1.0)
+    return out
 
 
 def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str, ...] = (), *,

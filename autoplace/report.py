@@ -102,6 +102,10 @@ def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | No
         console.print("[green]fits and is sound[/green]")
 
 
+_TITLES = {None: "Top plans", "any": "Top plans (each runs with at least one framework)",
+           "none": "Top plans (theoretical optimum: not filtered by what frameworks can run)"}
+
+
 def print_solution(doc: dict, result: object, console: Console | None = None) -> None:
     """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall."""
     console = console or Console()
@@ -109,9 +113,10 @@ def print_solution(doc: dict, result: object, console: Console | None = None) ->
                   f"{doc['cluster']['gpus']} x {doc['cluster']['gpu']}: status [bold]{doc['status']}[/bold], "
                   f"objective {doc['objective']}, {doc['solve_seconds']:.2f} s")
     if doc["plans"]:
-        tab = Table(title="Top plans")
+        runs_with = all("frameworks" in p for p in doc["plans"])
+        tab = Table(title=_TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run"))
         for col in ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "sched", "recompute", "offload",
-                    "mem GiB / cap", "comm/step", "step s", "MFU"):
+                    "mem GiB / cap", "comm/step", "step s", "MFU", *(("runs with",) if runs_with else ())):
             tab.add_column(col)
         for p in doc["plans"]:
             d = p["degrees"]
@@ -121,7 +126,7 @@ def print_solution(doc: dict, result: object, console: Console | None = None) ->
                         f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                         p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                         _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
-                        f"{p['mfu']:.1%}")
+                        f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ()))
         console.print(tab)
         console.print(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     else:

@@ -154,7 +154,7 @@ def render(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch:
 
 
 def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[str] | None, out_dir: str | Path,
-         *, launch: Launch | None = None) -> dict[str, Path]:
+         *, launch: Launch | None = None, strict: bool | None = None) -> dict[str, Path]:
     """Write the files of ``formats`` (all when None) into ``out_dir`` with a README.txt line per file.
 
     Args:
@@ -167,6 +167,8 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         out_dir: the bundle directory (created).
         launch: script, arguments and job name for the launch scripts; a bundle directory
             left at its default (".") is found by the scripts at run time (the bundle moves).
+        strict: raise when a format cannot express the plan (default: when ``formats`` is
+            given); otherwise README.txt lists it with the reason.
 
     Returns:
         format -> path of the file written.
@@ -175,7 +177,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         SpecError: an unknown format name.
         EmitError: a requested format cannot express the plan.
     """
-    strict = formats is not None
+    strict = formats is not None if strict is None else strict
     wanted = list(FORMATS if formats is None else formats)
     for fmt in wanted:
         if fmt not in FORMATS:
