@@ -155,12 +155,16 @@ def unexpressible(plan: Plan, model: ModelSpec, cluster: ClusterSpec, framework:
 
     if framework == ANY:
         reasons = [unexpressible(plan, model, cluster, f) for f in FRAMEWORKS]
-        return None if None in reasons else "; ".join(r for r in reasons if r)
+        return None if None in reasons else "; ".join(_clip(r) for r in reasons if r)
     try:
         render(framework, plan, model, cluster)
     except EmitError as exc:
         return str(exc)
     return None
+
+
+def _clip(reason: str, limit: int = 100) -> str:
+    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
 
 
 def runnable_by(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:

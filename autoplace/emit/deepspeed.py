@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import fail, fp32_grad_accumulation, training_dtype, uniform_recompute
+from autoplace.emit._common import fail, fp32_grad_accumulation, recompute_runs, training_dtype, uniform_recompute
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -85,7 +85,7 @@ def check_expressible(plan: Plan) -> None:
     if uniform_recompute(plan) is None:
         raise fail(FMT, "per-layer recompute: DeepSpeed's activation_checkpointing section says how checkpoints are "
                         "stored, not which layers recompute (the model code decides, alike for every layer); "
-                        f"this plan recomputes {list(plan.recompute)}: use none, selective or full for all layers")
+                        f"this plan recomputes [{recompute_runs(plan)}]: use none, selective or full for all layers")
 
 
 def precision_section(model: ModelSpec) -> dict[str, Any]:

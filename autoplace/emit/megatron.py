@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import math
 
-from autoplace.emit._common import fail, fp32_grad_accumulation, model_parts, training_dtype, uniform_recompute
+from autoplace.emit._common import (
+    fail,
+    fp32_grad_accumulation,
+    model_parts,
+    recompute_runs,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, MoE, TransformerSpec
@@ -113,7 +120,7 @@ def recompute_args(plan: Plan) -> list[str]:
     k = _block_recompute_layers(plan)
     if k is None:
         raise fail(FMT, "Megatron recomputes all layers (selective or full) or the first k of every pipeline "
-                        f"chunk; this plan's per-layer recompute {list(plan.recompute)} is neither")
+                        f"chunk; this plan's per-layer recompute [{recompute_runs(plan)}] is neither")
     return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(k)]
 
 

@@ -16,7 +16,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from autoplace.emit._common import check_cpu_offload_together, fail, model_parts, training_dtype, uniform_recompute
+from autoplace.emit._common import (
+    check_cpu_offload_together,
+    fail,
+    model_parts,
+    recompute_runs,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -261,7 +268,7 @@ def activation_checkpoint_section(plan: Plan, fmt: str) -> dict[str, Any]:
             if layer_sac_pattern(parts, plan.pp, every) == plan.recompute:
                 return {"mode": "selective", "selective_ac_option": str(every)}
     raise fail(fmt, "torchtitan recomputes all blocks (full or op-selective) or every N-th block in full; "
-                    f"this plan's per-layer recompute {list(plan.recompute)} is neither")
+                    f"this plan's per-layer recompute [{recompute_runs(plan)}] is neither")
 
 
 def torchtitan_toml(doc: dict[str, Any], header: str = "") -> str:
