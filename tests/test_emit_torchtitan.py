@@ -277,7 +277,8 @@ def test_what_torchtitan_cannot_express_raises() -> None:
 
 
 def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
-    base = {"parallelism": {"data_parallel_shard_degree": 16}, "training": {"seq_len": 512}}
+    base = {"parallelism": {"data_parallel_shard_degree": 16}, "training": {"seq_len": 512},
+            "model": {"name": "llama3", "flavor": "autoplace"}, "experimental": {"custom_import": "m"}}
     bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
            ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
            ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,
