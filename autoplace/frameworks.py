@@ -29,6 +29,7 @@ _DENY = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, 
 _PIN = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
 # frameworks that recompute every block alike: the search runs once per mode they offer
 _UNIFORM_RECOMPUTE = {"accelerate": ("none", "full"), "deepspeed": ("none", "selective", "full")}
+_UNIFORM_MODES = ("none", "selective", "full")
 
 
 ANY, NONE = "any", "none"  # solve --framework: runnable by at least one framework / no filter (theoretical optimum)
@@ -179,8 +180,8 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     The search asks for ``4 * top`` plans (at most 20) because a plan's per-layer choices may
     still be something the framework cannot say; a note counts those left out.  Frameworks that
     recompute all blocks alike are searched once per mode they offer and the plans merged by
-    the objective; for ``any``, those uniform searches run only when no per-layer plan of the
-    wide search can be run by any framework.
+    the objective; for the others (and ``any``) those uniform searches run only when none of the
+    wide search's per-layer plans can be expressed.
     """
     import dataclasses
 
@@ -188,13 +189,13 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     modes = None if "recompute" in problem.fixed else _UNIFORM_RECOMPUTE.get(framework)
     results = _solve_runs(solver, wide, budget, modes, framework)
     kept, reasons, plans = _keep(results, problem, framework)
-    if not kept and framework == ANY and "recompute" not in problem.fixed:
-        results += _solve_runs(solver, wide, budget, ("none", "selective", "full"), framework)
+    if not kept and modes is None and "recompute" not in problem.fixed:  # every plan found recomputes per layer
+        results += _solve_runs(solver, wide, budget, _UNIFORM_MODES, framework)  # in a way no one can say
         kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
     if reasons:
-        who = "no supported framework" if framework == ANY else framework
-        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {who} can express them "
+        who = "no supported framework can" if framework == ANY else f"{framework} cannot"
+        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {who} express them "
                      f"(e.g. {reasons[0]})")
     proven = all(r.status in ("optimal", "infeasible") for r in results)
     status = ("optimal" if proven else "feasible") if kept else "infeasible"

@@ -17,10 +17,12 @@ from autoplace.emit import Launch, emit, emit_k8s, emit_slurm
 from autoplace.emit.launch import K8S_BUNDLE_MOUNT
 from autoplace.errors import SpecError
 from tests.helpers import gpu_cluster
-from tests.test_emit_launch import RECORDER
+from tests.test_emit_launch import RECORDER as _RECORDER
 from tests.test_emit_plans import MODEL, cpu_cluster, make_plan
 
 BASH = shutil.which("bash")
+RECORDER = _RECORDER.replace('"job": os.environ.get("AUTOPLACE_JOB")',
+                             '"job": os.environ.get("AUTOPLACE_JOB"), "pythonpath": os.environ.get("PYTHONPATH")')
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash is not installed")
 CLUSTER16 = gpu_cluster(16)  # 2 nodes x 8 GPUs, InfiniBand HDR between them
 
@@ -64,7 +66,7 @@ def test_a_moved_bundle_runs_from_any_directory(tmp_path: Path) -> None:
     _fake_bin(tmp_path, moved / "job.sbatch")
 
     call = _run(moved / "launch_torchrun.sh", tmp_path, elsewhere, {})
-    assert call["bundle"] == str(moved)
+    assert call["bundle"] == str(moved) and call["pythonpath"].split(":")[0] == str(moved)  # torchtitan's flavor module
     call = _run(moved / "launch_deepspeed.sh", tmp_path, elsewhere, {})
     config = Path(call["argv"][call["argv"].index("--deepspeed_config") + 1])
     assert config == moved / "ds_config.json" and config.is_file()

@@ -54,7 +54,7 @@ FILES = {
     "torchtitan": ("torchtitan.toml", "torchtitan 0.2.2 job config (--job.config_file ...; set "
                                       "--model.hf_assets_path to your tokenizer)"),
     "torchtitan-model": ("autoplace_torchtitan_model.py", "torchtitan model flavor 'autoplace' with this model's "
-                         'shapes, imported by torchtitan.toml (PYTHONPATH="$AUTOPLACE_BUNDLE")'),
+                         'shapes, imported by torchtitan.toml (the launch scripts put the bundle on PYTHONPATH)'),
     "torchtitan-overrides": ("torchtitan_overrides.sh", 'the same job as torchtitan 0.2.2 overrides in a bash array: '
                              'source it, then pass "${TORCHTITAN_OVERRIDES[@]}"'),
     "megatron": ("megatron_args.sh", 'Megatron-LM arguments as a bash array: source it, then pass "${MEGATRON_ARGS[@]}" '

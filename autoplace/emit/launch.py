@@ -114,7 +114,9 @@ def _exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[s
         bundle = [f"export AUTOPLACE_BUNDLE={q(launch.bundle_dir)}"]
     else:
         bundle = _HERE_SLURM if slurm else [_HERE]
-    return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}"]
+    # the bundle on the import path: torchtitan's custom_import of the bundle's model flavor module
+    path = 'export PYTHONPATH="$AUTOPLACE_BUNDLE${PYTHONPATH:+:$PYTHONPATH}"'
+    return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
 
 
 def _program(launch: Launch) -> str:
