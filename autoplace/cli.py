@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from autoplace.errors import AutoplaceError, SpecError
+
+if TYPE_CHECKING:
+    from autoplace.specs.cluster import ClusterSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
@@ -66,6 +70,16 @@ def _load(model: Path, cluster: Path, seq_len: int | None, global_batch: int | N
     c = load_cluster(cluster)
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster))
     return m, c
+
+
+def _band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:
+    """The 95% band of a predicted step time: the calibration's when one is given, otherwise
+    from the development-set error of the cluster's least well predicted GPU."""
+    if calibrated is not None:
+        return calibrated, "calibration"
+    sigma = max(p.gpu.throughput_error for p in cluster.pools)
+    gpu = max(cluster.pools, key=lambda p: p.gpu.throughput_error).gpu.name
+    return (math.exp(-1.96 * sigma), math.exp(1.96 * sigma)), f"published runs on {gpu}"
 
 
 def _calibration(path: Path | None) -> tuple[Any, tuple[float, float]]:
@@ -197,7 +211,8 @@ def solve(
         from autoplace import frameworks
         from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.base import DEFAULT_FEATURES, FEATURES, Budget, get_solver
+        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget
+        from solvers.registry import get_solver
 
         m, c = _load(model, cluster, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
@@ -229,9 +244,10 @@ def solve(
     if framework == frameworks.NONE:
         doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
                         "'frameworks' lists who can run each plan", *result.notes]
-    if calibration is not None:  # the calibration's residuals as a band around each predicted step time
-        for plan_doc in doc["plans"]:
-            plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
+    band, band_source = _band(c, band if calibration is not None else None)
+    for plan_doc in doc["plans"]:  # calibration residuals, or the development set's, around each step time
+        plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
+        plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     per_framework: dict[str, Any] = {}

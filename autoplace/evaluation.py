@@ -43,6 +43,8 @@ class Evaluation:
         memory_peak_at: when each stage's memory peaks (``MEMORY_PHASES``).
         model_states: params, grads and optimizer bytes on the fullest stage once every
             gradient exists (``memory`` shows them at the peak, which may precede the gradients).
+        host: host memory per GPU the offloaded states take on the stage that needs most
+            (``offloaded``) and the GPU's share of its node's host memory (``capacity``).
     """
 
     plan: Plan
@@ -59,10 +61,11 @@ class Evaluation:
     violations: list[Violation] = field(default_factory=list)
     memory_peak_at: list[str] = field(default_factory=list)
     model_states: dict[str, float] = field(default_factory=dict)
+    host: dict[str, float] = field(default_factory=lambda: {"offloaded": 0.0, "capacity": float("inf")})
 
     @property
     def fits(self) -> bool:
-        return self.memory["total"] <= self.memory["capacity"]
+        return self.memory["total"] <= self.memory["capacity"] and self.host["offloaded"] <= self.host["capacity"]
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class Evaluation:
         out["memory_per_stage_bytes"] = [{k: int(round(v)) for k, v in s.items()} for s in self.memory_per_stage]
         out["memory_peak_at_per_stage"] = list(self.memory_peak_at)
         out["model_states_bytes"] = {k: int(round(v)) for k, v in self.model_states.items()}
+        out["host_memory_per_gpu_bytes"] = {k: int(round(v)) for k, v in self.host.items()}
         out["comm_bytes_per_step_per_device"] = {k: int(round(v)) for k, v in self.comm.items()}
         out["time_breakdown_s"] = {k: round(v, 6) for k, v in self.time.items()}
         out.update({"step_time_s": round(self.step_time_s, 6), "tokens_per_s": round(self.tokens_per_s, 3),
@@ -97,6 +101,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, assume: Assumpt
             violations.append(Violation("out-of-memory", (
                 f"stage {s} needs {stage['total'] / GiB:.2f} GiB per device but has {stage['capacity'] / GiB:.2f} GiB "
                 f"(short by {short / GiB:.2f} GiB)")))
+    if ev.host["offloaded"] > ev.host["capacity"]:
+        need, have = ev.host["offloaded"], ev.host["capacity"]
+        violations.append(Violation("host-out-of-memory", (
+            f"the offloaded states need {need / GiB:.1f} GiB of host memory per GPU ({need * cluster.gpus_per_node / 1e9:.0f} GB "
+            f"per node of {cluster.gpus_per_node} GPUs) but each GPU's share, after the OS and pinned buffers, is "
+            f"{have / GiB:.1f} GiB (host_memory_GB in the cluster file)")))
     return Evaluation(**{**ev.__dict__, "violations": violations})
 
 
@@ -120,4 +130,11 @@ def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
         tflops_per_gpu=float(per_second(batch.model_flops[i], step)) / gpus / 1e12,
         hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst,
         memory_peak_at=[MEMORY_PHASES[int(f)] for f in batch.memory_phase[i, : plan.pp]],
-        model_states={k: float(v) for k, v in zip(MEMORY_PARTS[:3], batch.states[i, worst], strict=True)})
+        model_states={k: float(v) for k, v in zip(MEMORY_PARTS[:3], batch.states[i, worst], strict=True)},
+        host=_host(batch, i, plan.pp))
+
+
+def _host(batch: Batch, i: int, stages: int) -> dict[str, float]:
+    """Offloaded bytes per GPU and the host share on the stage closest to (or furthest over) its limit."""
+    s = int(np.argmax(batch.host[i, :stages] - batch.host_capacity[i, :stages]))
+    return {"offloaded": float(batch.host[i, s]), "capacity": float(batch.host_capacity[i, s])}

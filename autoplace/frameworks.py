@@ -83,7 +83,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         SpecError: an unknown framework, or a ``--fix`` the framework cannot run.
         Infeasible: a model the framework does not implement (torchtitan: Llama-style only).
     """
-    from solvers.base import Problem
+    from solvers.problem import Problem
 
     check(framework)
     model = costed_model(model, framework)
@@ -219,7 +219,7 @@ def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] |
 
 def _keep(results: list[Any], problem: Any, framework: str) -> tuple[list[Any], list[str], list[Any]]:
     """(plans the framework can express, best first and distinct; reasons for the others; all plans)."""
-    from solvers.common import objective_key
+    from solvers.problem import objective_key
 
     plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
     kept, reasons, seen = [], [], set()

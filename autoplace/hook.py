@@ -58,7 +58,8 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
     from autoplace import frameworks
-    from solvers.base import Budget, get_solver
+    from solvers.problem import Budget
+    from solvers.registry import get_solver
 
     problem = frameworks.problem_for(frameworks.ANY, model, cluster, fixed={}, features=_default_features(), top_k=1)
     result = frameworks.solve_for(frameworks.ANY, get_solver("cpsat"), problem, Budget(time_limit_s=time_limit_s), 1)
@@ -86,7 +87,7 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
 
 
 def _default_features() -> set[str]:
-    from solvers.base import DEFAULT_FEATURES
+    from solvers.problem import DEFAULT_FEATURES
 
     return set(DEFAULT_FEATURES)
 

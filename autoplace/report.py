@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplace.cost.comm import members_per_node
-from autoplace.cost.terms import group_layout
+from autoplace.cost.context import group_layout
 from autoplace.evaluation import Evaluation
 from autoplace.specs.cluster import ClusterSpec
 
@@ -73,6 +73,9 @@ def print_evaluation(ev: Evaluation, cluster: ClusterSpec, console: Console | No
                                ("params", "grads", "optimizer", "activations", "buffers", "reserve", "total", "capacity")),
                     ev.memory_peak_at[s] if s < len(ev.memory_peak_at) else "", style=style)
     console.print(mem)
+    if ev.host["offloaded"]:
+        console.print(f"host memory per GPU for offloaded states: {ev.host['offloaded'] / GiB:.1f} of "
+                      f"{ev.host['capacity'] / GiB:.1f} GiB (its share of host_memory_GB)")
     links = tiers(ev, cluster)
     com = Table(title="Communication per step, busiest device")
     for col in ("dim", "collective", "link tiers (group)", "bytes", "exposed s"):
@@ -106,6 +109,15 @@ _TITLES = {None: "Top plans", "any": "Top plans (each runs with at least one fra
            "none": "Top plans (theoretical optimum: not filtered by what frameworks can run)"}
 
 
+def _band_text(plan: dict) -> str:
+    """The 95% band of a plan's step time as ``-a/+b%`` (from calibration or published runs)."""
+    band = plan.get("step_time_band_95_s")
+    if not band or not plan["step_time_s"]:
+        return "-"
+    low, high = band[0] / plan["step_time_s"] - 1, band[1] / plan["step_time_s"] - 1
+    return f"{low:+.0%}/{high:+.0%}"
+
+
 def print_solution(doc: dict, result: object, console: Console | None = None) -> None:
     """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall."""
     console = console or Console()
@@ -116,7 +128,7 @@ def print_solution(doc: dict, result: object, console: Console | None = None) ->
         runs_with = all("frameworks" in p for p in doc["plans"])
         tab = Table(title=_TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run"))
         for col in ("#", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "sched", "recompute", "offload",
-                    "mem GiB / cap", "comm/step", "step s", "MFU", *(("runs with",) if runs_with else ())):
+                    "mem GiB / cap", "comm/step", "step s", "±95%", "MFU", *(("runs with",) if runs_with else ())):
             tab.add_column(col)
         for p in doc["plans"]:
             d = p["degrees"]
@@ -126,9 +138,11 @@ def print_solution(doc: dict, result: object, console: Console | None = None) ->
                         f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                         p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                         _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
-                        f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ()))
+                        _band_text(p), f"{p['mfu']:.1%}",
+                        *((", ".join(p["frameworks"]) or "none",) if runs_with else ()))
         console.print(tab)
         console.print(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
+        console.print(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     else:
         near = doc.get("nearest")
         if near:

@@ -90,7 +90,8 @@ def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.
                    framework: str = "native") -> list[str]:
     """The CP-SAT top-K plans the runtime can run with ``framework``, as plan strings, best predicted first."""
     from autoplace.runtime.spec import unsupported_reason
-    from solvers.base import Budget, Problem, get_solver
+    from solvers.problem import Budget, Problem
+    from solvers.registry import get_solver
 
     result = get_solver("cpsat").solve(Problem(model, cluster, features=DEFAULT_FEATURES, top_k=top),
                                        Budget(time_limit_s=time_limit_s))

@@ -21,7 +21,8 @@ from autoplace.cost.evaluate import evaluate_batch  # noqa: E402
 from autoplace.cost.layers import layer_table  # noqa: E402
 from autoplace.specs.cluster import cluster_from_dict  # noqa: E402
 from autoplace.specs.model import load_model  # noqa: E402
-from solvers.base import Budget, Problem, get_solver  # noqa: E402
+from solvers.problem import Budget, Problem  # noqa: E402
+from solvers.registry import get_solver  # noqa: E402
 from solvers.space import enumerate_configs, to_candidates  # noqa: E402
 
 

@@ -9,17 +9,8 @@ import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.evaluation import Evaluation, evaluate
-from solvers.base import Problem, SolveResult
+from solvers.problem import Problem, SolveResult, objective_key
 from solvers.space import Scored, plan_from, to_candidates
-
-
-def objective_key(ev: Evaluation, objective: str) -> tuple[float, float]:
-    """(primary, tie-break) of an evaluated plan, the order every back end ranks by."""
-    if objective == "time":
-        return ev.step_time_s, ev.comm["total"]
-    if objective == "comm":
-        return ev.comm["total"], ev.step_time_s
-    return ev.memory["total"], ev.step_time_s
 
 
 def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], list[int], list[Any]]],
@@ -52,6 +43,11 @@ def advice(problem: Problem, nearest: Evaluation) -> list[str]:
     worst = nearest.memory
     short = worst["total"] - worst["capacity"]
     states = worst["params"] + worst["grads"] + worst["optimizer"]
+    host_short = nearest.host["offloaded"] - nearest.host["capacity"]
+    if host_short > 0 and short <= 0:
+        return [f"the nearest plan offloads {host_short / 2**30:.1f} GiB per GPU more than its share of host memory",
+                "hosts with more memory (host_memory_GB in the cluster file), or more GPUs to shard the offloaded states",
+                "offload less: parameters stay on the GPU (--fix offload_params=none)"]
     out = [f"the nearest plan misses by {short / 2**30:.1f} GiB per device on stage {nearest.worst_stage}"]
     if states > 0:
         # model states shrink about in proportion to the devices sharing them (ZeRO-3 / more stages)
@@ -73,7 +69,7 @@ def nearest_plan(problem: Problem, scored: Scored) -> Evaluation:
     """The uniform plan (even split, full recompute) whose fullest stage misses by the least."""
     cand = to_candidates(scored.configs, scored.table, mode=2)
     batch = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
-    i = int(np.argmin(batch.shortfall))
+    i = int(np.argmin(np.maximum(batch.shortfall, batch.host_shortfall)))
     counts = cand.counts[i]
     split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
     modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
+from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
-from solvers.base import Budget, Problem, Solver, SolveResult, register
+from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.cpsat_tables import build_table_model, read_solution
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
@@ -138,23 +139,33 @@ def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: di
                 _ceil(mult[i, s, f] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
             md.add(mem <= int(t.capacity[i, s])).only_enforce_if(x)
             mem_terms.append(mem)
+        # offloaded states within the stage's host share, conservatively rounded
+        if t.host_block[i, s].any() or t.host_static[i, s] > 0:
+            md.add(_ceil(t.host_static[i, s]) + sum(_ceil(t.host_block[i, s, k]) * cnt[k] for k in range(K))
+                   <= int(t.host_capacity[i, s])).only_enforce_if(x)
         tb = t.t_block[i, s].sum(-1)  # [K, 3]
         md.add(g["t"][s] == T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K)
                                                              for mode in range(3))).only_enforce_if(x)
-        # exposed DP tail: max(0, reduce - overlap * backward window) + gather + optimizer
-        red = T(t.reduce_static[i, s]) + sum(T(t.reduce_block[i, s, k]) * cnt[k] for k in range(K))
-        win = T(t.dp_overlap * t.t_static[i, s, 0] * 2 / 3) + sum(
-            T(t.dp_overlap * t.t_block[i, s, k, 0, 0] * 2 / 3) * cnt[k] for k in range(K))
-        rest = T(t.gather_static[i, s] + t.opt_static[i, s]) + sum(
-            T(t.gather_block[i, s, k] + t.opt_block[i, s, k]) * cnt[k] for k in range(K))
-        md.add(g["tail"] >= rest).only_enforce_if(x)
-        md.add(g["tail"] >= red - win + rest).only_enforce_if(x)
+        # exposed DP tail (autoplace.cost.step.exposed_reduction) + gather + optimizer:
+        # (1 - k) max(red - win, min(red, bucket)) + k red + rest, as two linear lower bounds
+        def lin(static: np.ndarray, block: np.ndarray, w: float = 1.0, s: int = s, cnt: list[Any] = cnt) -> Any:
+            return T(w * static[i, s]) + sum(T(w * block[i, s, k]) * cnt[k] for k in range(K))
+
+        kappa = t.slowdown
+        rest = lin(t.gather_static + t.opt_static, t.gather_block + t.opt_block)
+        bucket = T((1 - kappa) * t.last_bucket[i, s])
+        floor = md.new_int_var(0, max(bucket, 0), "")  # min(reduce, last bucket), scaled by 1 - k
+        md.add_min_equality(floor, [lin(t.reduce_static, t.reduce_block, 1 - kappa), bucket])
+        md.add(g["tail"] >= lin(t.reduce_static, t.reduce_block) - lin(t.window_static, t.window_block, 1 - kappa)
+               + rest).only_enforce_if(x)
+        md.add(g["tail"] >= floor + lin(t.reduce_static, t.reduce_block, kappa) + rest).only_enforce_if(x)
         cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
         comm_terms.append(int(t.bytes_static[i, s].sum()) + sum(int(cb[k, mode]) * r[k][mode]
                                                                 for k in range(K) for mode in range(3)))
     if problem.objective == "time":
-        scale = LCM_VPP // v
-        md.add(obj >= scale * ((m * v - 1) * g["tmax"] + sum(g["t"])) + LCM_VPP * g["tail"]).only_enforce_if(x)
+        w_max, w_sum = pipeline_weights(m, v)
+        md.add(obj >= int(round(float(LCM_VPP * w_max))) * g["tmax"] + int(round(float(LCM_VPP * w_sum))) * sum(g["t"])
+               + LCM_VPP * g["tail"]).only_enforce_if(x)
     elif problem.objective == "comm":
         for expr in comm_terms:
             md.add(obj >= expr).only_enforce_if(x)
@@ -190,7 +201,6 @@ def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray, int
     return keep.tolist(), best_mode, hint
 
 
-@register
 class CpSatSolver(Solver):
     """OR-Tools CP-SAT over the whole placement space (the default)."""
 

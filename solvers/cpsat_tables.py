@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from solvers.base import Problem
+from autoplace.cost.step import pipeline_weights
+from solvers.problem import Problem
 from solvers.space import Scored
 from solvers.tables import StageTables
 
@@ -87,8 +88,9 @@ def build_table_model(problem: Problem, scored: Scored, tables: dict[int, StageT
         if lower is not None and i in lower and np.isfinite(lower[i]):
             md.add(obj >= int(lower[i] / (unit / (LCM_VPP if time_obj else 1)) * (1 - 1e-6))).only_enforce_if(x)
         if time_obj:
-            scale = LCM_VPP // v
-            md.add(obj >= scale * ((m * v - 1) * g["top"] + sum(stage_sum)) + LCM_VPP * g["tail"]).only_enforce_if(x)
+            w_max, w_sum = pipeline_weights(m, v)
+            md.add(obj >= int(round(float(LCM_VPP * w_max))) * g["top"] + int(round(float(LCM_VPP * w_sum))) * sum(stage_sum)
+                   + LCM_VPP * g["tail"]).only_enforce_if(x)
         else:
             md.add(obj >= g["top"]).only_enforce_if(x)
     if upper is not None and np.isfinite(upper):

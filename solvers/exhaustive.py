@@ -9,15 +9,18 @@ recompute counts that fit.  That makes the enumeration exact, and small instance
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from autoplace.cost.layers import layer_table
+from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError
-from solvers.base import Budget, Problem, Solver, SolveResult, register
-from solvers.common import finish, objective_key
+from solvers.base import Budget, Problem, Solver, SolveResult
+from solvers.common import finish
 from solvers.space import Scored, enumerate_configs, score_space
 
 MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
@@ -33,6 +36,11 @@ def compositions(total: int, parts: int, step: int) -> list[tuple[int, ...]]:
         bounds = (0, *cuts, units)
         out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:], strict=False)))
     return out
+
+
+def count_compositions(total: int, parts: int, step: int) -> int:
+    """``len(compositions(total, parts, step))`` without listing them: C(total/step - 1, parts - 1)."""
+    return math.comb(total // step - 1, parts - 1) if total % step == 0 and total >= parts * step else 0
 
 
 def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
@@ -68,17 +76,14 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         mem = (static[None, :] + N @ per_block.T + mult[None, :] * (opts * t.act_block[i, 0]).sum((1, 2))[:, None]).max(-1)
         tim = t.t_static[i, s].sum() + (opts * t.t_block[i, s].sum(-1)).sum((1, 2))
         com = t.bytes_static[i, s].sum() + (opts * t.bytes_block[i, 0].sum(-1)).sum((1, 2))
-        fits = mem <= t.capacity[i, s]
+        host = t.host_static[i, s] + N @ t.host_block[i, s]
+        fits = (mem <= t.capacity[i, s]) & (host <= t.host_capacity[i, s])
         if not fits.any():
             return None
         key = {"time": (tim, mem), "comm": (com, tim), "memory": (mem, tim)}[problem.objective]
         order = np.lexsort((key[1], key[0], ~fits))
         j = int(order[0])
-        n = N[j]
-        red = t.reduce_static[i, s] + (n * t.reduce_block[i, s]).sum()
-        win = (t.t_static[i, s, 0] + (n * t.t_block[i, s, :, 0, 0]).sum()) * 2 / 3
-        tail = max(red - t.dp_overlap * win, 0.0) + t.gather_static[i, s] + (n * t.gather_block[i, s]).sum() \
-            + t.opt_static[i, s] + (n * t.opt_block[i, s]).sum()
+        tail = t.tail_at(i, np.asarray(s), N[j])
         return float(tim[j]), float(com[j]), float(mem[j]), float(tail), opts[j].astype(int).tolist()
 
     best: tuple[tuple[Any, ...], list[int], list[Any]] | None = None
@@ -87,8 +92,8 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         stages = [stage(s, int(bounds[s]), int(bounds[s + 1])) for s in range(P)]
         if any(x is None for x in stages):
             continue
-        ts = [x[0] for x in stages]  # type: ignore[index]
-        step = m * max(ts) + (sum(ts) - max(ts)) / v + max(x[3] for x in stages)  # type: ignore[index]
+        ts = np.array([x[0] for x in stages])  # type: ignore[index]
+        step = float(pipeline_time(ts, m, v)) + max(x[3] for x in stages)  # type: ignore[index]
         comm = max(x[1] for x in stages)  # type: ignore[index]
         mem = max(x[2] for x in stages)  # type: ignore[index]
         key = {"time": (step, comm), "comm": (comm, step), "memory": (mem, step)}[problem.objective]
@@ -97,7 +102,6 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     return best
 
 
-@register
 class ExhaustiveSolver(Solver):
     """Enumerates the whole space; the oracle the contract tests compare CP-SAT against."""
 
@@ -106,11 +110,11 @@ class ExhaustiveSolver(Solver):
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
         configs = enumerate_configs(problem)
+        L = layer_table(problem.model).blocks
+        work = sum(count_compositions(L, c["pp"], c["vpp"]) for c in configs)
+        if work > MAX_WORK:  # known before any scoring: refuse at once
+            raise SolverError(f"the space has {work:,} splits to enumerate (limit {MAX_WORK:,}); use --solver cpsat")
         scored = score_space(problem, configs)
-        L = scored.table.blocks
-        work = sum(len(compositions(L, c["pp"], c["vpp"])) for c in configs)
-        if work > MAX_WORK:
-            raise SolverError(f"the space has {work} splits to enumerate (limit {MAX_WORK}); use --solver cpsat")
         found = []
         for i in range(len(configs)):
             inner = best_inner(scored, i, problem)
@@ -124,4 +128,4 @@ class ExhaustiveSolver(Solver):
                       bound=None, start=start, n_evaluated=len(configs))
 
 
-__all__ = ["ExhaustiveSolver", "compositions", "best_inner", "objective_key"]
+__all__ = ["ExhaustiveSolver", "best_inner", "compositions"]

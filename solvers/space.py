@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.cost.evaluate import Candidates
+from autoplace.cost.candidates import Candidates
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
 from autoplace.plan import RECOMPUTE, Plan, even_split
 from autoplace.specs.model import TransformerSpec
-from solvers.base import Problem
+from solvers.problem import Problem
 
 CONFIG_KEYS = ("tp", "pp", "cp", "ep", "dp_rep", "dp_shard", "vpp", "zero", "mbs", "ga", "schedule", "off_opt", "off_par")
 
@@ -115,14 +115,18 @@ def to_candidates(configs: list[dict[str, Any]], table: LayerTable, mode: int = 
     K = len(table.kinds)
     counts = np.zeros((len(configs), S, K, 3))
     seq = np.asarray(table.sequence)
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, cf in enumerate(configs):
-        split = even_split(table.blocks // cf["vpp"], cf["pp"])
+        groups.setdefault((cf["pp"], cf["vpp"]), []).append(i)
+    for (pp, vpp), rows in groups.items():  # one even split per (pp, vpp), shared by its configurations
+        grid = np.zeros((S, K))
         start = 0
-        for s, n in enumerate(split):
-            n *= cf["vpp"]
-            counts[i, s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+        for s, n in enumerate(even_split(table.blocks // vpp, pp)):
+            n *= vpp
+            grid[s] = np.bincount(seq[start:start + n], minlength=K)
             start += n
-        counts[i, cf["pp"] - 1, :, mode] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+        grid[pp - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+        counts[rows, :, :, mode] = grid
 
     def col(key: str) -> np.ndarray:
         return np.array([cf[key] for cf in configs], dtype=np.int64)
@@ -176,8 +180,17 @@ def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
         terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
-    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks)
+    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks) & _host_fits(terms, mask, n_kind)
     return Scored(configs, table, terms, lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0)))
+
+
+def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
+    """Whether the offloaded states can fit the hosts: every block on the stage with the least
+    host memory per block, and the stages' edges, within the largest host share (necessary)."""
+    host_block = np.where(mask[..., None], terms.host_block, np.inf).min(1)  # [C, K]
+    total = np.where(mask, terms.host_static, 0).sum(1) + (host_block * n_kind).sum(-1)
+    pp = mask.sum(1)
+    return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
 def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int) -> np.ndarray:

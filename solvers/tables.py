@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.cost.step import pipeline_time, pipeline_weights
 from solvers.space import Scored
 
 INF = np.inf
@@ -67,6 +68,8 @@ def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None)
         a = np.where(fixed_mode == 1, n, 0.0) + 0 * b
         b_fixed = np.where(fixed_mode == 2, n, 0.0)
         ok = (b == b_fixed) & (base - a[..., None] * save_sel <= room).all(-1)
+    host = t.host_static[i, :P, None, None] + n * t.host_block[i, :P, 0, None, None]
+    ok = ok & (host <= t.host_capacity[i, :P, None, None])
     a = np.broadcast_to(a, ok.shape)
     time = t.t_static[i, :P].sum(-1)[:, None, None] + (n - a - b) * tb[..., 0] + a * tb[..., 1] + b * tb[..., 2]
     comm = t.bytes_static[i, :P].sum(-1)[:, None, None] + (n - a - b) * cb[0] + a * cb[1] + b * cb[2]
@@ -83,14 +86,9 @@ def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None)
 
 def _tail(scored: Scored, i: int, L: int) -> np.ndarray:
     """Once-per-step seconds of each stage as a function of its size ``n`` ``[S, L+1]``."""
-    t = scored.terms
     P = scored.configs[i]["pp"]
-    n = np.arange(L + 1, dtype=float)[None, :]
-    red = t.reduce_static[i, :P, None] + n * t.reduce_block[i, :P, 0, None]
-    win = (t.t_static[i, :P, 0, None] + n * t.t_block[i, :P, 0, 0, 0, None]) * 2 / 3
-    rest = (t.gather_static[i, :P, None] + t.opt_static[i, :P, None]
-            + n * (t.gather_block[i, :P, 0, None] + t.opt_block[i, :P, 0, None]))
-    return np.maximum(red - t.dp_overlap * win, 0.0) + rest
+    n = np.arange(L + 1, dtype=float)[None, :, None]
+    return scored.terms.tail_at(i, np.arange(P)[:, None], n)
 
 
 def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[float, list[int] | None]:
@@ -127,7 +125,8 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     split.append(k)
     split.reverse()
     if objective == "time":
-        return float((m - 1 / v) * top[L] + total[L] / v + _min_max(tables.tail, allowed)), split
+        w_max, w_sum = pipeline_weights(m, v)
+        return float(w_max * top[L] + w_sum * total[L] + _min_max(tables.tail, allowed)), split
     return float(top[L]), split
 
 
@@ -156,5 +155,4 @@ def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int,
         return INF
     if objective != "time":
         return float(vals.max())
-    t = tables.time[s, n]
-    return float(m * t.max() + (t.sum() - t.max()) / v + tables.tail[s, n].max())
+    return float(pipeline_time(tables.time[s, n], m, v) + tables.tail[s, n].max())

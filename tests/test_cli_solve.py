@@ -113,7 +113,7 @@ def test_deepspeed_plans_keep_zero_low_under_a_pipeline() -> None:
     from tests.test_cli import CLUSTERS
 
     result = invoke("solve", MODELS / "llama-3-70b.json", CLUSTERS / "8x8-h100.yaml", "--json", "--framework",
-                    "deepspeed", "--top", "2")
+                    "deepspeed", "--top", "2", "--time-limit", "600")
     assert result.exit_code == 0, result.output
     doc = strict_json(result.stdout)
     assert doc["status"] == "optimal" and doc["plans"]

@@ -52,7 +52,7 @@ def test_default_bundle_runs_the_top_plan_and_every_framework_its_best(model_fil
     cluster_path = _cluster_file(cluster, tmp_path)
     out = tmp_path / "bundle"
     result = invoke("solve", REPO / model_file, cluster_path, "--out", out, "--json", "--top", "1",
-                    "--time-limit", "5")
+                    "--time-limit", "3")
     assert result.exit_code == 0, result.output
     doc = strict_json(result.stdout)
     top = doc["plans"][0]

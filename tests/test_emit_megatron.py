@@ -179,8 +179,9 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
     assert world % model_parallel == 0
     dp = world // model_parallel
     assert opts["global_batch_size"] % (opts["micro_batch_size"] * dp) == 0
-    if config.num_query_groups:
-        assert config.num_query_groups % config.tensor_model_parallel_size == 0
+    if config.num_query_groups:  # Attention.__init__: KV groups split over TP ranks, or replicated when fewer
+        groups, tp = config.num_query_groups, config.tensor_model_parallel_size
+        assert groups % tp == 0 or (groups < tp and config.num_attention_heads % groups == 0)
     if opts.get("sequence_parallel"):
         assert config.tensor_model_parallel_size > 1
     if opts.get("use_megatron_fsdp"):

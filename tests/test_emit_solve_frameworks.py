@@ -18,7 +18,7 @@ from autoplace.errors import EmitError
 from autoplace.plan import Plan
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
-from solvers.base import DEFAULT_FEATURES
+from solvers.problem import DEFAULT_FEATURES
 from solvers.space import enumerate_configs
 from tests.test_cli import A100_8, MODELS, invoke, strict_json
 from tests.test_emit_accelerate import accelerate_launch_env, plugins_from

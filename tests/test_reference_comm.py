@@ -62,24 +62,51 @@ def _links(intra_gbps: float = 300.0, inter_gbps: float = 25.0, per_node: int = 
     return comm.Links(intra_gbps * 1e9, 3e-6, inter_gbps * 1e9, 10e-6, per_node)
 
 
+SIMPLE_BASE, LL_BASE = 8.4e-6, 6.6e-6  # NCCL tuning.cc baseLat, ring: Simple, LL
+
+
 def test_ring_allreduce_alpha_beta_inside_a_node() -> None:
-    """Thakur et al. 2005: T = 2(n-1) alpha + 2 (n-1)/n S / B."""
+    """Thakur et al. 2005: T = 2(n-1) alpha + 2 (n-1)/n S / B, plus NCCL's base latency of the
+    Simple protocol, which large messages use."""
     size, n = 1e9, 8
     intra, inter, t = comm.allreduce(np.array(size), np.array(n), np.array(n), _links())
     assert float(inter) == 0.0
     assert float(intra) == pytest.approx(2 * 7 / 8 * size)
-    assert float(t) == pytest.approx(2 * 7 * 3e-6 + 2 * 7 / 8 * size / 300e9)
+    assert float(t) == pytest.approx(SIMPLE_BASE + 2 * 7 * 3e-6 + 2 * 7 / 8 * size / 300e9)
+
+
+def test_small_messages_use_the_low_latency_protocol() -> None:
+    """NCCL's LL protocol: a sixth of Simple's per-step NVLink latency (0.6 vs 3.4 us in
+    tuning.cc) at half the bandwidth (4 data bytes per 8 sent); it wins for small messages."""
+    size, n = 4096.0, 8
+    _, _, t = comm.allreduce(np.array(size), np.array(n), np.array(n), _links())
+    assert float(t) == pytest.approx(LL_BASE + 2 * 7 * 3e-6 * 0.6 / 3.4 + 2 * 7 / 8 * size / (300e9 * 0.5))
+    # bus bandwidth grows with the message size, as nccl-tests shows
+    sizes = np.array([2.0**k for k in range(10, 31, 2)])
+    times = comm.allreduce(sizes, np.array(8), np.array(8), _links())[2]
+    assert np.all(np.diff(2 * 7 / 8 * sizes / times) > 0)
 
 
 def test_hierarchical_allreduce_across_nodes() -> None:
-    """Intra-node reduce-scatter + inter-node all-reduce of S/n_in + intra all-gather."""
+    """Intra-node reduce-scatter + inter-node all-reduce of S/n_in + intra all-gather, one
+    collective: one base latency."""
     size, n, n_in = 1e9, 32, 8
     intra, inter, t = comm.allreduce(np.array(size), np.array(n), np.array(n_in), _links())
     n_out = n // n_in
     assert float(intra) == pytest.approx(2 * 7 / 8 * size)
     assert float(inter) == pytest.approx(2 * (n_out - 1) / n_out * size / n_in)
-    expected = (2 * 7 * 3e-6 + 2 * 7 / 8 * size / 300e9) + (2 * 3 * 10e-6 + float(inter) / 25e9)
+    # 4 nodes: the tree's 2 log2(4) = 4 network steps beat the ring's 2 (4 - 1) = 6
+    expected = SIMPLE_BASE + (2 * 7 * 3e-6 + 2 * 7 / 8 * size / 300e9) + (4 * 10e-6 + float(inter) / 25e9)
     assert float(t) == pytest.approx(expected)
+
+
+def test_tree_all_reduce_latency_grows_with_log_of_nodes() -> None:
+    """Across 1,024 nodes NCCL's double binary tree takes 2 log2(1024) = 20 network steps, not
+    the ring's 2 x 1,023."""
+    _, _, t = comm.allreduce(np.array(8.0), np.array(8192), np.array(8), _links())
+    ll = comm.PROTOCOLS[0]
+    assert float(t) == pytest.approx(ll.base_s + 14 * 3e-6 * ll.intra_latency_share + 20 * 10e-6 * ll.inter_latency_share
+                                     + (2 * 7 / 8 * 8 / 300e9 + 2 * 1023 / 1024 * 8 / 8 / 25e9) / ll.efficiency)
 
 
 @pytest.mark.parametrize(("size", "stride", "per_node", "expected"), [

@@ -10,8 +10,8 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import layer_table
 from autoplace.specs.cluster import cluster_from_dict
 from autoplace.specs.model import model_from_dict
-from solvers.base import Budget, Problem, get_solver
-from solvers.common import objective_key
+from solvers.problem import Budget, Problem, objective_key
+from solvers.registry import get_solver
 from solvers.space import enumerate_configs, to_candidates
 from tests.helpers import gpt_model, gpu_cluster, reference, score
 

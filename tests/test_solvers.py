@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.specs.model import model_from_dict
-from solvers.base import Budget, Problem, get_solver
-from solvers.common import objective_key
+from solvers.problem import Budget, Problem, objective_key
+from solvers.registry import get_solver
 from tests.helpers import gpu_cluster
 
 BACKENDS = ["cpsat", "exhaustive"]
@@ -86,3 +88,27 @@ def test_cpsat_equals_exhaustive_at_the_largest_enumerable_size() -> None:
     a = get_solver("cpsat").solve(problem, Budget(time_limit_s=60))
     b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=60))
     assert a.plans[0].step_time_s == pytest.approx(b.plans[0].step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize(("total", "parts", "step"), [(8, 1, 1), (8, 3, 1), (12, 3, 2), (12, 5, 2), (7, 2, 2), (6, 4, 1)])
+def test_split_count_is_the_number_of_splits(total: int, parts: int, step: int) -> None:
+    from solvers.exhaustive import compositions, count_compositions
+
+    assert count_compositions(total, parts, step) == len(compositions(total, parts, step))
+
+
+def test_exhaustive_refuses_an_oversized_space_before_scoring_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-3-8B on 8 GPUs has ~10^8 splits: the oracle says so without scoring anything."""
+    import solvers.exhaustive as ex
+    from autoplace.errors import SolverError
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    def never(*_: object) -> None:
+        raise AssertionError("scored before refusing")
+
+    monkeypatch.setattr(ex, "score_space", never)
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    problem = Problem(load_model(examples / "models" / "llama-3-8b.json"), load_cluster(examples / "clusters" / "1x8-a100-80gb.yaml"))
+    with pytest.raises(SolverError, match="splits to enumerate"):
+        get_solver("exhaustive").solve(problem, Budget())

@@ -29,7 +29,7 @@ TINY = json.loads((REPO / "examples" / "models" / "tiny-llama.json").read_text()
 INLINE: dict[str, Any] = {
     "name": "inline", "nodes": 1, "gpus_per_node": 2,
     "gpu": {"name": "gpu-x", "memory_GiB": 80, "peak_TFLOPS": {"bf16": 100, "fp32": 10}, "hbm_bandwidth_TBps": 2,
-            "matmul_efficiency_by_GFLOP": [[512, 0.5], [4096, 0.7]]},
+            "attention_efficiency": {"forward": [[512, 0.5], [4096, 0.7]]}},
     "intra_node": {"bandwidth_GBps": 100, "latency_us": 1}}
 
 
@@ -89,20 +89,26 @@ def test_pool_profile_errors_name_the_pool() -> None:
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ([[float("nan"), 0.5]], "gpu.matmul_efficiency_by_GFLOP.0.0: Input should be a finite number"),
-    ([[512, 0.5], [0, 0.7]], "gpu.matmul_efficiency_by_GFLOP.1.0: GFLOP must be > 0 (got 0.0)"),
-    ([[512, 0.5], [512, 0.7]], "gpu.matmul_efficiency_by_GFLOP.1.0: GFLOP repeats row 0's"),
-    ([[512, 0.5], [4096, 1.5]], "gpu.matmul_efficiency_by_GFLOP.1.1: fraction must be in [0.001, 1] (got 1.5)"),
-    ([[512]], "gpu.matmul_efficiency_by_GFLOP.0: needs [GFLOP, fraction]"),
-    ([], "gpu.matmul_efficiency_by_GFLOP: needs at least one [GFLOP, fraction] row"),
+    ([[float("nan"), 0.5]], "gpu.attention_efficiency.forward.0.0: Input should be a finite number"),
+    ([[512, 0.5], [0, 0.7]], "gpu.attention_efficiency.forward.1.0: sequence length must be > 0 (got 0.0)"),
+    ([[512, 0.5], [512, 0.7]], "gpu.attention_efficiency.forward.1.0: sequence length repeats row 0's"),
+    ([[512, 0.5], [4096, 1.5]], "gpu.attention_efficiency.forward.1.1: fraction must be in [0.001, 1] (got 1.5)"),
+    ([[512]], "gpu.attention_efficiency.forward.0: needs [sequence length, fraction]"),
+    ([], "gpu.attention_efficiency.forward: needs at least one [sequence length, fraction] row"),
 ])
-def test_matmul_efficiency_by_GFLOP_errors_name_the_cell(table: list[list[float]], message: str) -> None:
-    assert _cluster_error(_with(INLINE, ("gpu", "matmul_efficiency_by_GFLOP"), table)).startswith(f"c.yaml: {message}")
+def test_attention_efficiency_rows_name_the_cell(table: list[list[float]], message: str) -> None:
+    assert _cluster_error(_with(INLINE, ("gpu", "attention_efficiency", "forward"), table)).startswith(f"c.yaml: {message}")
 
 
-def test_matmul_efficiency_by_GFLOP_rows_may_come_in_any_order() -> None:
-    cluster = cluster_from_dict(_with(INLINE, ("gpu", "matmul_efficiency_by_GFLOP"), [[4096, 0.7], [512, 0.5]]))
-    assert cluster.pools[0].gpu.matmul_efficiency_by_GFLOP == [[512, 0.5], [4096, 0.7]]
+def test_attention_efficiency_errors_name_the_cell() -> None:
+    bad = {"forward": [[1024, 0.5]], "backward": [[1024, 0.4], [2048, 2.0]]}
+    assert _cluster_error(_with(INLINE, ("gpu", "attention_efficiency"), bad)).startswith(
+        "c.yaml: gpu.attention_efficiency.backward.1.1: fraction must be in [0.001, 1] (got 2.0)")
+
+
+def test_attention_efficiency_rows_may_come_in_any_order() -> None:
+    cluster = cluster_from_dict(_with(INLINE, ("gpu", "attention_efficiency", "forward"), [[4096, 0.7], [512, 0.5]]))
+    assert cluster.pools[0].gpu.attention_efficiency.forward == [[512, 0.5], [4096, 0.7]]
 
 
 def test_a_gpu_without_a_peak_for_the_model_dtype_names_the_cluster_file() -> None:

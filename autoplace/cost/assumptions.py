@@ -26,44 +26,91 @@ class Assumptions:
             the allocator (~0.5-1.5 GiB per process on A100/H100; NCCL_BUFFSIZE 4 MiB per
             channel per peer).  Default 1.0.
         comm_bucket_MiB: gradient bucket for DDP / ZeRO reductions (PyTorch DDP
-            bucket_cap_mb = 25), double-buffered.
+            bucket_cap_mb = 25), double-buffered; the last bucket's reduction cannot start
+            before backward ends, so it is always exposed.
         zero3_prefetch_units: units all-gathered ahead of use (FSDP2 default: 1).
-        dp_overlap: fraction of one micro-batch's backward that hides the data-parallel
-            gradient reduction (bucketed overlap, Li et al. 2020, PyTorch DDP, VLDB).
-        zero3_overlap: fraction of compute that hides ZeRO-3 gathers with prefetch.
-        cp_overlap: fraction of attention compute that hides the ring KV exchange (Liu et
-            al. 2023, Ring Attention).
-        cpu_adam_params_per_s: parameters per second a host's CPU Adam updates per GPU
-            (ZeRO-Offload, Ren et al. 2021: CPU-Adam is 5-7x faster than PyTorch's CPU Adam;
-            order 1e9 parameters/s per socket).  An assumption to calibrate.
-        offload_overlap: fraction of compute that hides parameter streaming over PCIe.
+        overlap_slowdown: share of a collective's time that still shows up as lost compute
+            while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
+            kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
+            training kernels on A100 and H100 18.9% slower on average while overlapped with
+            collectives (tests/reference/kernels.yaml).  Default 0.19.
+        cpu_adam_params_per_s: parameters per second one host's CPU Adam updates, shared by
+            its GPUs: DeepSpeed's CPU-Adam updated 11.6B parameters in 8.2 s (DeepSpeed PR
+            #735, 1.4e9/s) and a 10B GPT-2 in 6.3 s on a DGX-2 host (its ZeRO-Offload
+            tutorial log, 1.6e9/s; tests/reference/kernels.yaml).  Default 1.5e9.
+        host_reserve_fraction: share of host memory kept for the OS, data loaders and pinned
+            staging buffers when states are offloaded (assumption).  Default 0.15.
+        offload_grad_bytes: bytes per offloaded parameter the host keeps for its gradient
+            (DeepSpeed ZeRO-Offload accumulates fp32 gradients in pinned host memory).
+        elementwise_traffic: HBM passes over a block's stored activations made by its
+            memory-bound kernels per micro-batch (norms, activation functions, dropout,
+            softmax, residual adds, casts), a third in forward and two in backward; full
+            recompute adds the forward's.  Eager PyTorch reads and writes every intermediate:
+            Ivanov et al. 2021 ("Data Movement Is All You Need", MLSys) measure such operators
+            at ~40% of BERT training time.  5.5 eager and 1.1 compiled are fitted on the
+            development set (benchmarks/published.py: 38 eager and 35 compiled runs).
+        kernels_per_block: kernels one block launches in its forward (eager PyTorch Llama
+            block: norms, projections, rotary, attention, SwiGLU, residuals, ~20); backward
+            launches twice as many.
+        kernel_overhead_us: fixed cost of one kernel beyond its work, the startup of a launch:
+            2.6 us on A100 80GB and 2.4 us on H200 (RRZE-HPC gpu-benches, gpu-small-kernels
+            fit of 10,000 back-to-back launches; tests/reference/kernels.yaml).  Default 2.5.
+        compiled: whether the model runs under torch.compile (Ansel et al. 2024, "PyTorch 2",
+            ASPLOS): its memory-bound ops fuse into fewer kernels that stream fewer bytes, as
+            ``elementwise_traffic_compiled`` and ``kernels_per_block_compiled`` say.
+        fused_kernels: whether the model uses hand-fused layers: a fused MLP that keeps only its
+            activation's input (as compiled code does) and a fused cross-entropy that keeps the
+            16-bit logits and writes their gradient in place (flash-attention's training layers,
+            Liger, Megatron's fusions) instead of eager PyTorch's fp32 logits and workspace.
+            Memory only: their time is eager's (the flash-attention repo's runs bear it out).
+        fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
+            scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
+            et al. 2022, torchao's Float8Linear.  Default 5.
+        fp8_rowwise: whether fp8 GEMMs scale per row (torchao's "rowwise" recipe) rather than
+            per tensor; their kernels run ``fp8_rowwise_gemm_time`` times as long (1.5: fitted on
+            the development set's three tensorwise/rowwise pairs, which measure 12-27% lower
+            throughput for rowwise).
+        zero12_grad_reduce: how ZeRO-1/2 reduce gradients: ``reduce-scatter`` (ZeRO's paper,
+            FSDP2, Megatron's distributed optimizer) or ``all-reduce`` (DeepSpeed 0.19 all-
+            reduces its buckets, ``use_multi_rank_bucket_allreduce``; measured in
+            tests/test_runtime_parallel.py: 2x the reduce-scatter bytes).
+        tp_comm_overlap: whether tensor-parallel collectives run pipelined with the matmuls
+            beside them (torchtitan's async TP, Wang et al. 2022 "Overlap Communication with
+            Dependent Computation via Decomposition"; Megatron-Core's userbuffer TP overlap).
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
         loss_workspace_bytes_per_vocab_tp: the same per local vocabulary entry when the head is
             vocabulary-parallel (tp > 1): PyTorch's ``loss_parallel`` keeps 12 (measured with
             FSDPMemTracker on Llama-3-8B widths, tp = 2; autoplace.fidelity).
-        elementwise_traffic: HBM passes over a block's stored activations made by its
-            memory-bound kernels per micro-batch (norms, activation functions, dropout,
-            softmax, residual adds): about one in forward and two in backward; full recompute
-            adds a forward pass.  Ivanov et al. 2021 ("Data Movement Is All You Need",
-            MLSys) measure such operators at ~40% of BERT training time.  Default 3.
+        compute_scale, bandwidth_scale: calibration factors (measured / predicted compute
+            time; predicted / measured link time); 1 when uncalibrated.
     """
 
     allocator_reserve_fraction: float = 0.05
     framework_reserve_GiB: float = 1.0
     comm_bucket_MiB: float = 25.0
     zero3_prefetch_units: int = 1
-    dp_overlap: float = 1.0
-    zero3_overlap: float = 1.0
-    cp_overlap: float = 1.0
-    cpu_adam_params_per_s: float = 1.0e9
-    offload_overlap: float = 1.0
-    elementwise_traffic: float = 3.0
+    overlap_slowdown: float = 0.19
+    cpu_adam_params_per_s: float = 1.5e9
+    host_reserve_fraction: float = 0.15
+    offload_grad_bytes: float = 4.0
+    elementwise_traffic: float = 5.5
+    elementwise_traffic_compiled: float = 1.1
+    kernels_per_block: float = 20.0
+    kernels_per_block_compiled: float = 10.0
+    kernel_overhead_us: float = 2.5
+    compiled: bool = False
+    fused_kernels: bool = False
+    fp8_cast_bytes: float = 5.0
+    fp8_rowwise: bool = False
+    fp8_rowwise_gemm_time: float = 1.5
+    zero12_grad_reduce: str = "reduce-scatter"
+    tp_comm_overlap: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
-    compute_scale: float = 1.0  # calibration: measured / predicted compute time
-    bandwidth_scale: float = 1.0  # calibration: predicted / measured link time
+    compute_scale: float = 1.0
+    bandwidth_scale: float = 1.0
 
     def replace(self, **changes: Any) -> Assumptions:
         names = {f.name for f in dataclasses.fields(self)}
@@ -72,5 +119,25 @@ class Assumptions:
             raise SpecError(f"unknown assumption(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
         return dataclasses.replace(self, **changes)
 
+    @property
+    def traffic(self) -> float:
+        """HBM passes of the memory-bound kernels over a block's activations (eager or compiled)."""
+        return self.elementwise_traffic_compiled if self.compiled else self.elementwise_traffic
+
+    @property
+    def kernels(self) -> float:
+        """Kernels one block launches in its forward (eager or compiled)."""
+        return self.kernels_per_block_compiled if self.compiled else self.kernels_per_block
+
+    def for_framework(self, framework: str | None) -> Assumptions:
+        """These assumptions with the behaviour of ``framework`` where it differs (None: as ZeRO's
+        paper and FSDP2 run it)."""
+        return self.replace(**FRAMEWORK_BEHAVIOUR.get(framework or "", {}))
+
+
+# How each framework runs what the plan names, where that changes bytes or seconds.
+FRAMEWORK_BEHAVIOUR: dict[str, dict[str, Any]] = {
+    "deepspeed": {"zero12_grad_reduce": "all-reduce"},
+}
 
 DEFAULT = Assumptions()

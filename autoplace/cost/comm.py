@@ -11,6 +11,15 @@ When a group spans nodes the collective is hierarchical (intra-node reduce-scatt
 node all-reduce of a ``1/n_in`` shard, intra-node all-gather), each GPU using its own NIC,
 so the inter-node tier carries ``1/n_in`` of the data.  All functions broadcast over numpy
 arrays of candidates.
+
+Time follows NCCL's own tuning model (NVIDIA/nccl ``src/graph/tuning.cc``): a collective
+runs one protocol -- LL (low latency, half the bandwidth: every 8 bytes carry 4 of data and a
+flag), LL128 (120 of every 128 bytes) or Simple (full bandwidth, the highest per-step
+latency) -- and costs the protocol's base latency, plus its per-step latency on each link
+tier, plus bytes over bandwidth times the protocol's efficiency.  NCCL picks the fastest, so
+small messages run at LL's latency and large ones at Simple's bandwidth: bus bandwidth grows
+with message size as nccl-tests shows.  All-reduce across nodes may also run as NCCL's double
+binary tree, whose inter-node latency grows with ``log2`` of the node count instead of linearly.
 """
 
 from __future__ import annotations
@@ -24,13 +33,40 @@ Array = np.ndarray
 
 @dataclass(frozen=True)
 class Links:
-    """The two link tiers a group can use, as arrays broadcastable with the candidates."""
+    """The two link tiers a group can use, as arrays broadcastable with the candidates.
+
+    Latencies are NCCL's per-step Simple-protocol latencies of each tier; the other protocols'
+    follow from :data:`PROTOCOLS`.
+    """
 
     intra_Bps: Array
     intra_latency_s: Array
     inter_Bps: Array
     inter_latency_s: Array
     gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol: its fixed latency per collective, its per-step latency on each tier as
+    a share of Simple's, and the share of link bandwidth that carries data."""
+
+    name: str
+    base_s: float
+    intra_latency_share: float
+    inter_latency_share: float
+    efficiency: float
+
+
+# NVIDIA/nccl src/graph/tuning.cc (v2.18-2.21): baseLat for the ring algorithm (LL 6.6,
+# LL128 14.0, Simple 8.4 us) and hwLat per step (NVLink LL 0.6 / LL128 1.9 / Simple 3.4 us;
+# network LL 2.7 / LL128 4.0 / Simple 14.0 us), written as shares of Simple's so each link
+# profile keeps one latency; LL moves 4 data bytes per 8 (a flag per word), LL128 120 per 128.
+PROTOCOLS = (
+    Protocol("LL", 6.6e-6, 0.6 / 3.4, 2.7 / 14.0, 0.5),
+    Protocol("LL128", 14.0e-6, 1.9 / 3.4, 4.0 / 14.0, 120 / 128),
+    Protocol("Simple", 8.4e-6, 1.0, 1.0, 1.0),
+)
 
 
 def members_per_node(size: Array, stride: Array, gpus_per_node: int) -> Array:
@@ -47,12 +83,21 @@ def members_per_node(size: Array, stride: Array, gpus_per_node: int) -> Array:
     return np.where(stride < gpus_per_node, inside, 1)
 
 
-def _tier_time(nbytes: Array, steps: Array, bps: Array | float, latency: Array | float) -> Array:
-    return steps * latency + nbytes / bps
+def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps: Array, links: Links) -> Array:
+    """Seconds of one collective moving ``intra`` and ``inter`` bytes per device in the given
+    numbers of sequential steps on each tier, with the fastest NCCL protocol; 0 when it moves
+    nothing (a group of one)."""
+    best: Array = np.asarray(np.inf)
+    for p in PROTOCOLS:
+        best = np.minimum(best, p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
+                          + inter_steps * p.inter_latency_share * links.inter_latency_s
+                          + (intra / links.intra_Bps + inter / links.inter_Bps) / p.efficiency)
+    return np.where((intra_steps + inter_steps) > 0, best, 0.0)
 
 
 def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[Array, Array, Array]:
-    """Ring (hierarchical when ``n_in < n``) all-reduce of ``size_bytes``.
+    """Ring (hierarchical when ``n_in < n``) all-reduce of ``size_bytes``; across nodes, NCCL's
+    double binary tree when its ``2 log2(nodes)`` network steps beat the ring's ``2 (nodes - 1)``.
 
     Returns:
         (intra-node bytes sent per device, inter-node bytes sent per device, seconds)
@@ -61,8 +106,9 @@ def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[A
     n_out = n // n_in
     intra = 2 * (n_in - 1) / n_in * size_bytes
     inter = 2 * (n_out - 1) / n_out * size_bytes / n_in
-    t = (_tier_time(intra, 2 * (n_in - 1), links.intra_Bps, links.intra_latency_s)
-         + _tier_time(inter, 2 * (n_out - 1), links.inter_Bps, links.inter_latency_s))
+    ring_steps = 2 * (n_out - 1)
+    tree_steps = 2 * np.ceil(np.log2(np.maximum(n_out, 1)))
+    t = collective_time(intra, 2 * (n_in - 1), inter, np.minimum(ring_steps, tree_steps), links)
     return intra, inter, t
 
 
@@ -72,9 +118,7 @@ def allgather(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[A
     n_out = n // n_in
     intra = (n_in - 1) / n_in * size_bytes
     inter = (n_out - 1) / n_out * size_bytes / n_in
-    t = (_tier_time(intra, n_in - 1, links.intra_Bps, links.intra_latency_s)
-         + _tier_time(inter, n_out - 1, links.inter_Bps, links.inter_latency_s))
-    return intra, inter, t
+    return intra, inter, collective_time(intra, n_in - 1, inter, n_out - 1, links)
 
 
 reducescatter = allgather
@@ -88,13 +132,16 @@ def alltoall(send_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[Ar
     n, n_in = np.asarray(n), np.asarray(n_in)
     intra = (n_in - 1) / n * send_bytes
     inter = (n - n_in) / n * send_bytes
-    t = np.maximum(_tier_time(intra, n_in - 1, links.intra_Bps, links.intra_latency_s),
-                   _tier_time(inter, n - n_in, links.inter_Bps, links.inter_latency_s))
+    zero = np.zeros_like(intra)
+    t = np.maximum(collective_time(intra, n_in - 1, zero, zero, links),
+                   collective_time(zero, zero, inter, n - n_in, links))
     return intra, inter, np.where(n > 1, t, 0.0)
 
 
 def p2p(send_bytes: Array, messages: Array, inter_node: Array, links: Links) -> Array:
-    """Seconds for ``messages`` point-to-point sends totalling ``send_bytes`` on one tier."""
+    """Seconds for ``messages`` point-to-point sends totalling ``send_bytes`` on one tier
+    (each a send/recv pair: NCCL's Simple protocol, one step and its base latency each)."""
     bps = np.where(inter_node, links.inter_Bps, links.intra_Bps)
     lat = np.where(inter_node, links.inter_latency_s, links.intra_latency_s)
-    return messages * lat + send_bytes / bps
+    simple = PROTOCOLS[-1]
+    return messages * (lat + simple.base_s) + send_bytes / bps

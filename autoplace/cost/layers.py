@@ -24,6 +24,31 @@ from autoplace.specs.model import GraphSpec, ModelSpec, TransformerSpec
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """One forward matmul of a block, per token: ``[tokens x k] @ [k x n]``.
+
+    Attributes:
+        n, k: output and reduction widths before tensor parallelism.
+        split: the dimension tensor parallelism divides: ``"n"`` (column-parallel), ``"k"``
+            (row-parallel) or ``""`` (replicated across TP).
+        experts: for a routed expert's matmul, how many experts it stands for (0: dense);
+            each sees ``tokens * top_k / experts`` tokens of the EP group.
+        top_k: experts per token (routed matmuls only).
+    """
+
+    n: float
+    k: float
+    split: str = ""
+    experts: int = 0
+    top_k: int = 0
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs per token (2 per multiply-add)."""
+        return 2 * self.n * self.k * (self.top_k if self.experts else 1)
+
+
+@dataclass(frozen=True)
 class BlockKind:
     """Plan-independent numbers of one kind of block (all per token unless named otherwise).
 
@@ -42,6 +67,12 @@ class BlockKind:
         ep_alltoall: bytes per token sent in one all-to-all (dispatch or combine) across EP.
         cp_kv: bytes per token of K and V exchanged around the CP ring per forward.
         moe: whether the block routes tokens to experts.
+        act_fused: activation bytes per token, sharded by TP, that a compiled (fused) MLP does
+            not keep: its activation function's outputs, recomputed in the fused backward
+            (eager SwiGLU keeps four f-wide tensors, a fused one two; GeLU two, fused one).
+        gemms: the block's matmuls (their FLOPs plus ``flops_score`` make ``flops``).
+        head_dim: width of one attention head (sets the attention kernel's efficiency).
+        flash: whether attention runs as a fused flash kernel (else as matmuls + softmax).
     """
 
     name: str
@@ -58,8 +89,10 @@ class BlockKind:
     ep_alltoall: float
     cp_kv: float
     moe: bool = False
-    gemm_flops: float = 0.0  # FLOPs per token of the block's main matmul (before TP), for its efficiency
-    gemm_token_share: float = 1.0  # share of a device's tokens one expert's GEMM sees (top_k/experts, x ep)
+    act_fused: float = 0.0
+    gemms: tuple[Gemm, ...] = ()
+    head_dim: float = 128.0
+    flash: bool = True
 
     @property
     def params(self) -> float:
@@ -76,7 +109,7 @@ class Edge:
     act_rep: float  # activation bytes per token not sharded by TP (sharded by SP)
     act_tp: float  # activation bytes per token sharded by TP (logits)
     tp_allreduce: float  # bytes per token all-reduced across TP per forward
-    gemm_flops: float = 0.0  # FLOPs per token of its matmul (before TP), for its efficiency
+    gemms: tuple[Gemm, ...] = ()  # its matmuls (the head's output layer)
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,26 @@ def layer_table(model: ModelSpec) -> LayerTable:
     if key not in _TABLES:
         _TABLES[key] = _graph_table(model) if isinstance(model, GraphSpec) else _transformer_table(model)
     return _TABLES[key]
+
+
+def _attention_gemms(m: TransformerSpec) -> tuple[Gemm, ...]:
+    """The attention block's projections (QKV and output; MLA's down and up projections)."""
+    h = m.hidden
+    if m.attention is not None:
+        a = m.attention
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q_proj = ((Gemm(a.q_lora_rank, h), Gemm(m.heads * qk, a.q_lora_rank, "n")) if a.q_lora_rank
+                  else (Gemm(m.heads * qk, h, "n"),))
+        return (*q_proj, Gemm(a.kv_lora_rank + a.qk_rope_head_dim, h),
+                Gemm(m.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
+                Gemm(h, m.heads * a.v_head_dim, "k"))
+    q, kv = m.heads * m.dim_head, m.n_kv_heads * m.dim_head
+    return Gemm(q + 2 * kv, h, "n"), Gemm(h, q, "k")
+
+
+def _mlp_gemms(h: int, f: int, gated: bool, experts: int = 0, top_k: int = 0) -> tuple[Gemm, ...]:
+    """An MLP's up (and gate) projection and its down projection."""
+    return Gemm((2 if gated else 1) * f, h, "n", experts, top_k), Gemm(h, f, "k", experts, top_k)
 
 
 def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:
@@ -176,6 +229,12 @@ def _mlp_act(h: int, f: int, gated: bool, dropout: bool, b: float) -> tuple[floa
 SWIGLU_KEPT = 4  # f-wide tensors eager SwiGLU keeps for backward
 
 
+def _mlp_fused(f: int, gated: bool, b: float) -> float:
+    """Bytes per token a fused MLP activation does not keep: SwiGLU's silu(w1 x) and product
+    (two of its four f-wide tensors), GeLU's output (one of two)."""
+    return (2 if gated else 1) * f * b
+
+
 def _norm_stats(m: TransformerSpec) -> float:
     """fp32 statistics one norm keeps per token: RMSNorm its rstd, LayerNorm mean and rstd
     (the small '2sb' terms Korthikanti Sec. 4.1 leaves out)."""
@@ -211,12 +270,14 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     dense_tp, dense_rep = _mlp_params(h, m.ffn_hidden, m.ffn == "swiglu", m.bias)
     mlp_rep, mlp_tp = _mlp_act(h, m.ffn_hidden, m.ffn == "swiglu", m.dropout, b)
     common = dict(flops_score=flops_score, act_score=score * s, act_input=b * h,
-                  tp_allreduce=2 * b * h, cp_kv=b * (kw + vw))
+                  tp_allreduce=2 * b * h, cp_kv=b * (kw + vw), head_dim=qw / m.heads, flash=m.flash_attention)
+    attention = _attention_gemms(m)
+    gated = m.ffn == "swiglu"
     kinds.append(BlockKind(
         name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
-        gemm_flops=2 * h * m.ffn_hidden, **common))  # type: ignore[arg-type]
+        act_fused=_mlp_fused(m.ffn_hidden, gated, b), gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)), **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
@@ -243,8 +304,13 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                    + 2 * mats * h * (e.top_k * e.expert_ffn_hidden + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden))),
             act_rep=att_act_rep + norm_act + e.top_k * ex_rep + e.shared_experts * sh_rep + 4 * e.experts + routing,
             act_tp=att_act_tp + e.top_k * ex_tp + e.shared_experts * sh_tp,
-            ep_alltoall=e.top_k * b * h, moe=True, gemm_flops=2 * h * e.expert_ffn_hidden,
-            gemm_token_share=e.top_k / e.experts, **common))  # type: ignore[arg-type]
+            ep_alltoall=e.top_k * b * h, moe=True,
+            act_fused=(e.top_k * _mlp_fused(e.expert_ffn_hidden, gated, b)
+                       + e.shared_experts * _mlp_fused(e.shared_ffn_hidden or e.expert_ffn_hidden, gated, b)),
+            gemms=(*attention, Gemm(e.experts, h), *_mlp_gemms(h, e.expert_ffn_hidden, gated, e.experts, e.top_k),
+                   *(_mlp_gemms(h, e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden), gated)
+                     if e.shared_experts else ())),
+            **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
     used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
     return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
@@ -262,7 +328,7 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     # (sharded by TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and
     # the vocab-parallel loss all-reduces three fp32 numbers per token (max, sum-exp, target).
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
-                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v, tp_allreduce=b * h + 12, gemm_flops=2 * h * v)
+                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v, tp_allreduce=b * h + 12, gemms=(Gemm(v, h, "n"),))
     counts = np.bincount(sequence, minlength=len(kinds))
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
@@ -287,7 +353,9 @@ def _graph_table(g: GraphSpec) -> LayerTable:
             act_rep=0.0 if shard else entry.activation_bytes_per_token,
             act_tp=entry.activation_bytes_per_token if shard else 0.0, act_score=0.0,
             act_input=b * g.hidden, tp_allreduce=2 * b * g.hidden if shard else 0.0, ep_alltoall=0.0, cp_kv=0.0,
-            gemm_flops=entry.flops_per_token))
+            # what is known of its matmuls is their FLOPs: one square matmul of that size
+            gemms=(Gemm(np.sqrt(entry.flops_per_token / 2), np.sqrt(entry.flops_per_token / 2), "n" if shard else ""),)
+            if entry.flops_per_token else ()))
         sequence.extend([len(kinds) - 1] * entry.repeat)
     empty = Edge(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     params = float(sum(e.params * e.repeat for e in g.graph))

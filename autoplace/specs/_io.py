@@ -136,7 +136,25 @@ def _count_nodes(root: yaml.Node, limit: int) -> int:
     return count
 
 
+MAX_FLOW_DEPTH = 256  # nested [ and { in a YAML document; real specs nest a handful
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of YAML flow brackets, counted in one pass before any parsing: the
+    parser's cost grows with it, so a hostile document is refused by this bound on work."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
 def _parse_yaml(text: str, src: str) -> Any:
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise SpecError(f"invalid YAML: brackets nested deeper than {MAX_FLOW_DEPTH} levels", source=src)
     try:
         return yaml.load(text, Loader=_CountingLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoplace.errors import SpecError
@@ -96,51 +96,99 @@ class LinkProfile(Strict):
         return self.latency_us * 1e-6
 
 
+Fraction = Annotated[float, Field(ge=MIN_FRACTION, le=1, allow_inf_nan=False)]
+TableRows = list[list[Annotated[float, Field(allow_inf_nan=False)]]]
+
+
+class DtypeFractions(Strict):
+    """A fraction of the dense peak per compute dtype (None: use the next wider dtype's)."""
+
+    bf16: Fraction | None = None
+    fp16: Fraction | None = None
+    fp8: Fraction | None = None
+    tf32: Fraction | None = None
+    fp32: Fraction | None = None
+
+    def for_dtype(self, dtype: str, default: float) -> float:
+        """The fraction for ``dtype``, falling back as peaks do (fp8 -> bf16 -> fp16 -> fp32)."""
+        for name in _FALLBACK[dtype]:
+            value = getattr(self, name)
+            if value is not None:
+                return float(value)
+        return default
+
+
+class AttentionEfficiency(Strict):
+    """Fused (flash) causal attention: achieved fraction of the 16-bit dense peak by sequence
+    length, forward and backward, counting the FLOPs a causal kernel executes.  Rows of
+    [sequence length > 0, fraction], in any order (sorted here, for interpolation in log length);
+    a bad row or cell is reported at its own index (``attention_efficiency.forward.1.0``)."""
+
+    forward: TableRows = [[1.0, 0.5]]
+    backward: TableRows = [[1.0, 0.4]]
+
+    @field_validator("forward", "backward")
+    @classmethod
+    def _rows(cls, table: list[list[float]], info: ValidationInfo) -> list[list[float]]:
+        return _checked_table(table, str(info.field_name), "sequence length")
+
+
 class GPUProfile(Strict):
-    """One accelerator model."""
+    """One accelerator model.
+
+    The efficiency numbers say how fast each class of kernel runs on it (autoplace.cost.compute):
+    large GEMMs reach ``gemm_efficiency`` of the dtype's dense peak, less when their output
+    tiles (``gemm_tile``, M x N) leave part of the last wave of ``sm_count`` SMs idle; fused
+    attention follows ``attention_efficiency``; memory-bound kernels stream at
+    ``hbm_efficiency`` of the HBM bandwidth.  ``sustained_fraction`` is the share of those
+    (short-benchmark) compute rates the GPU keeps through hours of training, at its power and
+    thermal limits.  ``throughput_error`` is the root-mean-square log error of predicted
+    throughput on the published runs of this GPU (benchmarks/published.py): the uncertainty
+    shown beside every prediction that has no calibration of its own.
+    """
 
     name: str = "inline"
     memory_GiB: float = Field(ge=MIN_MEMORY, le=MAX_MEMORY_GIB, allow_inf_nan=False)
     peak_TFLOPS: PeakTFLOPS
     hbm_bandwidth_TBps: float = Field(ge=MIN_RATE, le=MAX_HBM_TBPS, allow_inf_nan=False)
     host_link: str | LinkProfile = "pcie4"
-    matmul_efficiency_by_GFLOP: list[list[Annotated[float, Field(allow_inf_nan=False)]]] = [[1.0, 0.5]]
+    gemm_efficiency: DtypeFractions = DtypeFractions(bf16=0.7)
+    sm_count: int = Field(100, ge=1, le=100_000)
+    gemm_tile: list[Annotated[int, Field(ge=1, le=4096)]] = Field([128, 128], min_length=2, max_length=2)
+    attention_efficiency: AttentionEfficiency = AttentionEfficiency()
+    hbm_efficiency: Fraction = 0.8
+    sustained_fraction: Fraction = 1.0
+    throughput_error: float = Field(0.2, ge=0, le=10, allow_inf_nan=False)
     sources: dict[str, str] = {}
-
-    @field_validator("matmul_efficiency_by_GFLOP")
-    @classmethod
-    def _efficiency_table(cls, table: list[list[float]]) -> list[list[float]]:
-        """Rows of [GEMM GFLOP > 0, fraction of dense peak], in any order (sorted here, for
-        interpolation in log GFLOP).  The GEMM size is that of one block's main matmul on one
-        device (2 * tokens * hidden * ffn / tp), the measure square-GEMM benchmarks report.
-
-        A bad row or cell is reported at its own index (``matmul_efficiency_by_GFLOP.1.0``).
-        """
-        if not table:
-            raise ValueError("needs at least one [GFLOP, fraction] row")
-        for i, row in enumerate(table):
-            problem = _row_problem(i, row, table[:i])
-            if problem is not None:
-                loc, message, value = problem
-                raise ValidationError.from_exception_data("matmul_efficiency_by_GFLOP", [InitErrorDetails(
-                    type=PydanticCustomError("value_error", message), loc=loc, input=value)])
-        return sorted(table)
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_GiB * 2**30
 
 
-def _row_problem(i: int, row: list[float], earlier: list[list[float]]) -> tuple[tuple[int, ...], str, Any] | None:
+def _checked_table(table: list[list[float]], name: str, x_name: str) -> list[list[float]]:
+    """``table`` sorted by its first column, or a ValidationError naming the bad row or cell."""
+    if not table:
+        raise ValueError(f"needs at least one [{x_name}, fraction] row")
+    for i, row in enumerate(table):
+        problem = _row_problem(i, row, table[:i], x_name)
+        if problem is not None:
+            loc, message, value = problem
+            raise ValidationError.from_exception_data(name, [InitErrorDetails(
+                type=PydanticCustomError("value_error", message), loc=loc, input=value)])
+    return sorted(table)
+
+
+def _row_problem(i: int, row: list[float], earlier: list[list[float]], x_name: str) -> tuple[tuple[int, ...], str, Any] | None:
     """What is wrong with row ``i`` of an efficiency table: (location, message, value), or None."""
     if len(row) != 2:
-        return (i,), "needs [GFLOP, fraction]", row
-    gflop, fraction = row
-    if gflop <= 0:
-        return (i, 0), "GFLOP must be > 0", gflop
-    repeated = next((j for j, other in enumerate(earlier) if other[0] == gflop), None)
+        return (i,), f"needs [{x_name}, fraction]", row
+    x, fraction = row
+    if x <= 0:
+        return (i, 0), f"{x_name} must be > 0", x
+    repeated = next((j for j, other in enumerate(earlier) if other[0] == x), None)
     if repeated is not None:
-        return (i, 0), f"GFLOP repeats row {repeated}'s", gflop
+        return (i, 0), f"{x_name} repeats row {repeated}'s", x
     if not MIN_FRACTION <= fraction <= 1:
         return (i, 1), f"fraction must be in [{MIN_FRACTION:g}, 1]", fraction
     return None

@@ -1,0 +1,109 @@
+"""Compute time per micro-batch, per kernel class, on one GPU.
+
+A block's forward runs three classes of kernel, each at its own measured speed (the tables
+live in ``hardware_profiles/gpu/*.yaml``):
+
+* GEMMs, by shape: ``2 M N K`` FLOPs at the dtype's large-GEMM efficiency, scaled by the
+  share of SMs the output tiles keep busy (cuBLAS computes ``ceil(M / tm) ceil(N / tn)`` tiles
+  in waves of one per SM; the last wave's idle SMs are the wave-quantization loss, NVIDIA's
+  "Matrix Multiplication Background User's Guide"); never faster than streaming its three
+  matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
+  and weight gradients), so twice the forward time.
+* attention: a flash kernel (Dao 2023; Shah et al. 2024) at its measured efficiency for the
+  sequence length, executing half the full ``QK^T`` and ``PV`` FLOPs when causal; backward
+  executes 2.5x the forward FLOPs (FlashAttention-2 Sec. 4's count).  Without flash, the
+  score matmuls run as GEMMs and the softmax streams the score matrix (a memory-bound pass).
+* memory-bound kernels (norms, activations, rotary, residual adds, casts): the bytes they
+  stream over the achieved HBM bandwidth.
+
+Each kernel also costs a fixed launch/host overhead, which dominates small models and small
+micro-batches.  FP8 recipes run GEMMs at the fp8 peak and add the casts (and amax updates) of
+their inputs; attention, norms and the rest stay in 16 bit (Micikevicius et al. 2022, "FP8
+Formats for Deep Learning"; Transformer Engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost.layers import Gemm
+
+Array = np.ndarray
+
+FA_BACKWARD_FLOPS = 2.5  # backward / forward FLOPs of flash attention (Dao 2023, Sec. 4.1)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One GPU's kernel speeds (a pool's profile, as numbers)."""
+
+    peak_flops: float  # dense peak of the compute dtype, FLOP/s
+    peak16_flops: float  # dense 16-bit peak (attention and fp8 recipes' non-GEMM work)
+    gemm_efficiency: float  # large-GEMM fraction of ``peak_flops``
+    sm_count: int
+    tile: tuple[int, int]  # output tile M x N
+    attn_forward: Array  # [[sequence, fraction of the 16-bit peak], ...]
+    attn_backward: Array
+    hbm_Bps: float  # achieved HBM bandwidth, bytes/s
+
+    def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
+        """Share of SM-slots the output tiles fill over all waves (1 when tiles fill every wave)."""
+        tiles = np.ceil(np.maximum(m, 1) / self.tile[0]) * np.ceil(np.maximum(n, 1) / self.tile[1])
+        return tiles / (np.ceil(tiles / self.sm_count) * self.sm_count)
+
+    def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float) -> Array:
+        """Seconds of one ``[m x k] @ [k x n]`` GEMM (its roofline with shape-dependent efficiency).
+
+        Backward's two GEMMs (``[m x n] @ [n x k]`` and ``[k x m] @ [m x n]``) tile other pairs of
+        dimensions; with training's large token dimension they fill their waves as well.
+        """
+        eff = self.gemm_efficiency * self.wave_utilization(m, n)
+        math = 2 * m * n * k / (self.peak_flops * eff)
+        memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps
+        return np.maximum(math, memory)
+
+    def attention(self, flops: Array, seq: Array, causal: bool = True) -> tuple[Array, Array]:
+        """Forward and backward seconds of flash attention whose full (unmasked) forward costs
+        ``flops``, over sequences of ``seq`` keys."""
+        executed = flops * (0.5 if causal else 1.0)
+        x = np.log(np.maximum(seq, 1.0))
+        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1])
+        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1])
+        return executed / (self.peak16_flops * fwd), FA_BACKWARD_FLOPS * executed / (self.peak16_flops * bwd)
+
+    def stream(self, nbytes: Array) -> Array:
+        """Seconds of memory-bound kernels moving ``nbytes`` through HBM."""
+        return nbytes / self.hbm_Bps
+
+
+def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array | float,
+                  elem_bytes: float) -> Array:
+    """Forward seconds of a block's matmuls for ``tokens`` tokens on one device.
+
+    Tensor parallelism divides each matmul's split dimension; a routed expert's matmul runs
+    once per local expert (``experts / ep``) on the tokens routed to it (``tokens * ep *
+    top_k / experts`` with balanced routing).
+    """
+    total = np.zeros(np.broadcast_shapes(np.shape(tokens), np.shape(tp), np.shape(ep)))
+    for g in gemms:
+        n = g.n / tp if g.split == "n" else g.n
+        k = g.k / tp if g.split == "k" else g.k
+        routed = tokens * ep * g.top_k / g.experts if g.experts else tokens
+        count = g.experts / np.asarray(ep, dtype=float) if g.experts else 1.0
+        total = total + count * kernels.gemm(routed, n, k, elem_bytes)
+    return total
+
+
+def fp8_cast_bytes(gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array, per_element: float) -> Array:
+    """Bytes the fp8 casts of a block's GEMM inputs stream per forward: each activation input
+    (``tokens x k``) and weight (``k x n``) is read in 16 bit for its amax, read again and
+    written in fp8 (``per_element`` bytes, :class:`~autoplace.cost.assumptions.Assumptions`)."""
+    total = np.zeros(np.broadcast_shapes(np.shape(tokens), np.shape(tp), np.shape(ep)))
+    for g in gemms:
+        n = g.n / tp if g.split == "n" else g.n
+        k = g.k / tp if g.split == "k" else g.k
+        local = g.experts / ep if g.experts else 1.0
+        total = total + per_element * (tokens * k * (g.top_k if g.experts else 1) + n * k * local)
+    return total

@@ -1,0 +1,125 @@
+"""What every cost term needs to know about a batch of candidates: their groups and where
+those lie, tokens per micro-batch, local parameters per block, the hardware of each stage.
+
+Shapes: ``[C]`` per candidate; blocks ``[C, 1, K, 1]`` (candidate, stage, kind, recompute
+mode), so block terms broadcast against per-stage ``[C, S, 1, 1]`` hardware and the three
+recompute modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost import comm
+from autoplace.cost.assumptions import Assumptions
+from autoplace.cost.candidates import Candidates
+from autoplace.cost.hardware import StageHardware, stage_hardware
+from autoplace.cost.layers import LayerTable
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import Precision
+
+Array = np.ndarray
+MODES = 3  # recompute: none, selective, full
+
+
+def group_layout(tp: Array, cp: Array, ep: Array, dp_shard: Array, dp_rep: Array, pp: Array) -> dict[str, tuple[Array, Array]]:
+    """(size, stride) of each communication group in Megatron's rank order tp-cp-ep-dp-pp.
+
+    ``dp`` is the dense-gradient group (data x context parallel), ``zero`` the ZeRO/FSDP shard
+    group, ``rep`` the HSDP replica group, ``edp``/``ezero`` their expert counterparts.
+    """
+    dp = dp_shard * dp_rep
+    return {
+        "tp": (tp, np.ones_like(tp)),
+        "cp": (cp, tp),
+        "ep": (ep, tp * cp),
+        "dp": (dp * cp, tp),
+        "edp": (np.maximum(dp * cp // ep, 1), tp * ep),
+        "zero": (dp_shard * cp, tp),
+        "ezero": (np.maximum(dp_shard * cp // ep, 1), tp * ep),
+        "rep": (dp_rep, tp * cp * dp_shard),
+        "pp": (pp, tp * cp * dp),
+    }
+
+
+@dataclass(frozen=True)
+class Context:
+    """Derived arrays shared by the memory, time and byte terms."""
+
+    table: LayerTable
+    cand: Candidates
+    recipe: Precision
+    assume: Assumptions
+    hw: StageHardware
+    size: dict[str, Array]  # ranks per group [C]
+    n_in: dict[str, Array]  # ranks of the group on one node [C]
+    tokens: Array  # tokens per micro-batch per device [C]
+    dense_local: Array  # dense parameters of one block on one device [C, 1, K, 1]
+    exp_local: Array  # routed-expert parameters of one block on one device [C, 1, K, 1]
+    edge_dense: Array  # embedding / head parameters on each stage [C, S]
+    links: comm.Links  # [C, S, 1, 1], calibrated
+    stage_links: comm.Links  # [C, S]
+
+    @property
+    def C(self) -> int:
+        return self.cand.size
+
+    @property
+    def S(self) -> int:
+        return int(self.cand.counts.shape[1])
+
+    def col(self, x: Array | float) -> Array:
+        """``[C]`` -> ``[C, 1, 1, 1]``."""
+        return np.broadcast_to(np.asarray(x, dtype=float), (self.C,)).reshape(self.C, 1, 1, 1)
+
+    def kind(self, attr: str) -> Array:
+        """A block-kind attribute as ``[1, 1, K, 1]``."""
+        return np.array([getattr(k, attr) for k in self.table.kinds], dtype=float).reshape(1, 1, -1, 1)
+
+    def stage(self, a: Array) -> Array:
+        """``[C, 1 or S, ...]`` -> ``[C, S, ...]`` (a view)."""
+        return np.broadcast_to(a, (self.C, self.S, *np.shape(a)[2:]))
+
+    @property
+    def first(self) -> Array:
+        """1.0 on each candidate's first stage ``[C, S]``."""
+        return (np.arange(self.S)[None, :] == 0).astype(float)
+
+    @property
+    def last(self) -> Array:
+        """1.0 on each candidate's last stage ``[C, S]``."""
+        return (np.arange(self.S)[None, :] == (self.cand.pp[:, None] - 1)).astype(float)
+
+
+def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: Precision,
+            assume: Assumptions) -> Context:
+    """The shared arrays for ``cand`` on ``cluster``."""
+    hw = stage_hardware(cluster, cand, recipe.compute_dtype)
+    G = cluster.gpus_per_node
+    groups = group_layout(cand.tp, cand.cp, cand.ep, cand.dp_shard, cand.dp_rep, cand.pp)
+    C = cand.size
+    tp = cand.tp.astype(float).reshape(C, 1, 1, 1)
+    ep = cand.ep.astype(float).reshape(C, 1, 1, 1)
+    kind = np.array([[k.params_tp, k.params_rep, k.params_expert] for k in table.kinds], dtype=float)
+    kind = kind.T.reshape(3, 1, 1, -1, 1)
+    first = (np.arange(max(int(cand.counts.shape[1]), 1))[None, :] == 0).astype(float)
+    last = (np.arange(int(cand.counts.shape[1]))[None, :] == (cand.pp[:, None] - 1)).astype(float)
+    e, h = table.embed, table.head
+    head_tp = np.where((cand.pp == 1) & table.tied, 0.0, h.params_tp)
+    tpf = cand.tp.astype(float)
+    edge_dense = (first * (e.params_tp / tpf + e.params_rep)[:, None]
+                  + last * (head_tp / tpf + h.params_rep)[:, None])
+    scale = assume.bandwidth_scale
+    lk = hw.links
+    links = comm.Links(lk.intra_Bps[..., None, None] / scale, lk.intra_latency_s[..., None, None],
+                       lk.inter_Bps[..., None, None] / scale, lk.inter_latency_s[..., None, None], G)
+    stage_links = comm.Links(lk.intra_Bps / scale, lk.intra_latency_s, lk.inter_Bps / scale, lk.inter_latency_s, G)
+    return Context(
+        table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
+        size={k: v[0].astype(float) for k, v in groups.items()},
+        n_in={k: comm.members_per_node(size, stride, G) for k, (size, stride) in groups.items()},
+        tokens=cand.mbs * table.seq_len / cand.cp.astype(float),
+        dense_local=kind[0] / tp + kind[1], exp_local=kind[2] / (ep * tp), edge_dense=edge_dense,
+        links=links, stage_links=stage_links)

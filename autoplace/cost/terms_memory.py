@@ -1,0 +1,143 @@
+"""Memory coefficient tables: device memory in two phases, and host memory of offloaded states.
+
+Device memory (see :mod:`autoplace.cost.terms`): per stage and phase,
+``static + sum n * live * state_block + mult * sum n * act_block``.  Host memory: what the
+stage's GPUs offload (optimizer state with its fp32 gradients, parameters), per GPU, against
+that GPU's share of its node's host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost.context import Context
+from autoplace.cost.memory import (
+    block_activation_bytes,
+    gather_buffer_bytes,
+    inflight_microbatches,
+    reserve_bytes,
+    state_bytes,
+)
+
+Array = np.ndarray
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    state_block: Array  # [C, 1, K, 3]  params, grads, optimizer bytes per block
+    act_block: Array  # [C, 1, K, R]   activation bytes per block per in-flight micro-batch
+    state_live: Array  # [C, S, 2, 3]  share of each state alive in each memory phase
+    act_mult: Array  # [C, S, 2]      in-flight micro-batches (whole stages) in each phase
+    mem_static: Array  # [C, S, 2, 6] MEMORY_PARTS for the edges, buffers and reserve per phase
+    host_block: Array  # [C, S, K]     host bytes per block per GPU
+    host_static: Array  # [C, S]
+    host_capacity: Array  # [C, S]     host bytes per GPU the offloaded states may use
+
+
+def memory_terms(ctx: Context) -> MemoryTerms:
+    """Device and host memory tables of every candidate (see the module docstring)."""
+    c, recipe, assume, table = ctx.cand, ctx.recipe, ctx.assume, ctx.table
+    C, S = ctx.C, ctx.S
+    col, kind = ctx.col, ctx.kind
+    pb, gb, ob = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes
+    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes  # on the wire and in unshard buffers
+    tp = c.tp.astype(float)
+    sp_div = np.where(c.sp, tp, 1.0)
+    zero = c.zero
+    dense_local, exp_local = ctx.dense_local, ctx.exp_local
+    z_sh, ez_sh = col(ctx.size["zero"]), col(ctx.size["ezero"])
+    z = col(zero)
+
+    # Without a separate master copy (fp32 training, FSDP2's fp32 shards) the stored weights are
+    # the master: ZeRO-2 shards them like optimizer state and keeps the gathered copy (FSDP2's
+    # reshard_after_forward=False; DeepSpeed's fp32 partitions) for the whole step.
+    shard_and_gathered = (z == 2) & (not recipe.master_copy)
+    p_sharded = (z >= 3) | shard_and_gathered
+    # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
+    # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets
+    grads_off = col(c.off_opt) * (z >= 2) > 0
+
+    def states(dense: Array, expert: Array) -> Array:
+        kept = np.where(shard_and_gathered, (dense + expert) * pgb, 0.0)
+        return np.concatenate([
+            state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
+            + kept,
+            state_bytes(dense, gb, z_sh, z >= 2, grads_off) + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
+            state_bytes(dense, ob, z_sh, z >= 1, col(c.off_opt)) + state_bytes(expert, ob, ez_sh, z >= 1, col(c.off_opt)),
+        ], axis=-1)
+
+    state_block = states(dense_local, exp_local)  # [C,1,K,3]
+    # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
+    act_tp = kind("act_tp") - (kind("act_fused") if assume.compiled or assume.fused_kernels else 0.0)
+    act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
+                                       kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
+    stage = np.arange(S)[None, :]
+    first, last = ctx.first, ctx.last
+    inflight = inflight_microbatches(c.schedule[:, None], c.pp[:, None], c.vpp[:, None], c.ga[:, None], stage)
+    # Phase 0, the start of backward, holds every in-flight micro-batch; phase 1, the end of
+    # the first backward, one fewer (one chunk of 1/vpp of the stage with interleaving).
+    act_mult = np.stack([inflight, np.maximum(inflight - 1 / c.vpp[:, None], 0.0)], axis=-1)
+    # Gradients exist at the start of backward when they live in persistent buffers (DDP's
+    # buckets, Megatron's grad buffer: ZeRO <= 1) or an earlier micro-batch of the step has
+    # finished its backward (more micro-batches than the stage holds in flight).  Sharded
+    # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
+    # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
+    live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)
+    ones = np.ones((C, S))
+    state_live = np.stack([np.stack([ones, live, ones], axis=-1), np.ones((C, S, 3))], axis=2)  # [C,S,2,3]
+    e, h = table.embed, table.head
+    edge_dense = ctx.edge_dense
+    edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, None, 0, :] * state_live  # [C,S,2,3]
+    tok = ctx.tokens[:, None]
+    # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
+    head_tp = h.act_tp * (table.act_bytes / 4 if assume.fused_kernels else 1.0)
+    edge_act = (first * tok * (e.act_rep / sp_div)[:, None]
+                + last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * act_mult  # [C,S,2]
+    # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
+    # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
+    # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).
+    gathered = (zero >= 3) | c.off_par
+    # FSDP units: a block, experts included; with ep > 1 its local experts are a unit of their own
+    # over the expert-data-parallel group (torchtitan), so the largest unit is reduced while the
+    # smaller ones are gathered
+    dense_unit, exp_unit = dense_local.max(axis=(1, 2, 3)), exp_local.max(axis=(1, 2, 3))
+    apart = c.ep > 1
+    reduced = np.where(apart, np.maximum(dense_unit, exp_unit), dense_unit + exp_unit)
+    next_unit = np.where(apart, np.minimum(dense_unit, exp_unit), dense_unit + exp_unit)
+    root = np.where(gathered[:, None], edge_dense * pgb, 0.0)
+    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, pgb, rgb, assume.zero3_prefetch_units),
+                       2 * assume.comm_bucket_MiB * 2**20)[:, None]
+    # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
+    # the fp32 logits) are freed by the head's backward, before the first block's buffers
+    # are needed (FSDPMemTracker, autoplace.fidelity)
+    per_vocab = np.where(tp > 1, assume.loss_workspace_bytes_per_vocab_tp, assume.loss_workspace_bytes_per_vocab)
+    loss = last * tok * (per_vocab * table.vocab / tp)[:, None] * (not assume.fused_kernels)
+    buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
+    reserve = np.broadcast_to(reserve_bytes(ctx.hw.capacity, assume.allocator_reserve_fraction,
+                                            assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)
+    mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
+    host_block, host_static = host_bytes(ctx)
+    return MemoryTerms(state_block=state_block, act_block=act_block, state_live=state_live, act_mult=act_mult,
+                       mem_static=mem_static, host_block=host_block, host_static=host_static,
+                       host_capacity=ctx.stage(ctx.hw.host_capacity * (1 - assume.host_reserve_fraction)))
+
+
+def host_bytes(ctx: Context) -> tuple[Array, Array]:
+    """Host memory per GPU of offloaded states: per block ``[C, S, K]`` and the edges ``[C, S]``.
+
+    An offloaded optimizer keeps its states (fp32 master and moments, ``optimizer_bytes``) and
+    fp32 gradients (``offload_grad_bytes``, DeepSpeed ZeRO-Offload's pinned gradient
+    partitions) for the parameters this GPU updates; offloaded parameters keep their 16-bit copy.
+    """
+    c, recipe = ctx.cand, ctx.recipe
+    opt_per = np.where(c.off_opt, recipe.optimizer_bytes + ctx.assume.offload_grad_bytes, 0.0)
+    par_per = np.where(c.off_par, recipe.param_bytes, 0.0)
+    z_opt, ez_opt = np.where(c.zero >= 1, ctx.size["zero"], 1), np.where(c.zero >= 1, ctx.size["ezero"], 1)
+    z_par, ez_par = np.where(c.zero >= 3, ctx.size["zero"], 1), np.where(c.zero >= 3, ctx.size["ezero"], 1)
+    dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]  # [C, K]
+    block = ((dense / z_opt[:, None] + expert / ez_opt[:, None]) * opt_per[:, None]
+             + (dense / z_par[:, None] + expert / ez_par[:, None]) * par_per[:, None])
+    edges = ctx.edge_dense * (opt_per / z_opt + par_per / z_par)[:, None]
+    return ctx.stage(block[:, None, :]), edges

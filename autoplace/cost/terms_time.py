@@ -1,0 +1,358 @@
+"""Time and byte coefficient tables: seconds per micro-batch per block and per stage, the
+once-per-step tail, and the bytes every collective moves.
+
+Each collective's exposed time is computed from the compute it can hide under, mechanism by
+mechanism (:mod:`autoplace.cost.step` has the two formulas):
+
+* tensor parallelism: exposed, unless a comm-overlap mode runs it (torchtitan's async TP,
+  Megatron's ``--tp-comm-overlap``: ``tp_comm_overlap``), which pipelines each all-gather and
+  reduce-scatter with the TP matmuls beside it; expert parallelism: exposed;
+* ZeRO-3 / FSDP2: each block's all-gather is prefetched under the previous block's forward,
+  and in backward the next gather plus this block's reduce-scatter run under its backward;
+  the first gather and the last reduce-scatter of every micro-batch have nothing to hide
+  under, nor has the root unit's (FSDP2 gathers it at the start, reduces it at the end);
+* ZeRO-2: each micro-batch's reduce-scatter runs under that block's backward;
+* DDP / ZeRO-1 (and HSDP's replica all-reduce): bucketed reduction under the last
+  micro-batch's backward, the last bucket exposed; ZeRO-1/2's parameter all-gather after the
+  optimizer step is exposed;
+* context parallelism: each ring step's K/V transfer hides under that step's attention chunk;
+* pipeline sends: exposed (warm-up and cool-down have nothing to hide them);
+* offloaded parameters: PCIe copies (copy engines, no SM contention) under the block's compute;
+  an offloaded optimizer: CPU Adam on the host, shared by the node's GPUs, after backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost import comm
+from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
+from autoplace.cost.context import Context
+from autoplace.cost.step import hidden
+
+Array = np.ndarray
+MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
+COMM_PARTS = ("dp", "tp", "pp", "cp", "ep", "offload")
+
+
+@dataclass(frozen=True)
+class BlockCompute:
+    """Compute seconds of one block per micro-batch on each stage ``[C, S, K]`` (backward and
+    total per recompute mode ``[C, S, K, 3]``)."""
+
+    forward: Array
+    backward: Array  # recompute included
+    attn_forward: Array
+    attn_backward: Array
+    gemm_forward: Array  # the matmuls alone (what tensor-parallel comm can overlap with)
+
+    @property
+    def total(self) -> Array:
+        return self.forward[..., None] + self.backward
+
+
+@dataclass(frozen=True)
+class TimeTerms:
+    t_block: Array  # [C, S, K, R, 7] seconds per micro-batch by MB_PARTS
+    t_static: Array  # [C, S, 7]
+    reduce_block: Array  # [C, S, K] seconds of the once-per-step gradient reduction
+    reduce_static: Array  # [C, S]
+    window_block: Array  # [C, S, K] backward seconds (no recompute) the reduction hides under
+    window_static: Array  # [C, S]
+    last_bucket: Array  # [C, S] seconds of the reduction's last bucket
+    gather_block: Array  # [C, S, K] seconds of the once-per-step parameter gather
+    gather_static: Array  # [C, S]
+    opt_block: Array  # [C, S, K] optimizer step seconds
+    opt_static: Array  # [C, S]
+    bytes_block: Array  # [C, 1, K, R, 6] bytes sent per step by COMM_PARTS
+    bytes_static: Array  # [C, S, 6]
+
+
+def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
+    """Per-block compute by kernel class (:mod:`autoplace.cost.compute`).
+
+    Args:
+        act_none: activation bytes a block keeps with no recompute ``[C, 1, K]``; the
+            memory-bound kernels stream about that much per pass.
+    """
+    c, table, assume = ctx.cand, ctx.table, ctx.assume
+    tp, ep = c.tp.astype(float)[:, None], c.ep.astype(float)[:, None]
+    tokens = ctx.tokens[:, None]
+    elem = 1.0 if ctx.recipe.compute_dtype == "fp8" else ctx.recipe.activation_bytes
+    seq = np.full_like(tokens, float(table.seq_len))
+    seq_local = seq / c.cp[:, None]
+
+    def per_kind(kern: Kernels) -> tuple[Array, Array, Array, Array]:
+        fwd, afwd, abwd, gemms = [], [], [], []
+        for k in table.kinds:
+            gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
+            if ctx.recipe.compute_dtype == "fp8":
+                gemm = (gemm * (assume.fp8_rowwise_gemm_time if assume.fp8_rowwise else 1.0)
+                        + kern.stream(fp8_cast_bytes(k.gemms, tokens, tp, ep, assume.fp8_cast_bytes)))
+            score = tokens * k.flops_score / tp  # full (unmasked) forward FLOPs of the attention core
+            if k.flash:
+                a_f, a_b = kern.attention(score, seq_local)
+            else:  # QK^T and PV as batched GEMMs per head (their softmax streams with the activations)
+                heads = k.flops_score / (4 * table.seq_len * k.head_dim) / tp * c.mbs[:, None]
+                a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem) + kern.gemm(seq_local, k.head_dim, seq, elem))
+                a_b = 2 * a_f
+            fwd.append(gemm + a_f)
+            afwd.append(a_f)
+            abwd.append(a_b)
+            gemms.append(gemm)
+        return np.stack(fwd, -1), np.stack(afwd, -1), np.stack(abwd, -1), np.stack(gemms, -1)
+
+    per_pool = [per_kind(k) for k in ctx.hw.kernels]
+    gemm_attn = ctx.hw.slowest([p[0] for p in per_pool])  # [C, S, K]
+    attn_f = ctx.hw.slowest([p[1] for p in per_pool])
+    attn_b = ctx.hw.slowest([p[2] for p in per_pool])
+    gemm_f = ctx.hw.slowest([p[3] for p in per_pool]) * assume.compute_scale
+    stream = ctx.hw.slowest([act_none * assume.traffic / 3 / k.hbm_Bps for k in ctx.hw.kernels])
+    overhead = assume.kernels * assume.kernel_overhead_us * 1e-6
+    scale = assume.compute_scale
+    fwd = (gemm_attn + stream + overhead) * scale
+    attn_f, attn_b = attn_f * scale, attn_b * scale
+    bwd_none = 2 * (fwd - attn_f) + attn_b  # two GEMMs per forward GEMM, twice the streams and kernels
+    backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
+    return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
+
+
+def time_terms(ctx: Context, act_none: Array) -> TimeTerms:
+    """Every time and byte table (see the module docstring)."""
+    blk = block_compute(ctx, act_none)
+    t_block, bytes_block, units = _block_comm(ctx, blk)
+    t_static, bytes_static, head_bwd = _edge_terms(ctx, units)
+    step = _step_terms(ctx, head_bwd)
+    red_blk, red_st, gat_blk, gat_st, bucket, dp_bytes_blk, dp_bytes_st, opt_blk, opt_st, off_blk, off_st = step
+    bytes_block[..., 0] += dp_bytes_blk[:, None, :, None]
+    bytes_block[..., 5] += off_blk[:, None, :, None]
+    bytes_static[..., 0] += dp_bytes_st
+    bytes_static[..., 5] += off_st
+    return TimeTerms(
+        t_block=ctx.stage(t_block), t_static=ctx.stage(t_static), reduce_block=ctx.stage(red_blk),
+        reduce_static=ctx.stage(red_st), window_block=ctx.stage(blk.backward[..., 0]),
+        window_static=ctx.stage(head_bwd), last_bucket=ctx.stage(bucket), gather_block=ctx.stage(gat_blk),
+        gather_static=ctx.stage(gat_st), opt_block=ctx.stage(opt_blk), opt_static=ctx.stage(opt_st),
+        bytes_block=bytes_block, bytes_static=bytes_static)
+
+
+def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Array, Array]]:
+    """Per-block seconds by MB_PARTS ``[C, S, K, 3, 7]``, bytes per step ``[C, 1, K, 3, 6]``,
+    and the largest unit's (all-gather, reduce-scatter) seconds ``[C, S]`` for the edges."""
+    c, col, kind, lk = ctx.cand, ctx.col, ctx.kind, ctx.links
+    size, n_in, recipe = ctx.size, ctx.n_in, ctx.recipe
+    kappa = ctx.assume.overlap_slowdown
+    tp, cp = c.tp.astype(float), c.cp.astype(float)
+    sp_div = np.where(c.sp, tp, 1.0)
+    z = col(c.zero)
+    full = np.array([0.0, 0.0, 1.0]).reshape(1, 1, 1, 3)
+    fwd, bwd = blk.forward[..., None], blk.backward  # [C,S,K,1], [C,S,K,3]
+    tokens = col(ctx.tokens)
+    dense_local, exp_local = ctx.dense_local, ctx.exp_local
+    ga = col(c.ga)
+
+    # tensor parallelism: 2 forward, 2 backward, 2 more when recomputed (all-reduces, or
+    # all-gather + reduce-scatter with sequence parallelism: the same bytes)
+    passes = 4 + 2 * full
+    tp_on = col(tp > 1)
+    tp_i, tp_x, tp_t = comm.allreduce(tokens * kind("tp_allreduce") / 2, col(size["tp"]), col(n_in["tp"]), lk)
+    ep_i, ep_x, ep_t = comm.alltoall(tokens / col(sp_div) * kind("ep_alltoall"), col(size["ep"]), col(n_in["ep"]), lk)
+    tp_time = tp_on * passes * tp_t
+    if ctx.assume.tp_comm_overlap:  # async TP / userbuffers: the collectives pipeline with the TP matmuls
+        tp_time = hidden(tp_time, blk.gemm_forward[..., None] * (3 + full), kappa)
+
+    # context parallelism, a ring: forward passes K/V around (cp - 1) steps; backward passes
+    # K/V again with dK/dV; each step hides under one chunk of the attention
+    cp_fwd = tokens * kind("cp_kv") / col(tp) * col(cp - 1)
+    cp_inter = col(n_in["cp"] < c.cp) > 0
+    cp_f_t = comm.p2p(cp_fwd, col(cp - 1), cp_inter, lk)
+    cp_b_t = comm.p2p(2 * cp_fwd, 2 * col(cp - 1), cp_inter, lk)
+    chunk = col((cp - 1) / cp)
+    a_f, a_b = blk.attn_forward[..., None] * chunk, blk.attn_backward[..., None] * chunk
+    cp_time = (1 + full) * hidden(cp_f_t, a_f, kappa) + hidden(cp_b_t, a_b, kappa)
+    cp_bytes = cp_fwd * (3 + full)
+
+    # ZeRO-3 gathers every block in forward and again in backward and reduce-scatters its
+    # gradient; ZeRO-2 reduce-scatters (DeepSpeed: all-reduces) every micro-batch
+    ag_t, rs_t, ar_t, zero_bytes = _shard_collectives(ctx, dense_local, exp_local)
+    grad_t = ar_t if ctx.assume.zero12_grad_reduce == "all-reduce" else rs_t
+    zero_time = np.where(z >= 3, hidden(ag_t, fwd, kappa) + hidden(ag_t + rs_t, bwd, kappa),
+                         np.where(z == 2, hidden(grad_t, bwd, kappa), 0.0))
+    z2_bytes = zero_bytes[2] if ctx.assume.zero12_grad_reduce == "all-reduce" else zero_bytes[1]
+    zero_bytes_mb = np.where(z >= 3, zero_bytes[0], np.where(z == 2, z2_bytes, 0.0))
+
+    # offloaded parameters stream in over PCIe for forward and again for backward
+    shard_params = dense_local / np.where(z >= 3, col(size["zero"]), 1) + exp_local / np.where(z >= 3, col(size["ezero"]), 1)
+    host_bps = ctx.hw.host_Bps[..., None, None] / ctx.assume.bandwidth_scale
+    off_bytes_mb = col(c.off_par) * 2 * shard_params * recipe.param_bytes
+    off_time = hidden(off_bytes_mb / 2 / host_bps, fwd, 0.0) + hidden(off_bytes_mb / 2 / host_bps, bwd, 0.0)
+
+    zeros = np.zeros_like(bwd)
+    t_block = np.stack(np.broadcast_arrays(blk.total, tp_time, passes * ep_t, cp_time, zeros,
+                                           zero_time, off_time), axis=-1)
+    ones = np.ones((1, 1, 1, 3))
+    bytes_block = np.stack(np.broadcast_arrays(
+        ga * zero_bytes_mb * ones, ga * tp_on * passes * (tp_i + tp_x) * ones, 0 * ones, ga * cp_bytes * ones,
+        ga * passes * (ep_i + ep_x) * ones, ga * off_bytes_mb * ones), axis=-1)[:, :1]
+    # the largest unit's gather and reduce-scatter: what the first and last of a micro-batch cost
+    unit_ag = np.broadcast_to(ag_t, fwd.shape).max(axis=(2, 3))
+    unit_rs = np.broadcast_to(np.where(z >= 3, rs_t, np.where(z == 2, grad_t, 0.0)), fwd.shape).max(axis=(2, 3))
+    return t_block, bytes_block.copy(), (unit_ag, unit_rs)
+
+
+def _shard_collectives(ctx: Context, dense: Array, expert: Array) -> tuple[Array, Array, Array, tuple[Array, Array, Array]]:
+    """Seconds of gathering, reduce-scattering and all-reducing ``dense`` and ``expert`` local
+    parameters over the shard groups, and bytes per micro-batch of ZeRO-3 (2 gathers + one
+    reduce-scatter), of a reduce-scatter and of an all-reduce."""
+    pgb, rgb = ctx.recipe.gather_bytes, ctx.recipe.reduce_bytes
+    col, lk = ctx.col, ctx.links
+    groups = (("zero", dense), ("ezero", expert))
+    ag = [comm.allgather(p * pgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
+    rs = [comm.reducescatter(p * rgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
+    ar = [comm.allreduce(p * rgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
+
+    def total(parts: list[tuple[Array, Array, Array]], i: int) -> Array:
+        return sum((p[i] for p in parts), np.zeros(1))
+
+    z3 = 2 * (total(ag, 0) + total(ag, 1)) + total(rs, 0) + total(rs, 1)
+    return (total(ag, 2), total(rs, 2), total(ar, 2),
+            (z3, total(rs, 0) + total(rs, 1), total(ar, 0) + total(ar, 1)))
+
+
+def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+    """Per-micro-batch seconds ``[C, S, 7]`` and bytes per step ``[C, S, 6]`` of the edges
+    (embedding, head, loss), pipeline sends and the unhidden first/last FSDP collectives; and
+    the head's backward seconds (part of the reduction's window) ``[C, S]``."""
+    c, table, recipe, assume = ctx.cand, ctx.table, ctx.recipe, ctx.assume
+    C, S = ctx.C, ctx.S
+    first, last = ctx.first, ctx.last
+    tp = c.tp.astype(float)
+    sp_div = np.where(c.sp, tp, 1.0)
+    tok = ctx.tokens[:, None]
+    h = table.head
+    zero = c.zero
+    ga = c.ga.astype(float)[:, None]
+    elem = 1.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes
+    # the head's matmul (forward and two backward) and the loss streaming the logits
+    head_fwd = ctx.hw.slowest([gemms_forward(k, h.gemms, tok, tp[:, None], 1.0, elem)
+                               + k.stream(tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None] * assume.traffic / 3)
+                               for k in ctx.hw.kernels]) * assume.compute_scale
+    head_fwd = last * head_fwd
+    t_compute = 3 * head_fwd
+    # the vocab-parallel embedding all-reduces its output; the head its input's gradient and the
+    # loss's per-token statistics (three small all-reduces)
+    lk = ctx.stage_links
+    edge_ar = first * table.embed.tp_allreduce + last * h.tp_allreduce  # bytes per token
+    size, n_in = ctx.size, ctx.n_in
+    emb_i, emb_x, emb_t = comm.allreduce(tok * edge_ar, size["tp"][:, None], n_in["tp"][:, None], lk)
+    tp_on = (tp > 1)[:, None]
+    small_ar = comm.allreduce(np.full((C, 1), 4.0), size["tp"][:, None], n_in["tp"][:, None], lk)[2]
+    t_tp = tp_on * (emb_t + last * 3 * small_ar)
+    vpp = c.vpp[:, None].astype(float)
+    sends = np.where(c.pp[:, None] > 1, 2 * vpp - first - last, 0.0)
+    send_bytes = sends * tok * table.act_bytes * table.hidden / sp_div[:, None]
+    pp_inter = (size["pp"] > 1)[:, None] & (ctx.n_in["pp"] < size["pp"])[:, None]
+    t_pp = comm.p2p(send_bytes, sends, pp_inter, lk)
+    edge_dense = ctx.edge_dense
+    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes
+    _, _, eag = comm.allgather(edge_dense * pgb, size["zero"][:, None], n_in["zero"][:, None], lk)
+    _, _, ers = comm.reducescatter(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
+    _, _, ear = comm.allreduce(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
+    all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"  # ZeRO-2's per-micro-batch reduction
+    # edges are units too: ZeRO-3 gathers the root once per micro-batch (it stays gathered until
+    # backward) and reduce-scatters its gradient; ZeRO-2 reduce-scatters their gradients.  The
+    # first block's gather and the last block's reduce-scatter have no compute to hide under.
+    unit_ag, unit_rs = units
+    z3, z2 = (zero >= 3)[:, None], (zero == 2)[:, None]
+    t_zero = np.select([z3, z2], [eag + ers + unit_ag + unit_rs, (ear if all_reduce_12 else ers) + unit_rs], 0.0)
+    edge_shard = edge_dense / np.where(z3, size["zero"][:, None], 1)
+    t_off = c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes / (ctx.hw.host_Bps / assume.bandwidth_scale)
+    zs = np.zeros((C, S))
+    t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
+    zfrac = ((size["zero"] - 1) / size["zero"])[:, None]
+    bytes_static = np.stack(np.broadcast_arrays(
+        ga * edge_dense * zfrac * np.select([z3, z2], [pgb + rgb, (2 if all_reduce_12 else 1) * rgb], 0.0),
+        ga * tp_on * (emb_i + emb_x), ga * send_bytes, zs, zs,
+        ga * c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes), axis=-1)
+    return t_static, bytes_static.copy(), 2 * head_fwd
+
+
+def _step_terms(ctx: Context, head_bwd: Array) -> tuple[Array, ...]:
+    """Once per step, linear in a stage's blocks: gradient reduction, parameter gather and the
+    optimizer, per block ``[C, K]`` and for the edges ``[C, S]``; the last bucket's reduction
+    ``[C, S]``; data-parallel and offload bytes.
+
+    ZeRO paper Sec. 7: DDP all-reduces gradients (2Ψ); ZeRO-1/2 reduce-scatter gradients and
+    all-gather updated parameters (Ψ + Ψ); ZeRO-3 moves its gathers into every micro-batch
+    (counted per block) and only all-reduces shards across replicas (HSDP).  DeepSpeed's
+    ZeRO-1/2 all-reduce instead of reduce-scattering (``zero12_grad_reduce``).
+    """
+    c, recipe, assume = ctx.cand, ctx.recipe, ctx.assume
+    zero = c.zero
+    pb, gb, ob = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes
+    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes
+    all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"
+    lk = ctx.stage_links
+
+    def one(params: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
+        """(reduce seconds, gather seconds, bytes) of ``params`` ``[C, X]`` (stage-broadcast)."""
+        L = _bcast(lk, params)
+        n, ni = _e(ctx.size[group], params), _e(ctx.n_in[group], params)
+        ns, nis = _e(ctx.size[shard_group], params), _e(ctx.n_in[shard_group], params)
+        nr, nir = _e(ctx.size["rep"], params), _e(ctx.n_in["rep"], params)
+        zz = _e(zero, params)
+        ar = comm.allreduce(params * rgb, n, ni, L)
+        rs = comm.reducescatter(params * rgb, ns, nis, L)
+        ag = comm.allgather(params * pgb, ns, nis, L)
+        rep = comm.allreduce(params * rgb / ns, nr, nir, L)
+        z1 = ar if all_reduce_12 else rs
+        reduce_t = np.select([zz == 0, zz == 1], [ar[2], z1[2] + rep[2]], rep[2])
+        gather_t = np.where((zz == 1) | (zz == 2), ag[2], 0.0)
+        nbytes = np.select([zz == 0, zz == 1, zz == 2],
+                           [ar[0] + ar[1], z1[0] + z1[1] + ag[0] + ag[1] + rep[0] + rep[1],
+                            ag[0] + ag[1] + rep[0] + rep[1]], rep[0] + rep[1])
+        return reduce_t, gather_t, nbytes
+
+    dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]
+    r_d, g_d, b_d = one(dense[:, None, :], "dp", "zero")
+    r_e, g_e, b_e = one(expert[:, None, :], "edp", "ezero")
+    r_s, g_s, b_s = one(ctx.edge_dense[:, :, None], "dp", "zero")
+    # the last bucket: its reduction cannot start before backward ends
+    bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20 / max(rgb, 1e-9))
+    last_bucket = one(bucket, "dp", "zero")[0][..., 0]  # [C, S]
+
+    # optimizer: fused Adam streams its states through HBM (read + write moments and master,
+    # read gradients, write parameters); offloaded, CPU Adam runs on the host (shared by the
+    # node's GPUs) and the updated parameters come back over PCIe
+    z_opt, ez_opt = np.where(zero >= 1, ctx.size["zero"], 1), np.where(zero >= 1, ctx.size["ezero"], 1)
+    opt_params_blk = dense / z_opt[:, None] + expert / ez_opt[:, None]  # [C, K]
+    opt_params_st = ctx.edge_dense / z_opt[:, None]  # [C, S]
+    host_bps = ctx.hw.host_Bps / assume.bandwidth_scale  # [C, S]
+    gpu_opt = ctx.hw.slowest([np.full((ctx.C, 1), (2 * ob + gb + pb) / k.hbm_Bps) for k in ctx.hw.kernels])
+    cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps
+    off = c.off_opt[:, None]
+    per_param = np.where(off, cpu_opt, gpu_opt) * assume.compute_scale  # [C, S]
+    opt_block = opt_params_blk[:, None, :] * per_param[..., None]
+    opt_static = opt_params_st * per_param
+    # offloaded gradients go down to the host during backward, with the reduction
+    down = np.where(off, gb / host_bps, 0.0)
+    reduce_block = r_d + r_e + opt_params_blk[:, None, :] * down[..., None]
+    reduce_static = r_s[..., 0] + opt_params_st * down
+    off_step = c.off_opt[:, None] * (gb + pb)
+    return (reduce_block, reduce_static, g_d + g_e, g_s[..., 0], last_bucket, (b_d + b_e)[:, 0, :], b_s[..., 0],
+            opt_block, opt_static, (off_step[:, :1] * opt_params_blk), off_step * opt_params_st)
+
+
+def _e(x: Array, like: Array) -> Array:
+    return np.asarray(x).reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def _bcast(links: comm.Links, like: Array) -> comm.Links:
+    def f(v: Array) -> Array:
+        v = np.asarray(v)
+        return v[..., None] if like.ndim == 3 else v
+
+    return comm.Links(f(links.intra_Bps), f(links.intra_latency_s), f(links.inter_Bps), f(links.inter_latency_s),
+                      links.gpus_per_node)

@@ -1,0 +1,103 @@
+"""Print (never assert) predicted against measured throughput on the development set.
+
+Every run of tests/reference/published_runs.yaml and Megatron-LM 2021 Table 1 is scored with the
+shipped profiles and the framework's assumptions, with no per-row constants; each row prints
+the measured and predicted value of its own metric and the signed error (predicted / measured
+- 1: positive means autoplace is optimistic).  Then a summary per GPU family, and the pairwise
+ranking: for every two runs of the same model on the same cluster, whether the predicted order
+matches the measured one.
+
+Run: python benchmarks/published.py [--json] [--family h100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from autoplace.validation import PublishedRun, load_runs, megatron_runs, predict  # noqa: E402
+
+RUNS = REPO / "tests" / "reference" / "published_runs.yaml"
+MEGATRON = REPO / "tests" / "reference" / "megatron2021_table1.yaml"
+
+
+def score(runs: list[PublishedRun]) -> list[dict[str, object]]:
+    out = []
+    for run in runs:
+        value, ev = predict(run)
+        out.append({"id": run.id, "family": run.family, "framework": run.framework, "metric": run.metric,
+                    "measured": run.measured, "predicted": value, "error": value / run.measured - 1,
+                    "fits": ev.fits, "mfu": ev.mfu, "group": "/".join(map(str, run.group))})
+    return out
+
+
+def ranking(rows: list[dict[str, object]]) -> tuple[int, int]:
+    """(pairs ordered as measured, pairs) over runs of the same model and cluster."""
+    good = total = 0
+    by_group: dict[str, list[dict[str, object]]] = {}
+    for row in rows:
+        by_group.setdefault(str(row["group"]), []).append(row)
+    for members in by_group.values():
+        for a, b in itertools.combinations(members, 2):
+            if a["metric"] != b["metric"] or a["measured"] == b["measured"]:
+                continue
+            total += 1
+            good += (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])  # type: ignore[operator]
+    return good, total
+
+
+def summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[float]] = {"all": []}
+    for row in rows:
+        groups.setdefault(str(row["family"]), []).append(float(row["error"]))  # type: ignore[arg-type]
+        groups["all"].append(float(row["error"]))  # type: ignore[arg-type]
+    return {name: {"n": len(e), "mape": float(np.mean(np.abs(e))), "mean_signed": float(np.mean(e)),
+                   "worst": float(max(e, key=abs))} for name, e in groups.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--family", default=None, help="only this GPU family (a100, h100, ...)")
+    args = parser.parse_args()
+    skipped: list[tuple[str, str]] = []
+    runs = load_runs(RUNS, skipped) + megatron_runs(MEGATRON)
+    if args.family:
+        runs = [r for r in runs if r.family == args.family]
+    rows = score(runs)
+    good, pairs = ranking(rows)
+    stats = summary(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": stats, "ranking": {"ordered": good, "pairs": pairs}}, indent=1))
+        return
+    console = Console(width=160)
+    table = Table(title="Development set: predicted vs measured (error = predicted / measured - 1)")
+    for col in ("run", "fw", "metric", "measured", "predicted", "error", "fits"):
+        table.add_column(col, justify="left" if col in ("run", "fw", "metric") else "right")
+    for row in rows:
+        table.add_row(str(row["id"])[:60], str(row["framework"]), str(row["metric"]).replace("_per_gpu", "/gpu"),
+                      f"{row['measured']:.4g}", f"{row['predicted']:.4g}", f"{row['error']:+.1%}",
+                      "yes" if row["fits"] else "NO")
+    console.print(table)
+    summ = Table(title="By GPU family")
+    for col in ("family", "runs", "MAPE", "mean signed", "worst"):
+        summ.add_column(col, justify="right")
+    for name, s in stats.items():
+        summ.add_row(name, str(s["n"]), f"{s['mape']:.1%}", f"{s['mean_signed']:+.1%}", f"{s['worst']:+.1%}")
+    console.print(summ)
+    console.print(f"pairwise ranking: {good} of {pairs} pairs ordered as measured ({good / max(pairs, 1):.0%}); "
+                  f"{sum(not r['fits'] for r in rows)} of {len(rows)} runs predicted not to fit")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The problem every back end receives, its budget, and the one result type they all return."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoplace.cost.assumptions import DEFAULT, Assumptions
+from autoplace.errors import SolverError
+from autoplace.evaluation import Evaluation
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+OBJECTIVES = ("time", "comm", "memory")
+FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp")
+DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What to place where, and how to judge it.
+
+    Attributes:
+        model, cluster: the job and the machines.
+        objective: ``time`` (predicted step time), ``comm`` (bytes per step of the busiest
+            device) or ``memory`` (peak bytes per device); ties broken by the others.
+        fixed: plan keys pinned by ``--fix`` (same keys as ``--plan``).
+        features: what the search may use (FEATURES).
+        max_mbs: largest micro-batch considered.
+        admissible: a configuration filter (e.g. what one framework's config can express,
+            :func:`autoplace.frameworks.admissible`); None admits every configuration.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    objective: str = "time"
+    fixed: dict[str, Any] = field(default_factory=dict)
+    features: frozenset[str] = DEFAULT_FEATURES
+    assumptions: Assumptions = DEFAULT
+    max_mbs: int = 8
+    top_k: int = 3
+    admissible: Callable[[dict[str, Any]], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise SolverError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits for one solve: wall time, CP-SAT workers and random seed."""
+
+    time_limit_s: float = 10.0
+    workers: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """One result type for every back end.
+
+    Attributes:
+        plans: the top-K distinct plans, best first, each re-scored by the evaluator.
+        status: ``optimal``, ``feasible`` (time limit hit) or ``infeasible``.
+        bound: best proven lower bound of the objective (objective units), if known.
+        wall_s: seconds spent.
+        n_evaluated: candidate configurations scored by the vectorized evaluator.
+        nearest: when infeasible, the plan that misses least; ``advice`` says what would fit.
+        disagreement: largest relative difference between the back end's own objective value
+            and the evaluator's re-score of the same plan (one source of truth, DESIGN.md).
+    """
+
+    plans: list[Evaluation]
+    status: str
+    objective: str
+    bound: float | None
+    wall_s: float
+    n_evaluated: int
+    nearest: Evaluation | None = None
+    notes: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    disagreement: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """Relative distance between the best plan and the proven bound (0 when optimal)."""
+        if self.bound is None or not self.plans:
+            return None
+        best = objective_key(self.plans[0], self.objective)[0]
+        return max(0.0, (best - self.bound) / best) if best else 0.0
+
+
+def objective_key(ev: Evaluation, objective: str) -> tuple[float, float]:
+    """(primary, tie-break) of an evaluated plan, the order every back end ranks by."""
+    if objective == "time":
+        return ev.step_time_s, ev.comm["total"]
+    if objective == "comm":
+        return ev.comm["total"], ev.step_time_s
+    return ev.memory["total"], ev.step_time_s
