@@ -236,7 +236,7 @@ def solve(
     from autoplace.cost.layers import layer_table
 
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
-           "solve_seconds": 0.0, "bound": result.bound, "gap": result.gap,
+           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice, "framework": framework,
            "model": {"name": m.name, "params": int(layer_table(m).params)}, "cluster": c.summary(),
            "plans": [{**ev.to_dict(rank=i + 1), "frameworks": frameworks.runnable_by(ev.plan, m, c)}
@@ -265,7 +265,6 @@ def solve(
                 doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
-    doc["solve_seconds"] = round(_time.perf_counter() - t0, 3)
     if as_json:
         typer.echo(_json(doc))
     else:
