@@ -262,16 +262,19 @@ def solve(
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes.")] = None,
     deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json of the best plan here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's bundle here (plan.json and every "
+                                             "framework file that expresses it) and, unless --framework names one, "
+                                             "each framework's own best plan in OUT/<framework>/.")] = None,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
-    framework: Annotated[str | None, typer.Option("--framework", help="Only plans this framework can run, costed with "
-                                                  "its precision recipe: deepspeed, megatron, torchtitan, fsdp, "
-                                                  "accelerate.")] = None,
+    framework: Annotated[str, typer.Option("--framework", help="any (default): only plans at least one supported "
+                                           "framework can run; none: the theoretical optimum, unfiltered; or one of "
+                                           "deepspeed, megatron, torchtitan, fsdp, accelerate: the plans it can run, "
+                                           "costed with its precision recipe.")] = "any",
     fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
@@ -280,14 +283,15 @@ def solve(
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
 ) -> None:
-    """Rank plans with the integer program and write the best one's plan.json."""
+    """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time as _time
 
     t0 = _time.perf_counter()
     try:
+        from autoplace import frameworks
         from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget, Problem
+        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget
         from solvers.registry import get_solver
 
         out_fmt = output_format(fmt, as_json)
@@ -303,18 +307,12 @@ def solve(
         features -= set(deny or [])
         assume, band = _calibration(calibration, c, framework, force)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
-        if framework is None:
-            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
-                              assumptions=assume)
+        search = {"objective": objective.value, "assumptions": assume}
+        problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
+        m = problem.model
+        if framework == frameworks.NONE:
             result = get_solver(solver.value).solve(problem, budget)
         else:
-            from autoplace import frameworks
-
-            frameworks.check(framework)
-            m = frameworks.costed_model(m, framework)
-            fixed, features = frameworks.search_limits(framework, fixed, features)
-            problem = Problem(m, c, objective=objective.value, fixed=fixed, features=frozenset(features), top_k=top,
-                              assumptions=assume, admissible=frameworks.admissible(framework, m))
             result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
@@ -322,9 +320,13 @@ def solve(
 
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
-           "disagreement": result.disagreement, "advice": result.advice,
+           "disagreement": result.disagreement, "advice": result.advice, "framework": framework,
            "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
-           "plans": [ev.to_dict(rank=i + 1) for i, ev in enumerate(result.plans)], "notes": result.notes}
+           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": frameworks.runnable_by(ev.plan, m, c)}
+                     for i, ev in enumerate(result.plans)], "notes": result.notes}
+    if framework == frameworks.NONE:
+        doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
+                        "'frameworks' lists who can run each plan", *result.notes]
     # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
     band, band_source = _band(c, band)
     for plan_doc in doc["plans"]:
@@ -332,13 +334,19 @@ def solve(
         plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
+    per_framework: dict[str, Any] = {}
     if out is not None and result.plans:
         try:
-            from autoplace.hook import write_bundle
+            from autoplace.hook import write_bundle, write_framework_bundles
 
-            files = write_bundle(result.plans[0], m, c, out,
-                                 inputs={"model": model_ref(model), "cluster": cluster_ref(cluster, c)})
+            inputs = {"model": model_ref(model), "cluster": cluster_ref(cluster, c)}
+            files = write_bundle(result.plans[0], m, c, out, inputs=inputs)
             doc["bundle"] = {k: str(v) for k, v in files.items()}
+            if framework in (frameworks.ANY, frameworks.NONE):
+                per_framework = write_framework_bundles(
+                    result.plans[0], problem.model, c, out, get_solver(solver.value), budget, fixed=fixed,
+                    features=features, inputs=inputs, **search)
+                doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
             _fail(exc)
     if out_fmt == "json":
@@ -347,8 +355,19 @@ def solve(
         from autoplace.report import origin_lines, print_solution
 
         print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
+        if out is not None and result.plans:
+            _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
+    """The files solve --out wrote: the best plan's bundle, then each framework's best or why none."""
+    names = sorted(Path(p).name for k, p in doc.get("bundle", {}).items())
+    typer.echo(f"written: {out}/ (the best plan): {', '.join(names)}")
+    for f, bundle in per_framework.items():
+        typer.echo(f"  {f:<10} {bundle.summary()}")
+
 
 
 @app.command()
@@ -389,21 +408,32 @@ def check(
     cluster: ClusterArg,
     as_json: JsonOpt = False,
 ) -> None:
-    """Pre-submit hook: exit 0 when the job fits and is sound, 1 with the reasons otherwise."""
+    """Pre-submit hook: exit 0 when the job fits and is sound, 1 with the reasons otherwise.
+
+    The config's own batch is the truth; "auto" values (HF Trainer) are resolved from the model
+    or listed as unresolved.  The output names the framework, the plan read and those notes.
+    """
     try:
-        from autoplace.hook import check as run_check
+        from autoplace.hook import check_config
 
         m, c = _load(model, cluster, None, None)
-        ok, ev, why = run_check(config, m, c)
+        checked = check_config(config, m, c)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
+    ev = checked.evaluation
     if as_json:
-        typer.echo(_json({"schema": "autoplace.check/v1", "ok": ok, "reasons": why, "plan": ev.to_dict()}))
+        typer.echo(_json({"schema": "autoplace.check/v1", "ok": checked.ok, "framework": checked.framework,
+                          "config": str(config), "reasons": checked.reasons, "notes": list(checked.notes),
+                          "plan": ev.to_dict()}))
     else:
-        typer.echo(f"{'ok' if ok else 'REJECT'}: {config} on {c.name}: {ev.plan.to_string()}")
-        for line in why:
+        typer.echo(f"{'ok' if checked.ok else 'REJECT'}: {checked.framework} config {config} for {m.name} on "
+                   f"{c.name}")
+        typer.echo(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})")
+        for note in checked.notes:
+            typer.echo(f"  note: {note}")
+        for line in checked.reasons:
             typer.echo(f"  {line}")
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if checked.ok else 1)
 
 
 class Scheduler(StrEnum):

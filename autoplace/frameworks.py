@@ -4,6 +4,8 @@
 with the recipe F really uses (FSDP2 keeps fp32 shards and reduces in fp32; DeepSpeed and
 Megatron keep 16-bit weights and an fp32 master copy), the search leaves out what F can never
 express (its degrees and schedules), and every returned plan is one F's emitter accepts.
+``--framework any`` (the default) searches the configurations at least one framework can
+express and keeps the plans one can run; ``none`` is the theoretical optimum, unfiltered.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autoplace.errors import EmitError, SpecError
+from autoplace.errors import EmitError, Infeasible, SpecError
 from autoplace.plan import Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -26,12 +28,17 @@ _BF16_RECIPES = ("bf16", "bf16-fsdp2")  # specs.model recipe names
 _DENY = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, "fsdp": {"cp", "ep", "interleave"}}
 _PIN = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
 # frameworks that recompute every block alike: the search runs once per mode they offer
-_UNIFORM_RECOMPUTE = {"accelerate": ("none", "full")}
+_UNIFORM_RECOMPUTE = {"accelerate": ("none", "full"), "deepspeed": ("none", "selective", "full")}
+_UNIFORM_MODES = ("none", "selective", "full")
+
+
+ANY, NONE = "any", "none"  # solve --framework: runnable by at least one framework / no filter (theoretical optimum)
 
 
 def check(framework: str) -> None:
-    if framework not in FRAMEWORKS:
-        raise SpecError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}", field="--framework")
+    if framework not in (*FRAMEWORKS, ANY, NONE):
+        raise SpecError(f"unknown framework {framework!r}; valid: {', '.join((ANY, NONE, *FRAMEWORKS))}",
+                        field="--framework")
 
 
 def bf16_recipe(framework: str) -> str:
@@ -40,7 +47,10 @@ def bf16_recipe(framework: str) -> str:
 
 
 def costed_model(model: ModelSpec, framework: str) -> ModelSpec:
-    """``model`` with the bf16 recipe ``framework`` implements (other recipes are left alone)."""
+    """``model`` with the bf16 recipe ``framework`` implements (other recipes are left alone;
+    ``any`` and ``none`` keep the model's own)."""
+    if framework in (ANY, NONE):
+        return model
     want = bf16_recipe(framework)
     if model.training.precision not in _BF16_RECIPES or model.training.precision == want:
         return model
@@ -61,20 +71,65 @@ def search_limits(framework: str, fixed: dict[str, Any], features: set[str]) -> 
     return {**pins, **fixed}, features - _DENY.get(framework, set())
 
 
-def admissible(framework: str, model: ModelSpec) -> Callable[[dict[str, Any]], bool]:
-    """A solver configuration filter: whether ``framework`` can express the configuration (its
-    degrees, ZeRO level, schedule and offload), judged on the configuration's plan with an even
-    split and no recompute.  Per-layer recompute and uneven splits are checked on the final
-    plans (:func:`unexpressible`)."""
-    from autoplace.cost.layers import layer_table
+def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
+                features: set[str], **options: Any) -> Any:
+    """The solver Problem for ``framework`` (``any``, ``none`` or a framework name): the model
+    costed with its recipe, its pinned degrees and features, its admissible configurations.
+
+    Args:
+        options: the other Problem fields (objective, top_k, assumptions, ...).
+
+    Raises:
+        SpecError: an unknown framework, or a ``--fix`` the framework cannot run.
+        Infeasible: a model the framework does not implement (torchtitan: Llama-style only).
+    """
+    from solvers.problem import Problem
+
+    check(framework)
+    model = costed_model(model, framework)
+    if framework in FRAMEWORKS:
+        why = unsupported_model(framework, model)
+        if why:
+            raise Infeasible(why)
+        fixed, features = search_limits(framework, fixed, features)
+    test = None if framework == NONE else admissible(framework, model)
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, **options)
+
+
+def unsupported_model(framework: str, model: ModelSpec) -> str | None:
+    """Why ``framework`` cannot train ``model`` whatever the plan (its emitter's reason), or None."""
+    if framework != "torchtitan":
+        return None
+    from autoplace.emit.torchtitan import torchtitan_model
+
+    try:
+        torchtitan_model(model)
+    except EmitError as exc:
+        return str(exc)
+    return None
+
+
+def _checks(model: ModelSpec) -> dict[str, Callable[[Plan], None]]:
+    """Each framework's emitter check, ``check(plan)`` raising EmitError for what it cannot express."""
     from autoplace.emit import accelerate, deepspeed, fsdp, megatron, torchtitan
+
+    return {"deepspeed": deepspeed.check_expressible, "megatron": megatron.check_expressible,
+            "fsdp": fsdp.check_expressible, "accelerate": accelerate.check_expressible,
+            "torchtitan": lambda plan: torchtitan.check_expressible(plan, model)}
+
+
+def admissible(framework: str, model: ModelSpec) -> Callable[[dict[str, Any]], bool]:
+    """A solver configuration filter (``Problem.admissible``): whether ``framework`` -- or, for
+    ``any``, at least one supported framework -- can express the configuration (its degrees,
+    ZeRO level, schedule and offload), judged on the configuration's plan with an even split
+    and no recompute.  Per-layer recompute and uneven splits are checked on the final plans
+    (:func:`unexpressible`)."""
+    from autoplace.cost.layers import layer_table
     from solvers.space import plan_from
 
-    checks: dict[str, Callable[[Plan], None]] = {
-        "deepspeed": deepspeed.check_expressible, "megatron": megatron.check_expressible,
-        "fsdp": fsdp.check_expressible, "accelerate": accelerate.check_expressible,
-        "torchtitan": lambda plan: torchtitan.check_expressible(plan, model)}
-    check, table = checks[framework], layer_table(model)
+    all_checks = {f: c for f, c in _checks(model).items() if unsupported_model(f, model) is None}
+    checks = list(all_checks.values()) if framework == ANY else [all_checks[framework]]
+    table = layer_table(model)
 
     def ok(config: dict[str, Any]) -> bool:
         split = even_split(table.blocks, config["pp"] * config["vpp"])
@@ -82,19 +137,26 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[dict[str, Any]], b
         starts = [sum(stages[:s]) for s in range(len(stages))]
         modes = [[[sum(1 for i in range(a, a + n) if table.sequence[i] == k), 0, 0] for k in range(len(table.kinds))]
                  for a, n in zip(starts, stages, strict=True)]
-        try:
-            check(plan_from(config, table, stages, modes))
-        except EmitError:
-            return False
-        return True
+        plan = plan_from(config, table, stages, modes)
+        for check_one in checks:
+            try:
+                check_one(plan)
+            except EmitError:
+                continue
+            return True
+        return False
 
     return ok
 
 
 def unexpressible(plan: Plan, model: ModelSpec, cluster: ClusterSpec, framework: str) -> str | None:
-    """Why ``framework``'s config cannot express ``plan`` (its emitter's reason), or None."""
+    """Why ``framework``'s config cannot express ``plan`` (its emitter's reason), or None.
+    For ``any``: None when at least one framework can, else every framework's reason."""
     from autoplace.emit import render
 
+    if framework == ANY:
+        reasons = [unexpressible(plan, model, cluster, f) for f in FRAMEWORKS]
+        return None if None in reasons else "; ".join(_clip(r) for r in reasons if r)
     try:
         render(framework, plan, model, cluster)
     except EmitError as exc:
@@ -102,37 +164,73 @@ def unexpressible(plan: Plan, model: ModelSpec, cluster: ClusterSpec, framework:
     return None
 
 
+def _clip(reason: str, limit: int = 100) -> str:
+    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
+
+
+def runnable_by(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """The frameworks whose config can express ``plan``."""
+    return [f for f in FRAMEWORKS if unexpressible(plan, model, cluster, f) is None]
+
+
 def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> Any:
     """Solve ``problem`` (built with :func:`costed_model`, :func:`search_limits` and
-    :func:`admissible`) for ``framework`` and keep the ``top`` plans its emitter accepts.
+    :func:`admissible`) for ``framework`` (or ``any``) and keep the ``top`` plans it can express.
 
-    Frameworks that recompute all blocks alike are searched once per mode they offer, and the
-    plans merged by the objective.  The search asks for ``4 * top`` plans (at most 20) because a
-    plan's per-layer choices may still be something the framework cannot say; a note counts
-    those left out.
+    The search asks for ``4 * top`` plans (at most 20) because a plan's per-layer choices may
+    still be something the framework cannot say; a note counts those left out.  Frameworks that
+    recompute all blocks alike are searched once per mode they offer and the plans merged by
+    the objective; for the others (and ``any``) those uniform searches run only when none of the
+    wide search's per-layer plans can be expressed.
     """
     import dataclasses
 
-    from solvers.problem import objective_key
-
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = None if "recompute" in problem.fixed else _UNIFORM_RECOMPUTE.get(framework)
-    runs = [dataclasses.replace(wide, fixed={**wide.fixed, "recompute": mode}) for mode in modes] if modes else [wide]
-    results = [solver.solve(run, budget) for run in runs]
-    plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
+    results = _solve_runs(solver, wide, budget, modes, framework)
+    kept, reasons, plans = _keep(results, problem, framework)
+    if not kept and modes is None and "recompute" not in problem.fixed:  # every plan found recomputes per layer
+        results += _solve_runs(solver, wide, budget, _UNIFORM_MODES, framework)  # in a way no one can say
+        kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
-    kept, reasons = [], []
-    for ev in plans:
-        why = unexpressible(ev.plan, problem.model, problem.cluster, framework)
-        if why:
-            reasons.append(why)
-        else:
-            kept.append(ev)
     if reasons:
-        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {framework} cannot express them "
+        who = "no supported framework can" if framework == ANY else f"{framework} cannot"
+        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {who} express them "
                      f"(e.g. {reasons[0]})")
     proven = all(r.status in ("optimal", "infeasible") for r in results)
     status = ("optimal" if proven else "feasible") if kept else "infeasible"
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results))
+
+
+def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, framework: str) -> list[Any]:
+    """One solve per uniform recompute mode (or one solve); an empty admissible space says whose."""
+    import dataclasses
+
+    runs = [dataclasses.replace(problem, fixed={**problem.fixed, "recompute": m}) for m in modes] if modes else [problem]
+    try:
+        return [solver.solve(run, budget) for run in runs]
+    except Infeasible as exc:
+        who = "some supported framework" if framework == ANY else framework
+        raise Infeasible(f"{exc}, among the configurations {who} can run (--framework none shows the "
+                         "theoretical optimum)") from None
+
+
+def _keep(results: list[Any], problem: Any, framework: str) -> tuple[list[Any], list[str], list[Any]]:
+    """(plans the framework can express, best first and distinct; reasons for the others; all plans)."""
+    from solvers.problem import objective_key
+
+    plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
+    kept, reasons, seen = [], [], set()
+    for ev in plans:
+        key = ev.plan.to_string()
+        if key in seen:
+            continue
+        seen.add(key)
+        why = unexpressible(ev.plan, problem.model, problem.cluster, framework)
+        if why:
+            reasons.append(why)
+        else:
+            kept.append(ev)
+    return kept, reasons, plans

@@ -17,7 +17,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
@@ -25,6 +25,9 @@ from autoplace.evaluation import Evaluation, evaluate
 from autoplace.plan import Plan, build_plan, parse_plan_string
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
+
+if TYPE_CHECKING:
+    from autoplace.emit.read import ReadConfig
 
 GiB = 2**30
 
@@ -46,17 +49,20 @@ def reasons(ev: Evaluation) -> list[str]:
 
 def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = None,
              time_limit_s: float = 10.0) -> Evaluation:
-    """The plan to run: ``plan`` as given (a --plan string or a Plan), else CP-SAT's best."""
+    """The plan to run: ``plan`` as given (a --plan string or a Plan), else CP-SAT's best among
+    the plans at least one supported framework can run (``solve --framework any``)."""
     if isinstance(plan, Plan):
         return evaluate(model, cluster, plan)
     if plan:
         built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
-    from solvers.problem import Budget, Problem
+    from autoplace import frameworks
+    from solvers.problem import Budget
     from solvers.registry import get_solver
 
-    result = get_solver("cpsat").solve(Problem(model, cluster, top_k=1), Budget(time_limit_s=time_limit_s))
+    problem = frameworks.problem_for(frameworks.ANY, model, cluster, fixed={}, features=_default_features(), top_k=1)
+    result = frameworks.solve_for(frameworks.ANY, get_solver("cpsat"), problem, Budget(time_limit_s=time_limit_s), 1)
     if not result.plans:
         near = result.nearest
         detail = "; ".join(result.advice) if result.advice else "no plan fits"
@@ -64,8 +70,11 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
     return result.plans[0]
 
 
-def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    """A Plan from a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML."""
+def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+    """What a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML runs."""
+    from autoplace.emit.read import ReadConfig
+    from autoplace.emit.read import read_config as read_framework_config
+
     p = Path(path)
     if p.suffix.lower() == ".json":
         try:
@@ -73,16 +82,51 @@ def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SpecError(f"cannot read JSON ({exc})", source=str(path)) from None
         if isinstance(doc, dict) and "degrees" in doc:
-            return Plan.from_dict(doc, source=str(path))
-    from autoplace.emit.read import plan_from_file
+            return ReadConfig(Plan.from_dict(doc, source=str(path)), "plan.json", True)
+    return read_framework_config(p, model, cluster)
 
-    return plan_from_file(p, model, cluster)
+
+def _default_features() -> set[str]:
+    from solvers.problem import DEFAULT_FEATURES
+
+    return set(DEFAULT_FEATURES)
+
+
+def plan_from_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """A Plan from a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML."""
+    return read_config(path, model, cluster).plan
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of :func:`check_config`: the verdict, the evaluation, and what was read how."""
+
+    ok: bool
+    evaluation: Evaluation
+    reasons: list[str]
+    framework: str
+    notes: tuple[str, ...]
+
+
+def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Checked:
+    """Pre-submit check of an existing config against the model and cluster.
+
+    The config's own batch numbers are the truth: the plan is judged against the global batch
+    the config states (the model file's batch is used only when the config states none).
+    """
+    read = read_config(config, model, cluster)
+    if read.batch_stated and read.plan.global_batch != model.training.global_batch:
+        from autoplace.specs.model import with_overrides
+
+        model = with_overrides(model, {"global_batch": read.plan.global_batch}, source=str(config))
+    ev = evaluate(model, cluster, read.plan)
+    return Checked(ev.ok, ev, reasons(ev), read.framework, read.notes)
 
 
 def check(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> tuple[bool, Evaluation, list[str]]:
-    """Pre-submit check of an existing config: fits and sound -> ``(True, ev, [])``."""
-    ev = evaluate(model, cluster, plan_from_config(config, model, cluster))
-    return ev.ok, ev, reasons(ev)
+    """Pre-submit check of an existing config: fits and sound -> ``(True, ev, [])`` (see :func:`check_config`)."""
+    checked = check_config(config, model, cluster)
+    return checked.ok, checked.evaluation, checked.reasons
 
 
 def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
@@ -101,6 +145,85 @@ def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir
     return {"plan": out / "plan.json", **written}
 
 
+# What each framework's subfolder of a `solve --out` bundle holds: its config and a launcher for it
+# (accelerate's launch script comes with its YAML, torchtitan's overrides and flavor module with its TOML).
+FRAMEWORK_FORMATS = {
+    "deepspeed": ("deepspeed", "deepspeed-launch", "slurm"),
+    "megatron": ("megatron", "torchrun", "slurm"),
+    "torchtitan": ("torchtitan", "torchrun", "slurm"),
+    "fsdp": ("fsdp", "torchrun", "slurm", "k8s"),
+    "accelerate": ("accelerate", "slurm"),
+}
+
+
+@dataclass(frozen=True)
+class FrameworkBundle:
+    """One framework's best plan and the files written for it, or why there are none.
+
+    Attributes:
+        evaluation: its best plan, costed with the framework's own precision recipe.
+        files: format -> path, plan.json included.
+        slowdown: predicted step time over the overall best plan's, minus one (0.05 = 5% slower).
+        reason: why nothing was written (no plan the framework can express fits, or a --fix it cannot run).
+    """
+
+    evaluation: Evaluation | None = None
+    files: dict[str, Path] | None = None
+    slowdown: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.evaluation is None or self.files is None:
+            return {"written": False, "reason": self.reason}
+        return {"written": True, "dir": str(self.files["plan"].parent), "files": {k: str(v) for k, v in self.files.items()},
+                "slowdown": self.slowdown, "plan": self.evaluation.to_dict()}
+
+    def summary(self) -> str:
+        """One console line: the folder, its files and the predicted slowdown, or the reason."""
+        if self.evaluation is None or self.files is None:
+            return f"not written: {self.reason}"
+        names = ", ".join(path.name for key, path in self.files.items() if key != "plan")
+        return (f"{self.files['plan'].parent}/: {names}; step {self.evaluation.step_time_s:.3f} s "
+                f"({self.slowdown:+.1%} vs the best plan)")
+
+
+def write_framework_bundles(best: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
+                            solver: Any, budget: Any, *, fixed: dict[str, Any], features: set[str],
+                            inputs: dict[str, str] | None = None, **options: Any) -> dict[str, FrameworkBundle]:
+    """For each framework, solve for the best plan it can express (costed with its recipe) and
+    write that plan's plan.json and files into ``out_dir/<framework>/``.
+
+    Args:
+        best: the overall best plan, which each framework's step time is compared with.
+        solver, budget: the search back end and its limits.
+        fixed, features, options: the search the user asked for (``--fix``, features, objective...).
+    """
+    from autoplace import frameworks
+    from autoplace.emit import emit
+
+    out: dict[str, FrameworkBundle] = {}
+    for name in frameworks.FRAMEWORKS:
+        try:
+            problem = frameworks.problem_for(name, model, cluster, fixed=dict(fixed), features=set(features),
+                                             top_k=1, **options)
+            result = frameworks.solve_for(name, solver, problem, budget, 1)
+        except AutoplaceError as exc:
+            out[name] = FrameworkBundle(reason=str(exc))
+            continue
+        if not result.plans:
+            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
+            out[name] = FrameworkBundle(reason=f"no plan {name} can express fits ({detail})")
+            continue
+        ev, folder = result.plans[0], Path(out_dir) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {**ev.to_dict(), "framework": name, **({"inputs": inputs} if inputs else {})}
+        (folder / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        files = emit(ev.plan, problem.model, cluster, FRAMEWORK_FORMATS[name], folder, strict=False)
+        out[name] = FrameworkBundle(ev, {"plan": folder / "plan.json", **files},
+                                    ev.step_time_s / best.step_time_s - 1.0)
+    return out
+
+
 def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str, ...] = (), *,
            scheduler: str = "slurm", out_dir: str | Path = "autoplace-job", plan: str | Plan | None = None,
            dry_run: bool = False, time_limit_s: float = 10.0) -> Submission:
@@ -114,10 +237,10 @@ def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str,
     if not ev.ok:
         raise Infeasible("refusing to submit: " + "; ".join(reasons(ev)))
     files = write_bundle(ev, model, cluster, out_dir, script, args)
-    if scheduler == "slurm":
-        command = ["sbatch", "--parsable", str(files["slurm"])]
+    if scheduler == "slurm":  # absolute: the command runs in the bundle directory
+        command = ["sbatch", "--parsable", str(files["slurm"].resolve())]
     elif scheduler == "local":
-        command = ["bash", str(files["torchrun"])]
+        command = ["bash", str(files["torchrun"].resolve())]
     else:
         raise SpecError(f"unknown scheduler {scheduler!r}; valid: slurm, local", field="scheduler")
     if dry_run:

@@ -223,11 +223,16 @@ def _band_text(plan: dict[str, Any]) -> str:
     return f"{low:+.0%}/{high:+.0%}"
 
 
+_TITLES = {None: "Top plans", "any": "Top plans (each runs with at least one framework)",
+           "none": "Top plans (theoretical optimum: not filtered by what frameworks can run)"}
+
+
 def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[list[Section], list[str]]:
     """The top-K plans as one table and each full plan string (what --plan and --fix accept)
     on its own line; for an infeasible problem, the nearest plan and its shortfall."""
     if not doc["plans"]:
         return [], _infeasible_lines(doc)
+    runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
     rows = []
     for p in doc["plans"]:
         d, mem = p["degrees"], p["memory_per_device_bytes"]
@@ -236,8 +241,10 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
                      f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                      p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                      _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
-                     _band_text(p), f"{p['mfu']:.1%}"))
-    tab = Section("Top plans", _PLAN_COLUMNS, rows, right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
+                     _band_text(p), f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ())))
+    title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
+    tab = Section(title, (*_PLAN_COLUMNS, *(("runs with",) if runs_with else ())), rows,
+                  right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
     lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")

@@ -135,4 +135,4 @@ def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
     assert result.exit_code == 2
     assert "fsdp cannot run pp=2" in result.output
     result = invoke("solve", LLAMA_8B, A100_8, "--framework", "jax")
-    assert result.exit_code == 2 and "valid: deepspeed, megatron" in result.output
+    assert result.exit_code == 2 and "valid: any, none, deepspeed, megatron" in result.output

@@ -130,6 +130,17 @@ def _aliases(model_cls: Any) -> set[str]:
     return {name for n, f in model_cls.model_fields.items() for name in (n, f.alias) if name}
 
 
+def test_per_layer_recompute_is_refused_not_approximated() -> None:
+    """number_checkpoints cannot say which layers; a mixed plan is refused (and kept out of the search)."""
+    with pytest.raises(EmitError, match="per-layer recompute: DeepSpeed's activation_checkpointing section"):
+        emit_deepspeed(make_plan("zero=2,recompute_layers=f:f:n:n:n:n:n:n", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    cfg = emit_deepspeed(make_plan("zero=2,recompute=full", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    assert cfg["activation_checkpointing"]["number_checkpoints"] == 8  # every layer
+    from autoplace.frameworks import _UNIFORM_RECOMPUTE
+
+    assert _UNIFORM_RECOMPUTE["deepspeed"] == ("none", "selective", "full")  # searched one uniform mode at a time
+
+
 def test_zero_and_offload_key_lists_match_deepspeed() -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import (

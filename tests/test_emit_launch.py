@@ -108,7 +108,8 @@ def test_slurm_script_rendezvous_at_the_first_allocated_node(tmp_path) -> None:
     text = emit_slurm(make_plan("zero=3", model, CLUSTER16), model, CLUSTER16, launch)
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == ["#SBATCH --job-name=x-touch-tmp-pwned", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
-                          "#SBATCH --gpus-per-node=8", "#SBATCH --output=x-touch-tmp-pwned-%j.out"]
+                          "#SBATCH --time=24:00:00", "#SBATCH --exclusive", "#SBATCH --gpus-per-node=8",
+                          "#SBATCH --output=x-touch-tmp-pwned-%j.out"]
     env = {"SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77"}
     (call,) = run_script(text, tmp_path, env=env)
     assert call["argv"] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-id", "77",

@@ -30,7 +30,6 @@ DEEPSPEED_BAD = [
     (ds(overlap_com=True), "zero_optimization.overlap_com", "did you mean 'overlap_comm'"),
     (ds(stage=4), "zero_optimization.stage", "0, 1, 2 or 3"),
     ({**ds(), "train_batch_size": 48}, "train_batch_size", r"!= .* \* data-parallel size\(16\) = 64"),
-    ({**ds(), "train_batch_size": "auto"}, "train_batch_size", "Hugging Face Trainer"),
     ({**ds(), "gradient_accumulation_steps": 3, "train_micro_batch_size_per_gpu": None}, "train_batch_size",
      "not a multiple"),
     ({**ds(), "fp16": {"enabled": True}}, "fp16.enabled", "cannot both"),
@@ -116,8 +115,13 @@ def test_accelerate_reader_fsdp1_names_and_the_batch_from_the_model() -> None:
         plan_from_accelerate(acc(), MODEL, CLUSTER16, mbs=3)
 
 
+# MODEL is none of torchtitan's flavors: a job trains it as the bundle's registered flavor
+TITAN_MODEL = {"model": {"name": "llama3", "flavor": "autoplace"},
+               "experimental": {"custom_import": "autoplace_torchtitan_model"}}
+
+
 def test_torchtitan_reader_rejects_unknown_keys_and_bad_splits() -> None:
-    base = {"training": {"seq_len": 512}}
+    base = {**TITAN_MODEL, "training": {"seq_len": 512}}
     cases = [({"parallelism": {"tensor_parallel": 2}}, "parallelism.tensor_parallel", "tensor_parallel_degree"),
              ({"parallelism": {"pipeline_parallel_degree": 2, "data_parallel_shard_degree": 8,
                                "module_fqns_per_model_part": [["tok_embeddings", "layers.0"], ["layers.2", "output"]]}},
@@ -135,13 +139,30 @@ def test_torchtitan_reader_rejects_unknown_keys_and_bad_splits() -> None:
 
 
 def test_torchtitan_defaults_and_default_split() -> None:
-    plan = plan_from_torchtitan({"training": {"seq_len": 512, "local_batch_size": 2, "global_batch_size": 64},
+    plan = plan_from_torchtitan({**TITAN_MODEL, "training": {"seq_len": 512, "local_batch_size": 2, "global_batch_size": 64},
                                  "parallelism": {"pipeline_parallel_degree": 2}}, MODEL, CLUSTER16)
     # torchtitan: dp_shard = 16 / 2 = 8; FSDP without resharding under PP; default selective (every 2nd layer);
     # 1F1B: one stage per rank, embedding and head each weigh one layer: 10 // 2 = 5 -> 4 and 4 layers;
     # 2 micro-batches of 1 per step (local 2) x 64 / (2 * 8) = 4 accumulation steps = 8 micro-batches
     assert (plan.dp_shard, plan.zero, plan.layers_per_stage, plan.mbs, plan.grad_accum) == (8, 2, (4, 4), 1, 8)
     assert plan.recompute == ("none", "full") * 4
+
+
+def test_torchtitan_reader_checks_the_job_trains_the_model_file() -> None:
+    """Without [model] torchtitan trains llama3 debugmodel; a flavor of other shapes is another model."""
+    from autoplace.specs.model import load_model
+    from tests.helpers import REPO, gpu_cluster
+
+    base = {"training": {"seq_len": 512}, "parallelism": {"data_parallel_shard_degree": 16}}
+    with pytest.raises(SpecError, match=r"has no \[model\] section, so torchtitan trains llama3 debugmodel"):
+        plan_from_torchtitan(base, MODEL, CLUSTER16)
+    llama8 = load_model(REPO / "examples/models/llama-3-8b.json")
+    job = {"model": {"name": "llama3", "flavor": "70B"}, "training": {"seq_len": 8192},
+           "parallelism": {"data_parallel_shard_degree": 8}}
+    with pytest.raises(SpecError, match=r"says torchtitan trains llama3 70B, but the model file is llama-3-8b "
+                                        r"\(torchtitan llama3 flavor 8B\)"):
+        plan_from_torchtitan(job, llama8, gpu_cluster(8))
+    assert plan_from_torchtitan({**job, "model": {"name": "llama3", "flavor": "8B"}}, llama8, gpu_cluster(8)).zero == 3
 
 
 def test_reader_by_extension_rejects_other_files(tmp_path) -> None:

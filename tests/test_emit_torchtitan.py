@@ -1,8 +1,10 @@
-"""torchtitan 0.2.2's own ConfigManager accepts every emitted TOML, and its ParallelDims the degrees.
+"""torchtitan 0.2.2's own ConfigManager accepts every emitted TOML, and its ParallelDims the degrees;
+the model it would train is the plan's (name, flavor, and the shapes torchtitan builds from them).
 
 ``import torchtitan`` imports triton (absent on CPU machines), so the package is entered
 through a bare stand-in module whose path is torchtitan's: ``torchtitan.config`` and
-``torchtitan.distributed.parallel_dims`` import without it (ECOSYSTEM.md).
+``torchtitan.distributed.parallel_dims`` import without it (ECOSYSTEM.md).  The llama3 model
+package imports triton only through the MoE kernels module, which a stand-in replaces.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from autoplace.emit import emit_torchtitan, torchtitan_overrides
+from autoplace.cost.layers import layer_table
+from autoplace.emit import emit, emit_torchtitan, torchtitan_overrides
 from autoplace.emit._common import model_parts
 from autoplace.emit.read import plan_from_torchtitan
 from autoplace.emit.schema import TORCH_PP_SCHEDULES, TORCHTITAN_FIELDS, TORCHTITAN_SECTIONS
-from autoplace.emit.torchtitan import torchtitan_toml
+from autoplace.emit.torchtitan import LLAMA3_FLAVORS, torchtitan_model, torchtitan_model_module, torchtitan_toml
 from autoplace.errors import EmitError, SpecError
 from autoplace.plan import Plan
+from autoplace.specs.model import load_model
+from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_plans import CLUSTER16, LAYERS, MODEL, build, make_plan, plan_values, small_model
 
 pytest.importorskip("torch", reason="torchtitan needs torch")
@@ -41,22 +46,27 @@ def titan() -> Any:
     package = types.ModuleType("torchtitan")
     package.__path__ = [str(TITAN)]
     sys.modules["torchtitan"] = package
+    kernels = types.ModuleType("torchtitan.models.moe.kernels")  # the one module that imports triton
+    kernels.generate_permute_indices = None  # type: ignore[attr-defined]
+    sys.modules[kernels.__name__] = kernels
     try:
         from torchtitan.config.job_config import JobConfig
         from torchtitan.config.manager import ConfigManager
         from torchtitan.distributed.parallel_dims import ParallelDims
+        from torchtitan.models import llama3
 
-        yield types.SimpleNamespace(ConfigManager=ConfigManager, JobConfig=JobConfig, ParallelDims=ParallelDims)
+        yield types.SimpleNamespace(ConfigManager=ConfigManager, JobConfig=JobConfig, ParallelDims=ParallelDims,
+                                    llama3=llama3)
     finally:
         for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
             del sys.modules[key]
         sys.modules.update(saved)
 
 
-def parse(titan: Any, plan: Plan, tmp_path: Path) -> Any:
+def parse(titan: Any, plan: Plan, tmp_path: Path, model=MODEL, cluster=CLUSTER16) -> Any:
     """The JobConfig torchtitan's ConfigManager builds from the emitted TOML, degrees checked by ParallelDims."""
     path = tmp_path / "job.toml"
-    path.write_text(torchtitan_toml(emit_torchtitan(plan, MODEL, CLUSTER16), "generated for a test"))
+    path.write_text(torchtitan_toml(emit_torchtitan(plan, model, cluster), "generated for a test"))
     job = titan.ConfigManager().parse_args(["--job.config_file", str(path)])
     p = job.parallelism
     titan.ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
@@ -65,7 +75,36 @@ def parse(titan: Any, plan: Plan, tmp_path: Path) -> Any:
     return job
 
 
+def trained_model_params(titan: Any, job: Any, bundle: Path | None = None) -> int:
+    """Parameters of the model torchtitan's trainer would build for ``job`` (on the meta device).
+
+    As ``Trainer.__init__`` does: import ``experimental.custom_import`` (from ``bundle``), look the
+    flavor up in the train spec's model args, apply the job's sequence length.
+    """
+    import copy
+
+    import torch
+
+    flavors = titan.llama3.llama3_args
+    saved = dict(flavors)
+    try:
+        if job.experimental.custom_import:
+            assert bundle is not None
+            source = (bundle / f"{job.experimental.custom_import}.py").read_text()
+            exec(compile(source, job.experimental.custom_import, "exec"), {})
+        assert job.model.name == "llama3"
+        args = copy.deepcopy(flavors[job.model.flavor])
+        args.update_from_config(job)
+        with torch.device("meta"):
+            return sum(p.numel() for p in titan.llama3.Transformer(args).parameters())
+    finally:
+        flavors.clear()
+        flavors.update(saved)
+
+
 def check_job(job: Any, plan: Plan) -> None:
+    assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")  # MODEL is none of torchtitan's flavors
+    assert job.experimental.custom_import == "autoplace_torchtitan_model"
     p, t = job.parallelism, job.training
     assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
             p.context_parallel_degree, p.pipeline_parallel_degree) == (plan.dp_replicate, plan.dp_shard, plan.tp,
@@ -141,15 +180,75 @@ def test_reader_splits_layers_as_torchtitan_does(stages: int, first: int, last: 
                                                                     for c in chunks]
 
 
-def test_overrides_parse_with_torchtitans_command_line(titan) -> None:
-    """The 0.3 overrides use the --section.option names 0.2.2's tyro CLI shares (all but the AC subcommand)."""
-    plan = make_plan("pp=2,zero=3,layers=3:5,offload_optimizer=cpu,offload_params=cpu", MODEL, CLUSTER16)
-    args = torchtitan_overrides(plan, MODEL, CLUSTER16)
-    assert args[-1] == "activation_checkpoint:none"
-    job = titan.ConfigManager().parse_args(args[:-1])
-    assert job.parallelism.module_fqns_per_model_part == emit_torchtitan(plan, MODEL, CLUSTER16)[
-        "parallelism"]["module_fqns_per_model_part"]
-    assert job.training.enable_cpu_offload is True and job.parallelism.pipeline_parallel_degree == 2
+def test_overrides_are_the_same_job_for_torchtitans_command_line(titan, tmp_path) -> None:
+    """The overrides parse with torchtitan 0.2.2's own CLI into the job the TOML describes."""
+    import dataclasses
+
+    for text in ("pp=2,zero=3,layers=3:5,offload_optimizer=cpu,offload_params=cpu",
+                 "zero=3,recompute_layers=n:f:n:f:n:f:n:f", "tp=2,cp=2,zero=2,recompute=selective"):
+        plan = make_plan(text, MODEL, CLUSTER16)
+        from_cli = titan.ConfigManager().parse_args(torchtitan_overrides(plan, MODEL, CLUSTER16))
+        from_toml = parse(titan, plan, tmp_path)
+        assert dataclasses.asdict(from_cli) == {**dataclasses.asdict(from_toml), "job": dataclasses.asdict(
+            from_cli)["job"]}
+
+
+def test_torchtitans_own_flavors_are_the_shapes_autoplace_matches(titan) -> None:
+    import torch
+
+    for flavor, (dim, layers, heads, kv_heads, ffn, vocab, theta) in LLAMA3_FLAVORS.items():
+        args = titan.llama3.llama3_args[flavor]
+        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size, args.rope_theta) == (
+            dim, layers, heads, kv_heads, vocab, theta)
+        with torch.device("meta"):
+            block = titan.llama3.Transformer(dataclasses_replace(args, n_layers=1)).layers["0"]
+        assert block.feed_forward.w1.out_features == ffn
+
+
+def dataclasses_replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+@pytest.mark.parametrize("name, flavor", [("llama-3-8b", "8B"), ("llama-3-70b", "70B"), ("llama-3-405b", "405B")])
+def test_llama3_examples_train_torchtitans_own_flavor(name: str, flavor: str, titan, tmp_path) -> None:
+    model, cluster = load_model(REPO / f"examples/models/{name}.json"), gpu_cluster(64)
+    plan = make_plan("tp=8,pp=2,zero=3", model, cluster)
+    job = parse(titan, plan, tmp_path, model, cluster)
+    assert (job.model.name, job.model.flavor, job.experimental.custom_import) == ("llama3", flavor, "")
+    assert (job.parallelism.tensor_parallel_degree, job.parallelism.pipeline_parallel_degree,
+            job.parallelism.data_parallel_shard_degree) == (8, 2, 4)
+    assert job.training.global_batch_size == model.training.global_batch and job.training.seq_len == model.seq_len
+    assert torchtitan_model_module(plan, model, cluster) == ""
+    if flavor == "8B":  # building the others on the meta device takes longer and proves nothing more
+        assert trained_model_params(titan, job) == layer_table(model).params
+
+
+@pytest.mark.parametrize("extra", [{}, {"kv_heads": 8, "ffn_hidden": 688, "rope_theta": 500000}])
+def test_a_custom_model_is_registered_with_its_exact_shapes(extra: dict[str, Any], titan, tmp_path) -> None:
+    """torchtitan builds, from the bundle's flavor module, a model with autoplace's parameter count."""
+    model = small_model(**extra)
+    plan = make_plan("tp=2,zero=3", model, CLUSTER16)
+    emit(plan, model, CLUSTER16, ["torchtitan"], tmp_path)
+    job = titan.ConfigManager().parse_args(["--job.config_file", str(tmp_path / "torchtitan.toml")])
+    assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")
+    assert trained_model_params(titan, job, tmp_path) == layer_table(model).params
+    assert titan.llama3.llama3_args.get("autoplace") is None  # the registry was restored
+
+
+@pytest.mark.parametrize("path, arch", [("examples/models/hf/mixtral-8x7b/config.json", "mixture-of-experts"),
+                                        ("tests/data/hf/qwen2.5-0.5b.json", "q/k/v biases"),
+                                        ("tests/data/hf/gpt2.json", "linear-layer biases")])
+def test_architectures_torchtitan_lacks_are_not_written(path: str, arch: str, tmp_path) -> None:
+    model, cluster = load_model(REPO / path), gpu_cluster(16)
+    with pytest.raises(EmitError, match=f"not written: torchtitan 0.2.2 has no model with {arch}"):
+        torchtitan_model(model)
+    plan = make_plan("zero=3", model, cluster)
+    emit(plan, model, cluster, None, tmp_path)
+    assert not (tmp_path / "torchtitan.toml").exists()
+    assert "(not written) torchtitan.toml: torchtitan: not written: torchtitan 0.2.2 has no model with" in (
+        tmp_path / "README.txt").read_text()
 
 
 def test_key_lists_match_torchtitan(titan) -> None:
@@ -178,7 +277,8 @@ def test_what_torchtitan_cannot_express_raises() -> None:
 
 
 def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
-    base = {"parallelism": {"data_parallel_shard_degree": 16}, "training": {"seq_len": 512}}
+    base = {"parallelism": {"data_parallel_shard_degree": 16}, "training": {"seq_len": 512},
+            "model": {"name": "llama3", "flavor": "autoplace"}, "experimental": {"custom_import": "m"}}
     bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
            ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
            ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,

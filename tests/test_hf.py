@@ -35,7 +35,7 @@ DATA = Path(__file__).parent / "data" / "hf"
 
 SCHEMA_KEYS = {
     "name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "seq_len",
-    "ffn", "norm", "bias", "qkv_bias", "tied_embeddings", "position", "max_position", "dropout",
+    "ffn", "norm", "bias", "qkv_bias", "tied_embeddings", "position", "rope_theta", "max_position", "dropout",
     "flash_attention", "moe", "attention", "source", "qk_norm", "block_norms", "embedding_norm",
     "sliding_window", "full_attention_every", "final_logit_softcap", "mtp_layers",
 }
@@ -164,7 +164,7 @@ def test_llama3_8b_fields() -> None:
         "name": "meta-llama-3-8b", "layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
         "kv_heads": 8, "vocab": 128256, "seq_len": 8192, "ffn": "swiglu", "norm": "rmsnorm",
         "bias": False, "qkv_bias": False, "tied_embeddings": False, "position": "rope",
-        "dropout": False, "flash_attention": True,
+        "rope_theta": 500000.0, "dropout": False, "flash_attention": True,
         "source": "tests/data/hf/meta-llama-3-8b.json (Hugging Face config, model_type=llama)",
     }
 

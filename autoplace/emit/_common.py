@@ -51,6 +51,17 @@ def uniform_recompute(plan: Plan) -> str | None:
     return modes.pop() if len(modes) == 1 else None
 
 
+def recompute_runs(plan: Plan) -> str:
+    """The per-block recompute modes as runs, for messages: ``full x3, none x77``."""
+    runs: list[list] = []
+    for mode in plan.recompute:
+        if runs and runs[-1][0] == mode:
+            runs[-1][1] += 1
+        else:
+            runs.append([mode, 1])
+    return ", ".join(f"{mode} x{n}" for mode, n in runs)
+
+
 def model_parts(plan: Plan, fmt: str) -> list[int]:
     """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order.
 

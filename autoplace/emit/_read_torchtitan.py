@@ -16,7 +16,7 @@ from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, stage_counts_from_parts, training_dtype
 from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE, TORCH_PP_SCHEDULES, TORCHTITAN_FIELDS, TORCHTITAN_SECTIONS
 from autoplace.emit.torchtitan import layer_sac_pattern
-from autoplace.errors import SpecError
+from autoplace.errors import EmitError, SpecError
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -37,6 +37,7 @@ def plan_from_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: C
     par, train, ac = (kit.section(doc, name, src) for name in ("parallelism", "training", "activation_checkpoint"))
     for name, table in (("parallelism", par), ("training", train), ("activation_checkpoint", ac)):
         kit.check_keys(table, TORCHTITAN_FIELDS[name], src, f"{name}.")
+    _check_model(kit.section(doc, "model", src), doc, model, src)
     rep, shard, tp, cp, pp, ep = _degrees(par, cluster.gpus, src)
     zero = _zero(par, shard * cp, pp, src)
     _check_training(train, model, src)
@@ -49,6 +50,23 @@ def plan_from_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: C
                 zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule, offload_optimizer=offload,
                 offload_params=offload, recompute=_recompute(ac, parts, pp, src),
                 layers_per_stage=stage_counts_from_parts(parts, pp))
+
+
+def _check_model(section: kit.Doc, doc: kit.Doc, model: ModelSpec, src: str) -> None:
+    """The job must train the model file's model: torchtitan's own flavor with its shapes, or the
+    bundle's registered flavor.  Without ``[model]`` torchtitan 0.2.2 trains llama3 debugmodel."""
+    from autoplace.emit.torchtitan import CUSTOM_FLAVOR, torchtitan_model
+
+    name, flavor = section.get("name", "llama3"), section.get("flavor", "debugmodel")
+    try:
+        want = torchtitan_model(model)
+    except EmitError as exc:
+        raise SpecError(str(exc), source=src, field="model.name") from None
+    custom = flavor == CUSTOM_FLAVOR and kit.section(doc, "experimental", src).get("custom_import")
+    if name != want.name or (flavor != want.flavor and not custom):
+        said = "has no [model] section, so" if not section else "says"
+        raise SpecError(f"the config {said} torchtitan trains {name} {flavor}, but the model file is {model.name} "
+                        f"(torchtitan {want.name} flavor {want.flavor})", source=src, field="model.flavor")
 
 
 def _schedule(par: kit.Doc, src: str) -> str:

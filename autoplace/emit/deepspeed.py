@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import fail, fp32_grad_accumulation, training_dtype, uniform_recompute
+from autoplace.emit._common import fail, fp32_grad_accumulation, recompute_runs, training_dtype, uniform_recompute
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -82,6 +82,10 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, f"offload_params={plan.offload_params} needs zero=3 (DeepSpeed offload_param)")
     if plan.offload_optimizer != "none" and plan.zero < 1:
         raise fail(FMT, f"offload_optimizer={plan.offload_optimizer} needs zero >= 1 (ZeRO-Offload)")
+    if uniform_recompute(plan) is None:
+        raise fail(FMT, "per-layer recompute: DeepSpeed's activation_checkpointing section says how checkpoints are "
+                        "stored, not which layers recompute (the model code decides, alike for every layer); "
+                        f"this plan recomputes [{recompute_runs(plan)}]: use none, selective or full for all layers")
 
 
 def precision_section(model: ModelSpec) -> dict[str, Any]:
@@ -137,7 +141,9 @@ def activation_checkpointing_section(plan: Plan) -> dict[str, Any]:
 
     Which layers (or ops) are recomputed is decided where the model calls
     ``deepspeed.checkpointing.checkpoint``; the section sets how: with TP, checkpoints are
-    partitioned across the TP group (Megatron-DeepSpeed's ``partition_activations``).
+    partitioned across the TP group (Megatron-DeepSpeed's ``partition_activations``).  Plans
+    reach here with one mode for every layer (:func:`check_expressible` refuses per-layer
+    choices), so ``number_checkpoints`` is the layer count.
     """
     return {
         "partition_activations": plan.tp > 1,

@@ -1,4 +1,9 @@
-"""Launch scripts for a plan: torchrun, the deepspeed launcher, Slurm sbatch, a Kubernetes PyTorchJob.
+"""Launch scripts for a plan: torchrun, the deepspeed and accelerate launchers, Slurm sbatch, a
+Kubernetes PyTorchJob.
+
+Bundles are portable: a script finds the bundle as its own directory (``$(dirname "$0")``; under
+Slurm, the submitted script's path as ``scontrol show job`` reports it, since sbatch runs a copy),
+so the bundle can be moved or copied to the cluster and run from any working directory.
 
 Every value a user supplied -- the training script, its arguments, the job name, the bundle
 directory -- is quoted with :func:`shlex.quote` in shell, reduced to ``[a-z0-9-]`` where a
@@ -9,6 +14,7 @@ comments.  A model named ``x"; touch /tmp/pwned #`` runs nothing (tests/test_emi
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +34,13 @@ class Launch:
         script: the training script every rank runs.
         args: its arguments (each passed as one word).
         job_name: names the job (Slurm, Kubernetes, rendezvous id); default: the model's name.
-        bundle_dir: where the emitted configs live on the nodes; exported as AUTOPLACE_BUNDLE.
+        bundle_dir: where the emitted configs live on the nodes, exported as AUTOPLACE_BUNDLE;
+            the default "." means the directory the launch script is in (found at run time).
         master_port: rendezvous port on the head node.
-        image: the container image of the Kubernetes job (it must hold the script and the bundle).
+        image: the container image of the Kubernetes job (it must hold the training script).
         gres: request GPUs from Slurm / Kubernetes; None = unless the cluster's devices are CPUs.
+        time_limit: the Slurm job's wall-clock limit (``--time``, Slurm's [D-]HH:MM:SS).
+        exclusive: whole nodes for the Slurm job (``--exclusive``); training shares no node.
     """
 
     script: str = "train.py"
@@ -41,6 +50,8 @@ class Launch:
     master_port: int = 29500
     image: str = "YOUR_TRAINING_IMAGE"
     gres: bool | None = None
+    time_limit: str = "24:00:00"
+    exclusive: bool = True
 
     def __post_init__(self) -> None:
         port = self.master_port
@@ -48,9 +59,12 @@ class Launch:
             raise SpecError(f"expected a port number 1..65535, got {port!r}", field="master_port")
         if not isinstance(self.args, tuple) or not all(isinstance(a, str) for a in self.args):
             raise SpecError("expected a tuple of strings", field="args")
+        if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", self.time_limit):
+            raise SpecError(f"expected Slurm's [D-]HH:MM:SS, got {self.time_limit!r}", field="time_limit")
 
 
 DEFAULT_LAUNCH = Launch()
+K8S_BUNDLE_MOUNT = "/autoplace/bundle"  # where the PyTorchJob mounts the bundle's ConfigMap
 
 
 def _job(model: ModelSpec, launch: Launch) -> str:
@@ -72,11 +86,37 @@ def _header(kind: str, plan: Plan, model: ModelSpec, launch: Launch) -> list[str
     ]
 
 
-def _exports(model: ModelSpec, launch: Launch) -> list[str]:
+# The bundle is the directory this script is in, wherever it was moved and whatever the cwd.
+_HERE = 'export AUTOPLACE_BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"'
+# sbatch runs a copy of the script from Slurm's spool directory: ask Slurm for the submitted path
+# (scontrol's Command=), and fall back to the submission directory.
+_HERE_SLURM = [
+    'script=""',
+    'if [ -n "${SLURM_JOB_ID:-}" ]; then',
+    '  script=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n \'s/^ *Command=//p\') || true',
+    '  while [ -n "$script" ] && [ ! -f "$script" ] && [ "${script% *}" != "$script" ]; do',
+    '    script=${script% *}  # Command= may end with the script\'s arguments; a path may hold spaces',
+    '  done',
+    'fi',
+    '[ -n "$script" ] && [ -f "$script" ] || script=${BASH_SOURCE[0]}',
+    'if [ -n "${SLURM_JOB_ID:-}" ] && [ "$(basename "$script")" = slurm_script ]; then',
+    '  AUTOPLACE_BUNDLE=${SLURM_SUBMIT_DIR:-$PWD}',
+    'else',
+    '  AUTOPLACE_BUNDLE=$(cd "$(dirname "$script")" && pwd)',
+    'fi',
+    "export AUTOPLACE_BUNDLE",
+]
+
+
+def _exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[str]:
     q = shlex.quote
-    return ["set -euo pipefail",
-            f"export AUTOPLACE_BUNDLE={q(launch.bundle_dir)}",
-            f"export AUTOPLACE_JOB={q(_job(model, launch))}"]
+    if launch.bundle_dir != Launch.bundle_dir:
+        bundle = [f"export AUTOPLACE_BUNDLE={q(launch.bundle_dir)}"]
+    else:
+        bundle = _HERE_SLURM if slurm else [_HERE]
+    # the bundle on the import path: torchtitan's custom_import of the bundle's model flavor module
+    path = 'export PYTHONPATH="$AUTOPLACE_BUNDLE${PYTHONPATH:+:$PYTHONPATH}"'
+    return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
 
 
 def _program(launch: Launch) -> str:
@@ -130,15 +170,61 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
     nodes, per_node = launch_geometry(plan, cluster, "slurm")
     slug = job_slug(_job(model, launch))
     lines = _header("Slurm", plan, model, launch)
-    lines += [f"#SBATCH --job-name={slug}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1"]
-    if _wants_gpus(cluster, launch):
+    lines += [f"#SBATCH --job-name={slug}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+              f"#SBATCH --time={launch.time_limit}"]
+    if launch.exclusive:
+        lines.append("#SBATCH --exclusive")
+    gpus = _wants_gpus(cluster, launch)
+    if gpus:
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
-    lines += [f"#SBATCH --output={slug}-%j.out", *_exports(model, launch)]
+    lines += [f"#SBATCH --output={slug}-%j.out", *_exports(model, launch, slurm=True)]
+    if gpus:
+        lines += nccl_environment(cluster)
     lines += [
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}  # the first name (no `| head`: pipefail would see scontrol's SIGPIPE)",
         f"srun torchrun --nnodes \"$SLURM_NNODES\" --nproc-per-node {per_node} \\",
         f'  --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$head_node:{launch.master_port}" \\',
+        f"  {_program(launch)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# NCCL settings by the inter-node fabric the cluster file names (its inter_node profile).  Each is a
+# default: a value the site already exports wins.  Sources: NCCL environment variables docs
+# (NCCL_IB_DISABLE, NCCL_IB_GID_INDEX: RoCE v2 uses GID index 3 on most NICs), PyTorch
+# ProcessGroupNCCL (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 tears down on a collective error).
+_FABRIC_ENV = {
+    "ib": {"NCCL_IB_DISABLE": "0"},
+    "roce": {"NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3"},
+}
+
+
+def nccl_environment(cluster: ClusterSpec) -> list[str]:
+    """``export`` lines for NCCL on the cluster's inter-node fabric (InfiniBand, RoCE, or sockets)."""
+    names = {p.inter_node.name for p in cluster.pools}
+    fabric = "ib" if all(n.startswith("ib") for n in names) else "roce" if all(
+        n.startswith("roce") for n in names) else None
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", **_FABRIC_ENV.get(fabric or "", {})}
+    lines = [f"# NCCL for {', '.join(sorted(names))} (set NCCL_SOCKET_IFNAME / NCCL_IB_HCA for your site)"]
+    return lines + [f'export {k}="${{{k}:-{v}}}"' for k, v in env.items()]
+
+
+def emit_accelerate_launch(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
+                           config_name: str = "accelerate_config.yaml") -> str:
+    """A bash script for ``accelerate launch`` with the bundle's config; run it on every node.
+
+    The machine rank and the head's address come from the launcher's environment (NODE_RANK,
+    else Slurm's SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one
+    ``machine_rank`` cannot differ per node.  Command-line values win over the config file.
+    """
+    nodes, _ = launch_geometry(plan, cluster, "accelerate-launch")
+    q = shlex.quote
+    lines = _header("accelerate", plan, model, launch) + _exports(model, launch)
+    lines += [
+        f'exec accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{q(config_name)} \\',
+        f'  --num_machines {nodes} --machine_rank "${{NODE_RANK:-${{SLURM_NODEID:-0}}}}" \\',
+        f'  --main_process_ip "${{MASTER_ADDR:-127.0.0.1}}" --main_process_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
         f"  {_program(launch)}",
     ]
     return "\n".join(lines) + "\n"
@@ -152,23 +238,33 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
     ever sees the user's words.
     """
     nodes, per_node = launch_geometry(plan, cluster, "k8s")
+    name = job_slug(_job(model, launch))
+    configmap = job_slug(f"{name}-bundle")
+    mount = K8S_BUNDLE_MOUNT if launch.bundle_dir == Launch.bundle_dir else launch.bundle_dir
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator looks for this container name
         "image": launch.image,
         "command": ["torchrun", launch.script, *launch.args],
-        "env": [{"name": "AUTOPLACE_BUNDLE", "value": launch.bundle_dir},
+        "env": [{"name": "AUTOPLACE_BUNDLE", "value": mount},
                 {"name": "AUTOPLACE_JOB", "value": _job(model, launch)}],
+        "volumeMounts": [{"name": "autoplace-bundle", "mountPath": mount, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if _wants_gpus(cluster, launch):
         container["resources"] = {"limits": {"nvidia.com/gpu": per_node}}
+    # The bundle as a ConfigMap (kubectl create configmap NAME --from-file=BUNDLE); /dev/shm as
+    # memory: the container runtime's 64 MiB default is too small for NCCL and DataLoader workers.
+    volumes = [{"name": "autoplace-bundle", "configMap": {"name": configmap}},
+               {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+
     def replica(count: int) -> dict[str, Any]:  # a fresh copy each: no YAML anchors in the manifest
         return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": {"spec": {"containers": [copy.deepcopy(container)]}}}
+                "template": {"spec": {"containers": [copy.deepcopy(container)], "volumes": copy.deepcopy(volumes)}}}
 
     specs: dict[str, Any] = {"Master": replica(1)}
     if nodes > 1:
         specs["Worker"] = replica(nodes - 1)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"name": job_slug(_job(model, launch)),
-                         "labels": {"app.kubernetes.io/created-by": "autoplace"}},
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/created-by": "autoplace"},
+                         "annotations": {"autoplace/bundle": f"kubectl create configmap {configmap} --from-file=."}},
             "spec": {"nprocPerNode": str(per_node), "pytorchReplicaSpecs": specs}}

@@ -9,12 +9,22 @@ for HSDP-like replication), ZeRO-2/3 are Megatron-FSDP's ``optim_grads`` /
 
 from __future__ import annotations
 
-from autoplace.emit._common import fail, fp32_grad_accumulation, model_parts, training_dtype, uniform_recompute
+import math
+
+from autoplace.emit._common import (
+    fail,
+    fp32_grad_accumulation,
+    model_parts,
+    recompute_runs,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, MoE, TransformerSpec
 
 FMT = "megatron"
+DEFAULT_ROTARY_BASE = 10000  # Megatron's --rotary-base default, and Hugging Face's rope_theta default
 _FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 
 
@@ -31,7 +41,7 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
     args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
     args += recompute_args(plan) + precision_args(model)
     if isinstance(model, TransformerSpec):
-        args += shape_args(model)
+        args += shape_args(model) + vocab_args(model, plan.tp)
     return args
 
 
@@ -110,7 +120,7 @@ def recompute_args(plan: Plan) -> list[str]:
     k = _block_recompute_layers(plan)
     if k is None:
         raise fail(FMT, "Megatron recomputes all layers (selective or full) or the first k of every pipeline "
-                        f"chunk; this plan's per-layer recompute {list(plan.recompute)} is neither")
+                        f"chunk; this plan's per-layer recompute [{recompute_runs(plan)}] is neither")
     return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(k)]
 
 
@@ -141,13 +151,22 @@ def precision_args(model: ModelSpec) -> list[str]:
 
 
 def shape_args(m: TransformerSpec) -> list[str]:
-    """The model's shape in Megatron's terms."""
+    """The model's shape in Megatron's terms: sizes, positions (RoPE base), norm, MLP, biases, GQA, head.
+
+    Megatron's defaults are GPT-2's (learned positions, LayerNorm, GeLU, biases, tied head), so
+    every one of them is stated.  ``--rotary-base`` is an integer flag; RoPE bases are whole numbers.
+    """
     args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
             "--num-attention-heads", str(m.heads), "--kv-channels", str(m.dim_head),
             "--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
-            "--vocab-size", str(m.vocab),
-            "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
-            "--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
+            "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.position == "rope":
+        theta = m.rope_theta or DEFAULT_ROTARY_BASE
+        if not float(theta).is_integer():
+            raise fail(FMT, f"rope_theta {theta} is not a whole number; Megatron's --rotary-base is an integer")
+        args += ["--position-embedding-type", "rope", "--rotary-base", str(int(theta))]
+    else:
+        args += ["--position-embedding-type", "learned_absolute"]
     if m.n_kv_heads != m.heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
     if m.ffn == "swiglu":
@@ -163,6 +182,23 @@ def shape_args(m: TransformerSpec) -> list[str]:
     if m.moe is not None:
         args += moe_args(m.moe, m.layers)
     return args
+
+
+def vocab_args(m: TransformerSpec, tp: int) -> list[str]:
+    """Vocabulary size and padding: Megatron pads the embedding to a multiple of
+    ``make_vocab_size_divisible_by * tp`` (``_vocab_size_with_padding``; default 128).  The
+    divisor chosen here is the largest that leaves the vocabulary as it is; when tp does not
+    divide it, the few padding rows per TP rank are unavoidable (and uncounted by the plan).
+    """
+    divisor = math.gcd(m.vocab, 128 * tp)
+    return ["--vocab-size", str(m.vocab), "--make-vocab-size-divisible-by",
+            str(divisor // tp if divisor % tp == 0 else 1)]
+
+
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padded vocabulary: the next multiple of divisible_by * tp."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
 
 
 def moe_args(moe: MoE, layers: int) -> list[str]:

@@ -12,8 +12,10 @@ the user's code; accelerate has no batch size), with the defaults ``build_plan``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, training_dtype
@@ -35,18 +37,48 @@ from autoplace.plan import RECOMPUTE, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
-__all__ = ["plan_from_accelerate", "plan_from_deepspeed", "plan_from_file", "plan_from_torchtitan"]
+__all__ = ["ReadConfig", "plan_from_accelerate", "plan_from_deepspeed", "plan_from_file", "plan_from_torchtitan",
+           "read_config"]
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """What a framework config says, as a Plan.
+
+    Attributes:
+        plan: the placement the config runs.
+        framework: ``deepspeed``, ``accelerate`` or ``torchtitan``.
+        batch_stated: whether the config itself fixes the global batch (accelerate's does not).
+        notes: what was filled in from the model or cluster, or left unresolved ("auto" values).
+    """
+
+    plan: Plan
+    framework: str
+    batch_stated: bool
+    notes: tuple[str, ...] = ()
 
 
 def plan_from_file(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
     """Read ``path`` by its extension: .json DeepSpeed, .yaml/.yml accelerate, .toml torchtitan."""
+    return read_config(path, model, cluster).plan
+
+
+def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+    """Read ``path`` by its extension (.json DeepSpeed, .yaml/.yml accelerate, .toml torchtitan),
+    with the notes a pre-submit check shows: values taken from the model, "auto" values resolved."""
     suffix = Path(path).suffix.lower()
-    readers: dict[str, Callable[[str | Path, ModelSpec, ClusterSpec], Plan]] = {
-        ".json": plan_from_deepspeed, ".yaml": plan_from_accelerate, ".yml": plan_from_accelerate,
-        ".toml": plan_from_torchtitan}
-    if suffix not in readers:
-        raise SpecError("expected a DeepSpeed .json, an accelerate .yaml or a torchtitan .toml", source=str(path))
-    return readers[suffix](path, model, cluster)
+    if suffix == ".json":
+        notes: list[str] = []
+        plan = plan_from_deepspeed(path, model, cluster, notes=notes)
+        return ReadConfig(plan, "deepspeed", True, tuple(notes))
+    if suffix in (".yaml", ".yml"):
+        plan = plan_from_accelerate(path, model, cluster)
+        note = (f"accelerate configs state no batch size: took the model's global batch "
+                f"{model.training.global_batch} with micro-batch {plan.mbs}")
+        return ReadConfig(plan, "accelerate", False, (note,))
+    if suffix == ".toml":
+        return ReadConfig(plan_from_torchtitan(path, model, cluster), "torchtitan", True)
+    raise SpecError("expected a DeepSpeed .json, an accelerate .yaml or a torchtitan .toml", source=str(path))
 
 
 # ---------------------------------------------------------------------------------------
@@ -54,8 +86,12 @@ def plan_from_file(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
 
 
 def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: ClusterSpec, *,
-                        pp: int | None = None, recompute: str | None = None) -> Plan:
+                        pp: int | None = None, recompute: str | None = None, notes: list[str] | None = None) -> Plan:
     """A DeepSpeed config (+ model + cluster) as a Plan.
+
+    Hugging Face Trainer configs write ``"auto"`` for values the Trainer fills in; those are
+    resolved here from the model (precision, batch) or, when they do not change the plan
+    (bucket sizes, optimizer settings), listed as unresolved in ``notes``.
 
     Args:
         cfg: the parsed JSON or its path.
@@ -63,11 +99,13 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
             (DeepSpeed takes it from ``PipelineModule(num_stages=...)``).
         recompute: what the model code recomputes (none|selective|full); by default full when
             the config configures activation checkpointing, else none.
+        notes: when given, receives one line per "auto" value resolved or left unresolved.
 
     Raises:
         SpecError: unknown or contradictory keys, naming the file and the key.
     """
     doc, src = kit.load(cfg, "json", "<deepspeed config>")
+    doc = resolve_auto(doc, model, notes if notes is not None else [])
     for key in doc:
         if key in DEEPSPEED_REMOVED:
             raise SpecError("DeepSpeed 0.19 removed this feature and refuses the key", source=src, field=key)
@@ -100,6 +138,56 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
     return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
                 offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
                 layers_per_stage=even_split(n, stages))
+
+
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_DTYPE_SECTIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16"}
+
+
+def resolve_auto(doc: kit.Doc, model: ModelSpec, notes: list[str]) -> dict[str, Any]:
+    """``doc`` with the Hugging Face Trainer's ``"auto"`` values resolved (transformers
+    ``integrations/deepspeed.py`` fills them from TrainingArguments and the model).
+
+    Precision follows the model's recipe; an all-"auto" batch becomes the model's global batch
+    with micro-batch 1 (the Trainer's per_device_train_batch_size is not known here); other
+    "auto" values do not change the plan and are dropped, each listed in ``notes``.
+    """
+    unresolved: list[str] = []
+    out = _without_auto(doc, "", unresolved)
+    dtype = training_dtype(model)
+    for path in [p for p in unresolved if p.endswith(".enabled") and p.split(".")[0] in _DTYPE_SECTIONS]:
+        section = path.split(".")[0]
+        out.setdefault(section, {})["enabled"] = _DTYPE_SECTIONS[section] == dtype
+        notes.append(f'{path} "auto": {str(_DTYPE_SECTIONS[section] == dtype).lower()} (the model trains in {dtype})')
+        unresolved.remove(path)
+    batch_auto = [k for k in _BATCH_KEYS if k in unresolved]
+    if batch_auto:
+        for key in batch_auto:
+            unresolved.remove(key)
+        if "train_micro_batch_size_per_gpu" not in out and "train_batch_size" not in out:
+            out["train_micro_batch_size_per_gpu"] = 1
+        if "train_batch_size" not in out and "gradient_accumulation_steps" not in out:
+            out["train_batch_size"] = model.training.global_batch
+        notes.append(f'{", ".join(batch_auto)} "auto": resolved from the model\'s global batch '
+                     f"{model.training.global_batch} (micro-batch {out.get('train_micro_batch_size_per_gpu', 'derived')}"
+                     "); the HF Trainer sets them from its TrainingArguments")
+    if unresolved:
+        notes.append(f'unresolved "auto" (the HF Trainer fills them in; they do not change the plan): '
+                     f"{', '.join(unresolved)}")
+    return out
+
+
+def _without_auto(doc: Mapping[str, Any], prefix: str, found: list[str]) -> dict[str, Any]:
+    """A copy of ``doc`` without its "auto" leaves, whose dotted paths are appended to ``found``."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if value == "auto" and not (prefix == "zero_optimization." and key == "stage"):
+            found.append(f"{prefix}{key}")
+        elif isinstance(value, Mapping):
+            out[key] = _without_auto(value, f"{prefix}{key}.", found)
+        else:
+            out[key] = value
+    return out
 
 
 def _deepspeed_dtype(doc: kit.Doc, src: str) -> str:

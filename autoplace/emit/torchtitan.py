@@ -1,25 +1,99 @@
-"""torchtitan job config from a plan: the 0.2 releases' TOML and the 0.3 command-line overrides.
+"""torchtitan 0.2.2 job config from a plan: the TOML, the same job as command-line overrides,
+and, for a model that is none of torchtitan's own flavors, a module that registers its shapes.
 
-torchtitan 0.2.2 reads ``--job.config_file x.toml`` (sections ``[parallelism]``,
-``[training]``, ``[activation_checkpoint]``); 0.3 configures runs in Python (``--module``,
-``--config``) and still takes ``--section.option`` overrides, with activation checkpointing
-chosen by a subcommand.  Names are those of ``torchtitan/config/job_config.py`` (0.2.2) and
-``torchtitan/config/configs.py`` (0.3.0).
+torchtitan 0.2.2 reads ``--job.config_file x.toml`` (sections ``[model]``, ``[parallelism]``,
+``[training]``, ``[activation_checkpoint]``) and takes every field as ``--section.option`` on
+the command line.  The model is chosen by name and flavor (``torchtitan/models/llama3``); a
+TOML without ``[model]`` trains llama3 ``debugmodel``, so every config names both.  torchtitan
+implements the Llama architecture (RMSNorm, SwiGLU, RoPE, GQA, no biases, an untied head);
+other architectures (q/k/v biases as in Qwen2, Mixtral's experts, GPT-2) are refused.  Names
+are those of ``torchtitan/config/job_config.py`` (0.2.2).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from autoplace.emit._common import check_cpu_offload_together, fail, model_parts, training_dtype, uniform_recompute
+from autoplace.emit._common import (
+    check_cpu_offload_together,
+    fail,
+    model_parts,
+    recompute_runs,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
-from autoplace.specs.model import ModelSpec
+from autoplace.specs.model import ModelSpec, TransformerSpec
 
 FMT = "torchtitan"
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+CUSTOM_MODULE = "autoplace_torchtitan_model"  # the bundle file registering a custom flavor (custom_import)
+CUSTOM_FLAVOR = "autoplace"
+# torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py) as the shapes they build:
+# (dim, n_layers, n_heads, n_kv_heads, SwiGLU hidden, vocab, rope_theta); tests compare with torchtitan.
+LLAMA3_FLAVORS = {
+    "8B": (4096, 32, 32, 8, 14336, 128256, 500000.0),
+    "70B": (8192, 80, 64, 8, 28672, 128256, 500000.0),
+    "405B": (16384, 126, 128, 8, 53248, 128256, 500000.0),
+}
+DEFAULT_ROPE_THETA = 10000.0  # TransformerModelArgs.rope_theta, and Hugging Face's default
+
+
+@dataclass(frozen=True)
+class TitanModel:
+    """Which torchtitan model trains the plan's model: ``name`` and ``flavor``, and the
+    ``TransformerModelArgs`` keywords of a custom flavor (None for one of torchtitan's own)."""
+
+    name: str
+    flavor: str
+    args: dict[str, Any] | None = None
+
+
+def torchtitan_model(model: ModelSpec) -> TitanModel:
+    """torchtitan's model for ``model``: a llama3 flavor with the same shapes, or a custom one.
+
+    Raises:
+        EmitError: an architecture torchtitan 0.2.2 does not implement (the message names it).
+    """
+    m = _llama_shaped(model)
+    theta = m.rope_theta or DEFAULT_ROPE_THETA
+    shape = (m.hidden, m.layers, m.heads, m.n_kv_heads, m.ffn_hidden, m.vocab, theta)
+    for flavor, known in LLAMA3_FLAVORS.items():
+        if shape == known:
+            return TitanModel("llama3", flavor)
+    # torchtitan sizes the SwiGLU hidden layer as multiple_of * ceil(int(mult * int(8 * dim / 3)) / multiple_of)
+    # (llama3 FeedForward); multiple_of = ffn_hidden with mult = ffn_hidden / int(8 * dim / 3) gives it exactly.
+    base = int(2 * 4 * m.hidden / 3)
+    args = {"dim": m.hidden, "n_layers": m.layers, "n_heads": m.heads, "n_kv_heads": m.n_kv_heads,
+            "vocab_size": m.vocab, "multiple_of": m.ffn_hidden, "ffn_dim_multiplier": m.ffn_hidden / base,
+            "rope_theta": theta}
+    return TitanModel("llama3", CUSTOM_FLAVOR, args)
+
+
+def _llama_shaped(model: ModelSpec) -> TransformerSpec:
+    """``model`` when torchtitan's llama3 implements its architecture, else EmitError naming what differs."""
+    if not isinstance(model, TransformerSpec):
+        raise fail(FMT, "not written: torchtitan trains its own model code; a layer-graph model has none")
+    m = model
+    missing = [what for what, differs in (
+        ("MLA attention (DeepSeek; torchtitan's deepseek_v3 is not mapped by autoplace)", m.attention is not None),
+        ("mixture-of-experts layers (Mixtral/Qwen-MoE style)", m.moe is not None),
+        ("q/k/v biases (Qwen2 style)", m.qkv_bias and not m.bias),
+        ("linear-layer biases", m.bias),
+        ("a GeLU MLP", m.ffn != "swiglu"),
+        ("LayerNorm", m.norm != "rmsnorm"),
+        ("learned position embeddings", m.position != "rope"),
+        ("tied input and output embeddings", m.tied_embeddings),
+        (f"head_dim {m.dim_head} != hidden/heads", m.hidden % m.heads or m.dim_head != m.hidden // m.heads),
+    ) if differs]
+    if missing:
+        raise fail(FMT, f"not written: torchtitan 0.2.2 has no model with {missing[0]} (it implements Llama: "
+                        "RMSNorm, SwiGLU, RoPE, GQA, no biases, untied head)")
+    return m
 
 
 def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
@@ -31,18 +105,42 @@ def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
     """
     del cluster
     check_expressible(plan, model)
+    titan = torchtitan_model(model)
     doc: dict[str, Any] = {
+        "model": {"name": titan.name, "flavor": titan.flavor},
         "training": training_section(plan, model),
         "parallelism": parallelism_section(plan),
         "activation_checkpoint": activation_checkpoint_section(plan, FMT),
     }
     if model.training.recipe().compute_dtype == "fp8":
-        doc["model"] = {"converters": ["quantize.linear.float8"]}  # torchao float8 linears
+        doc["model"]["converters"] = ["quantize.linear.float8"]  # torchao float8 linears
+    if titan.args is not None:  # torchtitan imports it before looking the flavor up (Trainer.__init__)
+        doc["experimental"] = {"custom_import": CUSTOM_MODULE}
     return doc
 
 
+def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> str:
+    """Python source registering the model's shapes as llama3 flavor ``autoplace`` (torchtitan 0.2.2);
+    empty when the model is one of torchtitan's own flavors (nothing to register).
+
+    Raises:
+        EmitError: an architecture torchtitan does not implement, or a plan it cannot run.
+    """
+    emit_torchtitan(plan, model, cluster)
+    titan = torchtitan_model(model)
+    if titan.args is None:
+        return ""
+    fields = ",\n    ".join(f"{key}={value!r}" for key, value in titan.args.items())
+    return (f'"""torchtitan 0.2.2 model flavor {CUSTOM_FLAVOR!r} for {json.dumps(model.name)}, generated by autoplace.\n\n'
+            "torchtitan.toml imports this module ([experimental] custom_import) before it looks the flavor up;\n"
+            'run with the bundle on the import path: PYTHONPATH="$AUTOPLACE_BUNDLE:$PYTHONPATH".\n"""\n\n'
+            "from torchtitan.models.llama3 import TransformerModelArgs, llama3_args\n\n"
+            f"llama3_args[{CUSTOM_FLAVOR!r}] = TransformerModelArgs(\n    {fields},\n)\n")
+
+
 def check_expressible(plan: Plan, model: ModelSpec) -> None:
-    """Raise EmitError for what torchtitan's job config cannot state."""
+    """Raise EmitError for what torchtitan's job config cannot state (the model included)."""
+    _llama_shaped(model)
     if training_dtype(model) == "fp16":
         raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
     if plan.zero == 1 and plan.dp_shard * plan.cp > 1:
@@ -170,7 +268,7 @@ def activation_checkpoint_section(plan: Plan, fmt: str) -> dict[str, Any]:
             if layer_sac_pattern(parts, plan.pp, every) == plan.recompute:
                 return {"mode": "selective", "selective_ac_option": str(every)}
     raise fail(fmt, "torchtitan recomputes all blocks (full or op-selective) or every N-th block in full; "
-                    f"this plan's per-layer recompute {list(plan.recompute)} is neither")
+                    f"this plan's per-layer recompute [{recompute_runs(plan)}] is neither")
 
 
 def torchtitan_toml(doc: dict[str, Any], header: str = "") -> str:
@@ -195,27 +293,23 @@ def _toml_value(value: Any) -> str:
 
 
 def torchtitan_overrides(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
-    """The same job as command-line overrides for torchtitan releases configured in Python (0.3).
+    """The same job as torchtitan 0.2.2 command-line overrides (``--section.option value``).
 
-    Append them after ``--module M --config C``.  Activation checkpointing is a subcommand
-    there (``activation_checkpoint:none|full|selective``) and op-level only, so per-layer
-    patterns raise EmitError.
+    Given after ``--job.config_file`` they win over the TOML; alone they describe the whole job.
     """
     doc = emit_torchtitan(plan, model, cluster)
     args: list[str] = []
-    for section in ("parallelism", "training"):
-        for key, value in doc[section].items():
+    for section, table in doc.items():
+        for key, value in table.items():
             args += _cli_words(section, key, value)
-    ac = doc["activation_checkpoint"]
-    if ac.get("selective_ac_option", "op") != "op":
-        raise fail(FMT, "torchtitan 0.3's selective activation checkpointing is op-level only; "
-                        f"per-layer recompute {list(plan.recompute)} has no override")
-    return args + [f"activation_checkpoint:{ac['mode']}"]
+    return args
 
 
 def _cli_words(section: str, key: str, value: Any) -> list[str]:
     if isinstance(value, bool):  # tyro turns booleans into --x / --no_x flags
         return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
-    if isinstance(value, list):  # list[list[str]]: one comma-joined word per chunk (torchtitan's list rule)
-        return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]
+    if isinstance(value, list) and value and isinstance(value[0], list):  # list[list[str]]: one comma-joined word
+        return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]  # per chunk (torchtitan's list rule)
+    if isinstance(value, list):
+        return [f"--{section}.{key}", *map(str, value)]
     return [f"--{section}.{key}", str(value)]

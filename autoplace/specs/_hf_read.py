@@ -159,6 +159,7 @@ def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
         "qkv_bias": False,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
+        **_rope_theta(r, "rope_theta"),
         "dropout": _dropout(r),
     }
 
@@ -235,3 +236,13 @@ def _window(r: _Reader, layers: int, positions: int, *, pattern: int | None = No
     if every == 1:
         return {}
     return {"sliding_window": window, **({"full_attention_every": every} if every else {})}
+
+
+def _rope_theta(r: _Reader, key: str) -> dict[str, float]:
+    """The RoPE base when the config states it (a positive number), else nothing."""
+    value = r.config.get(key)
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise r.error(key, f"must be a positive number, got {value!r}")
+    return {"rope_theta": float(value)}

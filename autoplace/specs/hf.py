@@ -29,6 +29,7 @@ from autoplace.specs._hf_read import (
     _moe,
     _Reader,
     _rope_decoder,
+    _rope_theta,
     _seq_len,
     _window,
 )
@@ -177,6 +178,7 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
         "qkv_bias": True,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
+        **_rope_theta(r, "rotary_emb_base"),
         "dropout": _dropout(r),
     }
 

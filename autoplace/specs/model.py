@@ -197,6 +197,9 @@ class TransformerSpec(Strict):
     qkv_bias: bool = False
     tied_embeddings: bool = False
     position: Literal["rope", "learned", "alibi"] = "rope"  # ALiBi (BLOOM, MPT): no parameters
+    # RoPE base (Hugging Face rope_theta); None = unknown, frameworks' default 10000 (Llama 3: 500000).
+    # It changes no shape or cost; the emitters write it so the trained model is the one described.
+    rope_theta: float | None = Field(None, gt=0, allow_inf_nan=False)
     max_position: SeqLen | None = None
     dropout: bool = False
     flash_attention: bool = True

@@ -1,0 +1,167 @@
+"""solve searches what frameworks can run (--framework any, the default; none = the theoretical
+optimum), and solve --out writes each framework's own best plan, its files consistent with its
+plan.json as the framework's own parser reads them."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autoplace import frameworks
+from autoplace.emit import render
+from autoplace.errors import EmitError
+from autoplace.plan import Plan
+from autoplace.specs.cluster import load_cluster
+from autoplace.specs.model import load_model
+from solvers.problem import DEFAULT_FEATURES
+from solvers.space import enumerate_configs
+from tests.test_cli import A100_8, MODELS, invoke, strict_json
+from tests.test_emit_accelerate import accelerate_launch_env, plugins_from
+from tests.test_emit_deepspeed import check_parsed, deepspeed_accepts
+from tests.test_emit_megatron import mcore, megatron_core_config  # noqa: F401 - mcore is a fixture
+from tests.test_emit_torchtitan import titan  # noqa: F401 - a fixture
+
+TINY = MODELS / "tiny-llama.json"
+# cp=2 with ZeRO-3 and optimizer-only offload: DeepSpeed and the FSDP2 module have no ring CP, Megatron
+# offloads only with its distributed optimizer, torchtitan and accelerate offload parameters along.
+NOBODY = ["--fix", "cp=2,zero=3,offload_optimizer=cpu,offload_params=none", "--allow", "cp", "--allow", "offload"]
+
+
+def test_the_default_search_space_is_what_some_framework_can_express() -> None:
+    model, cluster = load_model(TINY), load_cluster(A100_8)
+    features = set(DEFAULT_FEATURES) | {"cp", "offload", "hsdp"}
+    every = enumerate_configs(frameworks.problem_for("none", model, cluster, fixed={}, features=features))
+    admitted = enumerate_configs(frameworks.problem_for("any", model, cluster, fixed={}, features=features))
+    each = {f: frameworks.admissible(f, model) for f in frameworks.FRAMEWORKS}
+    assert admitted == [c for c in every if any(ok(c) for ok in each.values())]
+    assert 0 < len(admitted) < len(every)  # the filter is part of the search and excludes something
+
+
+def test_none_keeps_the_theoretical_optimum_and_says_so_any_refuses_it() -> None:
+    result = invoke("solve", TINY, A100_8, "--framework", "none", "--json", "--time-limit", "5", *NOBODY)
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["framework"] == "none" and doc["notes"][0].startswith("theoretical optimum (--framework none)")
+    assert all(p["frameworks"] == [] for p in doc["plans"])  # nobody can run these
+    result = invoke("solve", TINY, A100_8, "--time-limit", "5", *NOBODY)
+    assert result.exit_code == 3
+    assert "among the configurations some supported framework can run" in result.output
+
+
+def test_default_solve_lists_who_runs_each_plan() -> None:
+    result = invoke("solve", TINY, A100_8, "--json", "--time-limit", "5")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    model, cluster = load_model(TINY), load_cluster(A100_8)
+    assert doc["framework"] == "any"
+    for p in doc["plans"]:
+        assert p["frameworks"]
+        plan = Plan.from_dict(p)
+        for f in frameworks.FRAMEWORKS:
+            try:
+                render(f, plan, model, cluster)
+                assert f in p["frameworks"]
+            except EmitError:
+                assert f not in p["frameworks"]
+    table = invoke("solve", TINY, A100_8, "--time-limit", "5").stdout
+    assert "each runs with at least one framework" in table and "runs with" in table
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("solve") / "b"
+    result = invoke("solve", TINY, A100_8, "--out", out, "--json", "--time-limit", "5")
+    assert result.exit_code == 0, result.output
+    console = invoke("solve", TINY, A100_8, "--out", out.parent / "c", "--time-limit", "5").stdout
+    return out, strict_json(result.stdout), console
+
+
+def _plan(folder: Path) -> Plan:
+    return Plan.from_dict(json.loads((folder / "plan.json").read_text()))
+
+
+def test_each_framework_gets_its_best_plan_with_its_slowdown(bundle) -> None:
+    out, doc, console = bundle
+    best = doc["plans"][0]
+    assert json.loads((out / "plan.json").read_text())["degrees"] == best["degrees"]  # top level: overall best
+    per = doc["framework_bundles"]
+    assert set(per) == set(frameworks.FRAMEWORKS)
+    for f, entry in per.items():
+        assert entry["written"], (f, entry)
+        folder = out / f
+        assert Path(entry["dir"]) == folder and json.loads((folder / "plan.json").read_text())["framework"] == f
+        assert entry["slowdown"] == pytest.approx(entry["plan"]["step_time_s"] / best["step_time_s"] - 1, abs=0.01)  # JSON rounds times
+        for path in entry["files"].values():
+            assert Path(path).is_file() and Path(path).name in console
+        line = next(line for line in console.splitlines() if line.startswith(f"  {f:<10} "))  # the same run, to c/
+        assert f"{out.parent / 'c' / f}/: " in line and "vs the best plan" in line
+
+
+def test_deepspeed_folder_is_its_own_plan(bundle, monkeypatch) -> None:
+    folder = bundle[0] / "deepspeed"
+    plan = _plan(folder)
+    cfg = json.loads((folder / "ds_config.json").read_text())
+    check_parsed(deepspeed_accepts(cfg, plan, monkeypatch), cfg, plan)
+
+
+def test_torchtitan_folder_is_its_own_plan(bundle, titan) -> None:  # noqa: F811
+    folder = bundle[0] / "torchtitan"
+    plan = _plan(folder)
+    job = titan.ConfigManager().parse_args(["--job.config_file", str(folder / "torchtitan.toml")])
+    p = job.parallelism
+    assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+            p.pipeline_parallel_degree, p.context_parallel_degree) == (plan.dp_replicate, plan.dp_shard, plan.tp,
+                                                                       plan.pp, plan.cp)
+    assert job.training.global_batch_size == plan.global_batch
+
+
+def test_accelerate_folder_is_its_own_plan(bundle, tmp_path, monkeypatch) -> None:
+    folder = bundle[0] / "accelerate"
+    plan = _plan(folder)
+    cfg = yaml.safe_load((folder / "accelerate_config.yaml").read_text())
+    env = accelerate_launch_env(cfg, tmp_path, monkeypatch)
+    assert int(env.get("WORLD_SIZE", cfg["num_processes"])) == plan.world
+    fsdp, _ = plugins_from(env, monkeypatch)
+    assert (fsdp is not None) == (cfg["distributed_type"] == "FSDP")
+    if fsdp is not None:
+        assert fsdp.reshard_after_forward is (plan.zero == 3)
+
+
+def test_megatron_folder_is_its_own_plan(bundle, mcore) -> None:  # noqa: F811
+    import subprocess
+
+    folder = bundle[0] / "megatron"
+    plan = _plan(folder)
+    printed = subprocess.run(["bash", "-c", 'source megatron_args.sh && printf "%s\\0" "${MEGATRON_ARGS[@]}"'],
+                             cwd=folder, capture_output=True, text=True, check=True).stdout
+    config, opts = megatron_core_config(printed.split("\0")[:-1], plan.world)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
+    assert (opts["micro_batch_size"], opts["global_batch_size"]) == (plan.mbs, plan.global_batch)
+
+
+def test_fsdp_folder_is_its_own_plan(bundle) -> None:
+    folder = bundle[0] / "fsdp"
+    plan = _plan(folder)
+    tree = ast.parse((folder / "fsdp2_parallelize.py").read_text())
+    constants = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant | ast.Tuple)}
+    assert (constants["DP_REPLICATE"], constants["DP_SHARD"], constants["TP"], constants["ZERO"]) == (
+        plan.dp_replicate, plan.dp_shard, plan.tp, plan.zero)
+    assert constants["RECOMPUTE"] == plan.recompute
+
+
+def test_a_framework_left_out_gets_a_one_line_reason(tmp_path: Path) -> None:
+    """Mixtral: torchtitan has no MoE model, so its folder is not written and the console says why."""
+    model = Path(__file__).resolve().parents[1] / "examples/models/hf/mixtral-8x7b/config.json"
+    cluster = Path(__file__).resolve().parents[1] / "examples/clusters/8x8-h100.yaml"
+    result = invoke("solve", model, cluster, "--out", tmp_path / "b", "--time-limit", "5", "--top", "1")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("torchtitan"))
+    assert "not written:" in line and "has no model with mixture-of-experts" in line
+    assert not (tmp_path / "b" / "torchtitan").exists()
