@@ -13,24 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from autoplace.capabilities import (
+    BF16_RECIPES,
+    DENIED_FEATURES,
+    FRAMEWORKS,
+    PINNED_DEGREES,
+    UNIFORM_MODES,
+    UNIFORM_RECOMPUTE,
+    bf16_recipe,
+)
 from autoplace.errors import EmitError, Infeasible, SpecError
 from autoplace.plan import Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
-
-# ZeRO-style frameworks keep 16-bit weights and an fp32 master copy; FSDP2-based ones keep fp32
-# shards whatever the compute dtype (MixedPrecisionPolicy casts on all-gather)
-ZERO_FRAMEWORKS = ("deepspeed", "megatron")
-FSDP2_FRAMEWORKS = ("torchtitan", "fsdp", "accelerate")
-FRAMEWORKS = ZERO_FRAMEWORKS + FSDP2_FRAMEWORKS
-_BF16_RECIPES = ("bf16", "bf16-fsdp2")  # specs.model recipe names
-# search features the framework never has (solvers.base.FEATURES) and degrees it pins to 1
-_DENY = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, "fsdp": {"cp", "ep", "interleave"}}
-_PIN = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
-# frameworks that recompute every block alike: the search runs once per mode they offer
-_UNIFORM_RECOMPUTE = {"accelerate": ("none", "full"), "deepspeed": ("none", "selective", "full")}
-_UNIFORM_MODES = ("none", "selective", "full")
-
 
 ANY, NONE = "any", "none"  # solve --framework: runnable by at least one framework / no filter (theoretical optimum)
 
@@ -41,18 +36,13 @@ def check(framework: str) -> None:
                         field="--framework")
 
 
-def bf16_recipe(framework: str) -> str:
-    """The bf16 recipe (specs.model) ``framework`` implements."""
-    return "bf16-fsdp2" if framework in FSDP2_FRAMEWORKS else "bf16"
-
-
 def costed_model(model: ModelSpec, framework: str) -> ModelSpec:
     """``model`` with the bf16 recipe ``framework`` implements (other recipes are left alone;
     ``any`` and ``none`` keep the model's own)."""
     if framework in (ANY, NONE):
         return model
     want = bf16_recipe(framework)
-    if model.training.precision not in _BF16_RECIPES or model.training.precision == want:
+    if model.training.precision not in BF16_RECIPES or model.training.precision == want:
         return model
     training = model.training.model_copy(update={"precision": want})
     return model.model_copy(update={"training": training})
@@ -64,11 +54,11 @@ def search_limits(framework: str, fixed: dict[str, Any], features: set[str]) -> 
     Raises:
         SpecError: the user pinned a degree the framework cannot run.
     """
-    pins = _PIN.get(framework, {})
+    pins = PINNED_DEGREES.get(framework, {})
     for key, value in pins.items():
         if key in fixed and int(fixed[key]) != value:
             raise SpecError(f"{framework} cannot run {key}={fixed[key]} (it supports only {key}={value})", field="--fix")
-    return {**pins, **fixed}, features - _DENY.get(framework, set())
+    return {**pins, **fixed}, features - DENIED_FEATURES.get(framework, set())
 
 
 def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
@@ -186,11 +176,11 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     import dataclasses
 
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
-    modes = None if "recompute" in problem.fixed else _UNIFORM_RECOMPUTE.get(framework)
+    modes = None if "recompute" in problem.fixed else UNIFORM_RECOMPUTE.get(framework)
     results = _solve_runs(solver, wide, budget, modes, framework)
     kept, reasons, plans = _keep(results, problem, framework)
     if not kept and modes is None and "recompute" not in problem.fixed:  # every plan found recomputes per layer
-        results += _solve_runs(solver, wide, budget, _UNIFORM_MODES, framework)  # in a way no one can say
+        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework)  # in a way no one can say
         kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
     if reasons:

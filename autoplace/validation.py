@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from autoplace.capabilities import FSDP2_FRAMEWORKS
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SpecError
 from autoplace.evaluation import Evaluation, evaluate
@@ -29,7 +30,6 @@ INTRA = {"a100": "nvlink3", "v100": "nvlink2", "h100": "nvlink4", "h200": "nvlin
 # torchtitan's Float8 training keeps FSDP2's fp32 shards and bf16 activations; only the GEMMs run in fp8
 FP8_FSDP2 = Precision(name="fp8-fsdp2", param_bytes=4, grad_bytes=4, optimizer_bytes=8, activation_bytes=2,
                       compute_dtype="fp8", param_comm_bytes=2, grad_comm_bytes=4, master_copy=False)
-FSDP_FRAMEWORKS = ("torchtitan", "fsdp")
 METRICS = ("tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "hw_tflops_per_gpu")
 
 
@@ -60,7 +60,7 @@ def gpu_family(profile: str) -> str:
 
 
 def _precision(row: dict[str, Any]) -> str | Precision:
-    fsdp = row["framework"] in FSDP_FRAMEWORKS
+    fsdp = row["framework"] in FSDP2_FRAMEWORKS
     if row["precision"] == "fp8":
         return FP8_FSDP2 if fsdp else "fp8"
     if row["precision"] == "fp16":

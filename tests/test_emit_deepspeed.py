@@ -136,9 +136,9 @@ def test_per_layer_recompute_is_refused_not_approximated() -> None:
         emit_deepspeed(make_plan("zero=2,recompute_layers=f:f:n:n:n:n:n:n", MODEL, CLUSTER16), MODEL, CLUSTER16)
     cfg = emit_deepspeed(make_plan("zero=2,recompute=full", MODEL, CLUSTER16), MODEL, CLUSTER16)
     assert cfg["activation_checkpointing"]["number_checkpoints"] == 8  # every layer
-    from autoplace.frameworks import _UNIFORM_RECOMPUTE
+    from autoplace.capabilities import UNIFORM_RECOMPUTE
 
-    assert _UNIFORM_RECOMPUTE["deepspeed"] == ("none", "selective", "full")  # searched one uniform mode at a time
+    assert UNIFORM_RECOMPUTE["deepspeed"] == ("none", "selective", "full")  # searched one uniform mode at a time
 
 
 def test_zero_and_offload_key_lists_match_deepspeed() -> None:

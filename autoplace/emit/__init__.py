@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from autoplace.capabilities import FRAMEWORKS, FSDP2_FRAMEWORKS, ZERO_FRAMEWORKS, bf16_recipe
 from autoplace.emit._common import comment_safe
 from autoplace.emit.accelerate import emit_accelerate
 from autoplace.emit.deepspeed import emit_deepspeed
@@ -33,7 +34,6 @@ from autoplace.emit.launch import (
 from autoplace.emit.megatron import emit_megatron
 from autoplace.emit.torchtitan import emit_torchtitan, torchtitan_model_module, torchtitan_overrides, torchtitan_toml
 from autoplace.errors import EmitError, SpecError
-from autoplace.frameworks import FRAMEWORKS, FSDP2_FRAMEWORKS, ZERO_FRAMEWORKS, bf16_recipe
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
