@@ -305,7 +305,9 @@ def solve(
                 raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
         features |= set(allow or [])
         features -= set(deny or [])
-        assume, band = _calibration(calibration, c, framework, force)
+        # any/none name no framework: the calibration's own is not compared
+        named = None if framework in (frameworks.ANY, frameworks.NONE) else framework
+        assume, band = _calibration(calibration, c, named, force)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
         search = {"objective": objective.value, "assumptions": assume}
         problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
