@@ -22,6 +22,7 @@ from autoplace.capabilities import (
     UNIFORM_RECOMPUTE,
     bf16_recipe,
 )
+from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import EmitError, Infeasible, SpecError
 from autoplace.plan import Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
@@ -64,7 +65,8 @@ def search_limits(framework: str, fixed: dict[str, Any], features: set[str]) -> 
 def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
                 features: set[str], **options: Any) -> Any:
     """The solver Problem for ``framework`` (``any``, ``none`` or a framework name): the model
-    costed with its recipe, its pinned degrees and features, its admissible configurations.
+    costed with its recipe and its communication, its pinned degrees and features, its admissible
+    configurations.
 
     Args:
         options: the other Problem fields (objective, top_k, assumptions, ...).
@@ -82,6 +84,8 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         if why:
             raise Infeasible(why)
         fixed, features = search_limits(framework, fixed, features)
+        # and its communication as it runs it (DeepSpeed all-reduces ZeRO-1/2 gradients)
+        options = {**options, "assumptions": options.get("assumptions", DEFAULT).for_framework(framework)}
     test = None if framework == NONE else admissible(framework, model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, **options)
 
