@@ -8,7 +8,7 @@ Two factors of :class:`~autoplace.cost.assumptions.Assumptions` are fitted:
   link tier relative to the profile).
 
 The fit minimises the squared error of log step time, ``sum_i (log t_i - log T_i(c, b))^2``,
-where ``T_i`` is the evaluator itself (one source of truth, DESIGN.md) -- not a linearisation,
+where ``T_i`` is the evaluator itself (one source of truth, docs/ARCHITECTURE.md) -- not a linearisation,
 since exposed communication is a ``max(0, ...)`` of overlap.  Two parameters, a few trials:
 a coarse grid in log space then Nelder-Mead from its three best points -- no optimiser
 dependency.  A

@@ -1,6 +1,6 @@
 """The ``autoplace`` command line: a thin layer over the library.
 
-Exit codes (DESIGN.md): 0 success, 2 bad input (one line, no traceback without --debug),
+Exit codes (docs/ARCHITECTURE.md): 0 success, 2 bad input (one line, no traceback without --debug),
 3 infeasible.  Heavy modules are imported inside the commands that need them.
 """
 

@@ -1,7 +1,7 @@
 """Placement semantics as code: states, modes, the Plan, named presets and the plan string.
 
 Four training states -- parameters Θ, optimizer state Ω, gradients G, activations A -- each
-placed in one of five modes (DESIGN.md, "Vocabulary"):
+placed in one of five modes (docs/ARCHITECTURE.md, "Vocabulary"):
 
     R replicated · S sharded · S* sharded-with-gather · M materialized · O offloaded
 
@@ -99,7 +99,7 @@ class Plan:
         return modes.pop() if len(modes) == 1 else ("none" if not modes else "mixed")
 
     def placement(self) -> dict[State, Mode]:
-        """The mode of each state (DESIGN.md): e.g. ZeRO-3 is (S*, S, S, R)."""
+        """The mode of each state (docs/ARCHITECTURE.md): e.g. ZeRO-3 is (S*, S, S, R)."""
         params = Mode.OFFLOADED if self.offload_params != "none" else (
             Mode.GATHERED if self.zero >= 3 else Mode.REPLICATED)
         optimizer = Mode.OFFLOADED if self.offload_optimizer != "none" else (
@@ -125,7 +125,7 @@ class Plan:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan object of the CLI contract (DESIGN.md, autoplace.solution/v1)."""
+        """The plan object of the CLI contract (docs/ARCHITECTURE.md, autoplace.solution/v1)."""
         modes = self.placement()
         out: dict[str, Any] = {
             "degrees": {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep},

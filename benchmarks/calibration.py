@@ -4,7 +4,7 @@ Runs (or resumes) a tune study of a few plans of the tiny Llama on two local glo
 fits compute_scale and bandwidth_scale to the measured step times, and prints per trial the
 prediction before and after, plus leave-one-out errors (each trial predicted by a fit that did
 not see it) -- the honest figure when there are only a few trials.  Prints tables; never
-pass/fail on absolute time (DESIGN.md, benchmarks/).
+pass/fail on absolute time (docs/ARCHITECTURE.md, benchmarks/).
 
     python benchmarks/calibration.py [--out DIR] [--steps 3]
 """

@@ -39,7 +39,7 @@ def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], 
 
 
 def advice(problem: Problem, nearest: Evaluation) -> list[str]:
-    """What would make the nearest plan fit, from its shortfall (DESIGN.md: infeasible output)."""
+    """What would make the nearest plan fit, from its shortfall (docs/ARCHITECTURE.md: infeasible output)."""
     worst = nearest.memory
     short = worst["total"] - worst["capacity"]
     states = worst["params"] + worst["grads"] + worst["optimizer"]

@@ -68,7 +68,7 @@ class SolveResult:
         n_evaluated: candidate configurations scored by the vectorized evaluator.
         nearest: when infeasible, the plan that misses least; ``advice`` says what would fit.
         disagreement: largest relative difference between the back end's own objective value
-            and the evaluator's re-score of the same plan (one source of truth, DESIGN.md).
+            and the evaluator's re-score of the same plan (one source of truth, docs/ARCHITECTURE.md).
     """
 
     plans: list[Evaluation]

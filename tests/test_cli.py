@@ -1,4 +1,4 @@
-"""The command-line contract (DESIGN.md, "Command-line contract"), in-process and as a real process.
+"""The command-line contract (docs/ARCHITECTURE.md, "Command-line contract"), in-process and as a real process.
 
 In-process runs use typer's CliRunner (stdout and stderr kept apart); the subprocess runs
 ``python -m autoplace.cli`` the way a script would, which also checks what a real shell sees
@@ -30,7 +30,7 @@ H100_64 = CLUSTERS / "8x8-h100.yaml"
 A100_8 = CLUSTERS / "1x8-a100-80gb.yaml"
 PLAN_70B = "tp=8,pp=4,zero=1,recompute=selective"
 
-# The plan object of autoplace.solution/v1 (DESIGN.md); `evaluate` adds `violations`.
+# The plan object of autoplace.solution/v1 (docs/ARCHITECTURE.md); `evaluate` adds `violations`.
 PLAN_KEYS = {"degrees", "virtual_stages", "schedule", "micro_batch", "grad_accum", "global_batch", "zero_stage",
              "placement", "offload", "recompute", "layers_per_stage", "memory_per_device_bytes",
              "comm_bytes_per_step_per_device", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "violations"}

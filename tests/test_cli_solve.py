@@ -1,4 +1,4 @@
-"""`autoplace solve` against the DESIGN.md contract, in-process and as a real process."""
+"""`autoplace solve` against the docs/ARCHITECTURE.md contract, in-process and as a real process."""
 
 from __future__ import annotations
 

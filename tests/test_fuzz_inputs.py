@@ -1,6 +1,6 @@
 """Fuzzing the input boundary: the model and cluster loaders, and ``autoplace evaluate`` on top.
 
-The contract (DESIGN.md, "Command-line contract"): bad input is exit code 2 with one line
+The contract (docs/ARCHITECTURE.md, "Command-line contract"): bad input is exit code 2 with one line
 naming the file, the field and what is wrong, never a traceback. Below the CLI that means a
 loader either returns a spec or raises :class:`SpecError` -- never any other exception -- and
 the error names the file and, for a one-field change, the dotted path of that field.

@@ -50,7 +50,7 @@ def test_contract_fix_pins_the_plan(backend: str) -> None:
        gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]), seq=st.sampled_from([512, 2048]))
 def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, batch: int, objective: str,
                                          gpu: str, seq: int) -> None:
-    """On instances small enough to enumerate, CP-SAT's optimum is the oracle's (DESIGN.md)."""
+    """On instances small enough to enumerate, CP-SAT's optimum is the oracle's (docs/ARCHITECTURE.md)."""
     problem = Problem(_model(layers, hidden, batch, seq), gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=1,
                       features=frozenset({"interleave", "hsdp"}))
     a = get_solver("cpsat").solve(problem, Budget(time_limit_s=30))

@@ -3,7 +3,7 @@ pipeline split -> tensor (+ sequence) parallel -> context parallel -> expert par
 activation checkpointing -> FSDP2 / DDP (:func:`parallelize`; the runtime's worker and the
 tracker harness of :mod:`autoplace.fidelity.trackers` both apply plans through it).
 
-Mapping of autoplace's ZeRO levels (DESIGN.md placements) onto PyTorch:
+Mapping of autoplace's ZeRO levels (docs/ARCHITECTURE.md placements) onto PyTorch:
 
 * zero 0 (R,R,R,R): DDP (a comm hook counts and reduces the buckets); with tp > 1 and dp > 1
   the DTensor gradients are all-reduced over the dp group by hand after backward;

@@ -1,6 +1,6 @@
 """ModelSpec: what is trained, loaded strictly from model.json or a Hugging Face config.json.
 
-Two forms are accepted (DESIGN.md, "Inputs"):
+Two forms are accepted (docs/ARCHITECTURE.md, "Inputs"):
 
 * the transformer shorthand (``layers, hidden, ffn_hidden, heads, ...``), from which the
   cost model derives every layer exactly;
