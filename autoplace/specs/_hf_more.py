@@ -18,7 +18,7 @@ from autoplace.specs._hf_read import (
     _dropout,
     _heads,
     _llama_biases,
-    _moe,
+    _qwen_moe,
     _Reader,
     _rope_decoder,
     _seq_len,
@@ -55,16 +55,7 @@ def qwen3(r: _Reader) -> dict[str, Any]:
 
 def qwen3_moe(r: _Reader) -> dict[str, Any]:
     """qwen3_moe (Qwen3-30B-A3B, -235B-A22B): qwen3 attention, routed experts, no shared expert."""
-    out = qwen3(r)
-    if r.config.get("mlp_only_layers"):
-        raise r.error("mlp_only_layers", "per-layer dense overrides cannot be expressed; expected [] or absent")
-    shared_ffn = r.integer("shared_expert_intermediate_size", default=0, minimum=0)
-    out["moe"] = _moe(
-        r, experts=r.integer("num_experts"), expert_ffn=r.integer("moe_intermediate_size"),
-        shared=1 if shared_ffn else 0, shared_ffn=shared_ffn, first_dense=0,
-        layer_freq=r.integer("decoder_sparse_step", default=1),
-    )
-    return out
+    return {**qwen3(r), "moe": _qwen_moe(r)}
 
 
 def _gemma(r: _Reader, *, pattern: int) -> dict[str, Any]:

@@ -246,3 +246,14 @@ def _rope_theta(r: _Reader, key: str) -> dict[str, float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise r.error(key, f"must be a positive number, got {value!r}")
     return {"rope_theta": float(value)}
+
+
+def _qwen_moe(r: _Reader) -> dict[str, int]:
+    """The moe block of Qwen's MoE configs (qwen2_moe, qwen3_moe): routed experts, an optional
+    gated shared expert, every decoder_sparse_step-th layer sparse; per-layer dense overrides refused."""
+    if r.config.get("mlp_only_layers"):
+        raise r.error("mlp_only_layers", "per-layer dense overrides cannot be expressed; expected [] or absent")
+    shared_ffn = r.integer("shared_expert_intermediate_size", default=0, minimum=0)
+    return _moe(r, experts=r.integer("num_experts"), expert_ffn=r.integer("moe_intermediate_size"),
+                shared=1 if shared_ffn else 0, shared_ffn=shared_ffn, first_dense=0,
+                layer_freq=r.integer("decoder_sparse_step", default=1))

@@ -27,6 +27,7 @@ from autoplace.specs._hf_read import (
     _heads,
     _llama_biases,
     _moe,
+    _qwen_moe,
     _Reader,
     _rope_decoder,
     _rope_theta,
@@ -73,17 +74,7 @@ def _qwen2_moe(r: _Reader) -> dict[str, Any]:
     layer_freq is decoder_sparse_step. Qwen counts MoE layers as (i + 1) % step == 0,
     which agrees with the every-layer case (step 1) used by the published models.
     """
-    out = _qwen2(r)
-    if r.config.get("mlp_only_layers"):
-        raise r.error("mlp_only_layers",
-                      "per-layer dense overrides cannot be expressed; expected [] or absent")
-    shared_ffn = r.integer("shared_expert_intermediate_size", default=0, minimum=0)
-    out["moe"] = _moe(
-        r, experts=r.integer("num_experts"), expert_ffn=r.integer("moe_intermediate_size"),
-        shared=1 if shared_ffn else 0, shared_ffn=shared_ffn, first_dense=0,
-        layer_freq=r.integer("decoder_sparse_step", default=1),
-    )
-    return out
+    return {**_qwen2(r), "moe": _qwen_moe(r)}
 
 
 def _mla(r: _Reader) -> dict[str, Any]:
