@@ -17,14 +17,14 @@ from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.cost.candidates import Candidates, candidates_from_plans
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import bubble_time, pipeline_time
-from autoplace.cost.terms import MB_PARTS, StageTerms, stage_terms
+from autoplace.cost.terms import COMM_PARTS, MB_PARTS, StageTerms, stage_terms
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
 
 Array = np.ndarray
-__all__ = ["Batch", "Candidates", "candidates_from_plans", "evaluate_batch", "per_second"]
+__all__ = ["COMM_PARTS", "MEMORY_PARTS", "TIME_PARTS", "Batch", "Candidates", "candidates_from_plans", "evaluate_batch",
+           "per_second"]
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "reserve")
-COMM_PARTS = ("dp", "tp", "pp", "cp", "ep", "offload")
 TIME_PARTS = (*MB_PARTS, "bubble", "dp", "optimizer")
 
 
