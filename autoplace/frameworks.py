@@ -24,7 +24,7 @@ from autoplace.capabilities import (
 )
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import EmitError, Infeasible, SpecError
-from autoplace.plan import Plan, even_split
+from autoplace.plan import Config, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -112,7 +112,7 @@ def _checks(model: ModelSpec) -> dict[str, Callable[[Plan], None]]:
             "torchtitan": lambda plan: torchtitan.check_expressible(plan, model)}
 
 
-def admissible(framework: str, model: ModelSpec) -> Callable[[dict[str, Any]], bool]:
+def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
     """A solver configuration filter (``Problem.admissible``): whether ``framework`` -- or, for
     ``any``, at least one supported framework -- can express the configuration (its degrees,
     ZeRO level, schedule and offload), judged on the configuration's plan with an even split
@@ -125,9 +125,9 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[dict[str, Any]], b
     checks = list(all_checks.values()) if framework == ANY else [all_checks[framework]]
     table = layer_table(model)
 
-    def ok(config: dict[str, Any]) -> bool:
-        split = even_split(table.blocks, config["pp"] * config["vpp"])
-        stages = [sum(split[s::config["pp"]]) for s in range(config["pp"])]  # stage s holds chunks s, s+pp, ...
+    def ok(config: Config) -> bool:
+        split = even_split(table.blocks, config.pp * config.vpp)
+        stages = [sum(split[s::config.pp]) for s in range(config.pp)]  # stage s holds chunks s, s+pp, ...
         starts = [sum(stages[:s]) for s in range(len(stages))]
         modes = [[[sum(1 for i in range(a, a + n) if table.sequence[i] == k), 0, 0] for k in range(len(table.kinds))]
                  for a, n in zip(starts, stages, strict=True)]

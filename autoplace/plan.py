@@ -46,8 +46,11 @@ OFFLOAD = ("none", "cpu", "nvme")
 
 
 @dataclass(frozen=True)
-class Plan:
-    """One placement of a training job.
+class Config:
+    """Everything a placement fixes except the per-layer decisions (the layer-to-stage split and
+    each block's recompute mode).  The solver enumerates these; a :class:`Plan` is a Config with
+    its per-layer decisions, and :class:`~autoplace.cost.candidates.Candidates` is many of them
+    as arrays.
 
     Attributes:
         dp_replicate, dp_shard: data parallel = replicate x shard groups (HSDP when both > 1).
@@ -58,8 +61,6 @@ class Plan:
         mbs: micro-batch size in sequences; grad_accum: micro-batches per step per pipeline.
         schedule: gpipe, 1f1b or interleaved.
         offload_optimizer, offload_params: none, cpu or nvme.
-        recompute: the recompute mode of every block, in order.
-        layers_per_stage: blocks on each pipeline stage (embedding on the first, head on the last).
     """
 
     tp: int = 1
@@ -76,9 +77,6 @@ class Plan:
     schedule: str = "1f1b"
     offload_optimizer: str = "none"
     offload_params: str = "none"
-    recompute: tuple[str, ...] = ()
-    layers_per_stage: tuple[int, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def dp(self) -> int:
@@ -91,6 +89,30 @@ class Plan:
     @property
     def global_batch(self) -> int:
         return self.mbs * self.grad_accum * self.dp
+
+    def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
+        """This configuration with its per-layer decisions."""
+        return Plan(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Config)},
+                    recompute=tuple(recompute), layers_per_stage=tuple(layers_per_stage))
+
+
+@dataclass(frozen=True)
+class Plan(Config):
+    """One placement of a training job: a :class:`Config` and its per-layer decisions.
+
+    Attributes:
+        recompute: the recompute mode of every block, in order.
+        layers_per_stage: blocks on each pipeline stage (embedding on the first, head on the last).
+    """
+
+    recompute: tuple[str, ...] = ()
+    layers_per_stage: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def config(self) -> Config:
+        """The plan without its per-layer decisions."""
+        return Config(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Config)})
 
     @property
     def recompute_mode(self) -> str:
@@ -324,14 +346,23 @@ def _layers(v: dict[str, Any], pp: int, blocks: int, source: str) -> tuple[int, 
         if blocks < pp:
             raise SpecError(f"pp={pp} exceeds the model's {blocks} layers", source=source, field="pp")
         return even_split(blocks, pp)
-    try:
-        layers = tuple(int(x) for x in v["layers"].split(":"))
-    except ValueError:
-        raise SpecError("expected counts joined by ':', e.g. 8:8:8:8", source=source, field="layers") from None
+    layers = parse_layers(v["layers"], source=source)
     if len(layers) != pp or sum(layers) != blocks or min(layers) < 0:
         raise SpecError(f"needs {pp} counts (one per stage) adding up to {blocks} layers, got {v['layers']}",
                         source=source, field="layers")
     return layers
+
+
+def parse_layers(text: str, *, source: str = "--plan") -> tuple[int, ...]:
+    """``"8:8:8:8"`` -> blocks per stage (the one parser of the ``layers`` key).
+
+    Raises:
+        SpecError: not whole numbers joined by ':'.
+    """
+    try:
+        return tuple(int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise SpecError("expected counts joined by ':', e.g. 8:8:8:8", source=source, field="layers") from None
 
 
 def _recompute(v: dict[str, Any], blocks: int, source: str) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ def best_uniform(model: object, c: object) -> tuple[float, str]:
         i = int(np.argmin(step))
         if step[i] < best:
             cf = configs[i]
-            best, label = float(step[i]), f"tp{cf['tp']} pp{cf['pp']} cp{cf['cp']} z{cf['zero']} mbs{cf['mbs']} {name}"
+            best, label = float(step[i]), f"tp{cf.tp} pp{cf.pp} cp{cf.cp} z{cf.zero} mbs{cf.mbs} {name}"
     return best, label
 
 

@@ -9,11 +9,12 @@ import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.evaluation import Evaluation, evaluate
+from autoplace.plan import Config
 from solvers.problem import Problem, SolveResult, objective_key
 from solvers.space import Scored, plan_from, to_candidates
 
 
-def finish(problem: Problem, scored: Scored, chosen: list[tuple[dict[str, Any], list[int], list[Any]]],
+def finish(problem: Problem, scored: Scored, chosen: list[tuple[Config, list[int], list[Any]]],
            status: str, *, bound: float | None, start: float, n_evaluated: int,
            notes: list[str] | None = None, model_values: list[float] | None = None) -> SolveResult:
     """Re-score the chosen (config, split, recompute counts) with the evaluator; on failure
@@ -72,7 +73,7 @@ def nearest_plan(problem: Problem, scored: Scored) -> Evaluation:
     batch = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
     i = int(np.argmin(np.maximum(batch.shortfall, batch.host_shortfall)))
     counts = cand.counts[i]
-    split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
+    split = [int(counts[s].sum()) for s in range(scored.configs[i].pp)]
     modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]
     plan = plan_from(scored.configs[i], scored.table, split, modes)
     return evaluate(problem.model, problem.cluster, plan, problem.assumptions)

@@ -1,155 +1,229 @@
 """CP-SAT placement search: one integer program over configurations, layer splits and
 per-layer recompute, with per-stage memory caps.
 
-Model (``build_model``):
+The model (:func:`build_model`):
 
-* one Boolean per configuration (degrees, ZeRO level, offload, micro-batch, schedule; the
-  table of valid factorizations replaces nonlinear degree products), exactly one true;
-* per (pp, vpp) group: blocks per stage ``n_s = vpp * q_s`` (contiguous, uneven allowed),
-  blocks of each kind per stage (element constraints on prefix counts), and recompute counts
-  ``r[s,k,mode]`` summing to them -- the per-layer decisions;
-* for each configuration, enforced by its Boolean: every stage's memory <= capacity, stage
-  micro-batch times, the exposed DP tail, and the objective bound.
+* one Boolean ``x_c`` per configuration kept after bounding (degrees, ZeRO level, offload,
+  micro-batch, schedule: the table of valid factorizations replaces nonlinear degree
+  products), exactly one true;
+* per (pp, vpp) group, shared by its configurations: a one-hot choice ``y[s][q]`` of ``q``
+  chunks of ``vpp`` blocks on stage ``s`` (contiguous, uneven allowed, ``Σ vpp q_s = L``);
+* per configuration and stage, enforced by ``x_c``: the stage's micro-batch time, its
+  once-per-step tail (exposed DP reduction, gathers, optimizer) and its memory within
+  capacity, encoded one of two ways --
 
-Coefficients come from :func:`autoplace.cost.terms.stage_terms` (the evaluator's own tables),
-scaled to integers with a recorded scale; configurations whose sound lower bound exceeds the
-K-th best uniform plan are pruned first, which never removes an optimum.
+  - *tables* (one block kind): the best recompute counts for every stage size are known in
+    closed form (:mod:`solvers.tables`), so the stage's time and tail are read off the
+    ``y`` literals, and sizes that cannot fit are forbidden;
+  - *per-layer* (several block kinds, e.g. dense and MoE blocks): kind counts per stage
+    from element constraints on prefix sums, recompute counts ``r[s][k][mode]`` summing to
+    them, and memory, time and tail linear in those counts;
+
+* the objective ``D ((m - 1/v) max_s t_s + Σ_s t_s / v + max_s tail_s)`` for time
+  (:func:`autoplace.cost.step.pipeline_weights`), or the busiest stage's bytes for comm and
+  memory.  ``D`` is the least common multiple of the kept configurations' vpp; every vpp
+  divides the block count, so ``D`` does too and every weight is an exact integer.
+
+Coefficients come from :func:`autoplace.cost.terms.stage_terms` (the evaluator's own
+tables), in integer units of a recorded scale; memory is rounded conservatively (coefficients
+up, capacity down).  Configurations whose sound lower bound exceeds the K-th best known plan
+are pruned before the model is built, which never removes an optimum.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from autoplace.cost.evaluate import evaluate_batch
-from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.cpsat_tables import build_table_model, read_solution
 from solvers.space import Scored, enumerate_configs, score_space, to_candidates
 from solvers.tables import StageTables, split_bounds, split_value, stage_tables
 
-LCM_VPP = 12  # lcm(1, 2, 3, 4): keeps (Σt - max)/v integral for every vpp we search
+UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
+SLACK = 1e-6  # relative slack on bounds computed in floating point
+
+Chosen = tuple[Any, list[int], list[Any]]  # (configuration, blocks per stage, recompute counts per stage)
 
 
 @dataclass
 class Built:
-    """The CP-SAT model and the handles needed to read a solution back."""
+    """The CP-SAT model and what is needed to read a solution back."""
 
     model: Any
-    chosen: dict[int, Any]  # config index -> Boolean
+    chosen: dict[int, Any]  # configuration index -> Boolean
     groups: dict[tuple[int, int], dict[str, Any]]
-    objective: Any
-    time_scale_s: float  # seconds per integer time unit
-    notes: list[str] = field(default_factory=list)
+    objective: Any  # the primary objective (integer units)
+    unit: float  # seconds or bytes per objective unit
+    ties: int  # the minimized expression is objective * ties + tie-break rank
+    read: Callable[[Any, int], Chosen]
 
 
 def _ceil(x: float) -> int:
     return int(math.ceil(x - 1e-9))
 
 
-def build_model(problem: Problem, scored: Scored, keep: list[int]) -> Built:
-    """Build the integer program over the configurations ``keep``."""
+def build_model(problem: Problem, scored: Scored, keep: list[int], tables: dict[int, StageTables] | None = None,
+                lower: dict[int, float] | None = None, upper: float | None = None) -> Built:
+    """The integer program over the configurations ``keep``; per-stage costs from ``tables``
+    (one block kind) or per-layer variables (otherwise).  ``lower`` (per configuration) and
+    ``upper`` (the K-th best known plan) are sound bounds in seconds or bytes; they only
+    tighten the search."""
     from ortools.sat.python import cp_model
 
-    t, table = scored.terms, scored.table
+    t, table, configs = scored.terms, scored.table, scored.configs
     L, K = table.blocks, len(table.kinds)
+    time_obj = problem.objective == "time"
     md = cp_model.CpModel()
-    # time unit: the slowest stage micro-batch among kept configs maps to ~1e8 units
-    worst = max(float(t.t_static[i].sum(-1).max() + L * t.t_block[i].sum(-1).max()) for i in keep)
-    tail_worst = max(float((t.reduce_static[i] + t.gather_static[i] + t.opt_static[i]).max()
-                           + L * (t.reduce_block[i] + t.gather_block[i] + t.opt_block[i]).max()) for i in keep)
-    unit = max(worst, tail_worst, 1e-12) / 1e8
-    T = lambda x: int(round(float(x) / unit))  # noqa: E731 - seconds -> integer units
-    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
-    fixed_split = tuple(int(x) for x in str(problem.fixed["layers"]).split(":")) if "layers" in problem.fixed else None
-    prefix = np.vstack([np.zeros(K, int), np.cumsum(np.eye(K, dtype=int)[list(table.sequence)], axis=0)])
+    D = math.lcm(*(configs[i].vpp for i in keep)) if time_obj else 1
+    # an upper bound of any stage's micro-batch time and of any stage's tail
+    worst = max(max(float(t.t_static[i].sum(-1).max() + L * t.t_block[i].sum(-1).max()),
+                    float((t.reduce_static[i] + t.gather_static[i] + t.opt_static[i]).max()
+                          + L * (t.reduce_block[i] + t.gather_block[i] + t.opt_block[i]).max()))
+                for i in keep)
+    unit = max(worst, 1e-30) / UNITS if time_obj else 1.0  # seconds (or bytes) per integer unit
     groups: dict[tuple[int, int], dict[str, Any]] = {}
     for i in keep:
-        key = (scored.configs[i]["pp"], scored.configs[i]["vpp"])
+        key = (configs[i].pp, configs[i].vpp)
         if key not in groups:
-            groups[key] = _stage_vars(md, key, L, K, prefix, fixed_mode, fixed_split, int(1e8 * 4))
+            groups[key] = _group(md, key, table.sequence, K, problem.fixed_split)
     chosen = {i: md.new_bool_var(f"x{i}") for i in keep}
     md.add_exactly_one(chosen.values())
-    horizon = int(LCM_VPP * (max(scored.configs[i]["ga"] for i in keep) + 1) * 4e8 * 2)
-    obj = md.new_int_var(0, max(horizon, int(4e15)), "objective")
+    top_bound = max(int(_ceil(2 * worst / unit)), 1)
+    for g in groups.values():
+        g["top"] = md.new_int_var(0, top_bound if time_obj else 2**50, "")
+        g["tail"] = md.new_int_var(0, top_bound, "")
+    m_max = max(configs[i].grad_accum for i in keep)
+    obj = md.new_int_var(0, D * (m_max + L + 2) * top_bound if time_obj else 2**50, "objective")
+    rounding = D * (m_max + L + 2)  # the most the objective's rounding to units can move it
     for i in keep:
-        _config_constraints(md, problem, scored, i, groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])],
-                            chosen[i], obj, T)
-    md.minimize(obj)
-    return Built(md, chosen, groups, obj, unit)
+        cf, g, x = configs[i], groups[(configs[i].pp, configs[i].vpp)], chosen[i]
+        if tables is not None:
+            stages = _table_stages(md, problem, tables[i], g, x, unit)
+        else:
+            stages = _layer_stages(md, problem, scored, i, g, x, unit)
+        for expr in stages:
+            md.add(g["top"] >= expr).only_enforce_if(x)
+        if time_obj:
+            w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
+            md.add(obj >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
+        else:
+            md.add(obj >= g["top"]).only_enforce_if(x)
+        if lower is not None and np.isfinite(lower.get(i, np.inf)):
+            md.add(obj >= int(lower[i] * D / unit * (1 - SLACK)) - rounding).only_enforce_if(x)
+    if upper is not None and np.isfinite(upper):
+        md.add(obj <= int(upper * D / unit * (1 + SLACK)) + rounding)
+    rank = _secondary_rank(problem, scored, keep)
+    md.minimize(obj * len(rank) + sum(rank[i] * x for i, x in chosen.items()))
+
+    def read(solver: Any, i: int) -> Chosen:
+        cf = configs[i]
+        g = groups[(cf.pp, cf.vpp)]
+        split = [int(solver.value(q)) * cf.vpp for q in g["q"]]
+        if tables is None:
+            return cf, split, [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
+        tb = tables[i]
+        return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
+                           for s, n in enumerate(split)]
+
+    return Built(md, chosen, groups, obj, unit / D, len(rank), read)
 
 
-def _stage_vars(md: Any, key: tuple[int, int], L: int, K: int, prefix: np.ndarray, fixed_mode: int | None,
-                fixed_split: tuple[int, ...] | None, tmax: int) -> dict[str, Any]:
+def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
+           fixed_split: tuple[int, ...] | None) -> dict[str, Any]:
+    """Per (pp, vpp) group: the one-hot chunks per stage, and for several block kinds the
+    blocks of each kind per stage and the recompute counts of each."""
     P, v = key
-    tag = f"p{P}v{v}"
-    q = [md.new_int_var(1, L // v, f"{tag}_q{s}") for s in range(P)]
-    n = [qq * v for qq in q]
+    L = len(sequence)
+    y, q = [], []
+    for s in range(P):
+        allowed = list(range(1, L // v - P + 2))
+        if fixed_split is not None and len(fixed_split) == P:
+            allowed = [fixed_split[s] // v] if fixed_split[s] % v == 0 else []
+        lits = {k: md.new_bool_var("") for k in allowed}
+        md.add_exactly_one(lits.values())
+        y.append(lits)
+        q.append(sum(k * lit for k, lit in lits.items()))
     md.add(sum(q) * v == L)
-    if fixed_split is not None and len(fixed_split) == P:
-        for s in range(P):
-            md.add(n[s] == fixed_split[s])
-    bounds = [md.new_int_var(0, L, f"{tag}_b{s}") for s in range(P + 1)]
+    g: dict[str, Any] = {"y": y, "q": q, "P": P, "v": v}
+    if K == 1:
+        return g
+    prefix = np.vstack([np.zeros(K, int), np.cumsum(np.eye(K, dtype=int)[list(sequence)], axis=0)])
+    bounds = [md.new_int_var(0, L, "") for _ in range(P + 1)]
     md.add(bounds[0] == 0)
+    counts = []  # counts[s][k]: blocks of kind k on stage s
     for s in range(P):
-        md.add(bounds[s + 1] == bounds[s] + n[s])
-    counts = []  # counts[s][k]
-    for s in range(P):
-        if K == 1:
-            counts.append([n[s]])
-            continue
+        md.add(bounds[s + 1] == bounds[s] + v * q[s])
         row = []
         for k in range(K):
             lo, hi = md.new_int_var(0, L, ""), md.new_int_var(0, L, "")
-            md.add_element(bounds[s], [int(x) for x in prefix[:, k]], lo)
-            md.add_element(bounds[s + 1], [int(x) for x in prefix[:, k]], hi)
+            md.add_element(bounds[s], [int(n) for n in prefix[:, k]], lo)
+            md.add_element(bounds[s + 1], [int(n) for n in prefix[:, k]], hi)
             row.append(hi - lo)
         counts.append(row)
-    r = [[[md.new_int_var(0, L if (fixed_mode is None or fixed_mode == mode) else 0, f"{tag}_r{s}{k}{mode}")
-           for mode in range(3)] for k in range(K)] for s in range(P)]
+    r = [[[md.new_int_var(0, L, "") for _ in range(3)] for _ in range(K)] for _ in range(P)]
     for s in range(P):
         for k in range(K):
             md.add(sum(r[s][k]) == counts[s][k])
-    tvars = [md.new_int_var(0, tmax, f"{tag}_t{s}") for s in range(P)]
-    tmaxv = md.new_int_var(0, tmax, f"{tag}_tmax")
-    for s in range(P):
-        md.add(tmaxv >= tvars[s])
-    tail = md.new_int_var(0, tmax * 4, f"{tag}_tail")
-    return {"q": q, "n": n, "counts": counts, "r": r, "t": tvars, "tmax": tmaxv, "tail": tail, "P": P, "v": v}
+    return {**g, "counts": counts, "r": r}
 
 
-def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: dict[str, Any], x: Any, obj: Any,
-                        T: Any) -> None:
-    t, cf = scored.terms, scored.configs[i]
-    P, v, m = g["P"], g["v"], cf["ga"]
-    K = len(scored.table.kinds)
+def _table_stages(md: Any, problem: Problem, tb: StageTables, g: dict[str, Any], x: Any, unit: float) -> list[Any]:
+    """One block kind: each stage's objective term and tail read off the chunk literals."""
+    v = g["v"]
+    main = tb.time if problem.objective == "time" else tb.value
+    stages = []
+    for s, lits in enumerate(g["y"]):
+        value = {q: main[s, q * v] for q in lits}
+        for q, lit in lits.items():
+            if not np.isfinite(value[q]):  # this stage cannot hold q chunks under this configuration
+                md.add_implication(x, ~lit)
+        stages.append(sum(int(round(value[q] / unit)) * lit for q, lit in lits.items() if np.isfinite(value[q])))
+        if problem.objective == "time":
+            md.add(g["tail"] >= sum(int(round(tb.tail[s, q * v] / unit)) * lit for q, lit in lits.items()
+                                    if np.isfinite(value[q]))).only_enforce_if(x)
+    return stages
+
+
+def _layer_stages(md: Any, problem: Problem, scored: Scored, i: int, g: dict[str, Any], x: Any,
+                  unit: float) -> list[Any]:
+    """Several block kinds: memory, host memory, time, tail and bytes linear in the per-stage
+    recompute counts; returns each stage's objective term (for memory: each phase's bytes)."""
+    t, K = scored.terms, len(scored.table.kinds)
     static, per_block, mult = t.phases
-    comm_terms, mem_terms = [], []
-    for s in range(P):
+    T = lambda seconds: int(round(float(seconds) / unit))  # noqa: E731 - seconds -> integer units
+    out = []
+    for s in range(g["P"]):
         cnt, r = g["counts"][s], g["r"][s]
-        # memory <= capacity in every phase, conservatively rounded (coefficients up, capacity down)
-        for f in t.binding_phases(i, P):
+        for f in t.binding_phases(i, g["P"]):
             mem = _ceil(static[i, s, f]) + sum(_ceil(per_block[i, s, f, k]) * cnt[k] for k in range(K)) + sum(
                 _ceil(mult[i, s, f] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
             md.add(mem <= int(t.capacity[i, s])).only_enforce_if(x)
-            mem_terms.append(mem)
-        # offloaded states within the stage's host share, conservatively rounded
+            if problem.objective == "memory":
+                out.append(mem)
         if t.host_block[i, s].any() or t.host_static[i, s] > 0:
             md.add(_ceil(t.host_static[i, s]) + sum(_ceil(t.host_block[i, s, k]) * cnt[k] for k in range(K))
                    <= int(t.host_capacity[i, s])).only_enforce_if(x)
+        if problem.objective == "comm":
+            cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
+            out.append(int(t.bytes_static[i, s].sum()) + sum(int(cb[k, mode]) * r[k][mode]
+                                                             for k in range(K) for mode in range(3)))
+        if problem.objective != "time":
+            continue
         tb = t.t_block[i, s].sum(-1)  # [K, 3]
-        md.add(g["t"][s] == T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K)
-                                                             for mode in range(3))).only_enforce_if(x)
-        # exposed DP tail (autoplace.cost.step.exposed_reduction) + gather + optimizer:
-        # (1 - k) max(red - win, min(red, bucket)) + k red + rest, as two linear lower bounds
-        def lin(static: np.ndarray, block: np.ndarray, w: float = 1.0, s: int = s, cnt: list[Any] = cnt) -> Any:
-            return T(w * static[i, s]) + sum(T(w * block[i, s, k]) * cnt[k] for k in range(K))
+        out.append(T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K) for mode in range(3)))
+
+        # the tail (autoplace.cost.step.exposed_reduction + gathers + optimizer), k = slowdown:
+        # (1 - k) max(reduce - window, min(reduce, last bucket)) + k reduce + rest, as two linear lower bounds
+        def lin(st: np.ndarray, block: np.ndarray, w: float = 1.0, s: int = s, cnt: list[Any] = cnt) -> Any:
+            return T(w * st[i, s]) + sum(T(w * block[i, s, k]) * cnt[k] for k in range(K))
 
         kappa = t.slowdown
         rest = lin(t.gather_static + t.opt_static, t.gather_block + t.opt_block)
@@ -159,46 +233,142 @@ def _config_constraints(md: Any, problem: Problem, scored: Scored, i: int, g: di
         md.add(g["tail"] >= lin(t.reduce_static, t.reduce_block) - lin(t.window_static, t.window_block, 1 - kappa)
                + rest).only_enforce_if(x)
         md.add(g["tail"] >= floor + lin(t.reduce_static, t.reduce_block, kappa) + rest).only_enforce_if(x)
-        cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
-        comm_terms.append(int(t.bytes_static[i, s].sum()) + sum(int(cb[k, mode]) * r[k][mode]
-                                                                for k in range(K) for mode in range(3)))
-    if problem.objective == "time":
-        w_max, w_sum = pipeline_weights(m, v)
-        md.add(obj >= int(round(float(LCM_VPP * w_max))) * g["tmax"] + int(round(float(LCM_VPP * w_sum))) * sum(g["t"])
-               + LCM_VPP * g["tail"]).only_enforce_if(x)
-    elif problem.objective == "comm":
-        for expr in comm_terms:
-            md.add(obj >= expr).only_enforce_if(x)
-    else:
-        for expr in mem_terms:
-            md.add(obj >= expr).only_enforce_if(x)
+    return out
 
 
-def _prune(problem: Problem, scored: Scored) -> tuple[list[int], np.ndarray, int | None]:
-    """Keep configurations that may hold one of the top-K optima (sound bound test).
+def _secondary_rank(problem: Problem, scored: Scored, keep: list[int]) -> dict[int, int]:
+    """Each configuration's rank (0 = best) on the tie-breaking criterion at its even split, no
+    recompute: fewer bytes for the time objective, less time for the others."""
+    t, L = scored.terms, scored.table.blocks
+    key = {}
+    for i in keep:
+        cf = scored.configs[i]
+        split = np.array([x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)], dtype=float)
+        stages = np.arange(cf.pp)
+        if problem.objective == "time":
+            key[i] = float((t.bytes_static[i, stages].sum(-1) + split * t.bytes_block[i, 0, :, 0].sum()).max())
+        else:
+            key[i] = float((t.t_static[i, stages].sum(-1) + split * t.t_block[i, stages, :, 0].sum((-1, -2))).sum())
+    return {i: r for r, i in enumerate(sorted(key, key=lambda j: (key[j], j)))}
+
+
+@dataclass
+class _Runs:
+    """What the top-K search found: (solver, configuration) per plan, statuses, the first bound."""
+
+    found: list[tuple[Any, int]] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    bound: float | None = None
+    values: list[float] = field(default_factory=list)
+
+
+def _top_k(built: Built, problem: Problem, budget: Budget, deadline: float) -> _Runs:
+    """The top-K distinct configurations, each optimal among those left: solve, record,
+    forbid the configuration, solve again -- within the shared deadline.  Each later solve
+    starts from what the earlier ones proved: its objective is at least the previous optimum."""
+    from ortools.sat.python import cp_model
+
+    runs = _Runs()
+    model, chosen = built.model, dict(built.chosen)
+    for _ in range(problem.top_k):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0 or not chosen:
+            break
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = remaining
+        solver.parameters.num_workers = budget.workers
+        solver.parameters.random_seed = budget.seed
+        code = solver.solve(model)
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if code != cp_model.INFEASIBLE:
+                runs.statuses.append("feasible")
+            break
+        runs.statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
+        if runs.bound is None:
+            runs.bound = solver.best_objective_bound // built.ties * built.unit
+        i = next(j for j, var in chosen.items() if solver.value(var))
+        runs.found.append((solver, i))
+        runs.values.append(solver.value(built.objective) * built.unit)
+        model.add(chosen.pop(i) == 0)  # next: the best *other* configuration
+        if code == cp_model.OPTIMAL:
+            model.add(built.objective >= solver.value(built.objective))
+    return runs
+
+
+def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
+        dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
+    """Tables for every configuration that may hold a top-K optimum (one block kind).
+
+    Configurations are visited in order of their cheap lower bound; each gets its exact
+    per-stage tables, a split-DP lower bound and, from its even split, an upper bound.  The
+    visit stops once the cheap bound exceeds the K-th best upper bound; configurations whose
+    table bound exceeds it are dropped.  Both bounds are sound, so no optimum is lost.
 
     Returns:
-        (kept indices, uniform objective values, index of the best uniform plan for the hint)
+        (tables, lower bounds, the K-th best upper bound, (configuration, split) of the best)
     """
-    feasible = scored.memory_lb <= 0
-    best_uniform = np.full(len(scored.configs), np.inf)
+    L, fixed_split = scored.table.blocks, problem.fixed_split
+    uppers: list[float] = []
+    kept: dict[int, tuple[float, StageTables]] = {}
+    hint: tuple[float, int, list[int]] | None = None
+    for i in np.argsort(scored.lower_bound, kind="stable"):
+        i = int(i)
+        kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+        if scored.lower_bound[i] > kth * (1 + 1e-9):
+            break
+        if scored.memory_lb[i] > 0:
+            continue
+        cf = scored.configs[i]
+        tb = stage_tables(scored, i, problem.objective, problem.fixed_mode)
+        lb, bottleneck = split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
+        if not np.isfinite(lb):
+            continue
+        even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+        splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
+        values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp) for sp in splits
+                  if sum(sp) == L and len(sp) == cf.pp]
+        if values:
+            ub, split = min(values, key=lambda x: x[0])
+            if np.isfinite(ub):
+                uppers.append(ub)
+                if hint is None or ub < hint[0]:
+                    hint = (ub, i, list(split))
+        kept[i] = (lb, tb)
+    kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+    tables = {i: tb for i, (lb, tb) in kept.items() if lb <= kth * (1 + 1e-9)}
+    lowers = {i: lb for i, (lb, _) in kept.items() if i in tables}
+    return tables, lowers, float(kth), None if hint is None else (hint[1], hint[2])
+
+
+def _bound_uniform(problem: Problem, scored: Scored) -> tuple[list[int], float, tuple[int, list[int]] | None,
+                                                              dict[int, int]]:
+    """Configurations that may hold a top-K optimum (several block kinds): the K-th best plan
+    with an even split and one recompute mode everywhere is an upper bound; configurations
+    whose sound lower bound exceeds it are dropped.
+
+    Returns:
+        (kept indices, the K-th best upper bound, (configuration, split) of the best, its mode)
+    """
+    best = np.full(len(scored.configs), np.inf)
     best_mode = np.zeros(len(scored.configs), dtype=int)
-    if "layers" not in problem.fixed:
-        modes = [["none", "selective", "full"].index(problem.fixed["recompute"])] if "recompute" in problem.fixed else [0, 1, 2]
+    if problem.fixed_split is None:
+        modes = [problem.fixed_mode] if problem.fixed_mode is not None else [0, 1, 2]
         for mode in modes:
             cand = to_candidates(scored.configs, scored.table, mode=mode)
             b = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
-            value = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[problem.objective]
-            value = np.where(b.fits, value, np.inf)
-            better = value < best_uniform
-            best_uniform = np.where(better, value, best_uniform)
-            best_mode = np.where(better, mode, best_mode)
-    finite = np.sort(best_uniform[np.isfinite(best_uniform)])
-    ub = finite[min(problem.top_k, len(finite)) - 1] if len(finite) >= 1 else np.inf
-    # the uniform UB is a real plan's value; allow float noise before discarding
-    keep = np.flatnonzero(feasible & (scored.lower_bound <= ub * (1 + 1e-9)))
-    hint = int(np.argmin(best_uniform)) if np.isfinite(best_uniform).any() else None
-    return keep.tolist(), best_mode, hint
+            value = np.where(b.fits, {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[problem.objective],
+                             np.inf)
+            best_mode = np.where(value < best, mode, best_mode)
+            best = np.minimum(value, best)
+    finite = np.sort(best[np.isfinite(best)])
+    ub = float(finite[min(problem.top_k, len(finite)) - 1]) if len(finite) else np.inf
+    keep = np.flatnonzero((scored.memory_lb <= 0) & (scored.lower_bound <= ub * (1 + 1e-9)))
+    if not np.isfinite(best).any():
+        return keep.tolist(), ub, None, {}
+    i = int(np.argmin(best))
+    counts = to_candidates([scored.configs[i]], scored.table).counts[0]
+    split = [int(counts[s].sum()) for s in range(scored.configs[i].pp)]
+    return keep.tolist(), ub, (i, split), {i: int(best_mode[i])}
 
 
 class CpSatSolver(Solver):
@@ -215,168 +385,57 @@ class CpSatSolver(Solver):
         return True
 
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
-
         start = time.perf_counter()
+        deadline = start + budget.time_limit_s
         configs = enumerate_configs(problem)
         scored = score_space(problem, configs)
+        tables: dict[int, StageTables] | None = None
+        lowers: dict[int, float] | None = None
         if len(scored.table.kinds) == 1:
-            return self._solve_with_tables(problem, budget, scored, start)
-        keep, best_mode, hint = _prune(problem, scored)
+            tables, lowers, upper, hint = _bound_with_tables(problem, scored)
+            keep, modes = list(tables), dict[int, int]()
+        else:
+            keep, upper, hint, modes = _bound_uniform(problem, scored)
         notes = [f"{len(configs)} configurations scored, {len(keep)} kept after bounding"]
         if not keep:
             return finish(problem, scored, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes)
-        built = build_model(problem, scored, keep)
-        if hint is not None and hint in built.chosen:
-            for i, var in built.chosen.items():
-                built.model.add_hint(var, i == hint)
-        runs = _top_k(built.model, built.chosen, problem, budget, start)
-        chosen = [self._read(solver, built, scored, i) for solver, i in runs.found]
-        statuses, bound = runs.statuses, runs.bound
+        built = build_model(problem, scored, keep, tables, lowers, upper)
+        if hint is not None and hint[0] in built.chosen:
+            self._hint(built, scored, hint)
+        runs = _top_k(built, problem, budget, deadline)
+        chosen = [built.read(solver, i) for solver, i in runs.found]
+        statuses = runs.statuses
         if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
-            chosen.append(_uniform(scored, hint, int(best_mode[hint])))
-            notes.append("time limit hit before a CP-SAT solution: returning the best uniform plan")
+            chosen.append(self._fallback(scored, tables, hint, modes))
+            notes.append("time limit hit before a CP-SAT solution: returning the best plan found while bounding")
             statuses.append("feasible")
         status = "optimal" if statuses and all(s == "optimal" for s in statuses) else (
             "feasible" if chosen else "infeasible")
-        scale = {"time": built.time_scale_s / LCM_VPP, "comm": 1.0, "memory": 1.0}[problem.objective]
-        notes.append(f"objective scale: 1 unit = {scale:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
-        return finish(problem, scored, chosen, status, bound=None if bound is None else bound * scale, start=start,
-                      n_evaluated=len(configs), notes=notes)
-
-    def _solve_with_tables(self, problem: Problem, budget: Budget, scored: Scored, start: float) -> SolveResult:
-        """Single-kind models: bound configurations with exact per-stage tables, then CP-SAT."""
-
-        tables, lowers, upper, hint = _bound_with_tables(problem, scored)
-        n_cfg = len(scored.configs)
-        notes = [f"{n_cfg} configurations scored, {len(tables)} kept after bounding"]
-        if not tables:
-            return finish(problem, scored, [], "infeasible", bound=None, start=start, n_evaluated=n_cfg, notes=notes)
-        built = build_table_model(problem, scored, tables, lowers, upper)
-        if hint is not None:
-            i, split = hint
-            for j, var in built.chosen.items():
-                built.model.add_hint(var, j == i)
-            for lits, n in zip(built.groups[(scored.configs[i]["pp"], scored.configs[i]["vpp"])]["y"], split, strict=True):
-                for k, lit in lits.items():
-                    built.model.add_hint(lit, k == n // scored.configs[i]["vpp"])
-        runs = _top_k(built.model, built.chosen, problem, budget, start, objective=built.objective)
-        chosen = [read_solution(solver, built, scored, tables, i) for solver, i in runs.found]
-        values = [v * built.unit for v in runs.values]
-        statuses = runs.statuses
-        # the objective carries a tie-break of < 1 unit per configuration: strip it from the bound
-        bound = None if runs.bound is None else (runs.bound // len(built.chosen)) * built.unit
-        if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
-            i, split = hint
-            tb = tables[i]
-            chosen.append((scored.configs[i], split,
-                           [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
-                            for s, n in enumerate(split)]))
-            notes.append("time limit hit before a CP-SAT solution: returning the best even split")
-            statuses.append("feasible")
-        status = "optimal" if statuses and all(x == "optimal" for x in statuses) else (
-            "feasible" if chosen else "infeasible")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
-        return finish(problem, scored, chosen, status, bound=bound, start=start, n_evaluated=n_cfg, notes=notes,
-                      model_values=values if len(values) == len(chosen) else None)
+        return finish(problem, scored, chosen, status, bound=runs.bound, start=start, n_evaluated=len(configs),
+                      notes=notes, model_values=runs.values if len(runs.values) == len(chosen) else None)
 
     @staticmethod
-    def _read(solver: Any, built: Built, scored: Scored, i: int) -> tuple[dict[str, Any], list[int], list[Any]]:
+    def _hint(built: Built, scored: Scored, hint: tuple[int, list[int]]) -> None:
+        """Start CP-SAT from the best plan the bounding found: its configuration and split."""
+        i, split = hint
+        for j, var in built.chosen.items():
+            built.model.add_hint(var, j == i)
         cf = scored.configs[i]
-        g = built.groups[(cf["pp"], cf["vpp"])]
-        split = [int(solver.value(n)) for n in g["n"]]
-        modes = [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
-        return cf, split, modes
+        for lits, n in zip(built.groups[(cf.pp, cf.vpp)]["y"], split, strict=True):
+            for q, lit in lits.items():
+                built.model.add_hint(lit, q == n // cf.vpp)
 
-
-@dataclass
-class _Runs:
-    """What the top-K loop found: (solver, configuration) per plan, statuses, the first bound."""
-
-    found: list[tuple[Any, int]] = field(default_factory=list)
-    statuses: list[str] = field(default_factory=list)
-    bound: float | None = None
-    values: list[float] = field(default_factory=list)
-
-
-def _top_k(model: Any, chosen: dict[int, Any], problem: Problem, budget: Budget, start: float,
-           objective: Any = None) -> _Runs:
-    """Solve, record the chosen configuration, forbid it, solve again: the top-K distinct
-    configurations, each optimal among those left, within the shared time budget."""
-    from ortools.sat.python import cp_model
-
-    runs = _Runs()
-    for _ in range(problem.top_k):
-        remaining = budget.time_limit_s - (time.perf_counter() - start)
-        if remaining <= 0 or not chosen:
-            break
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = remaining
-        solver.parameters.num_workers = budget.workers
-        solver.parameters.random_seed = budget.seed
-        code = solver.solve(model)
-        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if code != cp_model.INFEASIBLE:
-                runs.statuses.append("feasible")
-            break
-        runs.statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
-        if runs.bound is None:
-            runs.bound = solver.best_objective_bound
-        i = next(j for j, var in chosen.items() if solver.value(var))
-        runs.found.append((solver, i))
-        if objective is not None:
-            runs.values.append(solver.value(objective))
-        model.add(chosen[i] == 0)  # next: the best *other* configuration
-    return runs
-
-
-def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
-        dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
-    """Tables for every configuration that may hold a top-K optimum.
-
-    Configurations are visited in order of their cheap lower bound; each gets its exact
-    per-stage tables, a split-DP lower bound and, from its even split, an upper bound.  The
-    visit stops once the cheap bound exceeds the K-th best upper bound; configurations whose
-    table bound exceeds it are dropped.  Both bounds are sound, so no optimum is lost.
-    """
-    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
-    fixed_split = [int(x) for x in str(problem.fixed["layers"]).split(":")] if "layers" in problem.fixed else None
-    L = scored.table.blocks
-    uppers: list[float] = []
-    kept: dict[int, tuple[float, StageTables]] = {}
-    hint: tuple[float, int, list[int]] | None = None
-    for i in np.argsort(scored.lower_bound, kind="stable"):
-        i = int(i)
-        kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-        if scored.lower_bound[i] > kth * (1 + 1e-9) or scored.memory_lb[i] > 0:
-            if scored.lower_bound[i] > kth * (1 + 1e-9):
-                break
-            continue
+    @staticmethod
+    def _fallback(scored: Scored, tables: dict[int, StageTables] | None, hint: tuple[int, list[int]],
+                  modes: dict[int, int]) -> Chosen:
+        """The best plan the bounding found, as a (configuration, split, recompute counts)."""
+        i, split = hint
         cf = scored.configs[i]
-        tb = stage_tables(scored, i, problem.objective, fixed_mode)
-        lb, bottleneck = split_bounds(tb, cf["vpp"], cf["ga"], problem.objective)
-        if not np.isfinite(lb):
-            continue
-        even = [x * cf["vpp"] for x in even_split(L // cf["vpp"], cf["pp"])]
-        splits = [fixed_split] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
-        values = [(split_value(tb, sp, cf["vpp"], cf["ga"], problem.objective), sp) for sp in splits
-                  if sum(sp) == L and len(sp) == cf["pp"]]
-        if values:
-            ub, split = min(values, key=lambda x: x[0])
-            if np.isfinite(ub):
-                uppers.append(ub)
-                if hint is None or ub < hint[0]:
-                    hint = (ub, i, list(split))
-        kept[i] = (lb, tb)
-    kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-    tables = {i: tb for i, (lb, tb) in kept.items() if lb <= kth * (1 + 1e-9)}
-    lowers = {i: lb for i, (lb, _) in kept.items() if i in tables}
-    return tables, lowers, float(kth), None if hint is None else (hint[1], hint[2])
-
-
-def _uniform(scored: Scored, i: int, mode: int) -> tuple[dict[str, Any], list[int], list[Any]]:
-    """Configuration ``i`` with its even split and one recompute mode everywhere."""
-    counts = to_candidates([scored.configs[i]], scored.table, mode=mode).counts[0]
-    split = [int(counts[s].sum()) for s in range(scored.configs[i]["pp"])]
-    return scored.configs[i], split, [counts[s].astype(int).tolist() for s in range(len(split))]
-
+        if tables is not None:
+            tb = tables[i]
+            return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
+                               for s, n in enumerate(split)]
+        counts = to_candidates([cf], scored.table, mode=modes.get(i, 0)).counts[0]
+        return cf, split, [counts[s].astype(int).tolist() for s in range(cf.pp)]

@@ -59,12 +59,11 @@ def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
 def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...], list[int], list[Any]] | None:
     """Best split and recompute counts of configuration ``i``, or None when nothing fits."""
     cf, t, table = scored.configs[i], scored.terms, scored.table
-    P, v, m = cf["pp"], cf["vpp"], cf["ga"]
-    fixed_mode = ["none", "selective", "full"].index(problem.fixed["recompute"]) if "recompute" in problem.fixed else None
+    P, v, m = cf.pp, cf.vpp, cf.grad_accum
+    fixed_mode = problem.fixed_mode
     splits = compositions(table.blocks, P, v)
-    if "layers" in problem.fixed:
-        want = tuple(int(x) for x in str(problem.fixed["layers"]).split(":"))
-        splits = [s for s in splits if s == want]
+    if problem.fixed_split is not None:
+        splits = [s for s in splits if s == problem.fixed_split]
     prefix = np.vstack([np.zeros(len(table.kinds)), np.cumsum(np.eye(len(table.kinds))[list(table.sequence)], axis=0)])
 
     @cache
@@ -111,7 +110,7 @@ class ExhaustiveSolver(Solver):
         start = time.perf_counter()
         configs = enumerate_configs(problem)
         L = layer_table(problem.model).blocks
-        work = sum(count_compositions(L, c["pp"], c["vpp"]) for c in configs)
+        work = sum(count_compositions(L, c.pp, c.vpp) for c in configs)
         if work > MAX_WORK:  # known before any scoring: refuse at once
             raise SolverError(f"the space has {work:,} splits to enumerate (limit {MAX_WORK:,}); use --solver cpsat")
         scored = score_space(problem, configs)

@@ -9,6 +9,7 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SolverError
 from autoplace.evaluation import Evaluation
+from autoplace.plan import RECOMPUTE, Config, parse_layers
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -27,7 +28,8 @@ class Problem:
             device) or ``memory`` (peak bytes per device); ties broken by the others.
         fixed: plan keys pinned by ``--fix`` (same keys as ``--plan``).
         features: what the search may use (FEATURES).
-        max_mbs: largest micro-batch considered.
+        max_mbs: largest micro-batch considered (None: every micro-batch that divides the
+            per-replica batch; memory bounds discard those that cannot fit).
         admissible: a configuration filter (e.g. what one framework's config can express,
             :func:`autoplace.frameworks.admissible`); None admits every configuration.
     """
@@ -38,13 +40,23 @@ class Problem:
     fixed: dict[str, Any] = field(default_factory=dict)
     features: frozenset[str] = DEFAULT_FEATURES
     assumptions: Assumptions = DEFAULT
-    max_mbs: int = 8
+    max_mbs: int | None = None
     top_k: int = 3
-    admissible: Callable[[dict[str, Any]], bool] | None = None
+    admissible: Callable[[Config], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise SolverError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+
+    @property
+    def fixed_split(self) -> tuple[int, ...] | None:
+        """Blocks per stage pinned by ``--fix layers=...``, if any."""
+        return parse_layers(self.fixed["layers"], source="--fix") if "layers" in self.fixed else None
+
+    @property
+    def fixed_mode(self) -> int | None:
+        """The recompute mode (index into RECOMPUTE) pinned by ``--fix recompute=...``, if any."""
+        return RECOMPUTE.index(self.fixed["recompute"]) if "recompute" in self.fixed else None
 
 
 @dataclass(frozen=True)

@@ -7,29 +7,27 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autoplace.cost.candidates import Candidates
+from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.layers import LayerTable, layer_table
-from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import RECOMPUTE, Plan, even_split
+from autoplace.plan import RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.problem import Problem
-
-CONFIG_KEYS = ("tp", "pp", "cp", "ep", "dp_rep", "dp_shard", "vpp", "zero", "mbs", "ga", "schedule", "off_opt", "off_par")
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_configs(problem: Problem) -> list[dict[str, Any]]:
+def enumerate_configs(problem: Problem) -> list[Config]:
     """Every configuration the rules allow, honouring ``problem.fixed``.
 
     Raises:
@@ -49,7 +47,7 @@ def enumerate_configs(problem: Problem) -> list[dict[str, Any]]:
                and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
     cps = allowed("cp", [x for x in _divisors(W) if x == 1 or ("cp" in feat and x <= 16 and seq % (2 * x) == 0)])
     experts = m.moe.experts if isinstance(m, TransformerSpec) and m.moe else 1
-    out: list[dict[str, Any]] = []
+    out: list[Config] = []
     for tp, cp in itertools.product(tps, cps):
         if W % (tp * cp):
             continue
@@ -62,8 +60,8 @@ def enumerate_configs(problem: Problem) -> list[dict[str, Any]]:
             eps = allowed("ep", [e for e in _divisors(experts) if (dp * cp) % e == 0 and (e == 1 or "ep" in feat)])
             for ep, zero in itertools.product(eps, allowed("zero", [0, 1, 2, 3])):
                 for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
-                    out.extend(_micro(problem, L, B, dp, pp, dict(tp=tp, pp=pp, cp=cp, ep=ep, dp_rep=dp_rep,
-                                                                  dp_shard=dp_shard, zero=zero)))
+                    out.extend(_micro(problem, L, B, dp, Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep,
+                                                                dp_shard=dp_shard, sp=tp > 1, zero=zero)))
     if problem.admissible is not None:
         out = [config for config in out if problem.admissible(config)]
     if not out:
@@ -83,18 +81,22 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
             if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
 
 
-def _micro(problem: Problem, L: int, B: int, dp: int, pp: int, base: dict[str, Any]) -> list[dict[str, Any]]:
-    fx, feat = problem.fixed, problem.features
+def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Config]:
+    """The micro-batching, interleaving and offload choices of one set of degrees: every
+    micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
+    interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
+    multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it)."""
+    fx, feat, pp = problem.fixed, problem.features, base.pp
     out = []
     per_replica = B // dp
-    mbss = [b for b in _divisors(per_replica) if b <= problem.max_mbs]
+    mbss = [b for b in _divisors(per_replica) if problem.max_mbs is None or b <= problem.max_mbs]
     if "mbs" in fx:
-        mbss = [b for b in mbss if b == fx["mbs"]] or ([fx["mbs"]] if per_replica % fx["mbs"] == 0 else [])
-    vpps = [1] + ([v for v in (2, 3, 4) if pp > 1 and L % v == 0 and L // v >= pp] if "interleave" in feat else [])
+        mbss = [fx["mbs"]] if per_replica % fx["mbs"] == 0 else []
+    vpps = [1] + ([v for v in _divisors(L)[1:] if pp > 1 and L // v >= pp] if "interleave" in feat else [])
     if "vpp" in fx:
-        vpps = [v for v in vpps if v == fx["vpp"]] or ([fx["vpp"]] if fx["vpp"] > 1 and pp > 1 else [])
-    offs_opt = ["none", "cpu"] if ("offload" in feat and base["zero"] >= 1) else ["none"]
-    offs_par = ["none", "cpu"] if ("offload" in feat and base["zero"] == 3) else ["none"]
+        vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
+    offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
+    offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
     for mbs, vpp in itertools.product(mbss, vpps):
         ga = per_replica // mbs
         if vpp > 1 and ga % pp:
@@ -105,19 +107,20 @@ def _micro(problem: Problem, L: int, B: int, dp: int, pp: int, base: dict[str, A
         for oo, op in itertools.product(offs_opt, offs_par):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            out.append({**base, "mbs": mbs, "ga": ga, "vpp": vpp, "schedule": schedule, "off_opt": oo, "off_par": op})
+            out.append(dataclasses.replace(base, mbs=mbs, grad_accum=ga, vpp=vpp, schedule=schedule,
+                                           offload_optimizer=oo, offload_params=op))
     return out
 
 
-def to_candidates(configs: list[dict[str, Any]], table: LayerTable, mode: int = 0) -> Candidates:
+def to_candidates(configs: list[Config], table: LayerTable, mode: int = 0) -> Candidates:
     """Configurations as arrays, each with an even split and one recompute mode everywhere."""
-    S = max(cf["pp"] for cf in configs)
+    S = max(cf.pp for cf in configs)
     K = len(table.kinds)
     counts = np.zeros((len(configs), S, K, 3))
     seq = np.asarray(table.sequence)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, cf in enumerate(configs):
-        groups.setdefault((cf["pp"], cf["vpp"]), []).append(i)
+        groups.setdefault((cf.pp, cf.vpp), []).append(i)
     for (pp, vpp), rows in groups.items():  # one even split per (pp, vpp), shared by its configurations
         grid = np.zeros((S, K))
         start = 0
@@ -128,29 +131,21 @@ def to_candidates(configs: list[dict[str, Any]], table: LayerTable, mode: int = 
         grid[pp - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
         counts[rows, :, :, mode] = grid
 
-    def col(key: str) -> np.ndarray:
-        return np.array([cf[key] for cf in configs], dtype=np.int64)
-
-    return Candidates(
-        tp=col("tp"), pp=col("pp"), cp=col("cp"), ep=col("ep"), dp_rep=col("dp_rep"), dp_shard=col("dp_shard"),
-        vpp=col("vpp"), sp=col("tp") > 1, zero=col("zero"), mbs=col("mbs"), ga=col("ga"),
-        schedule=np.array([SCHEDULE_CODES[cf["schedule"]] for cf in configs]),
-        off_opt=np.array([cf["off_opt"] != "none" for cf in configs]),
-        off_par=np.array([cf["off_par"] != "none" for cf in configs]), counts=counts)
+    return pack(configs, counts)
 
 
 @dataclass(frozen=True)
 class Scored:
     """The space scored: configurations, their coefficient tables and sound bounds."""
 
-    configs: list[dict[str, Any]]
+    configs: list[Config]
     table: LayerTable
     terms: StageTerms
     lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
     memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity
 
 
-def score_space(problem: Problem, configs: list[dict[str, Any]]) -> Scored:
+def score_space(problem: Problem, configs: list[Config]) -> Scored:
     """Coefficient tables for every configuration and lower bounds used to prune."""
     table = layer_table(problem.model)
     cand = to_candidates(configs, table)
@@ -252,10 +247,12 @@ def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) 
     return np.maximum(knapsack, stage)
 
 
-def plan_from(config: dict[str, Any], table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:
-    """Build the Plan for a configuration, a split (blocks per stage) and recompute counts
+def plan_from(config: Config, table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:
+    """The Plan of a configuration, a split (blocks per stage) and recompute counts
     ``modes[stage][kind] = [none, selective, full]``: full recompute goes to the first blocks
     of a stage (Megatron's ``--recompute-method block``), then selective, then none."""
+    if any(x < 0 for row in modes for kind in row for x in kind):
+        raise SpecError("negative recompute count")
     recompute: list[str] = []
     start = 0
     for s, n in enumerate(split):
@@ -266,10 +263,4 @@ def plan_from(config: dict[str, Any], table: LayerTable, split: list[int], modes
             left[k][r] -= 1
             recompute.append(RECOMPUTE[r])
         start += n
-    if any(x < 0 for row in modes for kind in row for x in kind):
-        raise SpecError("negative recompute count")
-    return Plan(tp=config["tp"], pp=config["pp"], cp=config["cp"], ep=config["ep"], dp_replicate=config["dp_rep"],
-                dp_shard=config["dp_shard"], vpp=config["vpp"], sp=config["tp"] > 1, zero=config["zero"],
-                mbs=config["mbs"], grad_accum=config["ga"], schedule=config["schedule"],
-                offload_optimizer=config["off_opt"], offload_params=config["off_par"],
-                recompute=tuple(recompute), layers_per_stage=tuple(split))
+    return config.to_plan(split, recompute)

@@ -46,7 +46,7 @@ class StageTables:
 def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None) -> StageTables:
     """Tables for configuration ``i`` of a single-kind model (see the module docstring)."""
     t, L = scored.terms, scored.table.blocks
-    P = scored.configs[i]["pp"]
+    P = scored.configs[i].pp
     n = np.arange(L + 1, dtype=float)[None, :, None]  # [1, N, 1]
     b = np.arange(L + 1, dtype=float)[None, None, :]  # [1, 1, B]
     act = t.act_block[i, 0, 0]  # [3]
@@ -86,7 +86,7 @@ def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None)
 
 def _tail(scored: Scored, i: int, L: int) -> np.ndarray:
     """Once-per-step seconds of each stage as a function of its size ``n`` ``[S, L+1]``."""
-    P = scored.configs[i]["pp"]
+    P = scored.configs[i].pp
     n = np.arange(L + 1, dtype=float)[None, :, None]
     return scored.terms.tail_at(i, np.arange(P)[:, None], n)
 

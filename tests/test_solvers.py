@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.specs.model import model_from_dict
-from solvers.problem import Budget, Problem, objective_key
+from autoplace.errors import Infeasible
+from solvers.problem import FEATURES, Budget, Problem, objective_key
 from solvers.registry import get_solver
 from tests.helpers import gpu_cluster
 
@@ -43,24 +45,63 @@ def test_contract_fix_pins_the_plan(backend: str) -> None:
         assert ev.plan.tp == 2 and ev.plan.zero == 1
 
 
+ALL_FEATURES = frozenset(FEATURES) - {"tp-across-nodes"}  # what a one-node cluster can use
+
+
+def _moe_model(layers: int, hidden: int, batch: int, seq: int):
+    """A DeepSeek-style stack: a dense first layer, then MoE blocks (two block kinds)."""
+    return model_from_dict({"name": "small-moe", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden,
+                            "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": seq,
+                            "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1},
+                            "training": {"global_batch": batch}})
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.sampled_from([4, 6, 8, 12, 16]), hidden=st.sampled_from([256, 512, 1024]),
        gpus=st.sampled_from([2, 4, 8, 16]),
        batch=st.sampled_from([8, 16]), objective=st.sampled_from(["time", "comm", "memory"]),
-       gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]), seq=st.sampled_from([512, 2048]))
+       gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]), seq=st.sampled_from([512, 2048]),
+       moe=st.booleans())
 def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, batch: int, objective: str,
-                                         gpu: str, seq: int) -> None:
-    """On instances small enough to enumerate, CP-SAT's optimum is the oracle's (docs/ARCHITECTURE.md)."""
-    problem = Problem(_model(layers, hidden, batch, seq), gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=1,
-                      features=frozenset({"interleave", "hsdp"}))
-    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=30))
-    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=30))
+                                         gpu: str, seq: int, moe: bool) -> None:
+    """On instances small enough to enumerate, CP-SAT's optimum is the oracle's (docs/ARCHITECTURE.md),
+    with every feature on (cp, ep, offload, interleave, hsdp) and with one or two block kinds."""
+    model = _moe_model(min(layers, 6), hidden, batch, seq) if moe else _model(layers, hidden, batch, seq)
+    problem = Problem(model, gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=1, features=ALL_FEATURES)
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
+    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
     assert a.status == b.status
     if a.disagreement is not None:  # CP-SAT's own objective value is the evaluator's (integer rounding aside)
         assert a.disagreement <= 1e-5
     if b.plans:
         assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
                                                                          rel=1e-6)
+
+
+KNOBS = {"tp": [1, 2, 4], "pp": [1, 2, 4], "cp": [1, 2], "zero": [0, 1, 2, 3], "mbs": [1, 2, 4, 8, 16],
+         "vpp": [1, 2, 3], "recompute": ["none", "selective", "full"], "offload_optimizer": ["none", "cpu"],
+         "layers": ["4:8", "6:6", "8:4"]}
+
+
+def test_no_single_fix_beats_the_free_solve() -> None:
+    """Pinning any one knob to any value can only shrink the space: the free solve's optimum
+    is at least as good as every pinned solve's (issue 12: the space is not clipped)."""
+    problem = Problem(_model(12, 512, 32, 1024), gpu_cluster(4, gpu="a100-sxm4-40gb"), top_k=1, features=ALL_FEATURES)
+    solver, budget = get_solver("cpsat"), Budget(time_limit_s=300)
+    free = solver.solve(problem, budget)
+    assert free.status == "optimal"
+    best = free.plans[0].step_time_s
+    pinned = 0
+    for key, values in KNOBS.items():
+        for value in values:
+            try:
+                result = solver.solve(dataclasses.replace(problem, fixed={key: value}), budget)
+            except Infeasible:
+                continue
+            if result.plans:
+                pinned += 1
+                assert result.plans[0].step_time_s >= best * (1 - 1e-9), (key, value)
+    assert pinned >= 15  # most pins leave a plan to compare
 
 
 def test_infeasible_reports_the_nearest_plan() -> None:

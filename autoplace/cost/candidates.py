@@ -13,7 +13,7 @@ import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.memory import SCHEDULE_CODES
-from autoplace.plan import Plan, stage_mode_counts
+from autoplace.plan import Config, Plan, stage_mode_counts
 
 Array = np.ndarray
 
@@ -52,21 +52,25 @@ class Candidates:
         return self.dp * self.tp * self.pp * self.cp
 
 
+def pack(configs: Sequence[Config], counts: Array) -> Candidates:
+    """Configurations (or plans) as arrays, with their per-stage block counts ``[C, S, K, 3]``."""
+
+    def col(get: Callable[[Config], object], dtype: type = np.int64) -> Array:
+        return np.array([get(c) for c in configs], dtype=dtype)
+
+    return Candidates(
+        tp=col(lambda c: c.tp), pp=col(lambda c: c.pp), cp=col(lambda c: c.cp), ep=col(lambda c: c.ep),
+        dp_rep=col(lambda c: c.dp_replicate), dp_shard=col(lambda c: c.dp_shard), vpp=col(lambda c: c.vpp),
+        sp=col(lambda c: c.sp and c.tp > 1, bool), zero=col(lambda c: c.zero), mbs=col(lambda c: c.mbs),
+        ga=col(lambda c: c.grad_accum), schedule=col(lambda c: SCHEDULE_CODES[c.schedule]),
+        off_opt=col(lambda c: c.offload_optimizer != "none", bool),
+        off_par=col(lambda c: c.offload_params != "none", bool), counts=counts)
+
+
 def candidates_from_plans(plans: Sequence[Plan], table: LayerTable) -> Candidates:
     """Pack plans into arrays (stages padded with empty ones up to the largest pp)."""
     stages = max(p.pp for p in plans)
-    kinds = len(table.kinds)
-    counts = np.zeros((len(plans), stages, kinds, 3))
+    counts = np.zeros((len(plans), stages, len(table.kinds), 3))
     for c, plan in enumerate(plans):
-        counts[c, : plan.pp] = np.asarray(stage_mode_counts(plan, table.sequence, kinds))
-
-    def col(get: Callable[[Plan], object], dtype: type = np.int64) -> Array:
-        return np.array([get(p) for p in plans], dtype=dtype)
-
-    return Candidates(
-        tp=col(lambda p: p.tp), pp=col(lambda p: p.pp), cp=col(lambda p: p.cp), ep=col(lambda p: p.ep),
-        dp_rep=col(lambda p: p.dp_replicate), dp_shard=col(lambda p: p.dp_shard), vpp=col(lambda p: p.vpp),
-        sp=col(lambda p: p.sp and p.tp > 1, bool), zero=col(lambda p: p.zero), mbs=col(lambda p: p.mbs),
-        ga=col(lambda p: p.grad_accum), schedule=col(lambda p: SCHEDULE_CODES[p.schedule]),
-        off_opt=col(lambda p: p.offload_optimizer != "none", bool),
-        off_par=col(lambda p: p.offload_params != "none", bool), counts=counts)
+        counts[c, : plan.pp] = np.asarray(stage_mode_counts(plan, table.sequence, len(table.kinds)))
+    return pack(plans, counts)
