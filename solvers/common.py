@@ -7,14 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.cost.evaluate import evaluate_batch
 from autoplace.evaluation import Evaluation, evaluate
 from autoplace.plan import Config
 from solvers.problem import Problem, SolveResult, objective_key
-from solvers.space import Scored, plan_from, to_candidates
+from solvers.space import Space, plan_from, to_candidates
 
 
-def finish(problem: Problem, scored: Scored, chosen: list[tuple[Config, list[int], list[Any]]],
+def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int], list[Any]]],
            status: str, *, bound: float | None, start: float, n_evaluated: int,
            notes: list[str] | None = None, model_values: list[float] | None = None) -> SolveResult:
     """Re-score the chosen (config, split, recompute counts) with the evaluator; on failure
@@ -24,7 +23,7 @@ def finish(problem: Problem, scored: Scored, chosen: list[tuple[Config, list[int
         model_values: the back end's own objective value of each chosen plan; the largest
             relative difference from the evaluator's is recorded (``disagreement``).
     """
-    plans = [evaluate(problem.model, problem.cluster, plan_from(cf, scored.table, split, modes), problem.assumptions,
+    plans = [evaluate(problem.model, problem.cluster, plan_from(cf, space.table, split, modes), problem.assumptions,
                       allow_tp_across_nodes="tp-across-nodes" in problem.features)
              for cf, split, modes in chosen]
     disagreement = None
@@ -32,7 +31,7 @@ def finish(problem: Problem, scored: Scored, chosen: list[tuple[Config, list[int
         rescored = [objective_key(ev, problem.objective)[0] for ev in plans]
         disagreement = max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(model_values, rescored, strict=True))
     plans.sort(key=lambda ev: objective_key(ev, problem.objective))
-    nearest = None if plans else nearest_plan(problem, scored)
+    nearest = None if plans else nearest_plan(problem, space)
     return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,
                        bound=bound, wall_s=time.perf_counter() - start, n_evaluated=n_evaluated, nearest=nearest,
                        notes=notes or [], advice=advice(problem, nearest) if nearest else [],
@@ -67,13 +66,12 @@ def advice(problem: Problem, nearest: Evaluation) -> list[str]:
     return out
 
 
-def nearest_plan(problem: Problem, scored: Scored) -> Evaluation:
+def nearest_plan(problem: Problem, space: Space) -> Evaluation:
     """The uniform plan (even split, full recompute) whose fullest stage misses by the least."""
-    cand = to_candidates(scored.configs, scored.table, mode=2)
-    batch = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
-    i = int(np.argmin(np.maximum(batch.shortfall, batch.host_shortfall)))
-    counts = cand.counts[i]
-    split = [int(counts[s].sum()) for s in range(scored.configs[i].pp)]
+    _, short = space.uniform(2)
+    i = int(np.argmin(short))
+    counts = to_candidates([space.configs[i]], space.table, mode=2).counts[0]
+    split = [int(counts[s].sum()) for s in range(space.configs[i].pp)]
     modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]
-    plan = plan_from(scored.configs[i], scored.table, split, modes)
+    plan = plan_from(space.configs[i], space.table, split, modes)
     return evaluate(problem.model, problem.cluster, plan, problem.assumptions)

@@ -40,11 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.cost.evaluate import evaluate_batch
 from autoplace.plan import even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, enumerate_configs, score_space, to_candidates
+from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
 from solvers.tables import StageTables, split_bounds, split_value, stage_tables
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
@@ -278,6 +277,9 @@ def _top_k(built: Built, problem: Problem, budget: Budget, deadline: float) -> _
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_workers = budget.workers
         solver.parameters.random_seed = budget.seed
+        # presolve probing spends seconds deriving ~10^5 clauses from the one-hot split
+        # literals of deep pipelines and never pays for itself here (benchmarks/solve_speed.py)
+        solver.parameters.cp_model_probing_level = 0
         code = solver.solve(model)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if code != cp_model.INFEASIBLE:
@@ -295,8 +297,11 @@ def _top_k(built: Built, problem: Problem, budget: Budget, deadline: float) -> _
     return runs
 
 
-def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
-        dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
+VISIT_BATCH = 256  # configurations whose coefficient tables are built together while bounding
+
+
+def _bound_with_tables(problem: Problem, space: Space) -> tuple[
+        Scored, dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
     """Tables for every configuration that may hold a top-K optimum (one block kind).
 
     Configurations are visited in order of their cheap lower bound; each gets its exact
@@ -305,70 +310,79 @@ def _bound_with_tables(problem: Problem, scored: Scored) -> tuple[
     table bound exceeds it are dropped.  Both bounds are sound, so no optimum is lost.
 
     Returns:
-        (tables, lower bounds, the K-th best upper bound, (configuration, split) of the best)
+        (the kept configurations scored, their tables, lower bounds, the K-th best upper bound,
+        (configuration, split) of the best plan seen), indexed as the returned Scored
     """
-    L, fixed_split = scored.table.blocks, problem.fixed_split
+    L, fixed_split = space.table.blocks, problem.fixed_split
+    order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
     uppers: list[float] = []
-    kept: dict[int, tuple[float, StageTables]] = {}
+    kept: dict[int, tuple[float, StageTables]] = {}  # by index into space.configs
     hint: tuple[float, int, list[int]] | None = None
-    for i in np.argsort(scored.lower_bound, kind="stable"):
-        i = int(i)
+    done = False
+    for start in range(0, len(order), VISIT_BATCH):
+        rows = order[start:start + VISIT_BATCH]
         kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-        if scored.lower_bound[i] > kth * (1 + 1e-9):
+        rows = [i for i in rows if space.lower_bound[i] <= kth * (1 + 1e-9)]
+        if not rows:
             break
-        if scored.memory_lb[i] > 0:
-            continue
-        cf = scored.configs[i]
-        tb = stage_tables(scored, i, problem.objective, problem.fixed_mode)
-        lb, bottleneck = split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
-        if not np.isfinite(lb):
-            continue
-        even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
-        splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
-        values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp) for sp in splits
-                  if sum(sp) == L and len(sp) == cf.pp]
-        if values:
-            ub, split = min(values, key=lambda x: x[0])
-            if np.isfinite(ub):
-                uppers.append(ub)
-                if hint is None or ub < hint[0]:
-                    hint = (ub, i, list(split))
-        kept[i] = (lb, tb)
+        batch = space.scored(rows)
+        for j, i in enumerate(rows):
+            kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+            if space.lower_bound[i] > kth * (1 + 1e-9):
+                done = True
+                break
+            cf = space.configs[i]
+            tb = stage_tables(batch, j, problem.objective, problem.fixed_mode)
+            lb, bottleneck = split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
+            if not np.isfinite(lb):
+                continue
+            even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+            splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
+            values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp) for sp in splits
+                      if sum(sp) == L and len(sp) == cf.pp]
+            if values:
+                ub, split = min(values, key=lambda x: x[0])
+                if np.isfinite(ub):
+                    uppers.append(ub)
+                    if hint is None or ub < hint[0]:
+                        hint = (ub, i, list(split))
+            kept[i] = (lb, tb)
+        if done:
+            break
     kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-    tables = {i: tb for i, (lb, tb) in kept.items() if lb <= kth * (1 + 1e-9)}
-    lowers = {i: lb for i, (lb, _) in kept.items() if i in tables}
-    return tables, lowers, float(kth), None if hint is None else (hint[1], hint[2])
+    rows = [i for i, (lb, _) in kept.items() if lb <= kth * (1 + 1e-9)]
+    local = {i: j for j, i in enumerate(rows)}
+    return (space.scored(rows), {local[i]: kept[i][1] for i in rows}, {local[i]: kept[i][0] for i in rows},
+            float(kth), None if hint is None or hint[1] not in local else (local[hint[1]], hint[2]))
 
 
-def _bound_uniform(problem: Problem, scored: Scored) -> tuple[list[int], float, tuple[int, list[int]] | None,
-                                                              dict[int, int]]:
+def _bound_uniform(problem: Problem, space: Space) -> tuple[Scored, float, tuple[int, list[int]] | None, dict[int, int]]:
     """Configurations that may hold a top-K optimum (several block kinds): the K-th best plan
     with an even split and one recompute mode everywhere is an upper bound; configurations
     whose sound lower bound exceeds it are dropped.
 
     Returns:
-        (kept indices, the K-th best upper bound, (configuration, split) of the best, its mode)
+        (the kept configurations scored, the K-th best upper bound, (configuration, split) of
+        the best uniform plan, its recompute mode), indexed as the returned Scored
     """
-    best = np.full(len(scored.configs), np.inf)
-    best_mode = np.zeros(len(scored.configs), dtype=int)
+    best = np.full(len(space.configs), np.inf)
+    best_mode = np.zeros(len(space.configs), dtype=int)
     if problem.fixed_split is None:
-        modes = [problem.fixed_mode] if problem.fixed_mode is not None else [0, 1, 2]
-        for mode in modes:
-            cand = to_candidates(scored.configs, scored.table, mode=mode)
-            b = evaluate_batch(scored.table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
-            value = np.where(b.fits, {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[problem.objective],
-                             np.inf)
+        for mode in [problem.fixed_mode] if problem.fixed_mode is not None else [0, 1, 2]:
+            value, _ = space.uniform(mode)
             best_mode = np.where(value < best, mode, best_mode)
             best = np.minimum(value, best)
     finite = np.sort(best[np.isfinite(best)])
     ub = float(finite[min(problem.top_k, len(finite)) - 1]) if len(finite) else np.inf
-    keep = np.flatnonzero((scored.memory_lb <= 0) & (scored.lower_bound <= ub * (1 + 1e-9)))
-    if not np.isfinite(best).any():
-        return keep.tolist(), ub, None, {}
+    keep = np.flatnonzero((space.memory_lb <= 0) & (space.lower_bound <= ub * (1 + 1e-9))).tolist()
     i = int(np.argmin(best))
-    counts = to_candidates([scored.configs[i]], scored.table).counts[0]
-    split = [int(counts[s].sum()) for s in range(scored.configs[i].pp)]
-    return keep.tolist(), ub, (i, split), {i: int(best_mode[i])}
+    if not np.isfinite(best[i]):
+        return space.scored(keep), ub, None, {}
+    if i not in keep:
+        keep.append(i)
+    j = keep.index(i)
+    counts = to_candidates([space.configs[i]], space.table).counts[0]
+    return space.scored(keep), ub, (j, [int(counts[s].sum()) for s in range(space.configs[i].pp)]), {j: int(best_mode[i])}
 
 
 class CpSatSolver(Solver):
@@ -388,17 +402,18 @@ class CpSatSolver(Solver):
         start = time.perf_counter()
         deadline = start + budget.time_limit_s
         configs = enumerate_configs(problem)
-        scored = score_space(problem, configs)
+        space = score_space(problem, configs)
         tables: dict[int, StageTables] | None = None
         lowers: dict[int, float] | None = None
-        if len(scored.table.kinds) == 1:
-            tables, lowers, upper, hint = _bound_with_tables(problem, scored)
-            keep, modes = list(tables), dict[int, int]()
+        if len(space.table.kinds) == 1:
+            scored, tables, lowers, upper, hint = _bound_with_tables(problem, space)
+            modes: dict[int, int] = {}
         else:
-            keep, upper, hint, modes = _bound_uniform(problem, scored)
+            scored, upper, hint, modes = _bound_uniform(problem, space)
+        keep = list(range(len(scored.configs)))
         notes = [f"{len(configs)} configurations scored, {len(keep)} kept after bounding"]
         if not keep:
-            return finish(problem, scored, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
+            return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes)
         built = build_model(problem, scored, keep, tables, lowers, upper)
         if hint is not None and hint[0] in built.chosen:
@@ -413,7 +428,7 @@ class CpSatSolver(Solver):
         status = "optimal" if statuses and all(s == "optimal" for s in statuses) else (
             "feasible" if chosen else "infeasible")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
-        return finish(problem, scored, chosen, status, bound=runs.bound, start=start, n_evaluated=len(configs),
+        return finish(problem, space, chosen, status, bound=runs.bound, start=start, n_evaluated=len(configs),
                       notes=notes, model_values=runs.values if len(runs.values) == len(chosen) else None)
 
     @staticmethod

@@ -113,7 +113,8 @@ class ExhaustiveSolver(Solver):
         work = sum(count_compositions(L, c.pp, c.vpp) for c in configs)
         if work > MAX_WORK:  # known before any scoring: refuse at once
             raise SolverError(f"the space has {work:,} splits to enumerate (limit {MAX_WORK:,}); use --solver cpsat")
-        scored = score_space(problem, configs)
+        space = score_space(problem, configs)
+        scored = space.scored(range(len(configs)))
         found = []
         for i in range(len(configs)):
             inner = best_inner(scored, i, problem)
@@ -123,7 +124,7 @@ class ExhaustiveSolver(Solver):
                 raise SolverError("exhaustive search ran far past the time limit")
         found.sort(key=lambda f: f[0])
         chosen = [(configs[i], split, modes) for _, i, split, modes in found[: problem.top_k]]
-        return finish(problem, scored, chosen, "optimal" if found else "infeasible",
+        return finish(problem, space, chosen, "optimal" if found else "infeasible",
                       bound=None, start=start, n_evaluated=len(configs))
 
 

@@ -7,14 +7,15 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from autoplace.cost.candidates import Candidates, pack
+from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
@@ -87,6 +88,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
     multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it)."""
     fx, feat, pp = problem.fixed, problem.features, base.pp
+    degrees = {k: getattr(base, k) for k in ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "sp", "zero")}
     out = []
     per_replica = B // dp
     mbss = [b for b in _divisors(per_replica) if problem.max_mbs is None or b <= problem.max_mbs]
@@ -107,8 +109,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         for oo, op in itertools.product(offs_opt, offs_par):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            out.append(dataclasses.replace(base, mbs=mbs, grad_accum=ga, vpp=vpp, schedule=schedule,
-                                           offload_optimizer=oo, offload_params=op))
+            out.append(Config(**degrees, mbs=mbs, grad_accum=ga, vpp=vpp, schedule=schedule,
+                              offload_optimizer=oo, offload_params=op))
     return out
 
 
@@ -136,7 +138,8 @@ def to_candidates(configs: list[Config], table: LayerTable, mode: int = 0) -> Ca
 
 @dataclass(frozen=True)
 class Scored:
-    """The space scored: configurations, their coefficient tables and sound bounds."""
+    """Configurations with their coefficient tables (:func:`autoplace.cost.terms.stage_terms`)
+    and sound bounds, indexed 0..len-1: what the searches read."""
 
     configs: list[Config]
     table: LayerTable
@@ -145,11 +148,71 @@ class Scored:
     memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity
 
 
-def score_space(problem: Problem, configs: list[Config]) -> Scored:
-    """Coefficient tables for every configuration and lower bounds used to prune."""
+GROUP_ROWS = 4096  # configurations scored per numpy pass (bounds the arrays' size)
+
+
+@dataclass(frozen=True)
+class Space:
+    """The whole space bounded: every configuration and its sound lower bounds.  Coefficient
+    tables are built on demand for the few configurations a search visits (:meth:`scored`),
+    so the [configurations x stages] arrays of the whole space are never held at once."""
+
+    problem: Problem
+    configs: list[Config]
+    table: LayerTable
+    lower_bound: np.ndarray  # [C]
+    memory_lb: np.ndarray  # [C]
+
+    def scored(self, rows: Sequence[int]) -> Scored:
+        """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
+        rows = list(rows)
+        configs = [self.configs[i] for i in rows]
+        return Scored(configs, self.table, _terms(self.problem, configs, self.table),
+                      self.lower_bound[rows], self.memory_lb[rows])
+
+    def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every configuration with an even split and recompute ``mode`` on every block, by the
+        evaluator: (objective value, inf where it does not fit; memory or host shortfall)."""
+        value, short = np.full(len(self.configs), np.inf), np.zeros(len(self.configs))
+        p = self.problem
+        for rows in _groups(self.configs):
+            b = evaluate_batch(self.table, p.cluster, to_candidates([self.configs[i] for i in rows], self.table, mode),
+                               p.model.training.recipe(), p.assumptions)
+            objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
+            value[rows] = np.where(b.fits, objective, np.inf)
+            short[rows] = np.maximum(b.shortfall, b.host_shortfall)
+        return value, short
+
+
+def _groups(configs: list[Config]) -> list[np.ndarray]:
+    """Row indices by pipeline depth (so stage arrays are as deep as the group's pp), in
+    chunks of at most GROUP_ROWS."""
+    pp = np.array([cf.pp for cf in configs])
+    out: list[np.ndarray] = []
+    for depth in np.unique(pp):
+        rows = np.flatnonzero(pp == depth)
+        out.extend(rows[k:k + GROUP_ROWS] for k in range(0, len(rows), GROUP_ROWS))
+    return out
+
+
+def _terms(problem: Problem, configs: list[Config], table: LayerTable) -> StageTerms:
+    return stage_terms(table, problem.cluster, to_candidates(configs, table), problem.model.training.recipe(),
+                       problem.assumptions)
+
+
+def score_space(problem: Problem, configs: list[Config]) -> Space:
+    """Sound lower bounds of every configuration, scored group by group (:func:`_groups`)."""
     table = layer_table(problem.model)
-    cand = to_candidates(configs, table)
-    terms = stage_terms(table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
+    lower, memory = np.empty(len(configs)), np.empty(len(configs))
+    for rows in _groups(configs):
+        group = [configs[i] for i in rows]
+        lower[rows], memory[rows] = _bounds(problem, table, to_candidates(group, table), _terms(problem, group, table))
+    return Space(problem, configs, table, lower, memory)
+
+
+def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms) -> tuple[np.ndarray, np.ndarray]:
+    """(objective lower bound over all inner choices, lower bound of the fullest stage's
+    memory minus capacity -- positive when no split can fit) of every candidate."""
     pp = cand.pp.astype(float)
     mask = np.arange(cand.counts.shape[1])[None, :] < cand.pp[:, None]
     n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
@@ -176,7 +239,7 @@ def score_space(problem: Problem, configs: list[Config]) -> Scored:
         terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
     fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks) & _host_fits(terms, mask, n_kind)
-    return Scored(configs, table, terms, lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0)))
+    return lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0))
 
 
 def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:

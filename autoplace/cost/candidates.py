@@ -6,7 +6,8 @@ One entry per candidate configuration; ``counts[c, s, k, r]`` says how many bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,19 +53,24 @@ class Candidates:
         return self.dp * self.tp * self.pp * self.cp
 
 
+_FIELDS = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "sp", "zero", "mbs", "grad_accum", "schedule",
+           "offload_optimizer", "offload_params")
+
+
 def pack(configs: Sequence[Config], counts: Array) -> Candidates:
     """Configurations (or plans) as arrays, with their per-stage block counts ``[C, S, K, 3]``."""
+    cols = dict(zip(_FIELDS, zip(*map(operator.attrgetter(*_FIELDS), configs), strict=True), strict=True))
 
-    def col(get: Callable[[Config], object], dtype: type = np.int64) -> Array:
-        return np.array([get(c) for c in configs], dtype=dtype)
+    def ints(name: str) -> Array:
+        return np.array(cols[name], dtype=np.int64)
 
+    tp = ints("tp")
     return Candidates(
-        tp=col(lambda c: c.tp), pp=col(lambda c: c.pp), cp=col(lambda c: c.cp), ep=col(lambda c: c.ep),
-        dp_rep=col(lambda c: c.dp_replicate), dp_shard=col(lambda c: c.dp_shard), vpp=col(lambda c: c.vpp),
-        sp=col(lambda c: c.sp and c.tp > 1, bool), zero=col(lambda c: c.zero), mbs=col(lambda c: c.mbs),
-        ga=col(lambda c: c.grad_accum), schedule=col(lambda c: SCHEDULE_CODES[c.schedule]),
-        off_opt=col(lambda c: c.offload_optimizer != "none", bool),
-        off_par=col(lambda c: c.offload_params != "none", bool), counts=counts)
+        tp=tp, pp=ints("pp"), cp=ints("cp"), ep=ints("ep"), dp_rep=ints("dp_replicate"), dp_shard=ints("dp_shard"),
+        vpp=ints("vpp"), sp=np.array(cols["sp"], dtype=bool) & (tp > 1), zero=ints("zero"), mbs=ints("mbs"),
+        ga=ints("grad_accum"), schedule=np.array([SCHEDULE_CODES[x] for x in cols["schedule"]], dtype=np.int64),
+        off_opt=np.array([x != "none" for x in cols["offload_optimizer"]]),
+        off_par=np.array([x != "none" for x in cols["offload_params"]]), counts=counts)
 
 
 def candidates_from_plans(plans: Sequence[Plan], table: LayerTable) -> Candidates:
