@@ -57,11 +57,11 @@ class Built:
     """The CP-SAT model and what is needed to read a solution back."""
 
     model: Any
-    chosen: dict[int, Any]  # configuration index -> Boolean
-    groups: dict[tuple[int, int], dict[str, Any]]
-    objective: Any  # the primary objective (integer units)
+    present: dict[int, Any]  # configuration index -> Boolean: its optimum is below the cap
+    objective: dict[int, Any]  # configuration index -> its objective (integer units)
+    groups: dict[int, dict[str, Any]]  # configuration index -> its split and recompute variables
     unit: float  # seconds or bytes per objective unit
-    ties: int  # the minimized expression is objective * ties + tie-break rank
+    joint: bool  # every configuration solved at once (else exactly one present)
     read: Callable[[Any, int], Chosen]
 
 
@@ -69,16 +69,26 @@ def _ceil(x: float) -> int:
     return int(math.ceil(x - 1e-9))
 
 
-def build_model(problem: Problem, scored: Scored, keep: list[int], tables: dict[int, StageTables] | None = None,
-                lower: dict[int, float] | None = None, upper: float | None = None) -> Built:
-    """The integer program over the configurations ``keep``; per-stage costs from ``tables``
-    (one block kind) or per-layer variables (otherwise).  ``lower`` (per configuration) and
-    ``upper`` (the K-th best known plan) are sound bounds in seconds or bytes; they only
-    tighten the search."""
+def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables] | None = None,
+                lower: dict[int, float] | None = None, upper: float | None = None, joint: bool = True) -> Built:
+    """The integer program over every configuration of ``scored``; per-stage costs from
+    ``tables`` (one block kind) or per-layer variables (otherwise).
+
+    Each configuration has its own split and recompute variables and its own objective
+    ``o_c``, and the model minimizes ``Σ_c o_c``.  With ``joint`` (the tables encoding, whose
+    per-configuration proofs are cheap) every configuration is solved at once: they are
+    independent, so one optimal solution holds each one's own optimum and the top-K is read
+    off it (one search, not K); a configuration whose optimum is not below the cap (the K-th
+    best known plan, ``upper``) may be left absent at the cap's value.  Otherwise exactly one
+    configuration is present (the others count 0) and the top-K comes from re-solving without
+    the ones found (:func:`_search`).  ``lower`` (per configuration) are sound bounds; both
+    are in seconds or bytes and only tighten the search.
+    """
     from ortools.sat.python import cp_model
 
     t, table, configs = scored.terms, scored.table, scored.configs
     L, K = table.blocks, len(table.kinds)
+    keep = range(len(configs))
     time_obj = problem.objective == "time"
     md = cp_model.CpModel()
     D = math.lcm(*(configs[i].vpp for i in keep)) if time_obj else 1
@@ -88,22 +98,19 @@ def build_model(problem: Problem, scored: Scored, keep: list[int], tables: dict[
                           + L * (t.reduce_block[i] + t.gather_block[i] + t.opt_block[i]).max()))
                 for i in keep)
     unit = max(worst, 1e-30) / UNITS if time_obj else 1.0  # seconds (or bytes) per integer unit
-    groups: dict[tuple[int, int], dict[str, Any]] = {}
-    for i in keep:
-        key = (configs[i].pp, configs[i].vpp)
-        if key not in groups:
-            groups[key] = _group(md, key, table.sequence, K, problem.fixed_split)
-    chosen = {i: md.new_bool_var(f"x{i}") for i in keep}
-    md.add_exactly_one(chosen.values())
-    top_bound = max(int(_ceil(2 * worst / unit)), 1)
-    for g in groups.values():
-        g["top"] = md.new_int_var(0, top_bound if time_obj else 2**50, "")
-        g["tail"] = md.new_int_var(0, top_bound, "")
+    top_bound = max(_ceil(2 * worst / unit), 1) if time_obj else 2**50
     m_max = max(configs[i].grad_accum for i in keep)
-    obj = md.new_int_var(0, D * (m_max + L + 2) * top_bound if time_obj else 2**50, "objective")
     rounding = D * (m_max + L + 2)  # the most the objective's rounding to units can move it
+    hi = D * (m_max + L + 2) * top_bound if time_obj else 2**50
+    cap = min(int(upper * D / unit * (1 + SLACK)) + rounding + 1, hi + 1) if upper is not None and np.isfinite(upper) else hi + 1
+    present, objective, groups = {}, {}, {}
     for i in keep:
-        cf, g, x = configs[i], groups[(configs[i].pp, configs[i].vpp)], chosen[i]
+        cf = configs[i]
+        g = groups[i] = _group(md, (cf.pp, cf.vpp), table.sequence, K, problem.fixed_split)
+        x = present[i] = md.new_bool_var(f"x{i}")
+        o = objective[i] = md.new_int_var(0, cap, f"o{i}")
+        g["top"] = md.new_int_var(0, top_bound, "")
+        g["tail"] = md.new_int_var(0, top_bound, "")
         if tables is not None:
             stages = _table_stages(md, problem, tables[i], g, x, unit)
         else:
@@ -112,19 +119,20 @@ def build_model(problem: Problem, scored: Scored, keep: list[int], tables: dict[
             md.add(g["top"] >= expr).only_enforce_if(x)
         if time_obj:
             w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
-            md.add(obj >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
+            md.add(o >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
         else:
-            md.add(obj >= g["top"]).only_enforce_if(x)
+            md.add(o >= g["top"]).only_enforce_if(x)
         if lower is not None and np.isfinite(lower.get(i, np.inf)):
-            md.add(obj >= int(lower[i] * D / unit * (1 - SLACK)) - rounding).only_enforce_if(x)
-    if upper is not None and np.isfinite(upper):
-        md.add(obj <= int(upper * D / unit * (1 + SLACK)) + rounding)
-    rank = _secondary_rank(problem, scored, keep)
-    md.minimize(obj * len(rank) + sum(rank[i] * x for i, x in chosen.items()))
+            md.add(o >= int(lower[i] * D / unit * (1 - SLACK)) - rounding).only_enforce_if(x)
+        md.add(o == (cap if joint else 0)).only_enforce_if(~x)
+    if not joint:
+        md.add_exactly_one(present.values())
+        if np.isfinite(cap):
+            md.add(sum(objective.values()) <= cap)
+    md.minimize(sum(objective.values()))
 
     def read(solver: Any, i: int) -> Chosen:
-        cf = configs[i]
-        g = groups[(cf.pp, cf.vpp)]
+        cf, g = configs[i], groups[i]
         split = [int(solver.value(q)) * cf.vpp for q in g["q"]]
         if tables is None:
             return cf, split, [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
@@ -132,7 +140,7 @@ def build_model(problem: Problem, scored: Scored, keep: list[int], tables: dict[
         return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
                            for s, n in enumerate(split)]
 
-    return Built(md, chosen, groups, obj, unit / D, len(rank), read)
+    return Built(md, present, objective, groups, unit / D, joint, read)
 
 
 def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
@@ -235,101 +243,108 @@ def _layer_stages(md: Any, problem: Problem, scored: Scored, i: int, g: dict[str
     return out
 
 
-def _secondary_rank(problem: Problem, scored: Scored, keep: list[int]) -> dict[int, int]:
-    """Each configuration's rank (0 = best) on the tie-breaking criterion at its even split, no
-    recompute: fewer bytes for the time objective, less time for the others."""
-    t, L = scored.terms, scored.table.blocks
-    key = {}
-    for i in keep:
-        cf = scored.configs[i]
-        split = np.array([x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)], dtype=float)
-        stages = np.arange(cf.pp)
-        if problem.objective == "time":
-            key[i] = float((t.bytes_static[i, stages].sum(-1) + split * t.bytes_block[i, 0, :, 0].sum()).max())
-        else:
-            key[i] = float((t.t_static[i, stages].sum(-1) + split * t.t_block[i, stages, :, 0].sum((-1, -2))).sum())
-    return {i: r for r, i in enumerate(sorted(key, key=lambda j: (key[j], j)))}
-
-
 @dataclass
-class _Runs:
-    """What the top-K search found: (solver, configuration) per plan, statuses, the first bound."""
+class _Search:
+    """What the search found: the top-K plans with their model values, best first, the
+    status and a sound lower bound of the best objective."""
 
-    found: list[tuple[Any, int]] = field(default_factory=list)
-    statuses: list[str] = field(default_factory=list)
+    found: list[tuple[Chosen, float]] = field(default_factory=list)
+    status: str = "infeasible"
     bound: float | None = None
-    values: list[float] = field(default_factory=list)
 
 
-def _top_k(built: Built, problem: Problem, budget: Budget, deadline: float) -> _Runs:
-    """The top-K distinct configurations, each optimal among those left: solve, record,
-    forbid the configuration, solve again -- within the shared deadline.  Each later solve
-    starts from what the earlier ones proved: its objective is at least the previous optimum."""
+def _search(built: Built, problem: Problem, budget: Budget, deadline: float) -> _Search:
+    """The top-K within the deadline: one search of the joint model (:func:`build_model`), or
+    solve, forbid the configuration found, solve again -- each later solve knowing its
+    optimum is at least the previous one.
+
+    When stopped early, the joint bound is still sound: with current values ``o_c`` and a
+    proven bound ``B`` of ``Σ_c o_c``, configuration c's optimum is at least
+    ``B - Σ_{c' != c} o_c'``.
+    """
     from ortools.sat.python import cp_model
 
-    runs = _Runs()
-    model, chosen = built.model, dict(built.chosen)
-    for _ in range(problem.top_k):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0 or not chosen:
-            break
+    out = _Search(status="optimal")
+    total = sum(built.objective.values())
+    for _ in range(1 if built.joint else problem.top_k):
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = remaining
+        solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
         solver.parameters.num_workers = budget.workers
         solver.parameters.random_seed = budget.seed
         # presolve probing spends seconds deriving ~10^5 clauses from the one-hot split
         # literals of deep pipelines and never pays for itself here (benchmarks/solve_speed.py)
         solver.parameters.cp_model_probing_level = 0
-        code = solver.solve(model)
+        code = solver.solve(built.model)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if code != cp_model.INFEASIBLE:
-                runs.statuses.append("feasible")
+            if not out.found:
+                out.status = "infeasible" if code == cp_model.INFEASIBLE else "unknown"
+            elif code != cp_model.INFEASIBLE:
+                out.status = "feasible"
             break
-        runs.statuses.append("optimal" if code == cp_model.OPTIMAL else "feasible")
-        if runs.bound is None:
-            runs.bound = solver.best_objective_bound // built.ties * built.unit
-        i = next(j for j, var in chosen.items() if solver.value(var))
-        runs.found.append((solver, i))
-        runs.values.append(solver.value(built.objective) * built.unit)
-        model.add(chosen.pop(i) == 0)  # next: the best *other* configuration
-        if code == cp_model.OPTIMAL:
-            model.add(built.objective >= solver.value(built.objective))
-    return runs
+        if code == cp_model.FEASIBLE:
+            out.status = "feasible"
+        values = {i: solver.value(o) for i, o in built.objective.items()}
+        present = sorted((values[i], i) for i, x in built.present.items() if solver.value(x))
+        if out.bound is None:
+            proven = min(solver.best_objective_bound - (sum(values.values()) - v) for v in values.values())
+            out.bound = max(proven, 0) * built.unit
+        out.found.extend((built.read(solver, i), v * built.unit) for v, i in present[: problem.top_k])
+        if built.joint or code != cp_model.OPTIMAL:
+            break
+        i = present[0][1]
+        built.model.add(built.present[i] == 0)  # next: the best *other* configuration
+        built.model.add(total >= values[i])
+    return out
 
 
 VISIT_BATCH = 256  # configurations whose coefficient tables are built together while bounding
 
 
-def _bound_with_tables(problem: Problem, space: Space) -> tuple[
-        Scored, dict[int, StageTables], dict[int, float], float, tuple[int, list[int]] | None]:
+@dataclass
+class Bounded:
+    """The configurations that may hold a top-K optimum, scored (indexed 0..n-1), with what
+    bounding learned: per-configuration lower bounds, a good split of each (the search's
+    hint), the best plan seen (the fallback), and the K-th best known plan (the cap)."""
+
+    scored: Scored
+    tables: dict[int, StageTables] | None
+    lower: dict[int, float]
+    splits: dict[int, list[int]]
+    modes: dict[int, int]  # uniform recompute mode of the hinted plan (several block kinds)
+    best: int | None
+    upper: float
+    stopped: bool = False  # the deadline passed while bounding
+
+
+def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bounded | None:
     """Tables for every configuration that may hold a top-K optimum (one block kind).
 
     Configurations are visited in order of their cheap lower bound; each gets its exact
-    per-stage tables, a split-DP lower bound and, from its even split, an upper bound.  The
-    visit stops once the cheap bound exceeds the K-th best upper bound; configurations whose
-    table bound exceeds it are dropped.  Both bounds are sound, so no optimum is lost.
-
-    Returns:
-        (the kept configurations scored, their tables, lower bounds, the K-th best upper bound,
-        (configuration, split) of the best plan seen), indexed as the returned Scored
+    per-stage tables, a split-DP lower bound and, from its even and bottleneck splits, an
+    upper bound.  The visit stops once the cheap bound exceeds the K-th best upper bound;
+    configurations whose table bound exceeds it are dropped.  Both bounds are sound, so no
+    optimum is lost -- unless the deadline stops the visit, which the result says.  None
+    when no configuration can fit.
     """
     L, fixed_split = space.table.blocks, problem.fixed_split
     order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
     uppers: list[float] = []
-    kept: dict[int, tuple[float, StageTables]] = {}  # by index into space.configs
-    hint: tuple[float, int, list[int]] | None = None
-    done = False
+    kept: dict[int, tuple[float, StageTables, list[int] | None, float]] = {}  # by index into space.configs
+    stopped = False
+
+    def kth() -> float:
+        return sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+
     for start in range(0, len(order), VISIT_BATCH):
-        rows = order[start:start + VISIT_BATCH]
-        kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-        rows = [i for i in rows if space.lower_bound[i] <= kth * (1 + 1e-9)]
+        rows = [i for i in order[start:start + VISIT_BATCH] if space.lower_bound[i] <= kth() * (1 + 1e-9)]
         if not rows:
+            break
+        if time.perf_counter() > deadline and kept:
+            stopped = True
             break
         batch = space.scored(rows)
         for j, i in enumerate(rows):
-            kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-            if space.lower_bound[i] > kth * (1 + 1e-9):
-                done = True
+            if space.lower_bound[i] > kth() * (1 + 1e-9):
                 break
             cf = space.configs[i]
             tb = stage_tables(batch, j, problem.objective, problem.fixed_mode)
@@ -340,31 +355,25 @@ def _bound_with_tables(problem: Problem, space: Space) -> tuple[
             splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
             values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp) for sp in splits
                       if sum(sp) == L and len(sp) == cf.pp]
-            if values:
-                ub, split = min(values, key=lambda x: x[0])
-                if np.isfinite(ub):
-                    uppers.append(ub)
-                    if hint is None or ub < hint[0]:
-                        hint = (ub, i, list(split))
-            kept[i] = (lb, tb)
-        if done:
-            break
-    kth = sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-    rows = [i for i, (lb, _) in kept.items() if lb <= kth * (1 + 1e-9)]
-    local = {i: j for j, i in enumerate(rows)}
-    return (space.scored(rows), {local[i]: kept[i][1] for i in rows}, {local[i]: kept[i][0] for i in rows},
-            float(kth), None if hint is None or hint[1] not in local else (local[hint[1]], hint[2]))
+            ub, split = min(values, key=lambda x: x[0]) if values else (np.inf, None)
+            if np.isfinite(ub):
+                uppers.append(ub)
+            kept[i] = (lb, tb, split if np.isfinite(ub) else None, ub)
+    cap = kth()
+    rows = [i for i, (lb, *_) in kept.items() if lb <= cap * (1 + 1e-9)]
+    if not rows:
+        return None
+    ubs = [kept[i][3] for i in rows]
+    best = int(np.argmin(ubs)) if rows and np.isfinite(min(ubs)) else None
+    return Bounded(space.scored(rows), {j: kept[i][1] for j, i in enumerate(rows)},
+                   {j: kept[i][0] for j, i in enumerate(rows)},
+                   {j: sp for j, i in enumerate(rows) if (sp := kept[i][2]) is not None}, {}, best, float(cap), stopped)
 
 
-def _bound_uniform(problem: Problem, space: Space) -> tuple[Scored, float, tuple[int, list[int]] | None, dict[int, int]]:
+def _bound_uniform(problem: Problem, space: Space) -> Bounded | None:
     """Configurations that may hold a top-K optimum (several block kinds): the K-th best plan
     with an even split and one recompute mode everywhere is an upper bound; configurations
-    whose sound lower bound exceeds it are dropped.
-
-    Returns:
-        (the kept configurations scored, the K-th best upper bound, (configuration, split) of
-        the best uniform plan, its recompute mode), indexed as the returned Scored
-    """
+    whose sound lower bound exceeds it are dropped.  None when no configuration can fit."""
     best = np.full(len(space.configs), np.inf)
     best_mode = np.zeros(len(space.configs), dtype=int)
     if problem.fixed_split is None:
@@ -374,15 +383,15 @@ def _bound_uniform(problem: Problem, space: Space) -> tuple[Scored, float, tuple
             best = np.minimum(value, best)
     finite = np.sort(best[np.isfinite(best)])
     ub = float(finite[min(problem.top_k, len(finite)) - 1]) if len(finite) else np.inf
-    keep = np.flatnonzero((space.memory_lb <= 0) & (space.lower_bound <= ub * (1 + 1e-9))).tolist()
-    i = int(np.argmin(best))
-    if not np.isfinite(best[i]):
-        return space.scored(keep), ub, None, {}
-    if i not in keep:
-        keep.append(i)
-    j = keep.index(i)
-    counts = to_candidates([space.configs[i]], space.table).counts[0]
-    return space.scored(keep), ub, (j, [int(counts[s].sum()) for s in range(space.configs[i].pp)]), {j: int(best_mode[i])}
+    rows = np.flatnonzero((space.memory_lb <= 0) & (space.lower_bound <= ub * (1 + 1e-9))).tolist()
+    if not rows:
+        return None
+    scored = space.scored(rows)
+    cand = to_candidates(scored.configs, space.table)
+    splits = {j: [int(cand.counts[j, s].sum()) for s in range(cf.pp)]
+              for j, cf in enumerate(scored.configs) if np.isfinite(best[rows[j]])}
+    fallback = int(np.argmin(best[rows])) if np.isfinite(best[rows]).any() else None
+    return Bounded(scored, None, {}, splits, {j: int(best_mode[i]) for j, i in enumerate(rows)}, fallback, ub)
 
 
 class CpSatSolver(Solver):
@@ -403,54 +412,51 @@ class CpSatSolver(Solver):
         deadline = start + budget.time_limit_s
         configs = enumerate_configs(problem)
         space = score_space(problem, configs)
-        tables: dict[int, StageTables] | None = None
-        lowers: dict[int, float] | None = None
-        if len(space.table.kinds) == 1:
-            scored, tables, lowers, upper, hint = _bound_with_tables(problem, space)
-            modes: dict[int, int] = {}
-        else:
-            scored, upper, hint, modes = _bound_uniform(problem, space)
-        keep = list(range(len(scored.configs)))
-        notes = [f"{len(configs)} configurations scored, {len(keep)} kept after bounding"]
-        if not keep:
+        one_kind = len(space.table.kinds) == 1
+        bounded = _bound_with_tables(problem, space, deadline) if one_kind else _bound_uniform(problem, space)
+        notes = [f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} kept "
+                 "after bounding"]
+        if bounded is None:
             return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes)
-        built = build_model(problem, scored, keep, tables, lowers, upper)
-        if hint is not None and hint[0] in built.chosen:
-            self._hint(built, scored, hint)
-        runs = _top_k(built, problem, budget, deadline)
-        chosen = [built.read(solver, i) for solver, i in runs.found]
-        statuses = runs.statuses
-        if not chosen and hint is not None:  # time ran out before CP-SAT's first solution
-            chosen.append(self._fallback(scored, tables, hint, modes))
-            notes.append("time limit hit before a CP-SAT solution: returning the best plan found while bounding")
-            statuses.append("feasible")
-        status = "optimal" if statuses and all(s == "optimal" for s in statuses) else (
-            "feasible" if chosen else "infeasible")
+        scored = bounded.scored
+        built = build_model(problem, scored, bounded.tables, bounded.lower, bounded.upper, joint=one_kind)
+        for j, split in bounded.splits.items():
+            self._hint(built, scored, j, split)
+        found = _search(built, problem, budget, deadline)
+        chosen = [c for c, _ in found.found]
+        status, bound = found.status, found.bound
+        if not chosen and bounded.best is not None:  # time ran out before CP-SAT's first solution
+            chosen.append(self._fallback(bounded, bounded.best))
+            notes.append("the time limit stopped the search before CP-SAT's first solution: "
+                         "returning the best plan found while bounding")
+            status, bound = "feasible", min(bounded.lower.values(), default=None)
+        elif status == "unknown":
+            status = "infeasible"
+        if bounded.stopped:
+            status = "feasible" if chosen else status
+            notes.append("the time limit stopped the bounding: configurations not yet visited were not searched")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
-        return finish(problem, space, chosen, status, bound=runs.bound, start=start, n_evaluated=len(configs),
-                      notes=notes, model_values=runs.values if len(runs.values) == len(chosen) else None)
+        values = [v for _, v in found.found]
+        return finish(problem, space, chosen, status, bound=bound, start=start, n_evaluated=len(configs),
+                      notes=notes, model_values=values if len(values) == len(chosen) else None)
 
     @staticmethod
-    def _hint(built: Built, scored: Scored, hint: tuple[int, list[int]]) -> None:
-        """Start CP-SAT from the best plan the bounding found: its configuration and split."""
-        i, split = hint
-        for j, var in built.chosen.items():
-            built.model.add_hint(var, j == i)
-        cf = scored.configs[i]
-        for lits, n in zip(built.groups[(cf.pp, cf.vpp)]["y"], split, strict=True):
+    def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:
+        """Start CP-SAT from a known good split of configuration ``j``."""
+        v = scored.configs[j].vpp
+        built.model.add_hint(built.present[j], True)
+        for lits, n in zip(built.groups[j]["y"], split, strict=True):
             for q, lit in lits.items():
-                built.model.add_hint(lit, q == n // cf.vpp)
+                built.model.add_hint(lit, q == n // v)
 
     @staticmethod
-    def _fallback(scored: Scored, tables: dict[int, StageTables] | None, hint: tuple[int, list[int]],
-                  modes: dict[int, int]) -> Chosen:
-        """The best plan the bounding found, as a (configuration, split, recompute counts)."""
-        i, split = hint
-        cf = scored.configs[i]
-        if tables is not None:
-            tb = tables[i]
+    def _fallback(bounded: Bounded, j: int) -> Chosen:
+        """Configuration ``j``'s hinted plan as a (configuration, split, recompute counts)."""
+        cf, split = bounded.scored.configs[j], bounded.splits[j]
+        if bounded.tables is not None:
+            tb = bounded.tables[j]
             return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
                                for s, n in enumerate(split)]
-        counts = to_candidates([cf], scored.table, mode=modes.get(i, 0)).counts[0]
+        counts = to_candidates([cf], bounded.scored.table, mode=bounded.modes.get(j, 0)).counts[0]
         return cf, split, [counts[s].astype(int).tolist() for s in range(cf.pp)]
