@@ -308,14 +308,21 @@ def solve(
         # any/none name no framework: the calibration's own is not compared
         named = None if framework in (frameworks.ANY, frameworks.NONE) else framework
         assume, band = _calibration(calibration, c, named, force)
-        budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
+        from autoplace.report import SolveProgress
+
+        progress = None if out_fmt == "json" else SolveProgress(time_limit)
+        budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed, progress=progress)
         search = {"objective": objective.value, "assumptions": assume}
         problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
         m = problem.model
-        if framework == frameworks.NONE:
-            result = get_solver(solver.value).solve(problem, budget)
-        else:
-            result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
+        try:
+            if framework == frameworks.NONE:
+                result = get_solver(solver.value).solve(problem, budget)
+            else:
+                result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
+        finally:
+            if progress is not None:
+                progress.close()
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     from autoplace.cost.layers import layer_table
@@ -323,6 +330,7 @@ def solve(
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice, "framework": framework,
+           "phases_s": {k: round(v, 3) for k, v in result.phases.items()}, "cpsat_model": result.model_size,
            "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
            "plans": [{**ev.to_dict(rank=i + 1), "frameworks": frameworks.runnable_by(ev.plan, m, c)}
                      for i, ev in enumerate(result.plans)], "notes": result.notes}

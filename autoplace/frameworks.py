@@ -10,6 +10,7 @@ express and keeps the plans one can run; ``none`` is the theoretical optimum, un
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -125,7 +126,7 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
     checks = list(all_checks.values()) if framework == ANY else [all_checks[framework]]
     table = layer_table(model)
 
-    def ok(config: Config) -> bool:
+    def check(config: Config) -> bool:
         split = even_split(table.blocks, config.pp * config.vpp)
         stages = [sum(split[s::config.pp]) for s in range(config.pp)]  # stage s holds chunks s, s+pp, ...
         starts = [sum(stages[:s]) for s in range(len(stages))]
@@ -139,6 +140,17 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
                 continue
             return True
         return False
+
+    verdicts: dict[tuple[Any, ...], bool] = {}
+
+    def ok(config: Config) -> bool:
+        # no emitter check reads the micro-batching (it only sizes the batch), so the verdict
+        # is shared by every (mbs, grad_accum) of the same degrees: one check per degree set
+        key = (config.tp, config.pp, config.cp, config.ep, config.dp_replicate, config.dp_shard, config.vpp,
+               config.sp, config.zero, config.schedule, config.offload_optimizer, config.offload_params)
+        if key not in verdicts:
+            verdicts[key] = check(config)
+        return verdicts[key]
 
     return ok
 
@@ -181,10 +193,11 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
 
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = None if "recompute" in problem.fixed else UNIFORM_RECOMPUTE.get(framework)
-    results = _solve_runs(solver, wide, budget, modes, framework)
+    deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
+    results = _solve_runs(solver, wide, budget, modes, framework, deadline)
     kept, reasons, plans = _keep(results, problem, framework)
     if not kept and modes is None and "recompute" not in problem.fixed:  # every plan found recomputes per layer
-        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework)  # in a way no one can say
+        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework, deadline)  # in a way no one can say
         kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
     if reasons:
@@ -193,18 +206,28 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
                      f"(e.g. {reasons[0]})")
     proven = all(r.status in ("optimal", "infeasible") for r in results)
     status = ("optimal" if proven else "feasible") if kept else "infeasible"
+    phases: dict[str, float] = {}
+    for r in results:
+        for name, seconds in r.phases.items():
+            phases[name] = phases.get(name, 0.0) + seconds
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
                                wall_s=sum(r.wall_s for r in results),
-                               n_evaluated=sum(r.n_evaluated for r in results))
+                               n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
 
 
-def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, framework: str) -> list[Any]:
-    """One solve per uniform recompute mode (or one solve); an empty admissible space says whose."""
+def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, framework: str,
+                deadline: float) -> list[Any]:
+    """One solve per uniform recompute mode (or one solve), within the deadline; an empty
+    admissible space says whose."""
     import dataclasses
 
     runs = [dataclasses.replace(problem, fixed={**problem.fixed, "recompute": m}) for m in modes] if modes else [problem]
+    out = []
     try:
-        return [solver.solve(run, budget) for run in runs]
+        for k, run in enumerate(runs):  # the runs share what is left of the time limit
+            left = max(deadline - time.perf_counter(), 0.1) / (len(runs) - k)
+            out.append(solver.solve(run, dataclasses.replace(budget, time_limit_s=left)))
+        return out
     except Infeasible as exc:
         who = "some supported framework" if framework == ANY else framework
         raise Infeasible(f"{exc}, among the configurations {who} can run (--framework none shows the "

@@ -301,6 +301,10 @@ def print_solution(doc: dict, result: object, console: Console | None = None, *,
     notes = [f"[dim]{note}[/dim]" for note in doc.get("notes", [])]
     status = (f"status [bold]{doc['status']}[/bold], objective {doc['objective']}, "
               f"{doc['solve_seconds']:.2f} s")
+    if doc["status"] == "feasible" and doc["plans"]:
+        gap = f"within {doc['gap']:.2%} of the proven bound" if doc.get("gap") is not None else "with no proven bound"
+        lines = [f"[yellow]the time limit stopped the search: the best plan is {gap} "
+                 "(raise --time-limit to prove optimality)[/yellow]", *lines]
     render(sections, lines + notes, fmt, console, header=[*header, status] if header else [solution_header(doc)])
 
 
@@ -371,3 +375,45 @@ def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: Clus
 
 def _nodes(n: int) -> str:
     return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+# ---------------------------------------------------------------- progress of a long solve
+
+PHASE_NAMES = {"enumerate": "enumerating configurations", "score": "scoring the space (numpy)",
+               "bound": "bounding configurations", "build": "building the CP-SAT model", "search": "CP-SAT search"}
+
+
+class SolveProgress:
+    """A transient progress line on stderr naming the solve's phase, shown only once a solve
+    has run ``after`` seconds (quick solves print nothing extra); ``Budget.progress``."""
+
+    def __init__(self, limit_s: float, after: float = 2.0) -> None:
+        import threading
+
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  TextColumn(f"[dim](--time-limit {limit_s:g} s)[/dim]"),
+                                  console=Console(stderr=True), transient=True)
+        self._task = self._progress.add_task("solving", total=None)
+        self._lock = threading.Lock()
+        self._shown = self._closed = False
+        self._timer = threading.Timer(after, self._show)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def __call__(self, phase: str) -> None:
+        self._progress.update(self._task, description=PHASE_NAMES.get(phase, phase))
+
+    def _show(self) -> None:
+        with self._lock:
+            if not self._closed and self._progress.console.is_terminal:
+                self._progress.start()
+                self._shown = True
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            if self._shown:
+                self._progress.stop()

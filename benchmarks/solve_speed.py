@@ -1,72 +1,87 @@
-"""Print (never assert) how fast `autoplace solve` proves its optimum, per case (issue 3).
+"""Print (never assert) how fast `autoplace solve` proves its optimum, pinned to two cores.
 
-For each case: configurations enumerated, kept after bounding, status, seconds to the top-3
-(median of --repeat runs), and the exhaustive back end's throughput in configurations per
-second of the vectorized evaluator on the same space.
+For each case of issue 12: wall seconds of the whole command (a fresh process: imports, input
+parsing, the solve, the report) and the solve's own seconds, median of --repeat runs; the
+configurations enumerated and kept after bounding, the CP-SAT model's size, the status, and
+the share of the solve per phase (enumerate, score, bound, build, search, rescore).
 
-Run: python benchmarks/solve_speed.py [--repeat 3]
+The process pins itself (and so its children) to CPUs 0 and 1 with ``os.sched_setaffinity``,
+the laptop or login node users plan on.  Run: python benchmarks/solve_speed.py [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+MODELS = REPO / "examples" / "models"
 
-from autoplace.cost.evaluate import evaluate_batch  # noqa: E402
-from autoplace.cost.layers import layer_table  # noqa: E402
-from autoplace.specs.cluster import cluster_from_dict  # noqa: E402
-from autoplace.specs.model import load_model  # noqa: E402
-from solvers.problem import Budget, Problem  # noqa: E402
-from solvers.registry import get_solver  # noqa: E402
-from solvers.space import enumerate_configs, to_candidates  # noqa: E402
-
-
-def cluster(nodes: int, gpu: str, intra: str, inter: str) -> object:
-    return cluster_from_dict({"name": f"{nodes}x8 {gpu}", "nodes": nodes, "gpus_per_node": 8, "gpu": gpu,
-                              "intra_node": intra, "inter_node": inter})
-
-
-CASES = [  # the cases named in issue 3
-    ("Llama-3-8B", "llama-3-8b.json", cluster(1, "h100-sxm5-80gb", "nvlink4", "ib-ndr")),
-    ("Llama-3-70B", "llama-3-70b.json", cluster(8, "h100-sxm5-80gb", "nvlink4", "ib-ndr")),
-    ("GPT-3 175B", "gpt-3-175b.json", cluster(128, "a100-sxm4-80gb", "nvlink3", "ib-hdr")),
-    ("Mixtral 8x7B", "hf/mixtral-8x7b/config.json", cluster(32, "h100-sxm5-80gb", "nvlink4", "ib-ndr")),
-    ("Llama-3-405B", "llama-3-405b.json", cluster(2048, "h100-sxm5-80gb", "nvlink4", "ib-ndr")),
+CASES = [  # (name, model file, cluster shorthand) -- the cases named in issue 12
+    ("Llama-3-8B / 8 H100", "llama-3-8b.json", "1x8xh100"),
+    ("Llama-3-70B / 64 H100", "llama-3-70b.json", "8x8xh100"),
+    ("GPT-3 175B / 1,024 A100", "gpt-3-175b.json", "128x8xa100"),
+    ("Mixtral-8x7B / 256 H100", "hf/mixtral-8x7b/config.json", "32x8xh100"),
+    ("Llama-3-405B / 16,384 H100", "llama-3-405b.json", "2048x8xh100"),
 ]
+PHASES = ("enumerate", "score", "bound", "build", "search", "rescore")
+
+
+def run_once(model: str, cluster: str, args: argparse.Namespace) -> tuple[float, dict]:
+    """One `autoplace solve --json` in a fresh process: (wall seconds, its JSON document)."""
+    cmd = [sys.executable, "-m", "autoplace.cli", "solve", str(MODELS / model), cluster, "--json", "--top", "3",
+           "--time-limit", str(args.time_limit), "--framework", args.framework]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode not in (0, 3):
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+    return wall, json.loads(done.stdout)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--framework", default="any", help="as solve's --framework (default any, as users run it)")
+    parser.add_argument("--json", action="store_true", help="machine-readable rows")
     args = parser.parse_args()
-    head = f"{'case':14s} {'GPUs':>6s} {'configs':>8s} {'kept':>5s} {'status':>8s} {'median s':>9s} {'step s':>8s} {'eval plans/s':>13s}"
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0, 1} & os.sched_getaffinity(0) or os.sched_getaffinity(0))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    rows = []
+    for name, model, cluster in CASES:
+        runs = [run_once(model, cluster, args) for _ in range(args.repeat)]
+        walls = [w for w, _ in runs]
+        doc = runs[len(runs) // 2][1]
+        solve = statistics.median(d["solve_seconds"] for _, d in runs)
+        phases = doc.get("phases_s", {})
+        total = sum(phases.values()) or 1.0
+        scored = next((n for n in doc["notes"] if "configurations scored" in n), "")
+        rows.append({"case": name, "wall_s": statistics.median(walls), "solve_s": solve, "status": doc["status"],
+                     "configs": scored.split()[0] if scored else "?", "kept": scored.split(", ")[1].split()[0] if scored else "?",
+                     "phase_share": {p: phases.get(p, 0.0) / total for p in PHASES},
+                     "cpsat_vars": doc.get("cpsat_model", {}).get("variables"),
+                     "step_s": doc["plans"][0]["step_time_s"] if doc["plans"] else None})
+    if args.json:
+        print(json.dumps({"cpus": cpus, "repeat": args.repeat, "rows": rows}, indent=2))
+        return
+    print(f"pinned to {cpus} CPU(s); median of {args.repeat}; --framework {args.framework}")
+    head = (f"{'case':28s} {'wall s':>7s} {'solve s':>8s} {'status':>8s} {'configs':>8s} {'kept':>5s} "
+            + f"{'vars':>6s} " + " ".join(f"{p[:6]:>6s}" for p in PHASES) + f" {'step s':>8s}")
     print(head)
     print("-" * len(head))
-    for name, path, c in CASES:
-        model = load_model(REPO / "examples" / "models" / path)
-        times, result = [], None
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            result = get_solver("cpsat").solve(Problem(model, c, top_k=3), Budget(time_limit_s=args.time_limit))
-            times.append(time.perf_counter() - t)
-        assert result is not None
-        configs = enumerate_configs(Problem(model, c))
-        table = layer_table(model)
-        cand = to_candidates(configs, table)
-        t = time.perf_counter()
-        evaluate_batch(table, c, cand, model.training.recipe())
-        rate = len(configs) / (time.perf_counter() - t)
-        kept = result.notes[0].split(", ")[1].split()[0] if result.notes else "?"
-        step = f"{result.plans[0].step_time_s:.3f}" if result.plans else "-"
-        print(f"{name:14s} {c.gpus:6d} {len(configs):8d} {kept:>5s} {result.status:>8s} "
-              f"{statistics.median(times):9.2f} {step:>8s} {rate:13.0f}")
+    for r in rows:
+        shares = " ".join(f"{100 * r['phase_share'][p]:5.0f}%" for p in PHASES)
+        step = f"{r['step_s']:.3f}" if r["step_s"] is not None else "-"
+        print(f"{r['case']:28s} {r['wall_s']:7.2f} {r['solve_s']:8.2f} {r['status']:>8s} {r['configs']:>8s} "
+              f"{r['kept']:>5s} {r['cpsat_vars'] or '-':>6} {shares} {step:>8s}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from solvers.space import Space, plan_from, to_candidates
 
 def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int], list[Any]]],
            status: str, *, bound: float | None, start: float, n_evaluated: int,
-           notes: list[str] | None = None, model_values: list[float] | None = None) -> SolveResult:
+           notes: list[str] | None = None, model_values: list[float] | None = None,
+           phases: dict[str, float] | None = None, model_size: dict[str, int] | None = None) -> SolveResult:
     """Re-score the chosen (config, split, recompute counts) with the evaluator; on failure
     find the nearest plan (smallest shortfall among uniform plans) and say what would fit.
 
@@ -23,6 +24,7 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
         model_values: the back end's own objective value of each chosen plan; the largest
             relative difference from the evaluator's is recorded (``disagreement``).
     """
+    rescore = time.perf_counter()
     plans = [evaluate(problem.model, problem.cluster, plan_from(cf, space.table, split, modes), problem.assumptions,
                       allow_tp_across_nodes="tp-across-nodes" in problem.features)
              for cf, split, modes in chosen]
@@ -35,7 +37,8 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
     return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,
                        bound=bound, wall_s=time.perf_counter() - start, n_evaluated=n_evaluated, nearest=nearest,
                        notes=notes or [], advice=advice(problem, nearest) if nearest else [],
-                       disagreement=disagreement)
+                       disagreement=disagreement,
+                       phases={**(phases or {}), "rescore": time.perf_counter() - rescore}, model_size=model_size or {})
 
 
 def advice(problem: Problem, nearest: Evaluation) -> list[str]:

@@ -394,6 +394,25 @@ def _bound_uniform(problem: Problem, space: Space) -> Bounded | None:
     return Bounded(scored, None, {}, splits, {j: int(best_mode[i]) for j, i in enumerate(rows)}, fallback, ub)
 
 
+class _Clock:
+    """Seconds per phase of one solve; each phase's name goes to the budget's progress."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget, self.name, self.start = budget, "enumerate", time.perf_counter()
+        self.phases: dict[str, float] = {}
+        budget.phase(self.name)
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[self.name] = now - self.start
+        self.name, self.start = name, now
+        self.budget.phase(name)
+
+    def done(self) -> dict[str, float]:
+        self.phases[self.name] = time.perf_counter() - self.start
+        return dict(self.phases)
+
+
 class CpSatSolver(Solver):
     """OR-Tools CP-SAT over the whole placement space (the default)."""
 
@@ -410,19 +429,24 @@ class CpSatSolver(Solver):
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
         deadline = start + budget.time_limit_s
+        clock = _Clock(budget)
         configs = enumerate_configs(problem)
+        clock("score")
         space = score_space(problem, configs)
+        clock("bound")
         one_kind = len(space.table.kinds) == 1
         bounded = _bound_with_tables(problem, space, deadline) if one_kind else _bound_uniform(problem, space)
         notes = [f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} kept "
                  "after bounding"]
         if bounded is None:
             return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
-                          notes=notes)
+                          notes=notes, phases=clock.done())
         scored = bounded.scored
+        clock("build")
         built = build_model(problem, scored, bounded.tables, bounded.lower, bounded.upper, joint=one_kind)
         for j, split in bounded.splits.items():
             self._hint(built, scored, j, split)
+        clock("search")
         found = _search(built, problem, budget, deadline)
         chosen = [c for c, _ in found.found]
         status, bound = found.status, found.bound
@@ -438,8 +462,10 @@ class CpSatSolver(Solver):
             notes.append("the time limit stopped the bounding: configurations not yet visited were not searched")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
         values = [v for _, v in found.found]
+        size = {"variables": len(built.model.proto.variables), "constraints": len(built.model.proto.constraints)}
         return finish(problem, space, chosen, status, bound=bound, start=start, n_evaluated=len(configs),
-                      notes=notes, model_values=values if len(values) == len(chosen) else None)
+                      notes=notes, model_values=values if len(values) == len(chosen) else None,
+                      phases=clock.done(), model_size=size)
 
     @staticmethod
     def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:

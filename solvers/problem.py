@@ -61,11 +61,17 @@ class Problem:
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits for one solve: wall time, CP-SAT workers and random seed."""
+    """Limits for one solve: wall time (the whole solve, not only CP-SAT), CP-SAT workers and
+    random seed; ``progress`` is told the name of each phase as it starts."""
 
     time_limit_s: float = 10.0
     workers: int = 2
     seed: int = 0
+    progress: Callable[[str], None] | None = None
+
+    def phase(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress(name)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class SolveResult:
         nearest: when infeasible, the plan that misses least; ``advice`` says what would fit.
         disagreement: largest relative difference between the back end's own objective value
             and the evaluator's re-score of the same plan (one source of truth, docs/ARCHITECTURE.md).
+        phases: seconds per phase (enumerate, score, bound, build, search, rescore).
+        model_size: the CP-SAT model's variables and constraints, when one was built.
     """
 
     plans: list[Evaluation]
@@ -93,6 +101,8 @@ class SolveResult:
     notes: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     disagreement: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    model_size: dict[str, int] = field(default_factory=dict)
 
     @property
     def gap(self) -> float | None:

@@ -42,6 +42,19 @@ def test_the_default_search_space_is_what_some_framework_can_express() -> None:
     assert 0 < len(admitted) < len(every)  # the filter is part of the search and excludes something
 
 
+def test_admissibility_does_not_depend_on_the_micro_batching() -> None:
+    """admissible() judges each set of degrees once, for every (mbs, grad_accum): the emitters'
+    own checks must agree on every configuration, judged afresh."""
+    model, cluster = load_model(TINY), load_cluster(A100_8)
+    problem = frameworks.problem_for("none", model, cluster, fixed={}, features=set(DEFAULT_FEATURES) | {"offload"})
+    configs = enumerate_configs(problem)
+    for framework in frameworks.FRAMEWORKS:
+        shared = frameworks.admissible(framework, model)
+        verdicts = [shared(c) for c in configs]
+        assert verdicts == [frameworks.admissible(framework, model)(c) for c in configs]  # a fresh cache each
+        assert len({c.mbs for c in configs}) > 1 and any(verdicts) and not all(verdicts)
+
+
 def test_none_keeps_the_theoretical_optimum_and_says_so_any_refuses_it() -> None:
     result = invoke("solve", TINY, A100_8, "--framework", "none", "--json", "--time-limit", "5", *NOBODY)
     assert result.exit_code == 0, result.output
