@@ -118,6 +118,9 @@ def _rdb(url: str, hb: Heartbeat, retry: Any, attempts: int = 5) -> Any:
         try:
             return optuna.storages.RDBStorage(url, heartbeat_interval=hb.interval_s, grace_period=hb.grace_s,
                                               heartbeat_stale_trial_callback=retry)
+        except ImportError as exc:  # Optuna's wording names no package
+            hint = "pip install 'autoplace[postgres]'" if url.startswith("postgresql") else "install its SQLAlchemy driver"
+            raise BenchmarkError(f"cannot open the study storage {url}: no database driver ({hint})") from exc
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
             if attempt == attempts - 1:
                 raise BenchmarkError(f"cannot open the study storage {url}: {exc}") from exc

@@ -18,6 +18,7 @@ from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
 from autoplace.studies import open_storage
+from autoplace.tune import _key as tune_key
 from autoplace.tune import print_report, run_tune, short_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +65,32 @@ def test_crash_oom_and_hang_are_failed_trials_and_the_study_completes(tmp_path: 
     assert reasons == {cands[0]: ("FAIL", "crash"), cands[1]: ("FAIL", "oom"), cands[2]: ("FAIL", "hang")}
     assert report.best is None
     print_report(report)
+
+
+@pytest.mark.slow
+def test_after_the_enqueued_top_k_tpe_proposes_knobs_and_repeats_are_pruned_never_rerun(tmp_path: Path) -> None:
+    """Two candidates, four trials: the two enqueued at the default bucket, then TPE proposals over
+    (plan, bucket).  Only the DDP plan has buckets, so four combinations exist and TPE's repeats
+    of measured ones are told PRUNED naming the trial that measured them (with its time, for TPE)."""
+    pytest.importorskip("torch")
+    import optuna
+
+    cands = [_plan(t).to_string() for t in ("dp=2,zero=0", "dp=2,zero=3")]
+    report = run_tune(MODEL, CLUSTER, trials=4, out_dir=tmp_path, timeout_s=180, steps=1, candidates=cands,
+                      progress=False)
+    done = [r for r in report.records if r.state == "COMPLETE"]
+    assert sorted((r.plan, r.bucket_mb) for r in done) == sorted([(cands[0], 10), (cands[0], 25), (cands[0], 50),
+                                                                  (cands[1], 25)])
+    store, _ = open_storage(None, tmp_path)
+    trials = optuna.load_study(study_name="autoplace", storage=store).get_trials()
+    assert [t.params["plan"] for t in trials[:2]] == cands and all("fixed_params" in t.system_attrs for t in trials[:2])
+    assert "fixed_params" not in trials[2].system_attrs  # proposed by the sampler, not enqueued
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        if t.state.name == "PRUNED":
+            holder = by_number[t.user_attrs["duplicate_of"]]
+            assert tune_key(holder.params) == tune_key(t.params) and t.intermediate_values == {0: holder.value}
+    assert report.ran == 4 and all(r.state in ("COMPLETE", "PRUNED") for r in report.records)
 
 
 def test_journal_storage_and_short_plan(tmp_path: Path) -> None:
