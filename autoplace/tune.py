@@ -348,16 +348,12 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
                     st.enqueue_trial(_params((first or untried)[0], "nccl_algo" in dists))
                     dups = 0
             trial = _ask(st, dists)
-            holder = claim(st, trial.number, _key, patience_s=ctx.heartbeat.grace_s)
-            if holder is not None:
-                _tell_duplicate(st, trial, holder)
-                dups += 1
-                continue
-            dups = 0
             key = _key(trial.params)
             bar.update(task, description=f"trial {trial.number}: {short_plan(key[0])}")
-            _run_trial(st, trial, key, ctx)
-            ran += 1
+            if _claim_and_run(st, trial, key, ctx):
+                dups, ran = 0, ran + 1
+            else:
+                dups += 1
 
 
 def _tell_duplicate(st: Any, trial: Any, holder: int) -> None:
@@ -391,15 +387,27 @@ def _ask(st: Any, dists: dict[str, Any]) -> Any:
         return st.ask(dists)
 
 
-def _run_trial(st: Any, trial: Any, key: Combo, ctx: _Context) -> None:
-    """Measure one combination while its heartbeat beats, then tell the study."""
+def _claim_and_run(st: Any, trial: Any, key: Combo, ctx: _Context) -> bool:
+    """Claim the trial's combination and measure it, or tell it PRUNED as another trial's duplicate.
+
+    The trial beats from the moment it was asked, so a claim that waits for another worker's
+    ask is not mistaken for a dead worker's trial.  The beat stops before the trial is told (a
+    journal refuses beats on finished trials).
+
+    Returns:
+        Whether the trial ran.
+    """
     study_id = ctx.storage.get_study_id_from_name(st.study_name)
     with beating(ctx.storage, study_id, trial.number, ctx.heartbeat.interval_s):
-        value = _measure(trial, key, ctx)
-    if value is None:
+        holder = claim(st, trial.number, _key, patience_s=ctx.heartbeat.grace_s)
+        value = _measure(trial, key, ctx) if holder is None else None
+    if holder is not None:
+        _tell_duplicate(st, trial, holder)
+    elif value is None:
         st.tell(trial, state=TrialState.FAIL)
     else:
         st.tell(trial, value)
+    return holder is None
 
 
 def _measure(trial: Any, key: Combo, ctx: _Context) -> float | None:

@@ -184,7 +184,8 @@ def test_deepspeed_trials_train_with_the_emitted_config(tmp_path: Path) -> None:
     assert trial.state == "COMPLETE" and trial.measured_step_s and trial.measured_step_s > 0
     assert "tp=2" not in trial.plan
     store, _ = open_storage(None, tmp_path)
-    [stored] = optuna.load_study(study_name="autoplace", storage=store).get_trials()
+    [stored] = [t for t in optuna.load_study(study_name="autoplace", storage=store).get_trials()
+                if t.state.name != "WAITING"]  # the other candidates stay queued for a re-run
     assert stored.user_attrs["framework"] == "deepspeed"
     # DeepSpeed runs ZeRO-1/2 and optimizer-only offload natively: its trials run their plan exactly
     assert stored.user_attrs["semantics"] == "exact" and stored.user_attrs["deviation"] is None

@@ -4,8 +4,10 @@ A run is one torchrun process group in its own session, so a timeout kills the l
 every rank at once (``os.killpg``) -- a hung collective cannot outlive its trial.
 
 Which backend and how many ranks a local run gets is :func:`local_launch`'s decision: a GPU
-profile runs NCCL with one process per GPU of this host and is refused when the plan needs more
-GPUs than torch sees; a ``cpu`` profile runs gloo with one process per core.
+profile runs NCCL with one process per GPU of this host (rank r on ``cuda:r``) and is refused when
+the plan needs more GPUs than torch sees; a ``cpu`` profile runs gloo with one process per core.
+Run one tune worker per GPU host, or give each worker its own ``CUDA_VISIBLE_DEVICES`` (torch
+counts only those): two workers on the same GPUs would time each other's trials.
 """
 
 from __future__ import annotations
