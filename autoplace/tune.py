@@ -526,6 +526,7 @@ def save_plots(st: Any, out: Path) -> list[Path]:
         return []
     if not any(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
         return []
+    out.mkdir(parents=True, exist_ok=True)  # a worker on a shared storage may have run nothing here
     written = []
     for name, fn in (("optimization_history", ovm.plot_optimization_history), ("slice", ovm.plot_slice)):
         try:
