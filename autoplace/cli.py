@@ -496,8 +496,7 @@ def tune(
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
-    Several workers (processes or hosts) may run this at once on one --storage (PostgreSQL URL
-    or a shared journal file): each candidate runs once, a dead worker's trial is retried once."""
+    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once."""
     try:
         from autoplace.tune import print_report, run_tune
 
