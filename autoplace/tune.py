@@ -33,6 +33,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -301,18 +302,27 @@ class _Snapshot:
     waiting: int  # queued trials: ask() pops the oldest
 
 
-def _snapshot(st: Any) -> _Snapshot:
+def _snapshot(st: Any, grace_s: float) -> _Snapshot:
     """Finished, busy and queued combinations.  A FAIL that was retried (its worker died) does
-    not finish its combination: the retry, queued or running, stands for it."""
+    not finish its combination: the retry, queued or running, stands for it.  A RUNNING trial
+    without its parameters past the grace period belongs to a worker that died while asking
+    (an RDB never calls a trial that never beat stale): it does not count as running."""
     trials = st.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     finished = {_key(t.params): t.number for t in trials
                 if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried}
-    pending = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    # a trial still being asked has only some of its parameters: not yet a combination
-    busy = {_key(p) for t in pending if {"plan", "bucket_mb"} <= set(p := t.system_attrs.get("fixed_params") or t.params)}
-    return _Snapshot(finished, busy, sum(t.state == TrialState.RUNNING for t in pending),
-                     sum(t.state == TrialState.WAITING for t in pending))
+    pending = {t.number: (t, _combo(t)) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    now = datetime.now()
+    running = [t for t, combo in pending.values() if t.state == TrialState.RUNNING and (
+        combo or not t.datetime_start or (now - t.datetime_start).total_seconds() < grace_s)]
+    return _Snapshot(finished, {c for _, c in pending.values() if c}, len(running),
+                     sum(t.state == TrialState.WAITING for t, _ in pending.values()))
+
+
+def _combo(t: Any) -> Combo | None:
+    """A queued or running trial's combination; None while it is being asked (parameters partly set)."""
+    params = t.system_attrs.get("fixed_params") or t.params
+    return _key(params) if {"plan", "bucket_mb"} <= set(params) else None
 
 
 def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx: _Context, progress: bool,
@@ -330,7 +340,7 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
         task = bar.add_task("trials", total=target)
         while True:
             fail_stale_trials(st)
-            snap = _snapshot(st)
+            snap = _snapshot(st, ctx.heartbeat.grace_s)
             bar.update(task, completed=min(len(snap.finished), target))
             if len(snap.finished) >= target:
                 return ran

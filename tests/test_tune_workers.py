@@ -189,6 +189,26 @@ def test_claim_yields_to_earlier_and_finished_trials_and_waits_for_one_being_ask
     assert claim(st, asked(0), key) == third  # a failed trial that was not retried holds its combination
 
 
+def test_a_trial_whose_worker_died_while_asking_stops_counting_as_running(tmp_path: Path) -> None:
+    """An RDB never calls a trial that never beat stale, so a worker killed inside ask() would
+    hold a RUNNING, parameter-less trial for ever and keep the study one trial short."""
+    from datetime import datetime, timedelta
+
+    from autoplace.tune import _snapshot
+
+    store, _ = open_storage(str(tmp_path / "s.journal"), tmp_path, BEAT)
+    st = optuna.create_study(study_name="s", storage=store)
+    sid = store.get_study_id_from_name("s")
+    old = optuna.trial.FrozenTrial(number=0, state=optuna.trial.TrialState.RUNNING, value=None, values=None,
+                                   datetime_start=datetime.now() - timedelta(hours=1), datetime_complete=None,
+                                   params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
+                                   trial_id=0)
+    store.create_new_trial(sid, template_trial=old)
+    assert _snapshot(st, grace_s=6).running == 0
+    store.create_new_trial(sid)  # being asked right now: running
+    assert _snapshot(st, grace_s=6).running == 1
+
+
 # ---- workers, and the processes they leave ------------------------------------------------
 
 
