@@ -1,6 +1,8 @@
 """Three `tune` workers on one study, one of them SIGKILLed mid-trial: on a real PostgreSQL server
 (Debian's postgresql, started from a temp dir by this module, stopped at its end; CI installs it)
-and on a journal file.  Six single-process candidates; the study must end with every candidate
+and on a journal file.  The workers enter run_tune together (a barrier), so they race to create
+the study and to take its trials -- autoplace before claims fails this test with a duplicate.
+Six single-process candidates; the study must end with every candidate
 COMPLETE exactly once, the killed trial FAIL and retried once by another worker, nothing
 pruned, queued or running -- the ledger one worker leaves -- and no process of the killed
 worker's trial left.  Heartbeats every second with a 6 s grace keep the retry quick without
@@ -35,10 +37,14 @@ BEAT = Heartbeat(interval_s=1, grace_s=6, max_retry=1)
 CLUSTER_1 = "name: cpu-1\nnodes: 1\ngpus_per_node: 1\ngpu: cpu\nintra_node: loopback\ninter_node: loopback\n" \
             "host_memory_GB: 16\n"
 WORKER = """\
-import json, sys
+import json, sys, time
+from pathlib import Path
 from autoplace.studies import Heartbeat
 from autoplace.tune import run_tune
 model, cluster, out, storage, *cands = sys.argv[1:]
+Path(out, "ready").touch()
+while not Path(out).parent.joinpath("go").exists():  # all three open the study at once
+    time.sleep(0.01)
 report = run_tune(model, cluster, trials=len(cands), out_dir=out, storage=storage, candidates=cands, timeout_s=240,
                   steps=1, warmup=1, scale=0.5, progress=False, heartbeat=Heartbeat(interval_s=1, grace_s=6, max_retry=1))
 print(json.dumps({"ran": report.ran, "notes": report.notes}))
@@ -250,6 +256,19 @@ def _gone_within(text: str, timeout: float = 40.0) -> list[int]:
     return left
 
 
+def _release_together(workers: list[subprocess.Popen], outs: list[Path], go: Path) -> None:
+    """Let the workers into run_tune at the same moment, once all have imported autoplace."""
+    deadline = time.time() + 120
+    while not all((out / "ready").exists() for out in outs):
+        for proc, out in zip(workers, outs, strict=True):
+            if proc.poll() is not None:
+                pytest.fail(f"worker {out.name} exited early: {(out / 'worker.err').read_text()[-2000:]}")
+        if time.time() > deadline:
+            pytest.fail("the workers never got ready")
+        time.sleep(0.05)
+    go.touch()
+
+
 def _kill_a_worker_mid_trial(workers: list[subprocess.Popen], outs: list[Path], storage: Any) -> tuple[int, Path]:
     """SIGKILL the first worker seen running a trial; returns (trial number, trial directory).
 
@@ -301,8 +320,9 @@ def test_three_workers_one_killed_measure_every_candidate_once(tmp_path: Path, k
     cluster.write_text(CLUSTER_1)
     cands = _candidates()
     outs = [tmp_path / f"w{i}" for i in range(3)]
-    workers = [_start(out, cluster, storage, cands) for out in outs]  # at once: they race to create the study
+    workers = [_start(out, cluster, storage, cands) for out in outs]
     try:
+        _release_together(workers, outs, tmp_path / "go")  # they race to create the study and take its trials
         store, _ = open_storage(storage, tmp_path, BEAT)
         killed, trial_dir = _kill_a_worker_mid_trial(workers, outs, store)
         orphans = _gone_within(str(trial_dir))  # the reaper makes the trial follow its dead worker
