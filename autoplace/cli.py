@@ -489,8 +489,8 @@ def tune(
     cluster: ClusterArg,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Finished trials the study should hold.")] = 3,
     top: Annotated[int, typer.Option("--top", min=1, help="CP-SAT plans to choose among.")] = 3,
-    storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL or journal file "
-                                                 "(default sqlite:///OUT/study.db).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL (postgresql://... for many "
+                                                 "workers) or journal file (default sqlite:///OUT/study.db).")] = None,
     study: Annotated[str, typer.Option("--study", help="Study name (resumed when it exists).")] = "autoplace",
     launcher: Annotated[str, typer.Option("--launcher", help="local (torchrun here) or slurm (submitit).")] = "local",
     framework: Annotated[str, typer.Option("--framework", help="native (PyTorch parallelism) or deepspeed "
@@ -498,9 +498,13 @@ def tune(
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per trial before it is killed.")] = 300.0,
     out: Annotated[Path, typer.Option("--out", help="Trial logs, storage and plots.")] = Path("autoplace-tune"),
     scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed; workers sharing a study each want "
+                                      "their own, or they propose the same knobs.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Benchmark the top plans with real torch.distributed steps (an Optuna study)."""
+    """Benchmark the top plans with real torch.distributed steps (an Optuna study).
+
+    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once."""
     try:
         from autoplace.tune import print_report, run_tune
 
@@ -509,7 +513,7 @@ def tune(
         if framework not in ("native", "deepspeed"):
             raise SpecError(f"unknown framework {framework!r}; valid: native, deepspeed", field="--framework")
         report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
-                          progress=not as_json, framework=framework)
+                          progress=not as_json, framework=framework, seed=seed)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     if as_json:

@@ -1,9 +1,15 @@
-"""Optuna study storage with heartbeats, for ``autoplace tune`` and ``autoplace calibrate``.
+"""Optuna study storage with heartbeats and claims, for ``autoplace tune`` and ``autoplace calibrate``.
 
-SQLite (the default), any Optuna RDB URL or a journal file.  While a trial runs, a thread
-records its heartbeat in the storage; a worker killed mid-trial stops beating, and once the
-grace period has passed the next ask of any worker (or a re-run) fails that trial and
-re-enqueues its combination (Optuna's ``RetryHeartbeatStaleTrialCallback``).
+SQLite (the default), any Optuna RDB URL (PostgreSQL for many hosts) or a journal file.  While
+a trial runs, a thread records its heartbeat in the storage; a worker killed mid-trial stops
+beating, and once the grace period has passed the next ask of any worker (or a re-run) fails
+that trial and re-enqueues its combination (Optuna's ``RetryHeartbeatStaleTrialCallback``).
+Failing a stale trial is a compare-and-set in the storage, so among workers racing to notice
+it exactly one enqueues the retry.
+
+Many workers on one study: every trial must measure a combination no other trial measures.
+Popping an enqueued trial is atomic in Optuna (a row lock in an RDB, log order in a journal);
+:func:`claim` settles the rest -- a combination asked twice, by two samplers or two enqueues.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +106,27 @@ def open_storage(storage: str | None, out_dir: Path, heartbeat: Heartbeat | None
             path = storage.removeprefix("journal:")
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             return _BeatingJournalStorage(path, hb, retry), storage
-        return optuna.storages.RDBStorage(storage, heartbeat_interval=hb.interval_s, grace_period=hb.grace_s,
-                                          heartbeat_stale_trial_callback=retry), storage
+        return _rdb(storage, hb, retry), storage
+
+
+def _rdb(url: str, hb: Heartbeat, retry: Any, attempts: int = 5) -> Any:
+    """An RDBStorage; retried because workers starting together on an empty database race to create
+    Optuna's tables, and the losers' CREATE TABLE fails (PostgreSQL: a duplicate key in pg_type)."""
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=hb.interval_s, grace_period=hb.grace_s,
+                                              heartbeat_stale_trial_callback=retry)
+        except ImportError as exc:  # Optuna's wording names no package
+            hint = "pip install 'autoplace[postgres]'" if url.startswith("postgresql") else "install its SQLAlchemy driver"
+            raise BenchmarkError(f"cannot open the study storage {url}: no database driver ({hint})") from exc
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+            if attempt == attempts - 1:
+                raise BenchmarkError(f"cannot open the study storage {url}: {exc}") from exc
+            log.info("storage %s not ready (%s); retrying", url, exc)
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
 
 
 @contextmanager
@@ -136,3 +161,45 @@ def fail_stale_trials(st: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(st)
+
+
+def claim(st: Any, number: int, key: Callable[[dict[str, Any]], Hashable], poll_s: float = 0.2,
+          patience_s: float = 60.0) -> int | None:
+    """Whether trial ``number`` may measure its combination, among workers racing on one study.
+
+    The storage numbers trials in one order (an RDB locks the study row to number a trial; a
+    journal numbers them in log order), so the rule is Lamport's bakery: a trial yields to every
+    finished trial with its combination and to every *earlier* trial, queued or running, with it.
+    An earlier trial still being asked (RUNNING, no parameters yet) is waited for, up to
+    ``patience_s`` (a worker that died there is then ignored).  Two racing trials always see
+    the earlier one: it was created before the later one read the study.  Failed trials that
+    were retried do not count (the retry stands for them), nor do pruned ones (they yielded).
+
+    Args:
+        st: the study; ``number`` a trial of it that was asked and has its parameters.
+        key: a combination from a trial's parameters (knobs that change nothing folded).
+
+    Returns:
+        None when the trial holds the combination, else the number of the trial that does.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        trials = st.get_trials(deepcopy=False)
+        mine = key(next(t for t in trials if t.number == number).params)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+        asking = False
+        for t in trials:
+            earlier_open = t.number < number and t.state in (TrialState.RUNNING, TrialState.WAITING)
+            finished = t.state in (TrialState.COMPLETE, TrialState.FAIL)
+            if t.number == number or t.number in retried or not (earlier_open or finished):
+                continue
+            try:  # an enqueued trial's combination is fixed before it is popped
+                theirs = key(t.system_attrs.get("fixed_params") or t.params)
+            except KeyError:  # still being asked: its parameters are not all set yet
+                asking = asking or t.state == TrialState.RUNNING
+                continue
+            if theirs == mine:
+                return int(t.number)
+        if not asking or time.monotonic() > deadline:
+            return None
+        time.sleep(poll_s)

@@ -1,30 +1,39 @@
 """``autoplace tune``: benchmark the solver's top plans with real torch.distributed steps.
 
-An Optuna study whose trials choose a plan among the CP-SAT top-K (a categorical over plan
-strings) plus knobs the cost model cannot see (the DDP bucket size).  The top-K plans are
-enqueued first, best predicted first; later trials are sampled (TPE).  Each trial launches
-:mod:`autoplace.runtime.worker` with torchrun as a subprocess group under a timeout; measured
-figures become trial user attributes.  A trial that crashes, runs out of memory or hangs is
-told to the study as FAIL with its reason (``fail_reason``) and the study goes on.
+An Optuna study over a plan among the CP-SAT top-K (a categorical over plan strings) and knobs
+the cost model cannot judge well: the DDP bucket size, and on GPU hosts NCCL's algorithm and
+channel count (``NCCL_ALGO``, ``NCCL_MIN/MAX_NCHANNELS``).  The worker that creates the study
+enqueues the top-K once, best predicted first, at the default knobs; when the queue is empty,
+Optuna's TPESampler proposes (those top-K are its start-up trials).  A proposal some trial
+already measured, or is measuring, is told PRUNED (``duplicate_of``) and never re-run; after
+eight such proposals in a row the first unmeasured combination in priority order is queued.
+Each trial launches :mod:`autoplace.runtime.worker` with torchrun as a subprocess group under a
+timeout -- on this host, NCCL with one process per GPU for a GPU profile, gloo for ``cpu`` --
+or as a Slurm job; measured figures become trial user attributes.  A trial that crashes, runs
+out of memory or hangs is told to the study as FAIL with its reason (``fail_reason``) and the
+study goes on.
 
-Resuming: the candidate list is stored in the study on creation; a re-run loads the study
-(SQLite by default, any Optuna RDB URL, or a journal file for many workers) and runs only
-combinations no finished trial has run, until the study holds ``trials`` finished trials.
-A sampled combination that was already run is told as PRUNED (``duplicate_of``), never re-run.
+Many workers, one study: any number of ``tune`` processes, on any hosts, may share a study in
+an RDB (PostgreSQL) or a journal file.  Each pops queued trials atomically and claims a sampled
+one against the others (:func:`autoplace.studies.claim`), so no combination runs twice, and a
+worker starts a trial only while finished plus running trials stay under ``trials``: together
+they leave the ledger one worker would.  Resuming is the same: a re-run joins the study, keeps
+its stored candidates and runs only what no finished trial ran.
 
 Interrupted trials: while a trial runs, a thread records its heartbeat in the storage.  A
 worker killed mid-trial stops beating; once the grace period has passed, the next ask of any
-worker (or a re-run) fails that trial and re-enqueues its combination (Optuna's
+worker (or a re-run) fails that trial and re-enqueues its combination once (Optuna's
 ``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import random
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +42,15 @@ from optuna.trial import TrialState
 
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, build_plan, parse_plan_string
-from autoplace.studies import Heartbeat, beating, fail_stale_trials, open_storage
+from autoplace.studies import Heartbeat, beating, claim, fail_stale_trials, open_storage
 
 log = logging.getLogger("autoplace")
 
 BUCKETS_MB = (25, 10, 50)  # DDP bucket_cap_mb choices; 25 (PyTorch's default) first
+# NCCL_ALGO and NCCL_MIN/MAX_NCHANNELS choices on GPU hosts; NCCL's own choice ("default", 0) first
+NCCL_ALGOS = ("default", "Ring", "Tree")
+NCCL_CHANNELS = (0, 4, 8, 16)
+DUPLICATE_PROPOSALS = 8  # TPE proposals in a row that were already measured before the next untried one is queued
 DEFAULT_FEATURES = frozenset({"hsdp", "cp", "ep", "interleave", "offload"})  # what the runtime implements
 
 
@@ -49,6 +62,7 @@ class TrialRecord:
     plan: str
     bucket_mb: int
     state: str  # COMPLETE, FAIL, PRUNED (duplicate), RUNNING
+    nccl: str = ""  # NCCL knobs the trial set (GPU hosts), e.g. ``algo=Ring channels=8``
     reason: str = ""
     predicted_step_s: float | None = None
     measured_step_s: float | None = None
@@ -102,18 +116,45 @@ def top_candidates(model: Any, cluster: Any, top: int, time_limit_s: float = 10.
     return [p.to_string() for p in plans]
 
 
-def _key(params: dict[str, Any]) -> tuple[str, int]:
-    """Plan and bucket, the bucket folded to the default where it has no effect (not DDP)."""
+Combo = tuple[str, int, str, int]  # plan, bucket_mb, nccl_algo, nccl_channels: what one trial measures
+
+
+def _key(params: dict[str, Any]) -> Combo:
+    """The combination a trial's parameters measure, knobs without effect folded to their default:
+    the bucket outside DDP, the NCCL knobs where they were not sampled (CPU hosts, gloo)."""
     plan = parse_plan_string(params["plan"])
     ddp = plan.get("zero", 0) == 0 and plan.get("dp_replicate", 1) * plan.get("dp_shard", 1) > 1
-    return params["plan"], int(params["bucket_mb"]) if ddp else BUCKETS_MB[0]
+    return (params["plan"], int(params["bucket_mb"]) if ddp else BUCKETS_MB[0],
+            str(params.get("nccl_algo", NCCL_ALGOS[0])), int(params.get("nccl_channels", NCCL_CHANNELS[0])))
 
 
-def _combos(candidates: list[str]) -> list[tuple[str, int]]:
-    """Every distinct (plan, bucket) in priority order: each plan at the default bucket, then the rest."""
-    first = [_key({"plan": c, "bucket_mb": BUCKETS_MB[0]}) for c in candidates]
-    rest = [_key({"plan": c, "bucket_mb": b}) for c in candidates for b in BUCKETS_MB[1:]]
-    return list(dict.fromkeys(first + rest))
+def _default(plan: str) -> Combo:
+    return _key({"plan": plan, "bucket_mb": BUCKETS_MB[0]})
+
+
+def _distributions(candidates: list[str], nccl: bool) -> dict[str, Any]:
+    """The search space TPE samples after the enqueued top-K: the plan among the top-K and the
+    knobs the cost model cannot judge well (DDP bucket size; NCCL algorithm and channels on GPUs)."""
+    cat = optuna.distributions.CategoricalDistribution
+    dists = {"plan": cat(candidates), "bucket_mb": cat(list(BUCKETS_MB))}
+    if nccl:
+        dists |= {"nccl_algo": cat(list(NCCL_ALGOS)), "nccl_channels": cat(list(NCCL_CHANNELS))}
+    return dists
+
+
+def _combos(candidates: list[str], dists: dict[str, Any]) -> list[Combo]:
+    """Every distinct combination in priority order: each plan at the default knobs, then the rest."""
+    grid = [dict(zip(dists, values, strict=True)) for values in itertools.product(*(d.choices for d in dists.values()))]
+    rest = sorted({_key(g) for g in grid}, key=lambda c: (candidates.index(c[0]), c[1:]))
+    return list(dict.fromkeys([_default(c) for c in candidates] + rest))
+
+
+def _nccl_env(combo: Combo) -> dict[str, str]:
+    """The environment that sets a combination's NCCL knobs (nothing for NCCL's own choice)."""
+    env = {"NCCL_ALGO": combo[2]} if combo[2] != NCCL_ALGOS[0] else {}
+    if combo[3]:
+        env |= {"NCCL_MIN_NCHANNELS": str(combo[3]), "NCCL_MAX_NCHANNELS": str(combo[3])}
+    return env
 
 
 # ----------------------------------------------------------------------------------------
@@ -126,28 +167,35 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
              scale: float = 1.0, candidates: list[str] | None = None, inject: dict[str, str] | None = None,
              solver_time_s: float = 10.0, seed: int = 0, progress: bool = True,
              heartbeat: Heartbeat | None = None, framework: str = "native") -> TuneReport:
-    """Run (or resume) the study until it holds ``trials`` finished trials.
+    """Run (or join, or resume) the study until it holds ``trials`` finished trials.
 
     Args:
         model_path, cluster_path: the job; trials run on ``cluster.gpus`` processes.
         trials: finished trials (complete or failed) the study should hold after this run.
         top: plans taken from CP-SAT (ignored when ``candidates`` is given).
-        storage: Optuna storage URL or journal file; default ``sqlite:///OUT_DIR/study.db``.
-        study: study name (resumed when it exists).
-        launcher: ``local`` (torchrun on this host) or ``slurm`` (one submitit job per trial).
+        storage: Optuna storage URL (``postgresql://...`` for workers on many hosts) or journal
+            file; default ``sqlite:///OUT_DIR/study.db``.
+        study: study name (joined or resumed when it exists).
+        launcher: ``local`` (torchrun on this host: NCCL, one process per GPU, for a GPU profile;
+            gloo for a ``cpu`` one) or ``slurm`` (one submitit job per trial).
         timeout_s: per trial; past it the process group is killed and the trial fails as ``hang``.
         out_dir: trial directories, logs, default storage and plots.
         steps, warmup, scale: passed to the worker.
         candidates: plan strings to use instead of CP-SAT's top-K.
         inject: plan string -> ``crash|oom|hang``, a failure injected into that plan's trials (tests).
+        seed: of the TPE sampler.
         heartbeat: when a trial whose worker died is failed and retried (default :class:`Heartbeat`).
         framework: ``native`` (PyTorch parallelism) or ``deepspeed`` (trials train with the
             ds_config.json autoplace emits for the plan; data-parallel plans only).
 
     Returns:
         A :class:`TuneReport`; print it with :func:`print_report`.
+
+    Raises:
+        SpecError: ``launcher="local"`` and the plans need more devices than this host has.
     """
     from autoplace.cost.layers import layer_table
+    from autoplace.runtime.launch import local_launch, visible_devices
     from autoplace.runtime.spec import scaled_model
     from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
@@ -158,36 +206,70 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
     out = Path(out_dir)
     model, cluster = load_model(model_path), load_cluster(cluster_path)
     small = scaled_model(model, scale)
+    gpus = any(p.gpu.name != "cpu" for p in cluster.pools)  # a `cpu` profile: CPU ranks on gloo
+    backend = "nccl" if gpus else "gloo"
+    if launcher == "local":  # before any solve or storage: this host cannot run the plans at all
+        backend = local_launch(gpus, visible_devices(gpus), cluster.gpus, cluster.name).backend
     hb = heartbeat or Heartbeat()
     store, url = open_storage(storage, out, hb)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    st = optuna.create_study(study_name=study, storage=store, direction="minimize", load_if_exists=True,
-                             sampler=optuna.samplers.TPESampler(seed=seed))
     notes: list[str] = []
-    cands = _study_candidates(st, candidates, model, cluster, top, solver_time_s, notes, framework)
-    dists = {"plan": optuna.distributions.CategoricalDistribution(cands),
-             "bucket_mb": optuna.distributions.CategoricalDistribution(list(BUCKETS_MB))}
+    nccl = launcher == "local" and backend == "nccl"  # NCCL knobs reach local ranks through their environment
+    st, cands = _join_study(store, study, candidates, model, cluster, top, solver_time_s, notes, framework, nccl)
+    # the enqueued top-K are TPE's start-up trials; after them it models what they measured
+    st.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=len(cands))
+    dists = _distributions(cands, nccl)
     ctx = _Context(model_path=Path(model_path), model=model, small=small, cluster=cluster, out=out,
                    blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
-                   warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb, framework=framework)
-    ran = _loop(st, dists, _combos(cands), trials, ctx, progress, random.Random(seed), notes)
-    report = TuneReport(study, url, [_record(t) for t in st.get_trials(deepcopy=False)], ran, notes=notes)
+                   warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb, framework=framework,
+                   backend=backend)
+    ran = _loop(st, dists, _combos(cands, dists), trials, ctx, progress, notes)
+    records = [_record(t) for t in st.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+    report = TuneReport(study, url, records, ran, notes=notes)
     report.plots = save_plots(st, out)
     return report
 
 
-def _study_candidates(st: Any, given: list[str] | None, model: Any, cluster: Any, top: int,
-                      solver_time_s: float, notes: list[str], framework: str) -> list[str]:
-    """The candidate list stored in the study; set on creation, kept on resume."""
-    stored = st.user_attrs.get("candidates")
-    if stored:
-        if given and list(given) != list(stored):
-            notes.append("the study keeps the candidates it was created with; --top/candidates ignored")
-        return list(stored)
-    cands = list(given) if given else top_candidates(model, cluster, top, solver_time_s, framework)
-    st.set_user_attr("candidates", cands)
-    st.set_user_attr("model", model.name)
-    return cands
+def _join_study(store: Any, name: str, given: list[str] | None, model: Any, cluster: Any, top: int,
+                solver_time_s: float, notes: list[str], framework: str, nccl: bool) -> tuple[Any, list[str]]:
+    """The study and its candidates.  The worker that creates the study (the storage lets exactly
+    one succeed) stores the candidates and enqueues each once, best predicted first; workers that
+    join wait for that list and keep it, as a re-run does."""
+    try:
+        st = optuna.load_study(study_name=name, storage=store)
+    except KeyError:  # no such study yet
+        cands = list(given) if given else top_candidates(model, cluster, top, solver_time_s, framework)
+        try:
+            st = optuna.create_study(study_name=name, storage=store, direction="minimize")
+        except optuna.exceptions.DuplicatedStudyError:  # another worker created it meanwhile
+            st = optuna.load_study(study_name=name, storage=store)
+        else:
+            for plan in cands:
+                st.enqueue_trial(_params(_default(plan), nccl))
+            st.set_user_attr("model", model.name)
+            st.set_user_attr("candidates", cands)  # last: joining workers wait for it
+            return st, cands
+    stored = _stored_candidates(st, max(60.0, 3 * solver_time_s))
+    if given and list(given) != stored:
+        notes.append("the study keeps the candidates it was created with; --top/candidates ignored")
+    return st, stored
+
+
+def _stored_candidates(st: Any, wait_s: float) -> list[str]:
+    """The study's candidate list, waiting while its creator is still solving and enqueuing."""
+    deadline = time.monotonic() + wait_s
+    while not (stored := st.user_attrs.get("candidates")):
+        if time.monotonic() > deadline:
+            raise BenchmarkError(f"study {st.study_name!r} has no candidate list after {wait_s:.0f} s: the worker that "
+                                 "created it died before storing one; delete the study and start again")
+        time.sleep(0.5)
+    return list(stored)
+
+
+def _params(combo: Combo, nccl: bool) -> dict[str, Any]:
+    """Trial parameters for ``combo``; the NCCL knobs only where they are sampled."""
+    params: dict[str, Any] = {"plan": combo[0], "bucket_mb": combo[1]}
+    return params | ({"nccl_algo": combo[2], "nccl_channels": combo[3]} if nccl else {})
 
 
 @dataclass
@@ -207,67 +289,91 @@ class _Context:
     storage: Any
     heartbeat: Heartbeat
     framework: str
+    backend: str
 
 
 @dataclass
 class _Snapshot:
     """The study as one loop iteration sees it."""
 
-    finished: dict[tuple[str, int], int]  # combination -> trial number (COMPLETE or FAIL)
-    busy: set[tuple[str, int]]  # combinations RUNNING (here or on a worker that may be dead) or queued
-    waiting: bool  # a trial is queued: ask() pops it
+    finished: dict[Combo, int]  # combination -> trial number (COMPLETE or FAIL)
+    busy: set[Combo]  # combinations RUNNING (here or on a worker that may be dead) or queued
+    running: int
+    waiting: int  # queued trials: ask() pops the oldest
 
 
-def _snapshot(st: Any) -> _Snapshot:
+def _snapshot(st: Any, grace_s: float) -> _Snapshot:
     """Finished, busy and queued combinations.  A FAIL that was retried (its worker died) does
-    not finish its combination: the retry, queued or running, stands for it."""
+    not finish its combination: the retry, queued or running, stands for it.  A RUNNING trial
+    without its parameters past the grace period belongs to a worker that died while asking
+    (an RDB never calls a trial that never beat stale): it does not count as running."""
     trials = st.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     finished = {_key(t.params): t.number for t in trials
                 if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried}
-    pending = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    busy = {_key(p) for t in pending if (p := t.params or t.system_attrs.get("fixed_params"))}
-    return _Snapshot(finished, busy, any(t.state == TrialState.WAITING for t in trials))
+    pending = {t.number: (t, _combo(t)) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    now = datetime.now()
+    running = [t for t, combo in pending.values() if t.state == TrialState.RUNNING and (
+        combo or not t.datetime_start or (now - t.datetime_start).total_seconds() < grace_s)]
+    return _Snapshot(finished, {c for _, c in pending.values() if c}, len(running),
+                     sum(t.state == TrialState.WAITING for t, _ in pending.values()))
 
 
-def _loop(st: Any, dists: dict[str, Any], combos: list[tuple[str, int]], target: int, ctx: _Context,
-          progress: bool, rng: random.Random, notes: list[str]) -> int:
-    """Ask, skip duplicates, run, tell -- until ``target`` finished trials or the space is exhausted."""
+def _combo(t: Any) -> Combo | None:
+    """A queued or running trial's combination; None while it is being asked (parameters partly set)."""
+    params = t.system_attrs.get("fixed_params") or t.params
+    return _key(params) if {"plan", "bucket_mb"} <= set(params) else None
+
+
+def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx: _Context, progress: bool,
+          notes: list[str]) -> int:
+    """Pop or sample, claim, run, tell -- until ``target`` finished trials or the space is exhausted.
+
+    A trial starts only while finished plus running trials stay under ``target``, so workers
+    sharing the study stop where one worker would.  Queued trials (the top-K, retries) go first;
+    then TPE proposes.  A proposal another trial already holds is told PRUNED (``duplicate_of``)."""
     from rich.progress import Progress
 
-    ran = 0
+    ran = dups = 0
     idle_since: float | None = None
     with Progress(disable=not progress, transient=False) as bar:
         task = bar.add_task("trials", total=target)
         while True:
             fail_stale_trials(st)
-            snap = _snapshot(st)
+            snap = _snapshot(st, ctx.heartbeat.grace_s)
             bar.update(task, completed=min(len(snap.finished), target))
             if len(snap.finished) >= target:
                 return ran
             untried = [c for c in combos if c not in snap.finished and c not in snap.busy]
-            if not untried and not snap.waiting:
+            if len(snap.finished) + snap.running >= target or not (snap.waiting or untried):
                 idle_since = idle_since or time.monotonic()
                 if _stop_waiting(snap, time.monotonic() - idle_since, ctx, notes):
                     return ran
-                time.sleep(ctx.heartbeat.interval_s)
+                time.sleep(min(1.0, ctx.heartbeat.interval_s))
                 continue
             idle_since = None
-            first = [c for c in untried if c[1] == BUCKETS_MB[0]]
-            if first and not snap.waiting:
-                # the top-K at the default bucket first, in rank order; then TPE samples
-                st.enqueue_trial({"plan": first[0][0], "bucket_mb": first[0][1]})
+            if not snap.waiting:
+                first = [c for c in untried if c == _default(c[0])]  # a study from before the top-K was enqueued
+                if first or dups >= DUPLICATE_PROPOSALS:  # or TPE keeps proposing measured combinations
+                    st.enqueue_trial(_params((first or untried)[0], "nccl_algo" in dists))
+                    dups = 0
             trial = _ask(st, dists)
             key = _key(trial.params)
-            if key in snap.finished:
-                trial.set_user_attr("duplicate_of", snap.finished[key])
-                st.tell(trial, state=TrialState.PRUNED)
-                pick = rng.choice(untried)
-                st.enqueue_trial({"plan": pick[0], "bucket_mb": pick[1]})
-                continue
             bar.update(task, description=f"trial {trial.number}: {short_plan(key[0])}")
-            _run_trial(st, trial, key, ctx)
-            ran += 1
+            if _claim_and_run(st, trial, key, ctx):
+                dups, ran = 0, ran + 1
+            else:
+                dups += 1
+
+
+def _tell_duplicate(st: Any, trial: Any, holder: int) -> None:
+    """PRUNED, never re-run; the holder's measured time as the intermediate value TPE reads for
+    pruned trials, so it learns from a repeated proposal instead of counting it as the worst."""
+    trial.set_user_attr("duplicate_of", holder)
+    done = next(t for t in st.get_trials(deepcopy=False) if t.number == holder)
+    if done.state == TrialState.COMPLETE and done.value is not None:
+        trial.report(done.value, 0)
+    st.tell(trial, state=TrialState.PRUNED)
 
 
 def _stop_waiting(snap: _Snapshot, waited_s: float, ctx: _Context, notes: list[str]) -> bool:
@@ -291,18 +397,30 @@ def _ask(st: Any, dists: dict[str, Any]) -> Any:
         return st.ask(dists)
 
 
-def _run_trial(st: Any, trial: Any, key: tuple[str, int], ctx: _Context) -> None:
-    """Measure one combination while its heartbeat beats, then tell the study."""
+def _claim_and_run(st: Any, trial: Any, key: Combo, ctx: _Context) -> bool:
+    """Claim the trial's combination and measure it, or tell it PRUNED as another trial's duplicate.
+
+    The trial beats from the moment it was asked, so a claim that waits for another worker's
+    ask is not mistaken for a dead worker's trial.  The beat stops before the trial is told (a
+    journal refuses beats on finished trials).
+
+    Returns:
+        Whether the trial ran.
+    """
     study_id = ctx.storage.get_study_id_from_name(st.study_name)
     with beating(ctx.storage, study_id, trial.number, ctx.heartbeat.interval_s):
-        value = _measure(trial, key, ctx)
-    if value is None:
+        holder = claim(st, trial.number, _key, patience_s=ctx.heartbeat.grace_s)
+        value = _measure(trial, key, ctx) if holder is None else None
+    if holder is not None:
+        _tell_duplicate(st, trial, holder)
+    elif value is None:
         st.tell(trial, state=TrialState.FAIL)
     else:
         st.tell(trial, value)
+    return holder is None
 
 
-def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
+def _measure(trial: Any, key: Combo, ctx: _Context) -> float | None:
     """Launch the combination; its figures (or why it failed) become user attributes.
 
     Returns:
@@ -321,10 +439,11 @@ def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
     trial.set_user_attr("scale", ctx.scale)
     trial.set_user_attr("launcher", ctx.launcher)
     trial.set_user_attr("framework", ctx.framework)
+    trial.set_user_attr("backend", ctx.backend)
     extra = ["--bucket-mb", str(key[1])]
     if key[0] in ctx.inject:
         extra += ["--fail", ctx.inject[key[0]]]
-    outcome = launch_trial(ctx, plan, ctx.out / "trials" / f"{trial.number:04d}", extra)
+    outcome = launch_trial(ctx, plan, ctx.out / "trials" / f"{trial.number:04d}", extra, _nccl_env(key))
     trial.set_user_attr("log", outcome.log)
     trial.set_user_attr("wall_s", outcome.wall_s)
     if not outcome.ok:
@@ -348,13 +467,15 @@ def _measure(trial: Any, key: tuple[str, int], ctx: _Context) -> float | None:
     return float(r["step_time_s"])
 
 
-def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str]) -> Any:
-    """Run one trial with the chosen launcher; returns a :class:`~autoplace.runtime.launch.Outcome`."""
+def launch_trial(ctx: _Context, plan: Plan, directory: Path, extra: list[str], env: dict[str, str]) -> Any:
+    """Run one trial with the chosen launcher; returns a :class:`~autoplace.runtime.launch.Outcome`.
+
+    ``env`` (NCCL knobs) reaches local ranks only: a Slurm job keeps the environment it is given."""
     from autoplace.runtime.launch import run_local
 
     if ctx.launcher == "local":
         return run_local(ctx.model, plan, directory, timeout_s=ctx.timeout_s, steps=ctx.steps, warmup=ctx.warmup,
-                         scale=ctx.scale, framework=ctx.framework, extra=extra)
+                         scale=ctx.scale, backend=ctx.backend, framework=ctx.framework, extra=extra, env=env)
     from autoplace.runtime.slurm import run_slurm
 
     # a `cpu` device profile means CPU ranks (gloo, no GPUs requested), as in `autoplace submit`
@@ -373,6 +494,7 @@ def _record(t: Any) -> TrialRecord:
     plan = t.params.get("plan", "")
     return TrialRecord(
         number=t.number, plan=plan, bucket_mb=int(t.params.get("bucket_mb", BUCKETS_MB[0])), state=t.state.name,
+        nccl=" ".join(f"{k.removeprefix('nccl_')}={v}" for k, v in t.params.items() if k.startswith("nccl_")),
         reason=_reason(t),
         predicted_step_s=a.get("predicted_step_time_s"), measured_step_s=a.get("measured_step_time_s"),
         tokens_per_s=a.get("tokens_per_s"), peak_rss_bytes=a.get("peak_rss_bytes"),
@@ -414,6 +536,7 @@ def save_plots(st: Any, out: Path) -> list[Path]:
         return []
     if not any(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
         return []
+    out.mkdir(parents=True, exist_ok=True)  # a worker on a shared storage may have run nothing here
     written = []
     for name, fn in (("optimization_history", ovm.plot_optimization_history), ("slice", ovm.plot_slice)):
         try:
@@ -443,7 +566,7 @@ def print_report(report: TuneReport) -> None:
     for r in report.records:
         ratio = (f"{r.measured_step_s / r.predicted_step_s:.2f}" if r.measured_step_s and r.predicted_step_s else "")
         state = r.state + (f" ({r.reason})" if r.reason else "")
-        table.add_row(str(r.number), short_plan(r.plan), str(r.bucket_mb), state, _num(r.predicted_step_s),
+        table.add_row(str(r.number), " ".join(filter(None, [short_plan(r.plan), r.nccl])), str(r.bucket_mb), state, _num(r.predicted_step_s),
                       _num(r.measured_step_s), ratio, _num(r.tokens_per_s, 0),
                       _num(r.peak_rss_bytes / 2**20 if r.peak_rss_bytes else None, 0))
     c = make_console()  # never cut when piped (autoplace.report)

@@ -18,6 +18,7 @@ from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
 from autoplace.studies import open_storage
+from autoplace.tune import _key as tune_key
 from autoplace.tune import print_report, run_tune, short_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,8 @@ def test_study_runs_stores_in_sqlite_and_resumes_without_repeating(tmp_path: Pat
     db = tmp_path / "study.db"
     assert db.exists()
     with sqlite3.connect(db) as con:
-        assert con.execute("select count(*) from trials").fetchone()[0] == 2
+        states = [row[0] for row in con.execute("select state from trials order by number")]
+    assert states == ["COMPLETE", "COMPLETE", "WAITING"]  # the top 3 were enqueued; the third waits for a re-run
     second = run_tune(MODEL, CLUSTER, trials=3, top=3, out_dir=tmp_path, timeout_s=180, steps=1, progress=False)
     done = [r for r in second.records if r.state == "COMPLETE"]
     assert second.ran == 1 and len(done) == 3
@@ -63,6 +65,32 @@ def test_crash_oom_and_hang_are_failed_trials_and_the_study_completes(tmp_path: 
     assert reasons == {cands[0]: ("FAIL", "crash"), cands[1]: ("FAIL", "oom"), cands[2]: ("FAIL", "hang")}
     assert report.best is None
     print_report(report)
+
+
+@pytest.mark.slow
+def test_after_the_enqueued_top_k_tpe_proposes_knobs_and_repeats_are_pruned_never_rerun(tmp_path: Path) -> None:
+    """Two candidates, four trials: the two enqueued at the default bucket, then TPE proposals over
+    (plan, bucket).  Only the DDP plan has buckets, so four combinations exist and TPE's repeats
+    of measured ones are told PRUNED naming the trial that measured them (with its time, for TPE)."""
+    pytest.importorskip("torch")
+    import optuna
+
+    cands = [_plan(t).to_string() for t in ("dp=2,zero=0", "dp=2,zero=3")]
+    report = run_tune(MODEL, CLUSTER, trials=4, out_dir=tmp_path, timeout_s=180, steps=1, candidates=cands,
+                      progress=False)
+    done = [r for r in report.records if r.state == "COMPLETE"]
+    assert sorted((r.plan, r.bucket_mb) for r in done) == sorted([(cands[0], 10), (cands[0], 25), (cands[0], 50),
+                                                                  (cands[1], 25)])
+    store, _ = open_storage(None, tmp_path)
+    trials = optuna.load_study(study_name="autoplace", storage=store).get_trials()
+    assert [t.params["plan"] for t in trials[:2]] == cands and all("fixed_params" in t.system_attrs for t in trials[:2])
+    assert "fixed_params" not in trials[2].system_attrs  # proposed by the sampler, not enqueued
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        if t.state.name == "PRUNED":
+            holder = by_number[t.user_attrs["duplicate_of"]]
+            assert tune_key(holder.params) == tune_key(t.params) and t.intermediate_values == {0: holder.value}
+    assert report.ran == 4 and all(r.state in ("COMPLETE", "PRUNED") for r in report.records)
 
 
 def test_journal_storage_and_short_plan(tmp_path: Path) -> None:
@@ -156,7 +184,8 @@ def test_deepspeed_trials_train_with_the_emitted_config(tmp_path: Path) -> None:
     assert trial.state == "COMPLETE" and trial.measured_step_s and trial.measured_step_s > 0
     assert "tp=2" not in trial.plan
     store, _ = open_storage(None, tmp_path)
-    [stored] = optuna.load_study(study_name="autoplace", storage=store).get_trials()
+    [stored] = [t for t in optuna.load_study(study_name="autoplace", storage=store).get_trials()
+                if t.state.name != "WAITING"]  # the other candidates stay queued for a re-run
     assert stored.user_attrs["framework"] == "deepspeed"
     # DeepSpeed runs ZeRO-1/2 and optimizer-only offload natively: its trials run their plan exactly
     assert stored.user_attrs["semantics"] == "exact" and stored.user_attrs["deviation"] is None
