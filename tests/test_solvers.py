@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplace.specs.model import model_from_dict
 from autoplace.errors import Infeasible
+from autoplace.specs.model import model_from_dict
 from solvers.problem import FEATURES, Budget, Problem, objective_key
 from solvers.registry import get_solver
 from tests.helpers import gpu_cluster
