@@ -14,7 +14,7 @@ LLAMA_8B = MODELS / "llama-3-8b.json"
 
 
 def test_json_is_one_solution_document() -> None:
-    result = invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "2")
+    result = invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "2", "--time-limit", "600")  # a budget no slow machine hits
     assert result.exit_code == 0, result.output
     doc = strict_json(result.stdout)
     assert doc["schema"] == "autoplace.solution/v1"
