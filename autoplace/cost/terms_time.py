@@ -124,17 +124,17 @@ def time_terms(ctx: Context, act_none: Array) -> TimeTerms:
     blk = block_compute(ctx, act_none)
     t_block, bytes_block, units = _block_comm(ctx, blk)
     t_static, bytes_static, head_bwd = _edge_terms(ctx, units)
-    step = _step_terms(ctx, head_bwd)
-    red_blk, red_st, gat_blk, gat_st, bucket, dp_bytes_blk, dp_bytes_st, opt_blk, opt_st, off_blk, off_st = step
-    bytes_block[..., 0] += dp_bytes_blk[:, None, :, None]
-    bytes_block[..., 5] += off_blk[:, None, :, None]
-    bytes_static[..., 0] += dp_bytes_st
-    bytes_static[..., 5] += off_st
+    step = _step_terms(ctx)
+    bytes_block[..., 0] += step.dp_bytes_block[:, None, :, None]
+    bytes_block[..., 5] += step.offload_bytes_block[:, None, :, None]
+    bytes_static[..., 0] += step.dp_bytes_static
+    bytes_static[..., 5] += step.offload_bytes_static
     return TimeTerms(
-        t_block=ctx.stage(t_block), t_static=ctx.stage(t_static), reduce_block=ctx.stage(red_blk),
-        reduce_static=ctx.stage(red_st), window_block=ctx.stage(blk.backward[..., 0]),
-        window_static=ctx.stage(head_bwd), last_bucket=ctx.stage(bucket), gather_block=ctx.stage(gat_blk),
-        gather_static=ctx.stage(gat_st), opt_block=ctx.stage(opt_blk), opt_static=ctx.stage(opt_st),
+        t_block=ctx.stage(t_block), t_static=ctx.stage(t_static), reduce_block=ctx.stage(step.reduce_block),
+        reduce_static=ctx.stage(step.reduce_static), window_block=ctx.stage(blk.backward[..., 0]),
+        window_static=ctx.stage(head_bwd), last_bucket=ctx.stage(step.last_bucket),
+        gather_block=ctx.stage(step.gather_block), gather_static=ctx.stage(step.gather_static),
+        opt_block=ctx.stage(step.opt_block), opt_static=ctx.stage(step.opt_static),
         bytes_block=bytes_block, bytes_static=bytes_static)
 
 
@@ -279,10 +279,27 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     return t_static, bytes_static.copy(), 2 * head_fwd
 
 
-def _step_terms(ctx: Context, head_bwd: Array) -> tuple[Array, ...]:
+@dataclass(frozen=True)
+class StepTerms:
+    """Once-per-step seconds and bytes, linear in a stage's blocks: per block (``_block``, ``[C, S, K]``
+    or ``[C, K]`` for bytes) and for the stage's edges (``_static``, ``[C, S]``)."""
+
+    reduce_block: Array  # data-parallel gradient reduction (+ offloaded gradients going down)
+    reduce_static: Array
+    gather_block: Array  # ZeRO-1/2's all-gather of the updated parameters
+    gather_static: Array
+    last_bucket: Array  # [C, S] the reduction of the last bucket, which backward cannot hide
+    dp_bytes_block: Array  # data-parallel bytes per step
+    dp_bytes_static: Array
+    opt_block: Array  # the optimizer step (GPU fused Adam or CPU Adam)
+    opt_static: Array
+    offload_bytes_block: Array  # PCIe bytes of an offloaded optimizer
+    offload_bytes_static: Array
+
+
+def _step_terms(ctx: Context) -> StepTerms:
     """Once per step, linear in a stage's blocks: gradient reduction, parameter gather and the
-    optimizer, per block ``[C, K]`` and for the edges ``[C, S]``; the last bucket's reduction
-    ``[C, S]``; data-parallel and offload bytes.
+    optimizer; the last bucket's reduction; data-parallel and offload bytes (:class:`StepTerms`).
 
     ZeRO paper Sec. 7: DDP all-reduces gradients (2Ψ); ZeRO-1/2 reduce-scatter gradients and
     all-gather updated parameters (Ψ + Ψ); ZeRO-3 moves its gathers into every micro-batch
@@ -341,8 +358,11 @@ def _step_terms(ctx: Context, head_bwd: Array) -> tuple[Array, ...]:
     reduce_block = r_d + r_e + opt_params_blk[:, None, :] * down[..., None]
     reduce_static = r_s[..., 0] + opt_params_st * down
     off_step = c.off_opt[:, None] * (gb + pb)
-    return (reduce_block, reduce_static, g_d + g_e, g_s[..., 0], last_bucket, (b_d + b_e)[:, 0, :], b_s[..., 0],
-            opt_block, opt_static, (off_step[:, :1] * opt_params_blk), off_step * opt_params_st)
+    return StepTerms(reduce_block=reduce_block, reduce_static=reduce_static, gather_block=g_d + g_e,
+                     gather_static=g_s[..., 0], last_bucket=last_bucket, dp_bytes_block=(b_d + b_e)[:, 0, :],
+                     dp_bytes_static=b_s[..., 0], opt_block=opt_block, opt_static=opt_static,
+                     offload_bytes_block=off_step[:, :1] * opt_params_blk,
+                     offload_bytes_static=off_step * opt_params_st)
 
 
 def _e(x: Array, like: Array) -> Array:
