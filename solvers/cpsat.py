@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.plan import even_split
+from autoplace.plan import Config, even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
@@ -426,13 +426,17 @@ class CpSatSolver(Solver):
             return False
         return True
 
+    def __init__(self) -> None:
+        self._configs: dict[tuple[Any, ...], list[Config]] = {}
+
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
         deadline = start + budget.time_limit_s
         clock = _Clock(budget)
-        configs = enumerate_configs(problem)
+        configs = self._enumerate(problem)
         clock("score")
         space = score_space(problem, configs)
+        configs = space.configs
         clock("bound")
         one_kind = len(space.table.kinds) == 1
         bounded = _bound_with_tables(problem, space, deadline) if one_kind else _bound_uniform(problem, space)
@@ -466,6 +470,15 @@ class CpSatSolver(Solver):
         return finish(problem, space, chosen, status, bound=bound, start=start, n_evaluated=len(configs),
                       notes=notes, model_values=values if len(values) == len(chosen) else None,
                       phases=clock.done(), model_size=size)
+
+    def _enumerate(self, problem: Problem) -> list[Config]:
+        """The configurations, shared by this solver's solves that differ only in a pinned
+        recompute mode (a framework's uniform-recompute runs): enumeration does not read it."""
+        key = (id(problem.model), id(problem.cluster), id(problem.admissible), problem.features, problem.max_mbs,
+               tuple(sorted((k, str(v)) for k, v in problem.fixed.items() if k != "recompute")))
+        if key not in self._configs:
+            self._configs = {key: enumerate_configs(problem)}  # keep one: spaces can be large
+        return self._configs[key]
 
     @staticmethod
     def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:

@@ -201,44 +201,51 @@ def _terms(problem: Problem, configs: list[Config], table: LayerTable) -> StageT
 
 
 def score_space(problem: Problem, configs: list[Config]) -> Space:
-    """Sound lower bounds of every configuration, scored group by group (:func:`_groups`)."""
+    """Sound lower bounds of every configuration, scored group by group (:func:`_groups`),
+    for the recompute mode the problem pins (if any)."""
     table = layer_table(problem.model)
     lower, memory = np.empty(len(configs)), np.empty(len(configs))
     for rows in _groups(configs):
         group = [configs[i] for i in rows]
-        lower[rows], memory[rows] = _bounds(problem, table, to_candidates(group, table), _terms(problem, group, table))
+        lower[rows], memory[rows] = _bounds(problem, table, to_candidates(group, table), _terms(problem, group, table),
+                                            problem.fixed_mode)
     return Space(problem, configs, table, lower, memory)
 
 
-def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms) -> tuple[np.ndarray, np.ndarray]:
+def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms,
+            mode: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(objective lower bound over all inner choices, lower bound of the fullest stage's
-    memory minus capacity -- positive when no split can fit) of every candidate."""
+    memory minus capacity -- positive when no split can fit) of every candidate, with every
+    block in recompute ``mode`` or (None) any mix of modes."""
     pp = cand.pp.astype(float)
     mask = np.arange(cand.counts.shape[1])[None, :] < cand.pp[:, None]
     n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
     # time: the sum of stage times is split-independent (up to per-stage hardware: take the fastest)
-    t_block_none = np.where(mask[..., None], terms.t_block[..., 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
-    total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block_none * n_kind).sum(-1))
+    t_block = np.where(mask[..., None], terms.t_block[..., mode or 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
+    total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block * n_kind).sum(-1))
     m, v = cand.ga.astype(float), cand.vpp.astype(float)
-    total = total + _recompute_time_lb(terms, mask, n_kind)
+    if mode is None:
+        total = total + _recompute_time_lb(terms, mask, n_kind)
     # the slowest tail is at least the average of the gather + optimizer parts of all stages
     rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
     rest = np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1)
     time_lb = (m - 1 / v) * total / pp + total / v + rest / pp
     # memory: in every phase the fullest stage holds at least the average of all stages, with
-    # full recompute and each stage's lightest coefficients
+    # the lightest recompute allowed and each stage's lightest coefficients
+    act = 2 if mode is None else mode
     static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
     m3 = mask[..., None]
     state = np.where(m3[..., None], per_block, np.inf).min(1)  # [C, F, K]
     mult_min = np.where(m3, mult, np.inf).min(1)  # [C, F]
     mem_all = (np.where(m3, static, 0).sum(1)
-               + (n_kind * (state + mult_min[..., None] * terms.act_block[:, 0, None, :, 2])).sum(-1))
+               + (n_kind * (state + mult_min[..., None] * terms.act_block[:, 0, None, :, act])).sum(-1))
     cap_max = np.where(mask, terms.capacity, 0).max(1)
     memory_lb = np.maximum(mem_all / pp[:, None], np.where(m3, static, 0).max(1)).max(-1)
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
-        terms.bytes_block[:, 0, :, 0].sum(-1) * n_kind).sum(-1)
+        terms.bytes_block[:, 0, :, mode or 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
-    fits = (memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks) & _host_fits(terms, mask, n_kind)
+    fits = ((memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks, act)
+            & _host_fits(terms, mask, n_kind))
     return lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0))
 
 
@@ -251,8 +258,8 @@ def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.nd
     return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
-def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int) -> np.ndarray:
-    """Whether any split can fit, with every block fully recomputed (the least memory).
+def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int, act: int) -> np.ndarray:
+    """Whether any split can fit, with every block in recompute mode ``act`` (full: the least memory).
 
     Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
     (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
@@ -260,7 +267,7 @@ def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, block
     which keeps this a necessary condition.
     """
     static, state, mult = terms.phases
-    per_block = (state + mult[..., None] * terms.act_block[:, 0, None, None, :, 2]).min(-1)  # [C, S, F]
+    per_block = (state + mult[..., None] * terms.act_block[:, 0, None, None, :, act]).min(-1)  # [C, S, F]
     room = terms.capacity[..., None] - static
     n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks)).min(-1)
     n_max = np.floor(np.clip(n_max, 0, blocks) / vpp[:, None]) * vpp[:, None]

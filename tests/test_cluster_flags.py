@@ -33,6 +33,7 @@ def run(*args: str) -> Any:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     doc.pop("solve_seconds", None)
+    doc.pop("phases_s", None)  # timings
     doc.get("cluster", {}).pop("name", None)
     return doc
 
