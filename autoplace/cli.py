@@ -55,6 +55,19 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override t
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
                                                      "`autoplace calibrate` (measured efficiency factors).")]
+TokensOpt = Annotated[str | None, typer.Option("--tokens", help="Token budget, e.g. 15T or 300B: print days, "
+                                               "GPU-hours and (with a price) cost to train on it.",
+                                               rich_help_panel="Time and cost")]
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, help="Dollars per GPU-hour "
+                                                "(cost = GPU-hours x price).", rich_help_panel="Time and cost")]
+LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, help="Target loss in nats: the critical "
+                                               "batch from Kaplan et al. 2020 eq. 1.4 at this loss.",
+                                               rich_help_panel="Batch advice")]
+NoiseOpt = Annotated[str | None, typer.Option("--noise-scale", help="Measured gradient noise scale in tokens "
+                                              "(McCandlish et al. 2018), e.g. 4M: used as the critical batch.",
+                                              rich_help_panel="Batch advice")]
+
+
 class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
@@ -163,6 +176,10 @@ def evaluate(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    target_loss: LossOpt = None,
+    noise_scale: NoiseOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -178,14 +195,16 @@ def evaluate(
         ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
                    allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
         out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
+        view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
         if out == "json":
             typer.echo(_json({"schema": "autoplace.evaluation/v1",
                               "model": {"name": m.name, "params": int(table.params), **origin},
-                              "cluster": c.summary(), "plan": ev.to_dict()}))
+                              "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
         else:
             from autoplace.report import origin_lines, print_evaluation
 
             print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
+            _print_lines(view.lines(), out)
     except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
         _fail(exc)
 
@@ -243,6 +262,7 @@ class Objective(StrEnum):
     time = "time"
     comm = "comm"
     memory = "memory"
+    cost = "cost"
 
 
 class SolverName(StrEnum):
@@ -256,7 +276,10 @@ def solve(
     cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="How many distinct plans to return.")] = 3,
-    objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory.")] = Objective.time,
+    objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory, or "
+                                                 "cost (to --tokens): on this fixed cluster the same ranking as "
+                                                 "time; `autoplace scale --objective cost` chooses the GPU count.")
+                         ] = Objective.time,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
     solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
@@ -282,6 +305,10 @@ def solve(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    target_loss: LossOpt = None,
+    noise_scale: NoiseOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time as _time
@@ -309,7 +336,8 @@ def solve(
         named = None if framework in (frameworks.ANY, frameworks.NONE) else framework
         assume, band = _calibration(calibration, c, named, force)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed)
-        search = {"objective": objective.value, "assumptions": assume}
+        # cost to a token budget on a fixed cluster is GPUs x time: the time ranking
+        search = {"objective": "time" if objective == Objective.cost else objective.value, "assumptions": assume}
         problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
         m = problem.model
         if framework == frameworks.NONE:
@@ -336,6 +364,14 @@ def solve(
         plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
+    try:
+        view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
+                        noise_scale)
+        doc.update(view.to_dict())
+        advice_lines = view.lines() + (_advised_solve(view, m, c, problem, budget, solver.value, framework)
+                                       if out_fmt != "json" else [])
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
     per_framework: dict[str, Any] = {}
     if out is not None and result.plans:
         try:
@@ -357,10 +393,23 @@ def solve(
         from autoplace.report import origin_lines, print_solution
 
         print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
+        _print_lines(advice_lines, out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver: str, framework: str) -> list[str]:
+    """Past the critical batch: the best plan at the advised batch (one more solve, top 1)."""
+    if view.advice is None or not view.advice.over:
+        return []
+    from autoplace.sweep import SweepOptions, advised_plan_lines
+
+    opts = SweepOptions(framework=framework, time_limit_s=budget.time_limit_s, workers=budget.workers,
+                        seed=budget.seed, price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
+    return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
+                              view.advice.batch_tokens, view.advice.critical_tokens)
 
 
 def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
@@ -375,19 +424,6 @@ def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]
 class ScaleObjective(StrEnum):
     time = "time"
     cost = "cost"
-
-
-TokensOpt = Annotated[str | None, typer.Option("--tokens", help="Token budget, e.g. 15T or 300B: print days, "
-                                               "GPU-hours and (with a price) cost to train on it.",
-                                               rich_help_panel="Time and cost")]
-PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, help="Dollars per GPU-hour "
-                                                "(cost = GPU-hours x price).", rich_help_panel="Time and cost")]
-LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, help="Target loss in nats: the critical "
-                                               "batch from Kaplan et al. 2020 eq. 1.4 at this loss.",
-                                               rich_help_panel="Batch advice")]
-NoiseOpt = Annotated[str | None, typer.Option("--noise-scale", help="Measured gradient noise scale in tokens "
-                                              "(McCandlish et al. 2018), e.g. 4M: used as the critical batch.",
-                                              rich_help_panel="Batch advice")]
 
 
 def _outlook(m: Any, c: Any, tokens_per_s: float | None, tokens: str | None, price: float | None,

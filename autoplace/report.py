@@ -393,7 +393,7 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
             continue
         d = plan["degrees"]
         rows.append((f"{star}{p['gpus']:,}", _node_shape(p), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}",
-                     str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", f"{plan['step_time_s']:.2f}",
+                     str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", _seconds(plan["step_time_s"]),
                      f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", f"{p['scaling_efficiency']:.1%}",
                      *((f"{tc['days']:,.1f}", fmt_count(tc["gpu_hours"])) if with_cost else ()),
                      *((fmt_count(tc["cost"]),) if priced else ()), ", ".join(p["frameworks"]) or "none", p["note"]))
@@ -403,6 +403,10 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
     lines = [f"[dim]{note}[/dim]" for note in doc["notes"]]
     lines.append(f"sweep: {len(doc['points'])} sizes in {doc['sweep_seconds']:.1f} s")
     return [Section(title, columns, rows, right=right, styles=styles)], lines
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
 
 
 def _node_shape(point: dict[str, Any]) -> str:
