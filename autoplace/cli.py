@@ -543,8 +543,9 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
     pool = points[0].cluster.split("x", 2)[2]
     batch_text = (f"{m.training.global_batch:,} sequences at every size" if not batches or len(batches) == 1
                   else f"searched per size among {', '.join(map(str, batches))}")
-    notes = [f"global batch: {batch_text} (a training decision, held fixed as GPUs are added; --global-batch "
-             "takes a value, a range or a list)",
+    why = ("a training decision, held fixed as GPUs are added" if not batches or len(batches) == 1
+           else "the 'batch' column is each size's choice")
+    notes = [f"global batch: {batch_text} ({why}; --global-batch takes a value, a range or a list)",
              "cluster at each size: " + (f"whole nodes of {pool}'s reference node (--gpu)" if unit is None else
                                          f"whole nodes like {unit.name}'s (--cluster)") +
              "; fewer GPUs than a node is one partial node",

@@ -380,7 +380,9 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
     """The sweep as one table (a row per GPU count, the chosen one starred) and its notes."""
     with_cost = any(p["training_cost"] for p in doc["points"])
     priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
-    columns = ("GPUs", "nodes x GPUs", "dp x tp x pp x cp x ep", "zero", "mbs x ga", "step s", "tokens/s", "MFU",
+    batched = len(doc.get("global_batches", ())) > 1  # the batch was searched: show each size's
+    columns = ("GPUs", "nodes x GPUs", *(("batch",) if batched else ()), "dp x tp x pp x cp x ep", "zero", "mbs x ga",
+               "step s", "tokens/s", "MFU",
                "scaling eff.", *(("days", "GPU-hours") if with_cost else ()), *(("cost $",) if priced else ()),
                "runs with", "note")
     rows = []
@@ -388,16 +390,18 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
         star = "*" if p["gpus"] == doc.get("chosen_gpus") else ""
         plan, tc = p["plan"], p["training_cost"] or {}
         if plan is None:
-            rows.append((f"{star}{p['gpus']}", _node_shape(p), "-", "-", "-", "-", "-", "-", "-",
+            rows.append((f"{star}{p['gpus']}", _node_shape(p), *(("-",) if batched else ()), "-", "-", "-", "-", "-", "-",
+                         "-",
                          *(("-", "-") if with_cost else ()), *(("-",) if priced else ()), "-", p["note"] or p["status"]))
             continue
         d = plan["degrees"]
-        rows.append((f"{star}{p['gpus']:,}", _node_shape(p), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}",
+        rows.append((f"{star}{p['gpus']:,}", _node_shape(p), *((f"{p['global_batch']:,}",) if batched else ()),
+                     f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}",
                      str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", _seconds(plan["step_time_s"]),
                      f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", f"{p['scaling_efficiency']:.1%}",
                      *((f"{tc['days']:,.1f}", fmt_count(tc["gpu_hours"])) if with_cost else ()),
                      *((fmt_count(tc["cost"]),) if priced else ()), ", ".join(p["frameworks"]) or "none", p["note"]))
-    right = frozenset({"GPUs", "step s", "tokens/s", "MFU", "scaling eff.", "days", "GPU-hours", "cost $"})
+    right = frozenset({"GPUs", "batch", "step s", "tokens/s", "MFU", "scaling eff.", "days", "GPU-hours", "cost $"})
     styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
     title = f"Best plan per GPU count (global batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
     lines = [f"[dim]{note}[/dim]" for note in doc["notes"]]

@@ -145,3 +145,16 @@ def test_the_readme_scale_command_runs() -> None:
     result = invoke(*args, "--gpus", "64,128", "--time-limit", "0.3", "--workers", "1")
     assert result.exit_code == 0, result.output
     assert "chosen (time: fastest)" in result.stdout and "15T tokens" in result.stdout
+
+
+def test_a_cluster_file_is_the_unit_and_a_batch_range_is_searched() -> None:
+    unit = str(REPO / "examples" / "clusters" / "1x8-a100-80gb.yaml")
+    result = invoke("scale", TINY, "--cluster", unit, "--gpus", "1,2,16", "--global-batch", "4..8",
+                    "--time-limit", "0.2", "--workers", "1", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["gpu"] == "a100-sxm4-80gb" and doc["global_batches"] == [4, 8]
+    assert [p["cluster"] for p in doc["points"]] == ["1x1xa100-sxm4-80gb", "1x2xa100-sxm4-80gb", "2x8xa100-sxm4-80gb"]
+    assert all(p["global_batch"] in (4, 8) for p in doc["points"])
+    effective = [p["effective_tokens_per_s"] for p in doc["points"]]
+    assert effective == sorted(effective)
