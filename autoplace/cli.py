@@ -55,6 +55,19 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override t
 BatchOpt = Annotated[int | None, typer.Option("--global-batch", min=1, help="Override the global batch (sequences).")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="calibration.yaml written by "
                                                      "`autoplace calibrate` (measured efficiency factors).")]
+TokensOpt = Annotated[str | None, typer.Option("--tokens", help="Token budget, e.g. 15T or 300B: print days, "
+                                               "GPU-hours and (with a price) cost to train on it.",
+                                               rich_help_panel="Time and cost")]
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, help="Dollars per GPU-hour "
+                                                "(cost = GPU-hours x price).", rich_help_panel="Time and cost")]
+LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, help="Target loss in nats: the critical "
+                                               "batch from Kaplan et al. 2020 eq. 1.4 at this loss.",
+                                               rich_help_panel="Batch advice")]
+NoiseOpt = Annotated[str | None, typer.Option("--noise-scale", help="Measured gradient noise scale in tokens "
+                                              "(McCandlish et al. 2018), e.g. 4M: used as the critical batch.",
+                                              rich_help_panel="Batch advice")]
+
+
 class Allow(StrEnum):
     tp_across_nodes = "tp-across-nodes"
 
@@ -163,6 +176,10 @@ def evaluate(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    target_loss: LossOpt = None,
+    noise_scale: NoiseOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -178,14 +195,16 @@ def evaluate(
         ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
                    allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
         out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
+        view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
         if out == "json":
             typer.echo(_json({"schema": "autoplace.evaluation/v1",
                               "model": {"name": m.name, "params": int(table.params), **origin},
-                              "cluster": c.summary(), "plan": ev.to_dict()}))
+                              "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
         else:
             from autoplace.report import origin_lines, print_evaluation
 
             print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
+            _print_lines(view.lines(), out)
     except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
         _fail(exc)
 
@@ -243,6 +262,7 @@ class Objective(StrEnum):
     time = "time"
     comm = "comm"
     memory = "memory"
+    cost = "cost"
 
 
 class SolverName(StrEnum):
@@ -256,7 +276,10 @@ def solve(
     cluster: OptClusterArg = None,
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="How many distinct plans to return.")] = 3,
-    objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory.")] = Objective.time,
+    objective: Annotated[Objective, typer.Option("--objective", help="time (step time), comm (bytes), memory, or "
+                                                 "cost (to --tokens): on this fixed cluster the same ranking as "
+                                                 "time; `autoplace scale --objective cost` chooses the GPU count.")
+                         ] = Objective.time,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
     solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
@@ -282,6 +305,10 @@ def solve(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    target_loss: LossOpt = None,
+    noise_scale: NoiseOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time as _time
@@ -312,7 +339,8 @@ def solve(
 
         progress = None if out_fmt == "json" else SolveProgress(time_limit)
         budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed, progress=progress)
-        search = {"objective": objective.value, "assumptions": assume}
+        # cost to a token budget on a fixed cluster is GPUs x time: the time ranking
+        search = {"objective": "time" if objective == Objective.cost else objective.value, "assumptions": assume}
         problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
         m = problem.model
         try:
@@ -344,6 +372,14 @@ def solve(
         plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
+    try:
+        view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
+                        noise_scale)
+        doc.update(view.to_dict())
+        advice_lines = view.lines() + (_advised_solve(view, m, c, problem, budget, solver.value, framework)
+                                       if out_fmt != "json" else [])
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
     per_framework: dict[str, Any] = {}
     if out is not None and result.plans:
         try:
@@ -365,10 +401,23 @@ def solve(
         from autoplace.report import origin_lines, print_solution
 
         print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
+        _print_lines(advice_lines, out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver: str, framework: str) -> list[str]:
+    """Past the critical batch: the best plan at the advised batch (one more solve, top 1)."""
+    if view.advice is None or not view.advice.over:
+        return []
+    from autoplace.sweep import SweepOptions, advised_plan_lines
+
+    opts = SweepOptions(framework=framework, time_limit_s=budget.time_limit_s, workers=budget.workers,
+                        seed=budget.seed, price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
+    return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
+                              view.advice.batch_tokens, view.advice.critical_tokens)
 
 
 def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
@@ -378,6 +427,175 @@ def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]
     for f, bundle in per_framework.items():
         typer.echo(f"  {f:<10} {bundle.summary()}")
 
+
+
+class ScaleObjective(StrEnum):
+    time = "time"
+    cost = "cost"
+
+
+def _outlook(m: Any, c: Any, tokens_per_s: float | None, tokens: str | None, price: float | None,
+             target_loss: float | None, noise_scale: str | None, *, advise: bool = False) -> Any:
+    """Time and cost to --tokens, and the batch advice when asked or any of the planning flags is given."""
+    from autoplace.cost.layers import layer_table
+    from autoplace.planning import outlook, parse_amount
+
+    budget = parse_amount(tokens, source="--tokens") if tokens is not None else None
+    noise = parse_amount(noise_scale, source="--noise-scale") if noise_scale is not None else None
+    advise = advise or any(x is not None for x in (tokens, target_loss, noise_scale))
+    return outlook(m, layer_table(m), c.gpus, tokens_per_s, tokens=budget, price=price, target_loss=target_loss,
+                   noise_scale=noise, advise=advise)
+
+
+def _print_lines(lines: list[str], fmt: str) -> None:
+    """Closing lines (rich markup) after a table; CSV holds the tables only."""
+    if lines and fmt != "csv":
+        from autoplace.report import render
+
+        render([], lines, fmt)
+
+
+@app.command()
+def scale(
+    model: ModelArg,
+    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts: LOW..HIGH doubles from LOW (powers of two from "
+                                      "8..4096), or a list 8,16,64.")] = "8..1024",
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU profile or alias; the cluster at each size is whole "
+                                            "reference nodes of it (its usual node and links).")] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster.yaml whose node (GPU, GPUs per node, "
+                                                 "links, host memory) is replicated instead.")] = None,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    objective: Annotated[ScaleObjective, typer.Option("--objective", help="time: the GPU count that trains fastest; "
+                                                      "cost: the one with the fewest GPU-hours per token (lowest "
+                                                      "cost), within --max-days.")] = ScaleObjective.time,
+    max_days: Annotated[float | None, typer.Option("--max-days", min=0.0, help="Deadline for --objective cost "
+                                                   "(needs --tokens).")] = None,
+    global_batch: Annotated[str | None, typer.Option("--global-batch", help="Global batch in sequences at every "
+                                                     "size (default: the model's); a range 512..4096 or list "
+                                                     "searches it per size.")] = None,
+    seq_len: SeqOpt = None,
+    target_loss: LossOpt = None,
+    noise_scale: NoiseOpt = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds of search per size.")] = 2.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    framework: Annotated[str, typer.Option("--framework", help="none (default): the theoretical optimum, with who "
+                                           "can run each plan; any or a framework name: as solve.")] = "none",
+    png: Annotated[Path | None, typer.Option("--png", help="Plot throughput and scaling efficiency against GPUs "
+                                             "here (needs matplotlib).")] = None,
+    as_json: JsonOpt = False,
+    fmt: FormatOpt = None,
+) -> None:
+    """The best plan at every GPU count: tokens/s, MFU, scaling efficiency, time and cost to a token budget."""
+    import time as _time
+
+    t0 = _time.perf_counter()
+    try:
+        from autoplace.cost.layers import layer_table
+        from autoplace.planning import parse_amount, parse_counts
+        from autoplace.sweep import SweepOptions, choose, cluster_at, plot, sweep
+
+        out_fmt = output_format(fmt, as_json)
+        from autoplace import frameworks
+
+        frameworks.check(framework)
+        counts = parse_counts(gpus, source="--gpus")
+        batches = parse_counts(global_batch, source="--global-batch") if global_batch else None
+        if (gpu is None) == (cluster is None):
+            raise SpecError("give the GPU (--gpu h100) or a cluster file to replicate (--cluster), one of them",
+                            source="--gpu/--cluster")
+        if max_days is not None and tokens is None:
+            raise SpecError("--max-days needs --tokens (the budget to finish within the deadline)", source="--max-days")
+        budget = parse_amount(tokens, source="--tokens") if tokens is not None else None
+        unit = cluster_from_args(cluster) if cluster is not None else None
+        m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None)
+        table = layer_table(m)
+        advice = _outlook(m, cluster_at(counts[0], gpu=gpu, unit=unit), None, tokens, price, target_loss, noise_scale,
+                          advise=True).advice
+        opts = SweepOptions(framework=framework, time_limit_s=time_limit, workers=workers, seed=seed, tokens=budget,
+                            price_per_gpu_hour=price, objective=objective.value, max_days=max_days,
+                            critical_tokens=advice.critical_tokens if batches and len(batches) > 1 else None)
+        points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)
+        chosen = choose(points, objective.value, max_days)
+        doc = _scale_doc(m, table, points, chosen, opts, batches, gpu, unit, counts, advice)
+        if advice.over and chosen is not None:
+            from autoplace.sweep import advised_plan_lines
+
+            doc["advice_lines"] += advised_plan_lines(m, cluster_at(chosen.gpus, gpu=gpu, unit=unit),
+                                                      advice.advised_batch, opts, budget,
+                                                      advice.batch_tokens, advice.critical_tokens)
+        doc["sweep_seconds"] = round(_time.perf_counter() - t0, 3)
+        if png is not None:
+            plot(points, png, f"{m.name} on {points[0].cluster.split('x', 2)[2]}")
+            doc["png"] = str(png)
+    except ImportError as exc:
+        _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        _fail(exc)
+    if out_fmt == "json":
+        doc.pop("advice_lines")
+        typer.echo(_json(doc))
+        return
+    from autoplace.report import print_scale
+
+    print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
+                                          f"{len(counts)} sizes of {doc['gpu']}"])
+
+
+def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, batches: list[int] | None,
+               gpu: str | None, unit: Any, counts: list[int], advice: Any) -> dict[str, Any]:
+    """The autoplace.scale/v1 document; ``advice_lines`` (removed from the JSON) are the printed advice."""
+    from autoplace.report import fmt_count
+
+    pool = points[0].cluster.split("x", 2)[2]
+    batch_text = (f"{m.training.global_batch:,} sequences at every size" if not batches or len(batches) == 1
+                  else f"searched per size among {', '.join(map(str, batches))}")
+    why = ("a training decision, held fixed as GPUs are added" if not batches or len(batches) == 1
+           else "the 'batch' column is each size's choice")
+    notes = [f"global batch: {batch_text} ({why}; --global-batch takes a value, a range or a list)",
+             "cluster at each size: " + (f"whole nodes of {pool}'s reference node (--gpu)" if unit is None else
+                                         f"whole nodes like {unit.name}'s (--cluster)") +
+             "; fewer GPUs than a node is one partial node",
+             f"each size searched for up to {opts.time_limit_s:g} s (--time-limit); a row never runs slower than a "
+             "smaller one: a slower plan found is replaced by the smaller plan on a subset of the GPUs (the note says so)"]
+    if opts.framework == "none":
+        notes.append("--framework none: the theoretical optimum at each size; 'runs with' lists the frameworks "
+                     "whose config can express each plan")
+    if batches and len(batches) > 1:
+        notes.append(f"batches compared by tokens to the same loss: E grows as 1 + B/B_crit with B_crit = "
+                     f"{fmt_count(advice.critical_tokens)} tokens (McCandlish et al. 2018); throughput is scaled to "
+                     f"the first batch's data efficiency")
+    lines = advice.lines()
+    if chosen is not None:
+        what = ("fewest GPU-hours per token" + (f" within {opts.max_days:g} days" if opts.max_days else "")
+                if opts.objective == "cost" else "fastest")
+        summary = f" · {chosen.cost.summary()}" if chosen.cost else ""
+        lines.insert(0, f"chosen ({opts.objective}: {what}): {chosen.gpus:,} GPUs, {chosen.tokens_per_s:,.0f} tokens/s"
+                        f"{summary}")
+        other = _other_choice(points, opts, chosen)
+        if other:
+            lines.insert(1, other)
+    elif opts.max_days is not None:
+        lines.insert(0, f"[red]no size finishes within {opts.max_days:g} days[/red]")
+    return {"schema": "autoplace.scale/v1", "model": {"name": m.name, "params": int(table.params),
+                                                       "params_text": fmt_count(table.params)},
+            "gpu": pool, "objective": opts.objective, "global_batch": m.training.global_batch,
+            "global_batch_text": batch_text.split(" at every")[0], "global_batches": batches or [m.training.global_batch],
+            "tokens": opts.tokens, "price_per_gpu_hour": opts.price_per_gpu_hour, "max_days": opts.max_days,
+            "chosen_gpus": chosen.gpus if chosen else None, "points": [p.to_dict() for p in points],
+            "batch_advice": advice.to_dict(), "notes": notes, "advice_lines": lines, "sweep_seconds": 0.0}
+
+
+def _other_choice(points: list[Any], opts: Any, chosen: Any) -> str | None:
+    """The other objective's pick, when it differs (the fastest against the cheapest)."""
+    from autoplace.sweep import choose
+
+    other = choose(points, "time" if opts.objective == "cost" else "cost", opts.max_days)
+    if other is None or other.gpus == chosen.gpus:
+        return None
+    return (f"{'fastest' if opts.objective == 'cost' else 'cheapest'}: {other.gpus:,} GPUs, "
+            f"{other.tokens_per_s:,.0f} tokens/s" + (f" · {other.cost.summary()}" if other.cost else ""))
 
 
 @app.command()

@@ -377,6 +377,57 @@ def _nodes(n: int) -> str:
     return f"{n} node" if n == 1 else f"{n} nodes"
 
 
+# ---------------------------------------------------------------- scale
+
+
+def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
+    """The sweep as one table (a row per GPU count, the chosen one starred) and its notes."""
+    with_cost = any(p["training_cost"] for p in doc["points"])
+    priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
+    batched = len(doc.get("global_batches", ())) > 1  # the batch was searched: show each size's
+    columns = ("GPUs", "nodes x GPUs", *(("batch",) if batched else ()), "dp x tp x pp x cp x ep", "zero", "mbs x ga",
+               "step s", "tokens/s", "MFU",
+               "scaling eff.", *(("days", "GPU-hours") if with_cost else ()), *(("cost $",) if priced else ()),
+               "runs with", "note")
+    rows = []
+    for p in doc["points"]:
+        star = "*" if p["gpus"] == doc.get("chosen_gpus") else ""
+        plan, tc = p["plan"], p["training_cost"] or {}
+        if plan is None:
+            rows.append((f"{star}{p['gpus']}", _node_shape(p), *(("-",) if batched else ()), "-", "-", "-", "-", "-", "-",
+                         "-",
+                         *(("-", "-") if with_cost else ()), *(("-",) if priced else ()), "-", p["note"] or p["status"]))
+            continue
+        d = plan["degrees"]
+        rows.append((f"{star}{p['gpus']:,}", _node_shape(p), *((f"{p['global_batch']:,}",) if batched else ()),
+                     f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}",
+                     str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", _seconds(plan["step_time_s"]),
+                     f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", f"{p['scaling_efficiency']:.1%}",
+                     *((f"{tc['days']:,.1f}", fmt_count(tc["gpu_hours"])) if with_cost else ()),
+                     *((fmt_count(tc["cost"]),) if priced else ()), ", ".join(p["frameworks"]) or "none", p["note"]))
+    right = frozenset({"GPUs", "batch", "step s", "tokens/s", "MFU", "scaling eff.", "days", "GPU-hours", "cost $"})
+    styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
+    title = f"Best plan per GPU count (global batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
+    lines = [f"[dim]{note}[/dim]" for note in doc["notes"]]
+    lines.append(f"sweep: {len(doc['points'])} sizes in {doc['sweep_seconds']:.1f} s")
+    return [Section(title, columns, rows, right=right, styles=styles)], lines
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
+
+
+def _node_shape(point: dict[str, Any]) -> str:
+    return point["cluster"].split("x", 2)[0] + "x" + point["cluster"].split("x", 2)[1]
+
+
+def print_scale(doc: dict[str, Any], console: Console | None = None, *, fmt: str = "table",
+                header: Sequence[str] = ()) -> None:
+    """The sweep table, its notes, the chosen row's time and cost and the batch advice."""
+    sections, lines = scale_sections(doc)
+    render(sections, [*lines, *doc.get("advice_lines", [])], fmt, console, header=header)
+
+
 # ---------------------------------------------------------------- progress of a long solve
 
 PHASE_NAMES = {"enumerate": "enumerating configurations", "score": "scoring the space (numpy)",
