@@ -44,7 +44,7 @@ from autoplace.plan import Config, even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
-from solvers.tables import StageTables, split_bounds, split_value, stage_tables
+from solvers.tables import StageTables, split_bounds, split_value, stage_tables, table_modes
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
 SLACK = 1e-6  # relative slack on bounds computed in floating point
@@ -136,9 +136,7 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
         split = [int(solver.value(q)) * cf.vpp for q in g["q"]]
         if tables is None:
             return cf, split, [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
-        tb = tables[i]
-        return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
-                           for s, n in enumerate(split)]
+        return cf, split, table_modes(tables[i], split)
 
     return Built(md, present, objective, groups, unit / D, joint, read)
 
@@ -494,8 +492,6 @@ class CpSatSolver(Solver):
         """Configuration ``j``'s hinted plan as a (configuration, split, recompute counts)."""
         cf, split = bounded.scored.configs[j], bounded.splits[j]
         if bounded.tables is not None:
-            tb = bounded.tables[j]
-            return cf, split, [[[n - int(tb.sel[s, n]) - int(tb.full[s, n]), int(tb.sel[s, n]), int(tb.full[s, n])]]
-                               for s, n in enumerate(split)]
+            return cf, split, table_modes(bounded.tables[j], split)
         counts = to_candidates([cf], bounded.scored.table, mode=bounded.modes.get(j, 0)).counts[0]
         return cf, split, [counts[s].astype(int).tolist() for s in range(cf.pp)]

@@ -138,14 +138,12 @@ def to_candidates(configs: list[Config], table: LayerTable, mode: int = 0) -> Ca
 
 @dataclass(frozen=True)
 class Scored:
-    """Configurations with their coefficient tables (:func:`autoplace.cost.terms.stage_terms`)
-    and sound bounds, indexed 0..len-1: what the searches read."""
+    """Configurations with their coefficient tables (:func:`autoplace.cost.terms.stage_terms`),
+    indexed 0..len-1: what the searches read."""
 
     configs: list[Config]
     table: LayerTable
     terms: StageTerms
-    lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
-    memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity
 
 
 GROUP_ROWS = 4096  # configurations scored per numpy pass (bounds the arrays' size)
@@ -160,15 +158,14 @@ class Space:
     problem: Problem
     configs: list[Config]
     table: LayerTable
-    lower_bound: np.ndarray  # [C]
-    memory_lb: np.ndarray  # [C]
+    lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
+    memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity (> 0: cannot fit)
 
     def scored(self, rows: Sequence[int]) -> Scored:
         """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
         rows = list(rows)
         configs = [self.configs[i] for i in rows]
-        return Scored(configs, self.table, _terms(self.problem, configs, self.table),
-                      self.lower_bound[rows], self.memory_lb[rows])
+        return Scored(configs, self.table, _terms(self.problem, configs, self.table))
 
     def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         """Every configuration with an even split and recompute ``mode`` on every block, by the

@@ -156,3 +156,9 @@ def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int,
     if objective != "time":
         return float(vals.max())
     return float(pipeline_time(tables.time[s, n], m, v) + tables.tail[s, n].max())
+
+
+def table_modes(tables: StageTables, split: list[int]) -> list[list[list[int]]]:
+    """The recompute counts ``[stage][kind=0][none, selective, full]`` the tables chose for ``split``."""
+    return [[[n - int(tables.sel[s, n]) - int(tables.full[s, n]), int(tables.sel[s, n]), int(tables.full[s, n])]]
+            for s, n in enumerate(split)]
