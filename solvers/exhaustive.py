@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,16 @@ def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
     return np.array([list(combo) for combo in itertools.product(*per_kind)], dtype=float)
 
 
+class _Stage(NamedTuple):
+    """One stage's best recompute counts and what they cost."""
+
+    time: float
+    comm: float
+    memory: float
+    tail: float
+    modes: list[Any]
+
+
 def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...], list[int], list[Any]] | None:
     """Best split and recompute counts of configuration ``i``, or None when nothing fits."""
     cf, t, table = scored.configs[i], scored.terms, scored.table
@@ -67,7 +77,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     prefix = np.vstack([np.zeros(len(table.kinds)), np.cumsum(np.eye(len(table.kinds))[list(table.sequence)], axis=0)])
 
     @cache
-    def stage(s: int, start: int, stop: int) -> tuple[float, float, float, float, list[Any]] | None:
+    def stage(s: int, start: int, stop: int) -> _Stage | None:
         counts = tuple(int(x) for x in prefix[stop] - prefix[start])
         opts = _options(counts, fixed_mode)  # [O, K, 3]
         N = opts.sum(-1)  # [O, K]
@@ -83,21 +93,21 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         order = np.lexsort((key[1], key[0], ~fits))
         j = int(order[0])
         tail = t.tail_at(i, np.asarray(s), N[j])
-        return float(tim[j]), float(com[j]), float(mem[j]), float(tail), opts[j].astype(int).tolist()
+        return _Stage(float(tim[j]), float(com[j]), float(mem[j]), float(tail), opts[j].astype(int).tolist())
 
     best: tuple[tuple[Any, ...], list[int], list[Any]] | None = None
     for split in splits:
         bounds = np.concatenate([[0], np.cumsum(split)])
-        stages = [stage(s, int(bounds[s]), int(bounds[s + 1])) for s in range(P)]
-        if any(x is None for x in stages):
+        found = [stage(s, int(bounds[s]), int(bounds[s + 1])) for s in range(P)]
+        stages = [x for x in found if x is not None]
+        if len(stages) < P:
             continue
-        ts = np.array([x[0] for x in stages])  # type: ignore[index]
-        step = float(pipeline_time(ts, m, v)) + max(x[3] for x in stages)  # type: ignore[index]
-        comm = max(x[1] for x in stages)  # type: ignore[index]
-        mem = max(x[2] for x in stages)  # type: ignore[index]
+        step = float(pipeline_time(np.array([x.time for x in stages]), m, v)) + max(x.tail for x in stages)
+        comm = max(x.comm for x in stages)
+        mem = max(x.memory for x in stages)
         key = {"time": (step, comm), "comm": (comm, step), "memory": (mem, step)}[problem.objective]
         if best is None or key < best[0]:
-            best = (key, list(split), [x[4] for x in stages])  # type: ignore[index]
+            best = (key, list(split), [x.modes for x in stages])
     return best
 
 
