@@ -153,3 +153,29 @@ def test_exhaustive_refuses_an_oversized_space_before_scoring_it(monkeypatch: py
     problem = Problem(load_model(examples / "models" / "llama-3-8b.json"), load_cluster(examples / "clusters" / "1x8-a100-80gb.yaml"))
     with pytest.raises(SolverError, match="splits to enumerate"):
         get_solver("exhaustive").solve(problem, Budget())
+
+
+def test_a_search_stopped_before_its_first_solution_returns_the_bounding_plan_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time-limit bounds the whole solve: when CP-SAT is stopped before its first solution
+    (forced here, so the test does not depend on the machine's speed), the best plan the bounding
+    found comes back as 'feasible' with a note, and the CLI prints that the limit stopped it."""
+    from rich.console import Console
+
+    import solvers.cpsat as cpsat
+    from autoplace.report import print_solution
+
+    monkeypatch.setattr(cpsat, "_search", lambda *_: cpsat._Search(status="unknown"))
+    problem = Problem(_model(8, 512, 16), gpu_cluster(4, gpu="a100-sxm4-40gb"), top_k=2)
+    result = get_solver("cpsat").solve(problem, Budget(time_limit_s=600))
+    assert result.status == "feasible" and len(result.plans) == 1 and result.plans[0].ok
+    assert any("stopped the search before CP-SAT's first solution" in n for n in result.notes)
+    free = get_solver("exhaustive").solve(problem, Budget(time_limit_s=600))
+    assert result.plans[0].step_time_s >= free.plans[0].step_time_s * (1 - 1e-9)  # a real plan, not better than optimal
+    assert result.gap is not None and result.gap >= 0
+    doc = {"status": result.status, "objective": "time", "solve_seconds": 1.0, "gap": result.gap, "notes": [],
+           "plans": [ev.to_dict(rank=1) for ev in result.plans], "advice": [], "model": {"name": "small", "params": 1},
+           "cluster": problem.cluster.summary()}
+    console = Console(record=True, width=200)
+    print_solution(doc, result, console)
+    assert "the time limit stopped the search" in console.export_text()
