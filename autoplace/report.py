@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from autoplace.cost.comm import members_per_node
+from autoplace.cost.comm import members_per_domain
 from autoplace.cost.context import group_layout
 from autoplace.evaluation import Evaluation
 from autoplace.specs.cluster import ClusterSpec
@@ -57,9 +57,9 @@ def tiers(ev: Evaluation, cluster: ClusterSpec) -> dict[str, str]:
         if size == 1:
             out[dim] = "-"
             continue
-        inside = int(members_per_node(np.array(size), np.array(stride), cluster.gpus_per_node))
+        inside = int(members_per_domain(np.array(size), np.array(stride), cluster.nvlink_domain))
         if dim == "pp":
-            out[dim] = f"{pool.inter_node.name if stride >= cluster.gpus_per_node else pool.intra_node.name} x{size}"
+            out[dim] = f"{pool.inter_node.name if stride >= cluster.nvlink_domain else pool.intra_node.name} x{size}"
         elif inside == size:
             out[dim] = f"{pool.intra_node.name} x{size}"
         elif inside == 1:
@@ -368,6 +368,8 @@ def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: Clus
         seq += f" (default: {origin.get('seq_len_default', 'assumed')}; --seq-len)"
     pool = cluster.pools[0]
     links = f"{pool.intra_node.name} / {pool.inter_node.name}" if len(cluster.pools) == 1 else "mixed pools"
+    if cluster.nvlink_domain > cluster.gpus_per_node:
+        links = f"NVLink domains of {cluster.nvlink_domain}, {links}"
     return [f"model {name}: {fmt_count(params)} params · {batch} · {seq} · from {origin['source']}",
             f"cluster {cluster.name}: {cluster.gpus} x {cluster.gpu_label} "
             f"({_nodes(sum(p.nodes for p in cluster.pools))} x {cluster.gpus_per_node}, {links})"]

@@ -49,8 +49,8 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerT
          f"ep({p.ep}) must divide dp*cp ({p.dp * p.cp}) so each expert's gradient is reduced over all its copies")
     rule(p.zero > 0 or p.dp_shard == 1, "state-consistency",
          f"dp_shard({p.dp_shard}) > 1 with zero=0: a shard group that shards nothing; use dp_replicate")
-    rule(allow_tp_across_nodes or p.tp <= cluster.gpus_per_node, "tp-within-node",
-         f"tp={p.tp} exceeds gpus_per_node={cluster.gpus_per_node} (tensor parallel stays inside a node "
+    rule(allow_tp_across_nodes or p.tp <= cluster.nvlink_domain, "tp-within-node",
+         f"tp={p.tp} exceeds {_domain(cluster)} (tensor parallel stays inside an NVLink domain "
          "unless tp-across-nodes is allowed)")
     rule(len(p.layers_per_stage) == p.pp and sum(p.layers_per_stage) == table.blocks and min(p.layers_per_stage) >= 0,
          "layer-split", f"layers_per_stage {list(p.layers_per_stage)} must give {p.pp} stages adding up to {table.blocks}")
@@ -87,3 +87,10 @@ def _transformer_rules(p: Plan, m: TransformerSpec, rule: object) -> None:
               f"ep={p.ep} must divide experts={m.moe.experts}")
     else:
         check(p.ep == 1, "ep-needs-moe", f"ep={p.ep} but the model has no experts")  # type: ignore[operator]
+
+
+def _domain(cluster: ClusterSpec) -> str:
+    """The fast-fabric bound in words: ``gpus_per_node=8``, or ``nvlink_domain=72`` when wider."""
+    if cluster.nvlink_domain == cluster.gpus_per_node:
+        return f"gpus_per_node={cluster.gpus_per_node}"
+    return f"nvlink_domain={cluster.nvlink_domain}"

@@ -36,7 +36,7 @@ def enumerate_configs(problem: Problem) -> list[Config]:
     """
     m, c, fx, feat = problem.model, problem.cluster, problem.fixed, problem.features
     table = layer_table(m)
-    W, G, L, B = c.gpus, c.gpus_per_node, table.blocks, m.training.global_batch
+    W, G, L, B = c.gpus, c.nvlink_domain, table.blocks, m.training.global_batch  # G: GPUs on one NVLink fabric
     seq = table.seq_len
 
     def allowed(key: str, values: list[int]) -> list[int]:

@@ -110,9 +110,12 @@ def test_tree_all_reduce_latency_grows_with_log_of_nodes() -> None:
 
 
 @pytest.mark.parametrize(("size", "stride", "per_node", "expected"), [
-    (8, 1, 8, 8), (16, 1, 8, 8), (4, 8, 8, 1), (4, 2, 8, 4), (6, 1, 8, 2), (2, 4, 8, 2)])
-def test_members_per_node(size: int, stride: int, per_node: int, expected: int) -> None:
-    assert int(comm.members_per_node(np.array(size), np.array(stride), per_node)) == expected
+    (8, 1, 8, 8), (16, 1, 8, 8), (4, 8, 8, 1), (4, 2, 8, 4), (6, 1, 8, 2), (2, 4, 8, 2),
+    # an NVL72 domain of 72 GPUs (18 trays of 4): groups across trays stay inside it, but a
+    # group spanning 32 ranks straddles the boundary at 72 for some groups (worst: 2 inside)
+    (8, 1, 72, 8), (8, 4, 64, 8), (8, 4, 72, 2), (2, 36, 72, 2), (4, 36, 72, 2), (144, 1, 72, 72)])
+def test_members_per_domain(size: int, stride: int, per_node: int, expected: int) -> None:
+    assert int(comm.members_per_domain(np.array(size), np.array(stride), per_node)) == expected
 
 
 def test_tp_traffic_matches_megatron_per_layer_count() -> None:

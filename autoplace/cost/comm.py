@@ -7,9 +7,11 @@ bytes over ``n`` ranks each rank sends
 * all-gather / reduce-scatter (``S`` = the full, gathered size): ``(n-1)/n * S`` in ``n-1`` steps,
 * all-to-all (``S`` = a rank's send buffer): ``(n-1)/n * S``, one message per peer.
 
-When a group spans nodes the collective is hierarchical (intra-node reduce-scatter, inter-
-node all-reduce of a ``1/n_in`` shard, intra-node all-gather), each GPU using its own NIC,
-so the inter-node tier carries ``1/n_in`` of the data.  All functions broadcast over numpy
+When a group spans NVLink domains the collective is hierarchical (reduce-scatter inside the
+domain, all-reduce of a ``1/n_in`` shard over the network, all-gather inside the domain), each
+GPU using its own NIC, so the network carries ``1/n_in`` of the data.  A domain is a node on
+HGX/DGX machines and a whole rack on GB200 NVL72 (72 GPUs over 18 trays): "intra" below is
+the NVLink tier of one domain, "inter" the network between domains.  All functions broadcast over numpy
 arrays of candidates.
 
 Time follows NCCL's own tuning model (NVIDIA/nccl ``src/graph/tuning.cc``): a collective
@@ -33,10 +35,11 @@ Array = np.ndarray
 
 @dataclass(frozen=True)
 class Links:
-    """The two link tiers a group can use, as arrays broadcastable with the candidates.
+    """The two link tiers a group can use, as arrays broadcastable with the candidates: the
+    NVLink fabric inside one domain (``intra``) and the network between domains (``inter``).
 
     Latencies are NCCL's per-step Simple-protocol latencies of each tier; the other protocols'
-    follow from :data:`PROTOCOLS`.
+    follow from :data:`PROTOCOLS`.  ``gpus_per_node`` is the GPUs sharing one host (its CPUs).
     """
 
     intra_Bps: Array
@@ -69,18 +72,19 @@ PROTOCOLS = (
 )
 
 
-def members_per_node(size: Array, stride: Array, gpus_per_node: int) -> Array:
-    """How many ranks of one group share a node, for a group of ``size`` ranks ``stride`` apart.
+def members_per_domain(size: Array, stride: Array, domain: int) -> Array:
+    """How many ranks of one group share an NVLink domain of ``domain`` consecutive ranks, for a
+    group of ``size`` ranks ``stride`` apart.
 
     Ranks are laid out with tensor parallel innermost (Megatron's order tp-cp-ep-dp-pp), so a
     dimension's stride is the product of the sizes inside it.  When groups do not align with
-    node boundaries the worst group is taken (the gcd).
+    domain boundaries the worst group is taken (the gcd).
     """
     size = np.asarray(size)
     stride = np.asarray(stride)
-    per_node = np.maximum(gpus_per_node // np.maximum(stride, 1), 1)
-    inside = np.gcd(size, per_node)
-    return np.where(stride < gpus_per_node, inside, 1)
+    per_domain = np.maximum(domain // np.maximum(stride, 1), 1)
+    inside = np.gcd(size, per_domain)
+    return np.where(stride < domain, inside, 1)
 
 
 def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps: Array, links: Links) -> Array:

@@ -28,7 +28,9 @@ def group_layout(tp: Array, cp: Array, ep: Array, dp_shard: Array, dp_rep: Array
     """(size, stride) of each communication group in Megatron's rank order tp-cp-ep-dp-pp.
 
     ``dp`` is the dense-gradient group (data x context parallel), ``zero`` the ZeRO/FSDP shard
-    group, ``rep`` the HSDP replica group, ``edp``/``ezero`` their expert counterparts.
+    group, ``rep`` the HSDP replica group, ``edp``/``ezero`` their expert counterparts.  A group
+    whose ranks lie in one NVLink domain (``stride * size`` within the domain) runs on NVLink,
+    whatever the nodes (``comm.members_per_domain``).
     """
     dp = dp_shard * dp_rep
     return {
@@ -54,7 +56,7 @@ class Context:
     assume: Assumptions
     hw: StageHardware
     size: dict[str, Array]  # ranks per group [C]
-    n_in: dict[str, Array]  # ranks of the group on one node [C]
+    n_in: dict[str, Array]  # ranks of the group in one NVLink domain (a node, or an NVL72 rack) [C]
     tokens: Array  # tokens per micro-batch per device [C]
     dense_local: Array  # dense parameters of one block on one device [C, 1, K, 1]
     exp_local: Array  # routed-expert parameters of one block on one device [C, 1, K, 1]
@@ -119,7 +121,7 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
     return Context(
         table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
         size={k: v[0].astype(float) for k, v in groups.items()},
-        n_in={k: comm.members_per_node(size, stride, G) for k, (size, stride) in groups.items()},
+        n_in={k: comm.members_per_domain(size, stride, cluster.nvlink_domain) for k, (size, stride) in groups.items()},
         tokens=cand.mbs * table.seq_len / cand.cp.astype(float),
         dense_local=kind[0] / tp + kind[1], exp_local=kind[2] / (ep * tp), edge_dense=edge_dense,
         links=links, stage_links=stage_links)

@@ -7,6 +7,7 @@ top-level ``nodes, gpus_per_node, gpu, intra_node`` and becomes a single pool.
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from importlib import resources
@@ -25,6 +26,7 @@ from autoplace.specs._io import Strict, read_document, validate
 # byte count the cost model derives finite, so no score is ever inf or NaN.
 MAX_NODES = 1_000_000
 MAX_GPUS_PER_NODE = 1024
+MAX_NVLINK_DOMAIN = 100_000  # GPUs on one NVLink fabric (NVLink 5 switches reach 576)
 MIN_RATE = 1e-6  # TFLOP/s, GB/s, TB/s
 MAX_TFLOPS = 1_000_000
 MAX_LINK_GBPS = 1_000_000
@@ -37,6 +39,7 @@ MIN_FRACTION = 1e-3  # achievable bandwidth and GEMM efficiency fractions
 
 Nodes = Annotated[int, Field(ge=1, le=MAX_NODES)]
 GPUsPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+GPUsPerDomain = Annotated[int, Field(ge=1, le=MAX_NVLINK_DOMAIN)]
 Peak = Annotated[float, Field(ge=MIN_RATE, le=MAX_TFLOPS, allow_inf_nan=False)]
 HostMemory = Annotated[float, Field(ge=MIN_MEMORY, le=MAX_HOST_MEMORY_GB, allow_inf_nan=False)]
 
@@ -167,6 +170,8 @@ class GPUProfile(Strict):
     default_intra_node: str | None = None
     default_inter_node: str | None = None
     default_host_memory_GB: HostMemory | None = None
+    # GPUs sharing one NVLink fabric when wider than a node (GB200 NVL72: 72); None: the node
+    default_nvlink_domain: GPUsPerDomain | None = None
     sources: dict[str, str] = {}
 
     @property
@@ -212,6 +217,7 @@ class PoolInput(Strict):
     intra_node: str | LinkProfile | None = None  # default: the GPU profile's default_intra_node
     inter_node: str | LinkProfile | None = None
     host_memory_GB: HostMemory = 512
+    nvlink_domain: GPUsPerDomain | None = None  # default: the GPU profile's, else gpus_per_node
 
 
 class ClusterInput(Strict):
@@ -225,15 +231,21 @@ class ClusterInput(Strict):
     intra_node: str | LinkProfile | None = None
     inter_node: str | LinkProfile | None = None
     host_memory_GB: HostMemory | None = None
+    nvlink_domain: GPUsPerDomain | None = None
     pools: list[PoolInput] | None = Field(None, min_length=1)
 
 
 class NodePool(Strict):
-    """A resolved pool: every profile is an object."""
+    """A resolved pool: every profile is an object.
+
+    ``nvlink_domain`` GPUs (consecutive ranks, a multiple of ``gpus_per_node``) share the
+    ``intra_node`` fabric; hosts (host memory, the host link, CPUs) stay per node.
+    """
 
     name: str
     nodes: int
     gpus_per_node: int
+    nvlink_domain: int
     gpu: GPUProfile
     intra_node: LinkProfile
     inter_node: LinkProfile
@@ -265,12 +277,19 @@ class ClusterSpec(Strict):
         return min(p.gpus_per_node for p in self.pools)
 
     @property
+    def nvlink_domain(self) -> int:
+        """GPUs per NVLink domain: the largest aligned block of consecutive ranks that lies in one
+        domain of every pool (the gcd of the pools' domains, as pools start on domain boundaries)."""
+        return math.gcd(*(p.nvlink_domain for p in self.pools))
+
+    @property
     def gpu_label(self) -> str:
         return "+".join(dict.fromkeys(p.gpu.name for p in self.pools))
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "gpus": self.gpus, "gpu": self.gpu_label,
-                "nodes": sum(p.nodes for p in self.pools), "gpus_per_node": self.gpus_per_node}
+                "nodes": sum(p.nodes for p in self.pools), "gpus_per_node": self.gpus_per_node,
+                "nvlink_domain": self.nvlink_domain}
 
 
 _HW_KINDS: dict[str, type[Strict]] = {"gpu": GPUProfile, "interconnect": LinkProfile}
@@ -313,7 +332,7 @@ def cluster_from_dict(data: dict[str, Any], *, source: str = "<cluster>") -> Clu
     raw = validate(ClusterInput, data, source=source)
     pools = raw.pools if raw.pools is not None else [_single_pool(raw, source)]
     if raw.pools is not None:
-        for key in ("nodes", "gpus_per_node", "gpu", "intra_node", "host_memory_GB"):
+        for key in ("nodes", "gpus_per_node", "gpu", "intra_node", "host_memory_GB", "nvlink_domain"):
             if getattr(raw, key) is not None:
                 raise SpecError("give it per pool when 'pools' is used", source=source, field=key)
     resolved = []
@@ -322,11 +341,12 @@ def cluster_from_dict(data: dict[str, Any], *, source: str = "<cluster>") -> Clu
         gpu = _resolve("gpu", pool.gpu, source=source, field=f"{where}gpu")
         intra, inter = _links(pool, raw.inter_node, gpu, several=pool.nodes > 1 or len(pools) > 1,
                               source=source, where=where)
+        gpn = _default(pool.gpus_per_node, gpu.default_gpus_per_node, gpu, source=source, field=f"{where}gpus_per_node")
         resolved.append(NodePool(
             name=pool.name if raw.pools is not None else raw.name,
             nodes=pool.nodes,
-            gpus_per_node=_default(pool.gpus_per_node, gpu.default_gpus_per_node, gpu,
-                                   source=source, field=f"{where}gpus_per_node"),
+            gpus_per_node=gpn,
+            nvlink_domain=_nvlink_domain(pool, gpn, gpu, source=source, field=f"{where}nvlink_domain"),
             gpu=gpu,
             intra_node=intra,
             inter_node=inter,
@@ -344,6 +364,37 @@ def _default(given: Any, default: Any, gpu: GPUProfile, *, source: str, field: s
         raise SpecError(f"required: GPU profile {gpu.name!r} gives no default_{field.rsplit('.', 1)[-1]}",
                         source=source, field=field)
     return default
+
+
+def _nvlink_domain(pool: PoolInput, gpus_per_node: int, gpu: GPUProfile, *, source: str, field: str) -> int:
+    """GPUs per NVLink domain: as given, else the GPU profile's default, else one node.
+
+    A domain is whole nodes, and the pool is whole domains, so every group the cost model
+    places on consecutive ranks either lies in one domain or crosses domains evenly; a
+    domain wider than the pool (a few trays of an NVL72 rack) is the whole pool.  The
+    profile's default is cut to the largest such block (27 trays of NVL72 racks: 36 GPUs).
+
+    Raises:
+        SpecError: a domain that is not whole nodes, or that does not split the pool evenly.
+    """
+    gpus = pool.nodes * gpus_per_node
+    if pool.nvlink_domain is None:  # the profile's rack, cut to what this pool holds of it
+        default = gpu.default_nvlink_domain or gpus_per_node
+        default = default if default % gpus_per_node == 0 else gpus_per_node
+        return gpus if default >= gpus else math.gcd(default, gpus)
+    domain = pool.nvlink_domain
+    if domain % gpus_per_node:
+        below, above = domain - domain % gpus_per_node, domain - domain % gpus_per_node + gpus_per_node
+        raise SpecError(f"{domain} GPUs is not a whole number of nodes; valid: a multiple of gpus_per_node "
+                        f"({gpus_per_node}), e.g. {' or '.join(str(d) for d in (below, above) if d)}",
+                        source=source, field=field)
+    if domain < gpus and gpus % domain:
+        fit = math.gcd(domain, gpus)
+        raise SpecError(f"{domain} GPUs does not divide the pool's {gpus} GPUs ({pool.nodes} nodes x {gpus_per_node}) "
+                        f"into whole domains; valid: a multiple of gpus_per_node ({gpus_per_node}) dividing {gpus}, "
+                        f"or >= {gpus} for one domain (e.g. {fit}: every group within {fit} GPUs stays on NVLink)",
+                        source=source, field=field)
+    return min(domain, gpus)
 
 
 def _links(pool: PoolInput, shared_inter: Any, gpu: GPUProfile, *, several: bool, source: str,
@@ -369,7 +420,7 @@ def _single_pool(raw: ClusterInput, source: str) -> PoolInput:
             raise SpecError("required key is missing (or give 'pools')", source=source, field=key)
     return PoolInput(name=raw.name, nodes=raw.nodes, gpus_per_node=raw.gpus_per_node, gpu=raw.gpu,  # type: ignore[arg-type]
                      intra_node=raw.intra_node, inter_node=raw.inter_node,  # type: ignore[arg-type]
-                     host_memory_GB=raw.host_memory_GB or 512.0)
+                     host_memory_GB=raw.host_memory_GB or 512.0, nvlink_domain=raw.nvlink_domain)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
