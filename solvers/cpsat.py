@@ -283,8 +283,9 @@ def _search(built: Built, problem: Problem, budget: Budget, deadline: float) -> 
             out.status = "feasible"
         values = {i: solver.value(o) for i, o in built.objective.items()}
         present = sorted((values[i], i) for i, x in built.present.items() if solver.value(x))
-        if out.bound is None:
-            proven = min(solver.best_objective_bound - (sum(values.values()) - v) for v in values.values())
+        if out.bound is None:  # exactly one present: the proven bound is the best one's
+            proven = (min(solver.best_objective_bound - (sum(values.values()) - v) for v in values.values())
+                      if built.joint else solver.best_objective_bound)
             out.bound = max(proven, 0) * built.unit
         out.found.extend((built.read(solver, i), v * built.unit) for v, i in present[: problem.top_k])
         if built.joint or code != cp_model.OPTIMAL:

@@ -73,6 +73,8 @@ def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, ba
     assert a.status == b.status
     if a.disagreement is not None:  # CP-SAT's own objective value is the evaluator's (integer rounding aside)
         assert a.disagreement <= 1e-5
+    if a.plans:  # optimal: the proven bound is the optimum (up to the same rounding)
+        assert a.gap is not None and a.gap <= 1e-5
     if b.plans:
         assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
                                                                          rel=1e-6)
