@@ -15,6 +15,7 @@ from typing import Any
 
 from autoplace.specs._hf_read import (
     _alias,
+    _decoder_shape,
     _dropout,
     _heads,
     _llama_biases,
@@ -196,12 +197,9 @@ def mpt(r: _Reader) -> dict[str, Any]:
 def starcoder2(r: _Reader) -> dict[str, Any]:
     """starcoder2: GQA + RoPE + sliding window, LayerNorm, plain GeLU MLP (c_fc, c_proj),
     biases on every linear layer (use_bias), tied head by default."""
-    hidden = r.integer("hidden_size")
     bias = r.flag("use_bias", True)
     out = {
-        "layers": r.integer("num_hidden_layers"), "hidden": hidden,
-        "ffn_hidden": r.integer("intermediate_size"), **_heads(r, hidden, "num_attention_heads"),
-        "vocab": r.integer("vocab_size"), "seq_len": _seq_len(r.integer("max_position_embeddings")),
+        **_decoder_shape(r),
         "ffn": "gelu", "norm": "layernorm", "bias": bias, "qkv_bias": bias,
         "tied_embeddings": r.flag("tie_word_embeddings", True), "position": "rope",
         "dropout": _dropout(r) or any(r.probability(k) > 0 for k in ("residual_dropout", "embedding_dropout")),

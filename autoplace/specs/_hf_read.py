@@ -138,21 +138,28 @@ def _llama_biases(r: _Reader) -> dict[str, bool]:
     return {"bias": attention_bias, "qkv_bias": attention_bias}
 
 
+def _decoder_shape(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
+    """The sizes most decoder configs name alike: layers, hidden, ffn_hidden, the heads
+    (:func:`_heads`), vocab and seq_len."""
+    hidden = r.integer("hidden_size")
+    return {
+        "layers": r.integer("num_hidden_layers"),
+        "hidden": hidden,
+        "ffn_hidden": r.integer("intermediate_size"),
+        **_heads(r, hidden, "num_attention_heads", mla=mla),
+        "vocab": r.integer("vocab_size"),
+        "seq_len": _seq_len(r.integer("max_position_embeddings")),
+    }
+
+
 def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
     """Fields shared by the Llama-style decoders (pre-RMSNorm, SwiGLU MLP, RoPE).
 
     Used for llama, mistral, mixtral, qwen2, qwen2_moe and deepseek; families
     override bias/qkv_bias and add moe/attention afterwards.
     """
-    hidden = r.integer("hidden_size")
-    heads = _heads(r, hidden, "num_attention_heads", mla=mla)
     return {
-        "layers": r.integer("num_hidden_layers"),
-        "hidden": hidden,
-        "ffn_hidden": r.integer("intermediate_size"),
-        **heads,
-        "vocab": r.integer("vocab_size"),
-        "seq_len": _seq_len(r.integer("max_position_embeddings")),
+        **_decoder_shape(r, mla=mla),
         "ffn": "swiglu",
         "norm": "rmsnorm",
         "bias": False,

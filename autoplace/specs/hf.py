@@ -23,6 +23,7 @@ from autoplace.errors import SpecError
 from autoplace.specs import _hf_more as more
 from autoplace.specs._hf_read import (
     SEQ_LEN_CAP,
+    _decoder_shape,
     _dropout,
     _heads,
     _llama_biases,
@@ -155,14 +156,8 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
     if not r.flag("attention_bias", True):
         raise r.error("attention_bias",
                       "attention without biases next to a biased MLP cannot be expressed; expected true")
-    hidden = r.integer("hidden_size")
     return {
-        "layers": r.integer("num_hidden_layers"),
-        "hidden": hidden,
-        "ffn_hidden": r.integer("intermediate_size"),
-        **_heads(r, hidden, "num_attention_heads"),
-        "vocab": r.integer("vocab_size"),
-        "seq_len": _seq_len(r.integer("max_position_embeddings")),
+        **_decoder_shape(r),
         "ffn": "gelu",
         "norm": "layernorm",
         "bias": True,
