@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +48,28 @@ def score(model: ModelSpec, cluster: ClusterSpec, plan: str) -> Evaluation:
     p = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=table.blocks,
                    global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
     return evaluate(model, cluster, p)
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes (other than this one) whose command line contains ``text``, e.g. a
+    test's directory that a trial's torchrun and ranks name."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def survivors(text: str, timeout: float = 40.0) -> list[int]:
+    """The processes naming ``text`` still alive after waiting up to ``timeout`` seconds for them
+    to exit (a bound on waiting, generous for slow machines); they are then SIGKILLed."""
+    deadline = time.time() + timeout
+    while (left := processes_naming(text)) and time.time() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left

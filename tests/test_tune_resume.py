@@ -4,9 +4,7 @@ with a 2 s grace period keep this quick; the trials run one CPU process each."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.model import load_model
 from autoplace.studies import Heartbeat, open_storage
 from autoplace.tune import run_tune
+from tests.helpers import survivors
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "examples" / "models" / "tiny-llama.json"
@@ -73,31 +72,6 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
         time.sleep(0.2)
 
 
-def _trial_processes(tmp_path: Path) -> list[int]:
-    """Processes whose command line names this test's directory (the trial's torchrun and ranks)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int(proc.name) != os.getpid() and str(tmp_path).encode() in (
-                    proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def _orphans_after(tmp_path: Path, timeout: float = 40.0) -> list[int]:
-    """The trial processes still alive ``timeout`` seconds after their tune process died (they run
-    in a session of their own; autoplace.runtime.reaper makes them follow it), then SIGKILLed."""
-    deadline = time.time() + timeout
-    while (left := _trial_processes(tmp_path)) and time.time() < deadline:
-        time.sleep(0.5)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return left
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_killed_trial_fails_and_is_retried_and_finished_ones_never_rerun(tmp_path: Path, kind: str) -> None:
@@ -113,7 +87,7 @@ def test_killed_trial_fails_and_is_retried_and_finished_ones_never_rerun(tmp_pat
     finally:
         proc.kill()
         proc.wait()
-        orphans = _orphans_after(tmp_path)
+        orphans = survivors(str(tmp_path))
     assert not orphans, f"trial processes outlived their tune process: {orphans}"
     store, _ = open_storage(storage, tmp_path, FAST)
     states = [t.state.name for t in optuna.load_study(study_name="autoplace", storage=store).get_trials()]

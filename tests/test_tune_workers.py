@@ -10,7 +10,6 @@ mistaking a loaded worker for a dead one."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from autoplace.cost.layers import layer_table
 from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.model import load_model
 from autoplace.studies import Heartbeat, open_storage
+from tests.helpers import survivors
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "examples" / "models" / "tiny-llama.json"
@@ -233,29 +233,6 @@ def _start(out: Path, cluster: Path, storage: str, cands: list[str]) -> subproce
                                 env=env, stdout=stdout, stderr=stderr)
 
 
-def _processes_naming(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (a trial's directory)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def _gone_within(text: str, timeout: float = 40.0) -> list[int]:
-    """The processes naming ``text`` still alive after ``timeout`` seconds (then SIGKILLed)."""
-    deadline = time.time() + timeout
-    while (left := _processes_naming(text)) and time.time() < deadline:
-        time.sleep(0.5)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return left
-
-
 def _release_together(workers: list[subprocess.Popen], outs: list[Path], go: Path) -> None:
     """Let the workers into run_tune at the same moment, once all have imported autoplace."""
     deadline = time.time() + 120
@@ -325,7 +302,7 @@ def test_three_workers_one_killed_measure_every_candidate_once(tmp_path: Path, k
         _release_together(workers, outs, tmp_path / "go")  # they race to create the study and take its trials
         store, _ = open_storage(storage, tmp_path, BEAT)
         killed, trial_dir = _kill_a_worker_mid_trial(workers, outs, store)
-        orphans = _gone_within(str(trial_dir))  # the reaper makes the trial follow its dead worker
+        orphans = survivors(str(trial_dir))  # the reaper makes the trial follow its dead worker
         for proc in workers:
             proc.wait(timeout=600)
     finally:
@@ -346,4 +323,4 @@ def test_three_workers_one_killed_measure_every_candidate_once(tmp_path: Path, k
     [retry] = [t for t in done if t.system_attrs.get("failed_trial") == killed]
     assert retry.params == failed.params  # retried once, by a surviving worker
     assert all(t.value and t.value > 0 for t in done)
-    assert not _gone_within(str(tmp_path), timeout=10.0), "trial processes outlived their workers"
+    assert not survivors(str(tmp_path)), "trial processes outlived their workers"
