@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from autoplace.cost.assumptions import DEFAULT, Assumptions
@@ -48,9 +49,9 @@ class Problem:
         if self.objective not in OBJECTIVES:
             raise SolverError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
-    @property
+    @cached_property
     def fixed_split(self) -> tuple[int, ...] | None:
-        """Blocks per stage pinned by ``--fix layers=...``, if any."""
+        """Blocks per stage pinned by ``--fix layers=...``, if any (parsed once per problem)."""
         return parse_layers(self.fixed["layers"], source="--fix") if "layers" in self.fixed else None
 
     @property
