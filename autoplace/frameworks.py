@@ -147,7 +147,8 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
         # no emitter check reads the micro-batching (it only sizes the batch), so the verdict
         # is shared by every (mbs, grad_accum) of the same degrees: one check per degree set
         key = (config.tp, config.pp, config.cp, config.ep, config.dp_replicate, config.dp_shard, config.vpp,
-               config.sp, config.zero, config.schedule, config.offload_optimizer, config.offload_params)
+               config.sp, config.zero, config.schedule, config.offload_optimizer, config.offload_params,
+               config.compress, config.powersgd_rank)
         if key not in verdicts:
             verdicts[key] = check(config)
         return verdicts[key]

@@ -43,6 +43,9 @@ class Mode(StrEnum):
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OFFLOAD = ("none", "cpu", "nvme")
+# communication compression (autoplace.compression says what each moves, costs and risks)
+COMPRESS = ("none", "bf16", "zeropp", "powersgd")
+POWERSGD_RANKS = (1, 2, 4)  # searched ranks: "typically only 1-4" (PyTorch's powerSGD_hook docs)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,12 @@ class Config:
         mbs: micro-batch size in sequences; grad_accum: micro-batches per step per pipeline.
         schedule: gpipe, 1f1b or interleaved.
         offload_optimizer, offload_params: none, cpu or nvme.
+        compress: how gradients and gathered weights travel (:mod:`autoplace.compression`):
+            none (the precision recipe's dtypes), bf16 (gradients reduced in bf16), zeropp
+            (ZeRO++ at zero=3: int8 weight gathers, a node-local secondary shard for backward's
+            gathers, int4 gradient reduce-scatter) or powersgd (DDP at zero=0: rank-
+            ``powersgd_rank`` low-rank gradients with error feedback).
+        powersgd_rank: the PowerSGD rank, > 0 exactly when ``compress`` is powersgd.
     """
 
     tp: int = 1
@@ -77,6 +86,8 @@ class Config:
     schedule: str = "1f1b"
     offload_optimizer: str = "none"
     offload_params: str = "none"
+    compress: str = "none"
+    powersgd_rank: int = 0
 
     @property
     def dp(self) -> int:
@@ -159,6 +170,7 @@ class Plan(Config):
             "offload": {"params": self.offload_params, "optimizer": self.offload_optimizer},
             "recompute": self.recompute_mode,
             "layers_per_stage": list(self.layers_per_stage),
+            "compress": self.compress, "powersgd_rank": self.powersgd_rank,
         }
         if self.recompute_mode == "mixed":
             out["recompute_per_layer"] = list(self.recompute)
@@ -183,14 +195,16 @@ class Plan(Config):
                        vpp=int(d["virtual_stages"]), sp=bool(d.get("sequence_parallel", deg["tp"] > 1)),
                        zero=int(d["zero_stage"]), mbs=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
                        schedule=str(d["schedule"]), offload_optimizer=str(d["offload"]["optimizer"]),
-                       offload_params=str(d["offload"]["params"]), recompute=recompute, layers_per_stage=layers)
+                       offload_params=str(d["offload"]["params"]), compress=str(d.get("compress", "none")),
+                       powersgd_rank=int(d.get("powersgd_rank", 0)), recompute=recompute, layers_per_stage=layers)
         except KeyError as exc:
             raise SpecError("required key is missing", source=source, field=str(exc.args[0])) from None
         except (TypeError, ValueError) as exc:
             raise SpecError(f"not a plan object: {exc}", source=source) from None
         for field_name, value, valid in (("schedule", plan.schedule, SCHEDULES), ("recompute", mode, (*RECOMPUTE, "mixed")),
                                          ("offload.optimizer", plan.offload_optimizer, OFFLOAD),
-                                         ("offload.params", plan.offload_params, OFFLOAD)):
+                                         ("offload.params", plan.offload_params, OFFLOAD),
+                                         ("compress", plan.compress, COMPRESS)):
             if value not in valid:
                 raise SpecError(f"{value!r} is not valid; valid: {', '.join(valid)}", source=source, field=field_name)
         if any(r not in RECOMPUTE for r in plan.recompute) or len(plan.recompute) != blocks:
@@ -205,6 +219,8 @@ class Plan(Config):
                  f"sp={'true' if self.sp else 'false'}", f"zero={self.zero}", f"mbs={self.mbs}",
                  f"schedule={self.schedule}", f"offload_optimizer={self.offload_optimizer}",
                  f"offload_params={self.offload_params}",
+                 *([f"compress={self.compress}"] if self.compress != "none" else []),
+                 *([f"powersgd_rank={self.powersgd_rank}"] if self.powersgd_rank else []),
                  f"layers={':'.join(map(str, self.layers_per_stage))}"]
         if self.recompute_mode == "mixed":
             parts.append("recompute_layers=" + ":".join(r[0] for r in self.recompute))
@@ -220,6 +236,7 @@ PLAN_KEYS = {
     "dp": int, "dp_replicate": int, "dp_shard": int, "tp": int, "pp": int, "cp": int, "ep": int,
     "vpp": int, "zero": int, "mbs": int, "ga": int, "sp": bool, "recompute": str, "schedule": str,
     "offload_optimizer": str, "offload_params": str, "layers": str, "recompute_layers": str, "preset": str,
+    "compress": str, "powersgd_rank": int,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -262,7 +279,7 @@ def _typed(key: str, value: str, source: str) -> Any:
             raise SpecError(f"expected true or false, got {value!r}", source=source, field=key)
         return value.lower() in ("true", "1", "yes")
     choices = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "offload_optimizer": OFFLOAD,
-               "offload_params": OFFLOAD, "preset": tuple(PRESETS)}.get(key)
+               "offload_params": OFFLOAD, "preset": tuple(PRESETS), "compress": COMPRESS}.get(key)
     if choices and value not in choices:
         raise SpecError(f"{value!r} is not valid; valid: {', '.join(choices)}", source=source, field=key)
     return value
@@ -318,10 +335,20 @@ def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch:
         ga = global_batch // (mbs * dp)
     layers = _layers(v, pp, blocks, source)
     recompute = _recompute(v, blocks, source)
+    compress, rank = _compress(v, source)
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, vpp=vpp,
                 sp=v.get("sp", tp > 1), zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule,
                 offload_optimizer=v.get("offload_optimizer", "none"), offload_params=v.get("offload_params", "none"),
-                recompute=recompute, layers_per_stage=layers)
+                compress=compress, powersgd_rank=rank, recompute=recompute, layers_per_stage=layers)
+
+
+def _compress(v: dict[str, Any], source: str) -> tuple[str, int]:
+    """(compress, powersgd_rank): the rank defaults to 4 under powersgd and is refused elsewhere."""
+    compress = v.get("compress", "none")
+    rank = v.get("powersgd_rank", 4 if compress == "powersgd" else 0)
+    if rank and compress != "powersgd":
+        raise SpecError(f"powersgd_rank={rank} needs compress=powersgd", source=source, field="powersgd_rank")
+    return compress, rank
 
 
 def _dp_split(v: dict[str, Any], zero: int, node_dp: int, source: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplace.compression import applies
 from autoplace.cost.layers import LayerTable
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -66,6 +67,7 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerT
          f"offload_params={p.offload_params} needs zero=3 (ZeRO-Infinity / FSDP CPU offload of sharded parameters)")
     rule(p.offload_optimizer == "none" or p.zero >= 1, "offload-optimizer-needs-zero",
          f"offload_optimizer={p.offload_optimizer} needs zero >= 1 (ZeRO-Offload)")
+    rule(applies(p, model.training.recipe().reduce_bytes), "compress", _compress_rule(p))
     seq = table.seq_len
     rule(seq % (p.cp * (2 if p.cp > 1 else 1)) == 0, "sequence-split",
          f"seq_len {seq} must be divisible by 2*cp = {2 * p.cp} (load-balanced context parallel)")
@@ -87,6 +89,15 @@ def _transformer_rules(p: Plan, m: TransformerSpec, rule: object) -> None:
               f"ep={p.ep} must divide experts={m.moe.experts}")
     else:
         check(p.ep == 1, "ep-needs-moe", f"ep={p.ep} but the model has no experts")  # type: ignore[operator]
+
+
+def _compress_rule(p: Plan) -> str:
+    """What ``compress`` needs (autoplace.compression.applies), in words."""
+    if p.powersgd_rank and p.compress != "powersgd":
+        return f"powersgd_rank={p.powersgd_rank} needs compress=powersgd"
+    return {"bf16": "compress=bf16 needs a recipe that reduces gradients wider than bf16 (e.g. bf16-fsdp2)",
+            "zeropp": "compress=zeropp (ZeRO++) needs zero=3 over more than one rank, without HSDP replicas",
+            "powersgd": "compress=powersgd needs zero=0 (DDP), dp > 1 and powersgd_rank > 0"}.get(p.compress, "")
 
 
 def _domain(cluster: ClusterSpec) -> str:

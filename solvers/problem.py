@@ -15,7 +15,8 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "comm", "memory")
-FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp")
+# compress is opt-in: every option changes the numbers the optimizer sees (autoplace.compression)
+FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress")
 DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
 
 

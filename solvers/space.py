@@ -7,6 +7,7 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from autoplace.compression import applies
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import POWERSGD_RANKS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.problem import Problem
 
@@ -99,6 +101,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
+    compressions = _compressions(problem, base)
     for mbs, vpp in itertools.product(mbss, vpps):
         ga = per_replica // mbs
         if vpp > 1 and ga % pp:
@@ -106,12 +109,25 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
-        for oo, op in itertools.product(offs_opt, offs_par):
+        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
             out.append(Config(**degrees, mbs=mbs, grad_accum=ga, vpp=vpp, schedule=schedule,
-                              offload_optimizer=oo, offload_params=op))
+                              offload_optimizer=oo, offload_params=op, compress=comp, powersgd_rank=rank))
     return out
+
+
+def _compressions(problem: Problem, base: Config) -> list[tuple[str, int]]:
+    """The (compress, powersgd_rank) choices of one set of degrees: none, and with the compress
+    feature every option that applies to them (:func:`autoplace.compression.applies`)."""
+    fx = problem.fixed
+    options = [("none", 0)]
+    if "compress" in problem.features or fx.get("compress", "none") != "none":
+        options += [("bf16", 0), ("zeropp", 0), *(("powersgd", r) for r in POWERSGD_RANKS)]
+    reduce_bytes = problem.model.training.recipe().reduce_bytes
+    return [(c, r) for c, r in options
+            if fx.get("compress", c) == c and fx.get("powersgd_rank", r) == r
+            and applies(dataclasses.replace(base, compress=c, powersgd_rank=r), reduce_bytes)]
 
 
 def to_candidates(configs: list[Config], table: LayerTable, mode: int = 0) -> Candidates:

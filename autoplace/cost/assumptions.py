@@ -83,6 +83,14 @@ class Assumptions:
         loss_workspace_bytes_per_vocab_tp: the same per local vocabulary entry when the head is
             vocabulary-parallel (tp > 1): PyTorch's ``loss_parallel`` keeps 12 (measured with
             FSDPMemTracker on Llama-3-8B widths, tp = 2; autoplace.fidelity).
+        qwz_dequant_bytes, qgz_quant_bytes: HBM bytes per parameter of ZeRO++'s kernels per
+            micro-batch (Wang et al. 2023): dequantizing an int8 gather reads 1 and writes 2;
+            quantizing a bf16 gradient to int4 reads 2 and writes 0.5, and dequantizing and
+            reducing what the all-to-all brings back moves about as much again (5 in all).
+        powersgd_hbm_passes: passes over each compressed gradient PowerSGD's hook makes per
+            step (PyTorch ``powerSGD_hook``): add the error (read 2, write 1), P = MQ and
+            Q = M^T P (a read each: rank-r matmuls are memory-bound), M = PQ^T (a write), the new
+            error (read 2, write 1), and the copy into one flat buffer (read 1, write 1): 11.
         compute_scale, bandwidth_scale: calibration factors (measured / predicted compute
             time; predicted / measured link time); 1 when uncalibrated.
     """
@@ -109,6 +117,9 @@ class Assumptions:
     tp_comm_overlap: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
+    qwz_dequant_bytes: float = 3.0
+    qgz_quant_bytes: float = 5.0
+    powersgd_hbm_passes: float = 11.0
     compute_scale: float = 1.0
     bandwidth_scale: float = 1.0
 

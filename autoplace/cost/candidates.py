@@ -14,7 +14,7 @@ import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.memory import SCHEDULE_CODES
-from autoplace.plan import Config, Plan, stage_mode_counts
+from autoplace.plan import COMPRESS, Config, Plan, stage_mode_counts
 
 Array = np.ndarray
 
@@ -39,6 +39,8 @@ class Candidates:
     off_opt: Array
     off_par: Array
     counts: Array
+    compress: Array  # index into plan.COMPRESS
+    powersgd_rank: Array
 
     @property
     def size(self) -> int:
@@ -54,7 +56,7 @@ class Candidates:
 
 
 _FIELDS = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "sp", "zero", "mbs", "grad_accum", "schedule",
-           "offload_optimizer", "offload_params")
+           "offload_optimizer", "offload_params", "compress", "powersgd_rank")
 
 
 def pack(configs: Sequence[Config], counts: Array) -> Candidates:
@@ -70,7 +72,8 @@ def pack(configs: Sequence[Config], counts: Array) -> Candidates:
         vpp=ints("vpp"), sp=np.array(cols["sp"], dtype=bool) & (tp > 1), zero=ints("zero"), mbs=ints("mbs"),
         ga=ints("grad_accum"), schedule=np.array([SCHEDULE_CODES[x] for x in cols["schedule"]], dtype=np.int64),
         off_opt=np.array([x != "none" for x in cols["offload_optimizer"]]),
-        off_par=np.array([x != "none" for x in cols["offload_params"]]), counts=counts)
+        off_par=np.array([x != "none" for x in cols["offload_params"]]), counts=counts,
+        compress=np.array([COMPRESS.index(x) for x in cols["compress"]], dtype=np.int64), powersgd_rank=ints("powersgd_rank"))
 
 
 def candidates_from_plans(plans: Sequence[Plan], table: LayerTable) -> Candidates:

@@ -15,6 +15,7 @@ import numpy as np
 from autoplace.cost import comm
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
+from autoplace.cost.compress import Wire, wire
 from autoplace.cost.hardware import StageHardware, stage_hardware
 from autoplace.cost.layers import LayerTable
 from autoplace.specs.cluster import ClusterSpec
@@ -63,6 +64,7 @@ class Context:
     edge_dense: Array  # embedding / head parameters on each stage [C, S]
     links: comm.Links  # [C, S, 1, 1], calibrated
     stage_links: comm.Links  # [C, S]
+    wire: Wire  # bytes per element on the wire under each candidate's compression [C]
 
     @property
     def C(self) -> int:
@@ -124,4 +126,4 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
         n_in={k: comm.members_per_domain(size, stride, cluster.nvlink_domain) for k, (size, stride) in groups.items()},
         tokens=cand.mbs * table.seq_len / cand.cp.astype(float),
         dense_local=kind[0] / tp + kind[1], exp_local=kind[2] / (ep * tp), edge_dense=edge_dense,
-        links=links, stage_links=stage_links)
+        links=links, stage_links=stage_links, wire=wire(recipe, cand))

@@ -58,13 +58,20 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
     # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets
     grads_off = col(c.off_opt) * (z >= 2) > 0
+    # ZeRO++'s hpZ keeps a secondary 16-bit shard of the weights over the node-local part of the
+    # shard group; PowerSGD keeps an error-feedback copy of every gradient it reduces (its hook's
+    # error_dict, one per bucket) -- Wang et al. 2023 Sec. 4.2, Vogels et al. 2019 Alg. 2
+    hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
+    error_feedback = col(ctx.wire.rank > 0)
 
     def states(dense: Array, expert: Array) -> Array:
         kept = np.where(shard_and_gathered, (dense + expert) * pgb, 0.0)
+        secondary = hpz * (dense / col(ctx.n_in["zero"]) + expert / col(ctx.n_in["ezero"]))
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
-            + kept,
-            state_bytes(dense, gb, z_sh, z >= 2, grads_off) + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
+            + kept + secondary,
+            state_bytes(dense, gb, z_sh, z >= 2, grads_off) * (1 + error_feedback)
+            + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
             state_bytes(dense, ob, z_sh, z >= 1, col(c.off_opt)) + state_bytes(expert, ob, ez_sh, z >= 1, col(c.off_opt)),
         ], axis=-1)
 

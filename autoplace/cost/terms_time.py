@@ -24,10 +24,11 @@ mechanism (:mod:`autoplace.cost.step` has the two formulas):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from autoplace.cost import comm
+from autoplace.cost import comm, compress
 from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
 from autoplace.cost.step import hidden
@@ -175,13 +176,14 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     cp_bytes = cp_fwd * (3 + full)
 
     # ZeRO-3 gathers every block in forward and again in backward and reduce-scatters its
-    # gradient; ZeRO-2 reduce-scatters (DeepSpeed: all-reduces) every micro-batch
-    ag_t, rs_t, ar_t, zero_bytes = _shard_collectives(ctx, dense_local, exp_local)
-    grad_t = ar_t if ctx.assume.zero12_grad_reduce == "all-reduce" else rs_t
-    zero_time = np.where(z >= 3, hidden(ag_t, fwd, kappa) + hidden(ag_t + rs_t, bwd, kappa),
+    # gradient; ZeRO-2 reduce-scatters (DeepSpeed: all-reduces) every micro-batch.  ZeRO++'s
+    # (de)quantization kernels run on the compute stream: exposed.
+    sh = _shard_collectives(ctx, dense_local, exp_local)
+    all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
+    grad_t = sh.ar if all_reduce_12 else sh.rs
+    zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd, kappa) + hidden(sh.ag_bwd + sh.rs, bwd, kappa) + sh.quant,
                          np.where(z == 2, hidden(grad_t, bwd, kappa), 0.0))
-    z2_bytes = zero_bytes[2] if ctx.assume.zero12_grad_reduce == "all-reduce" else zero_bytes[1]
-    zero_bytes_mb = np.where(z >= 3, zero_bytes[0], np.where(z == 2, z2_bytes, 0.0))
+    zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
 
     # offloaded parameters stream in over PCIe for forward and again for backward
     shard_params = dense_local / np.where(z >= 3, col(size["zero"]), 1) + exp_local / np.where(z >= 3, col(size["ezero"]), 1)
@@ -197,28 +199,57 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
         ga * zero_bytes_mb * ones, ga * tp_on * passes * (tp_i + tp_x) * ones, 0 * ones, ga * cp_bytes * ones,
         ga * passes * (ep_i + ep_x) * ones, ga * off_bytes_mb * ones), axis=-1)[:, :1]
     # the largest unit's gather and reduce-scatter: what the first and last of a micro-batch cost
-    unit_ag = np.broadcast_to(ag_t, fwd.shape).max(axis=(2, 3))
-    unit_rs = np.broadcast_to(np.where(z >= 3, rs_t, np.where(z == 2, grad_t, 0.0)), fwd.shape).max(axis=(2, 3))
+    unit_ag = np.broadcast_to(sh.ag_fwd, fwd.shape).max(axis=(2, 3))
+    unit_rs = np.broadcast_to(np.where(z >= 3, sh.rs, np.where(z == 2, grad_t, 0.0)), fwd.shape).max(axis=(2, 3))
     return t_block, bytes_block.copy(), (unit_ag, unit_rs)
 
 
-def _shard_collectives(ctx: Context, dense: Array, expert: Array) -> tuple[Array, Array, Array, tuple[Array, Array, Array]]:
-    """Seconds of gathering, reduce-scattering and all-reducing ``dense`` and ``expert`` local
-    parameters over the shard groups, and bytes per micro-batch of ZeRO-3 (2 gathers + one
-    reduce-scatter), of a reduce-scatter and of an all-reduce."""
-    pgb, rgb = ctx.recipe.gather_bytes, ctx.recipe.reduce_bytes
-    col, lk = ctx.col, ctx.links
+class ShardCollectives(NamedTuple):
+    """ZeRO's collectives of one block per micro-batch: seconds ``[C, S, K, 1]`` of the forward
+    and backward all-gathers, the reduce-scatter, the all-reduce (DeepSpeed's ZeRO-1/2) and
+    ZeRO++'s (de)quantization; bytes of ZeRO-3 (two gathers and a reduce-scatter), of a
+    reduce-scatter and of an all-reduce."""
+
+    ag_fwd: Array
+    ag_bwd: Array
+    rs: Array
+    ar: Array
+    quant: Array
+    z3_bytes: Array
+    rs_bytes: Array
+    ar_bytes: Array
+
+
+def _shard_collectives(ctx: Context, dense: Array, expert: Array) -> ShardCollectives:
+    """Gathering, reduce-scattering and all-reducing ``dense`` and ``expert`` local parameters
+    over the shard groups, in each candidate's wire format (:mod:`autoplace.cost.compress`):
+    ZeRO++ gathers int8 in forward, re-gathers its node-local secondary shard in backward (hpZ:
+    the part of the group inside the NVLink domain) and reduce-scatters int4."""
+    col, lk, w = ctx.col, ctx.links, ctx.wire
+    zpp = col(w.zeropp) > 0
     groups = (("zero", dense), ("ezero", expert))
-    ag = [comm.allgather(p * pgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
-    rs = [comm.reducescatter(p * rgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
-    ar = [comm.allreduce(p * rgb, col(ctx.size[g]), col(ctx.n_in[g]), lk) for g, p in groups]
+    parts: dict[str, list[tuple[Array, Array, Array]]] = {"ag_fwd": [], "ag_bwd": [], "rs": [], "ar": []}
+    for g, p in groups:
+        n, n_in = col(ctx.size[g]), col(ctx.n_in[g])
+        n_bwd = np.where(zpp, n_in, n)
+        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd), n, n_in, lk))
+        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd), n_bwd, np.minimum(n_in, n_bwd), lk))
+        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk))
+        parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk))
 
-    def total(parts: list[tuple[Array, Array, Array]], i: int) -> Array:
-        return sum((p[i] for p in parts), np.zeros(1))
+    def total(name: str, i: int) -> Array:
+        return sum((x[i] for x in parts[name]), np.zeros(1))
 
-    z3 = 2 * (total(ag, 0) + total(ag, 1)) + total(rs, 0) + total(rs, 1)
-    return (total(ag, 2), total(rs, 2), total(ar, 2),
-            (z3, total(rs, 0) + total(rs, 1), total(ar, 0) + total(ar, 1)))
+    def moved(name: str) -> Array:
+        return total(name, 0) + total(name, 1)
+
+    assume = ctx.assume
+    quant_bytes = (dense + expert) * (assume.qwz_dequant_bytes + assume.qgz_quant_bytes) * zpp
+    quant = ctx.hw.slowest([quant_bytes / k.hbm_Bps for k in ctx.hw.kernels]) * assume.compute_scale
+    return ShardCollectives(ag_fwd=total("ag_fwd", 2), ag_bwd=total("ag_bwd", 2), rs=total("rs", 2),
+                            ar=total("ar", 2), quant=quant,
+                            z3_bytes=moved("ag_fwd") + moved("ag_bwd") + moved("rs"), rs_bytes=moved("rs"),
+                            ar_bytes=moved("ar"))
 
 
 def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array, Array]:
@@ -256,7 +287,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     pp_inter = (size["pp"] > 1)[:, None] & (ctx.n_in["pp"] < size["pp"])[:, None]
     t_pp = comm.p2p(send_bytes, sends, pp_inter, lk)
     edge_dense = ctx.edge_dense
-    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes
+    pgb, rgb = ctx.wire.gather_fwd[:, None], ctx.wire.reduce[:, None]  # ZeRO-3 gathers the root once
     _, _, eag = comm.allgather(edge_dense * pgb, size["zero"][:, None], n_in["zero"][:, None], lk)
     _, _, ers = comm.reducescatter(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
     _, _, ear = comm.allreduce(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
@@ -273,7 +304,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
     zfrac = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack(np.broadcast_arrays(
-        ga * edge_dense * zfrac * np.select([z3, z2], [pgb + rgb, (2 if all_reduce_12 else 1) * rgb], 0.0),
+        ga * edge_dense * zfrac * np.select([z3, z2], [pgb + rgb, (2.0 if all_reduce_12 else 1.0) * rgb], 0.0),
         ga * tp_on * (emb_i + emb_x), ga * send_bytes, zs, zs,
         ga * c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes), axis=-1)
     return t_static, bytes_static.copy(), 2 * head_fwd
@@ -304,23 +335,26 @@ def _step_terms(ctx: Context) -> StepTerms:
     ZeRO paper Sec. 7: DDP all-reduces gradients (2Ψ); ZeRO-1/2 reduce-scatter gradients and
     all-gather updated parameters (Ψ + Ψ); ZeRO-3 moves its gathers into every micro-batch
     (counted per block) and only all-reduces shards across replicas (HSDP).  DeepSpeed's
-    ZeRO-1/2 all-reduce instead of reduce-scattering (``zero12_grad_reduce``).
+    ZeRO-1/2 all-reduce instead of reduce-scattering (``zero12_grad_reduce``).  Gradients
+    travel in each candidate's wire format; PowerSGD all-reduces only its factors
+    (:mod:`autoplace.cost.compress`) and adds its kernels to the step (on the compute stream).
     """
     c, recipe, assume = ctx.cand, ctx.recipe, ctx.assume
     zero = c.zero
     pb, gb, ob = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes
-    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes
     all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"
     lk = ctx.stage_links
 
-    def one(params: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
-        """(reduce seconds, gather seconds, bytes) of ``params`` ``[C, X]`` (stage-broadcast)."""
+    def one(params: Array, sent: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
+        """(reduce seconds, gather seconds, bytes) of ``params`` ``[C, X]`` (stage-broadcast),
+        whose DDP all-reduce sends ``sent`` elements."""
         L = _bcast(lk, params)
         n, ni = _e(ctx.size[group], params), _e(ctx.n_in[group], params)
         ns, nis = _e(ctx.size[shard_group], params), _e(ctx.n_in[shard_group], params)
         nr, nir = _e(ctx.size["rep"], params), _e(ctx.n_in["rep"], params)
         zz = _e(zero, params)
-        ar = comm.allreduce(params * rgb, n, ni, L)
+        pgb, rgb = _e(ctx.wire.gather_fwd, params), _e(ctx.wire.reduce, params)
+        ar = comm.allreduce(sent * rgb, n, ni, L)
         rs = comm.reducescatter(params * rgb, ns, nis, L)
         ag = comm.allgather(params * pgb, ns, nis, L)
         rep = comm.allreduce(params * rgb / ns, nr, nir, L)
@@ -333,12 +367,14 @@ def _step_terms(ctx: Context) -> StepTerms:
         return reduce_t, gather_t, nbytes
 
     dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]
-    r_d, g_d, b_d = one(dense[:, None, :], "dp", "zero")
-    r_e, g_e, b_e = one(expert[:, None, :], "edp", "ezero")
-    r_s, g_s, b_s = one(ctx.edge_dense[:, :, None], "dp", "zero")
+    sent_blk = compress.block_reduce_elements(ctx.table, c, ctx.dense_local)  # [C, K]
+    sent_st = compress.edge_reduce_elements(ctx.table, c, ctx.edge_dense, ctx.first, ctx.last)  # [C, S]
+    r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero")
+    r_e, g_e, b_e = one(expert[:, None, :], expert[:, None, :], "edp", "ezero")
+    r_s, g_s, b_s = one(ctx.edge_dense[:, :, None], sent_st[:, :, None], "dp", "zero")
     # the last bucket: its reduction cannot start before backward ends
-    bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20 / max(rgb, 1e-9))
-    last_bucket = one(bucket, "dp", "zero")[0][..., 0]  # [C, S]
+    bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20) / ctx.wire.reduce[:, None, None]
+    last_bucket = one(bucket, bucket, "dp", "zero")[0][..., 0]  # [C, S]
 
     # optimizer: fused Adam streams its states through HBM (read + write moments and master,
     # read gradients, write parameters); offloaded, CPU Adam runs on the host (shared by the
@@ -347,7 +383,9 @@ def _step_terms(ctx: Context) -> StepTerms:
     opt_params_blk = dense / z_opt[:, None] + expert / ez_opt[:, None]  # [C, K]
     opt_params_st = ctx.edge_dense / z_opt[:, None]  # [C, S]
     host_bps = ctx.hw.host_Bps / assume.bandwidth_scale  # [C, S]
-    gpu_opt = ctx.hw.slowest([np.full((ctx.C, 1), (2 * ob + gb + pb) / k.hbm_Bps) for k in ctx.hw.kernels])
+    # PowerSGD's hook makes ``powersgd_hbm_passes`` passes over each gradient it compresses
+    psgd = np.where(ctx.wire.rank > 0, assume.powersgd_hbm_passes * ctx.wire.reduce, 0.0)[:, None]
+    gpu_opt = ctx.hw.slowest([(2 * ob + gb + pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
     cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps
     off = c.off_opt[:, None]
     per_param = np.where(off, cpu_opt, gpu_opt) * assume.compute_scale  # [C, S]

@@ -1,0 +1,95 @@
+"""Bytes on the wire per parameter under each compression option, and PowerSGD's compressed
+sizes (:mod:`autoplace.compression` holds the facts; ``terms_time`` / ``terms_memory`` use these).
+
+ZeRO++ (Wang et al. 2023, Sec. 3-4): qwZ all-gathers weights block-quantized to int8 (half of
+bf16), hpZ keeps a secondary bf16 shard inside each node so backward's gathers never leave it,
+and qgZ reduce-scatters gradients in int4 (a quarter of bf16) by hierarchical all-to-all; the
+per-block scales (one fp32 per 2,048-element block in DeepSpeed) add 0.2% and are not counted.
+PowerSGD (Vogels et al. 2019, Alg. 1; PyTorch's ``powerSGD_hook``): each weight matrix
+``n x m`` travels as ``P`` (``n x r``) and ``Q`` (``m x r``), two all-reduces; a matrix whose
+factors are not ``min_compression_rate`` (2) times smaller, and every vector, goes uncompressed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cost.candidates import Candidates
+from autoplace.cost.layers import Gemm, LayerTable
+from autoplace.plan import COMPRESS
+from autoplace.specs.model import Precision
+
+Array = np.ndarray
+QWZ_BYTES = 1.0  # int8 weights (ZeRO++ qwZ)
+QGZ_BYTES = 0.5  # int4 gradients (ZeRO++ qgZ)
+POWERSGD_MIN_COMPRESSION = 2.0  # PowerSGDState(min_compression_rate=2), PyTorch's default
+
+
+@dataclass(frozen=True)
+class Wire:
+    """Per candidate ``[C]``: bytes per element of each kind of collective, and which options are on."""
+
+    gather_fwd: Array  # forward (ZeRO-3) and post-step (ZeRO-1/2) parameter all-gathers
+    gather_bwd: Array  # ZeRO-3's backward re-gathers
+    reduce: Array  # gradient reduce-scatters and all-reduces
+    zeropp: Array  # bool: ZeRO++ (hpZ: backward gathers within the NVLink domain)
+    rank: Array  # PowerSGD rank (0: off)
+
+
+def wire(recipe: Precision, cand: Candidates) -> Wire:
+    """The wire format of every candidate under its ``compress`` option."""
+    code = cand.compress
+    zeropp = code == COMPRESS.index("zeropp")
+    bf16 = code == COMPRESS.index("bf16")
+    pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes
+    ones = np.ones(code.shape)
+    return Wire(gather_fwd=np.where(zeropp, QWZ_BYTES, pgb), gather_bwd=pgb * ones,
+                reduce=np.where(bf16, min(rgb, 2.0), np.where(zeropp, QGZ_BYTES, rgb)),
+                zeropp=zeropp, rank=cand.powersgd_rank.astype(float))
+
+
+def powersgd_elements(n: Array | float, m: Array | float, rank: Array) -> Array:
+    """Elements one ``n x m`` gradient matrix sends under PowerSGD of ``rank`` (0: uncompressed)."""
+    factors = rank * (np.asarray(n) + np.asarray(m))
+    full = np.asarray(n) * np.asarray(m)
+    compressed = (rank > 0) & (full >= POWERSGD_MIN_COMPRESSION * factors)
+    return np.where(compressed, factors, full)
+
+
+def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Array) -> Array:
+    """Gradient elements each block's dense parameters reduce per step on one device ``[C, K]``:
+    ``dense_local`` itself, less what PowerSGD saves on the block's weight matrices."""
+    tp = cand.tp.astype(float)
+    rank = cand.powersgd_rank.astype(float)
+    out = []
+    for k, kind in enumerate(table.kinds):
+        saved = np.zeros(cand.size)
+        for g in kind.gemms:
+            if g.experts:  # routed experts reduce over their own group, uncompressed
+                continue
+            n, m = _local(g, tp)
+            saved += n * m - powersgd_elements(n, m, rank)
+        out.append(dense_local[:, 0, k, 0] - saved)
+    return np.stack(out, axis=-1)
+
+
+def edge_reduce_elements(table: LayerTable, cand: Candidates, edge_dense: Array, first: Array, last: Array) -> Array:
+    """The same for the embedding and head on each stage ``[C, S]`` (each one ``vocab/tp x hidden``
+    matrix; a tied head on a one-stage pipeline is the embedding's)."""
+    tp = cand.tp.astype(float)
+    rank = cand.powersgd_rank.astype(float)[:, None]
+    rows = (table.vocab / tp)[:, None]
+    full = rows * table.hidden
+    saved = full - powersgd_elements(rows, float(table.hidden), rank)
+    head = np.where(((cand.pp == 1) & table.tied)[:, None], 0.0, 1.0) * (table.head.params_tp > 0)
+    has = first * (table.embed.params_tp > 0) + last * head
+    return edge_dense - has * saved
+
+
+def _local(g: Gemm, tp: Array) -> tuple[Array, Array]:
+    """The weight's (n, k) on one device after tensor parallelism."""
+    n = g.n / tp if g.split == "n" else g.n * np.ones_like(tp)
+    k = g.k / tp if g.split == "k" else g.k * np.ones_like(tp)
+    return n, k
