@@ -283,7 +283,7 @@ def solve(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
     solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
-    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes.")] = None,
+    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes, compress (off by default: gradient/weight compression changes the numbers).")] = None,
     deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's bundle here (plan.json and every "
                                              "framework file that expresses it) and, unless --framework names one, "

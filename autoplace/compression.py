@@ -58,13 +58,6 @@ COMPRESSIONS: dict[str, Compression] = {
 }
 
 
-def describe(config: Config) -> str:
-    """``compress`` in words for a table cell: ``-``, ``bf16``, ``zero++``, ``powersgd r4``."""
-    if config.compress == "powersgd":
-        return f"powersgd r{config.powersgd_rank}"
-    return {"none": "-", "zeropp": "zero++"}.get(config.compress, config.compress)
-
-
 def risk(config: Config) -> str | None:
     """The accuracy risk ``config``'s compression carries, or None without compression."""
     option = COMPRESSIONS.get(config.compress)

@@ -18,6 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from autoplace.compression import COMPRESSIONS
 from autoplace.cost.comm import members_per_domain
 from autoplace.cost.context import group_layout
 from autoplace.evaluation import Evaluation
@@ -194,6 +195,9 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     lines += [f"[bold]plan[/bold] {p.to_string()}",
              f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
              f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}"]
+    if p.compress != "none" and p.compress in COMPRESSIONS:
+        lines.append(f"[yellow]compress={p.compress}[/yellow]: {COMPRESSIONS[p.compress].moves}; "
+                     f"accuracy risk {COMPRESSIONS[p.compress].risk}")
     if ev.violations:
         lines += [f"[red]violation[/red] {v.rule}: {v.message}" for v in ev.violations]
     else:
@@ -233,22 +237,38 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
     if not doc["plans"]:
         return [], _infeasible_lines(doc)
     runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
+    compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])  # the column only when used
     rows = []
     for p in doc["plans"]:
         d, mem = p["degrees"], p["memory_per_device_bytes"]
         off = "/".join(v for v in (p["offload"]["optimizer"], p["offload"]["params"]) if v != "none") or "-"
         rows.append((str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
                      f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
-                     p["recompute"], off, f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
+                     p["recompute"], off, *((_compress_text(p),) if compressed else ()),
+                     f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                      _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
                      _band_text(p), f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ())))
     title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
-    tab = Section(title, (*_PLAN_COLUMNS, *(("runs with",) if runs_with else ())), rows,
+    columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *_PLAN_COLUMNS[7:])
+    tab = Section(title, (*columns, *(("runs with",) if runs_with else ())), rows,
                   right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
     lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
+    risks: dict[str, list[str]] = {}  # one line per option, naming the plans that use it
+    for p in doc["plans"]:
+        if p.get("compress_risk"):
+            risks.setdefault(p["compress"], []).append(str(p["rank"]))
+    lines += [f"[yellow]{name} (plans {', '.join(ranks)})[/yellow]: accuracy risk {COMPRESSIONS[name].risk}"
+              for name, ranks in risks.items()]
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     return [tab], lines
+
+
+def _compress_text(plan: dict[str, Any]) -> str:
+    """A plan's compression for a table cell: ``-``, ``bf16``, ``zero++``, ``powersgd r4``."""
+    if plan.get("compress") == "powersgd":
+        return f"powersgd r{plan['powersgd_rank']}"
+    return {"none": "-", "zeropp": "zero++"}.get(plan.get("compress", "none"), plan.get("compress", "-"))
 
 
 def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
@@ -272,8 +292,8 @@ def solution_header(doc: dict[str, Any]) -> str:
 def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
     """One row per plan with every field as a plain number or word, and the full plan string."""
     columns = ("rank", "dp", "tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "schedule", "zero", "mbs",
-               "ga", "global_batch", "recompute", "offload_optimizer", "offload_params", "layers_per_stage",
-               "memory_GiB", "capacity_GiB", "comm_bytes_per_step", "step_time_s", "step_time_low_95_s",
+               "ga", "global_batch", "recompute", "offload_optimizer", "offload_params", "compress", "powersgd_rank",
+               "layers_per_stage", "memory_GiB", "capacity_GiB", "comm_bytes_per_step", "step_time_s", "step_time_low_95_s",
                "step_time_high_95_s", "tokens_per_s", "tflops_per_gpu", "mfu", "plan")
     rows = []
     for p, text in zip(doc["plans"], plans, strict=False):
@@ -281,7 +301,7 @@ def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
         rows.append(tuple(str(x) for x in (
             p["rank"], d["dp"], d["tp"], d["pp"], d["cp"], d["ep"], p["dp_replicate"], p["dp_shard"],
             p["virtual_stages"], p["schedule"], p["zero_stage"], p["micro_batch"], p["grad_accum"], p["global_batch"],
-            p["recompute"], p["offload"]["optimizer"], p["offload"]["params"],
+            p["recompute"], p["offload"]["optimizer"], p["offload"]["params"], p["compress"], p["powersgd_rank"],
             ":".join(map(str, p["layers_per_stage"])), f"{mem['total'] / GiB:.3f}", f"{mem['capacity'] / GiB:.3f}",
             p["comm_bytes_per_step_per_device"]["total"], p["step_time_s"],
             *(p.get("step_time_band_95_s") or ("", "")), p["tokens_per_s"], p["tflops_per_gpu"], p["mfu"], text)))

@@ -54,7 +54,7 @@ def powersgd_elements(n: Array | float, m: Array | float, rank: Array) -> Array:
     """Elements one ``n x m`` gradient matrix sends under PowerSGD of ``rank`` (0: uncompressed)."""
     factors = rank * (np.asarray(n) + np.asarray(m))
     full = np.asarray(n) * np.asarray(m)
-    compressed = (rank > 0) & (full >= POWERSGD_MIN_COMPRESSION * factors)
+    compressed = (rank > 0) & (full > POWERSGD_MIN_COMPRESSION * factors)  # strict, as torch's _should_compress
     return np.where(compressed, factors, full)
 
 
