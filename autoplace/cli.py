@@ -372,6 +372,9 @@ def solve(
         plan_doc["step_time_band_source"] = band_source
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
+    hint = _compression_hint(problem, result)
+    if hint:
+        doc["notes"] = [*doc["notes"], hint]
     try:
         view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                         noise_scale)
@@ -406,6 +409,15 @@ def solve(
             _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _compression_hint(problem: Any, result: Any) -> str | None:
+    """What compression would buy the best plan when the search left it out (cheap: a few evaluations)."""
+    if "compress" in problem.features or not result.plans:
+        return None
+    from autoplace.explain import compression_hint
+
+    return compression_hint(problem.model, problem.cluster, result.plans[0], problem.assumptions)
 
 
 def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver: str, framework: str) -> list[str]:

@@ -2,20 +2,24 @@
 
 ``autoplace explain`` scores the plan, then its neighbours -- one knob changed at a time
 (ZeRO level, recompute, micro-batch, a factor of two moved between tp/pp and dp, optimizer
-offload) -- and shows the few that move the step time or the peak memory most.
+offload, compression) -- and shows the few that move the step time or the peak memory most.
+:func:`compression_hint` tells a solve that did not search compression what it would buy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoplace.compression import COMPRESSIONS, applies
+from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError
 from autoplace.evaluation import Evaluation, evaluate
-from autoplace.plan import Plan, build_plan
+from autoplace.plan import POWERSGD_RANKS, Plan, build_plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -36,7 +40,8 @@ def plan_values(plan: Plan) -> dict[str, Any]:
     values: dict[str, Any] = {"dp_replicate": plan.dp_replicate, "dp_shard": plan.dp_shard, "tp": plan.tp,
                               "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "vpp": plan.vpp, "sp": plan.sp,
                               "zero": plan.zero, "mbs": plan.mbs, "schedule": plan.schedule,
-                              "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params}
+                              "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params,
+                              "compress": plan.compress, "powersgd_rank": plan.powersgd_rank or None}
     if plan.recompute_mode == "mixed":
         values["recompute_layers"] = ":".join(r[0] for r in plan.recompute)
     else:
@@ -70,7 +75,47 @@ def _neighbours(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
     if plan.zero >= 1:
         other = "none" if plan.offload_optimizer != "none" else "cpu"
         out.append((f"optimizer offload {plan.offload_optimizer} -> {other}", {**base, "offload_optimizer": other}))
+    for name, rank in _COMPRESS_CHOICES:
+        if (name, rank) != (plan.compress, plan.powersgd_rank):
+            label = f"{name} r{rank}" if rank else name
+            out.append((f"compress {plan.compress} -> {label}", {**base, "compress": name, "powersgd_rank": rank or None}))
     return out
+
+
+_COMPRESS_CHOICES = (("none", 0), ("bf16", 0), ("zeropp", 0), *(("powersgd", r) for r in POWERSGD_RANKS))
+
+
+def _compressed_twin(plan: Plan, name: str, rank: int) -> Plan:
+    """``plan`` with compression ``name``, moved to the ZeRO level the option needs (ZeRO++: 3 over
+    the whole data-parallel group; PowerSGD: DDP), everything else kept."""
+    twin = dataclasses.replace(plan, compress=name, powersgd_rank=rank)
+    if name == "zeropp" and plan.zero != 3:
+        twin = dataclasses.replace(twin, zero=3, dp_shard=plan.dp, dp_replicate=1)
+    if name == "powersgd" and plan.zero != 0:
+        twin = dataclasses.replace(twin, zero=0, dp_shard=1, dp_replicate=plan.dp, offload_optimizer="none",
+                                   offload_params="none")
+    return twin
+
+
+def compression_hint(model: ModelSpec, cluster: ClusterSpec, best: Evaluation,
+                     assume: Assumptions = DEFAULT) -> str | None:
+    """For a solve that did not search compression: the option that would shorten ``best``'s step
+    most (the same plan, at the ZeRO level the option needs), or None when none would."""
+    if best.plan.compress != "none":
+        return None
+    twins = [_compressed_twin(best.plan, name, rank) for name, rank in _COMPRESS_CHOICES[1:]]
+    scored = [evaluate(model, cluster, twin, assume) for twin in twins
+              if applies(twin, model.training.recipe().reduce_bytes)]
+    faster = [ev for ev in scored if ev.fits and not ev.violations and ev.step_time_s < best.step_time_s]
+    if not faster:
+        return None
+    ev = min(faster, key=lambda e: e.step_time_s)
+    option = COMPRESSIONS[ev.plan.compress]
+    label = f"{option.name} r{ev.plan.powersgd_rank}" if ev.plan.powersgd_rank else option.name
+    zero = f" at zero={ev.plan.zero}" if ev.plan.zero != best.plan.zero else ""
+    return (f"compression was not searched (--allow compress): {label}{zero} would take the best plan from "
+            f"{best.step_time_s:.3f} s to {ev.step_time_s:.3f} s ({ev.step_time_s / best.step_time_s - 1:+.1%}); "
+            f"accuracy risk {option.risk.split(':')[0]}")
 
 
 def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Evaluation,

@@ -4,7 +4,10 @@ search choosing compression only where communication costs step time."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +22,7 @@ from autoplace.specs.model import model_from_dict
 from solvers.problem import DEFAULT_FEATURES, Budget, Problem
 from solvers.registry import get_solver
 from tests.helpers import gpu_cluster
+from tests.test_cli import invoke, strict_json
 
 
 def _model(precision: str = "bf16", batch: int = 64, layers: int = 8, hidden: int = 1024, vocab: int = 32000):
@@ -161,3 +165,40 @@ def test_a_fast_network_hidden_reduction_keeps_gradients_uncompressed() -> None:
     result = get_solver("cpsat").solve(Problem(model, gpu_cluster(8), top_k=1,
                                                features=DEFAULT_FEATURES | {"compress"}), Budget(time_limit_s=600))
     assert result.plans[0].plan.compress == "none"
+
+
+def _slow_files(tmp_path):
+    """A small model on four 8-GPU nodes behind 0.5 GB/s per GPU: communication-bound."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"name": "small", "layers": 8, "hidden": 1024, "ffn_hidden": 4096, "heads": 16,
+                                 "kv_heads": 8, "vocab": 32000, "seq_len": 2048, "ffn": "swiglu",
+                                 "training": {"global_batch": 32}}))
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("name: slow\nnodes: 4\ngpus_per_node: 8\ngpu: a100-sxm4-80gb\nintra_node: nvlink3\n"
+                       "inter_node: {bandwidth_GBps: 0.5, latency_us: 5}\n")
+    return model, cluster
+
+
+def test_solve_without_compress_says_what_it_would_buy_and_with_it_flags_the_risk(tmp_path) -> None:
+    """Data parallel only (pinned), on a slow network: the best plan's gradients dominate its step."""
+    model, cluster = _slow_files(tmp_path)
+    pins = ("--fix", "tp=1", "--fix", "pp=1", "--fix", "cp=1", "--framework", "none", "--time-limit", "600")
+    plain = strict_json(invoke("solve", model, cluster, "--json", "--top", "1", *pins).stdout)
+    hint = [n for n in plain["notes"] if n.startswith("compression was not searched")]
+    assert len(hint) == 1 and "accuracy risk" in hint[0]
+    result = invoke("solve", model, cluster, "--top", "1", "--allow", "compress", "--format", "csv", *pins)
+    assert result.exit_code == 0, result.output
+    row = next(csv.DictReader(io.StringIO(result.stdout)))
+    assert row["compress"] != "none" and f"compress={row['compress']}" in row["plan"]
+    doc = strict_json(invoke("solve", model, cluster, "--json", "--top", "1", "--allow", "compress", *pins).stdout)
+    best = doc["plans"][0]
+    assert best["compress_risk"] and best["step_time_s"] < plain["plans"][0]["step_time_s"]
+    assert not any(n.startswith("compression was not searched") for n in doc["notes"])
+
+
+def test_fix_pins_a_compression(tmp_path) -> None:
+    model, cluster = _slow_files(tmp_path)
+    doc = strict_json(invoke("solve", model, cluster, "--json", "--top", "1", "--framework", "none", "--fix",
+                             "compress=powersgd", "--fix", "powersgd_rank=2", "--time-limit", "600").stdout)
+    plan = doc["plans"][0]
+    assert (plan["compress"], plan["powersgd_rank"], plan["zero_stage"]) == ("powersgd", 2, 0)
