@@ -316,9 +316,8 @@ def solve(
     t0 = _time.perf_counter()
     try:
         from autoplace import frameworks
-        from autoplace.errors import SpecError
         from autoplace.plan import parse_plan_string
-        from solvers.problem import DEFAULT_FEATURES, FEATURES, Budget
+        from solvers.problem import Budget
         from solvers.registry import get_solver
 
         out_fmt = output_format(fmt, as_json)
@@ -326,12 +325,7 @@ def solve(
                      seq_len, global_batch)
         origin = model_origin_of(model, m, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
-        features = set(DEFAULT_FEATURES)
-        for name in (allow or []) + (deny or []):
-            if name not in FEATURES:
-                raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
-        features |= set(allow or [])
-        features -= set(deny or [])
+        features = _features(allow, deny)
         # any/none name no framework: the calibration's own is not compared
         named = None if framework in (frameworks.ANY, frameworks.NONE) else framework
         assume, band = _calibration(calibration, c, named, force)
@@ -411,6 +405,20 @@ def solve(
         raise typer.Exit(3)
 
 
+def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
+    """The search features: the defaults, plus --allow, less --deny.
+
+    Raises:
+        SpecError: a feature name that is not one (listing the valid ones).
+    """
+    from solvers.problem import DEFAULT_FEATURES, FEATURES
+
+    for name in (allow or []) + (deny or []):
+        if name not in FEATURES:
+            raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
+    return (set(DEFAULT_FEATURES) | set(allow or [])) - set(deny or [])
+
+
 def _compression_hint(problem: Any, result: Any) -> str | None:
     """What compression would buy the best plan when the search left it out (cheap: a few evaluations)."""
     if "compress" in problem.features or not result.plans:
@@ -426,8 +434,8 @@ def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver:
         return []
     from autoplace.sweep import SweepOptions, advised_plan_lines
 
-    opts = SweepOptions(framework=framework, time_limit_s=budget.time_limit_s, workers=budget.workers,
-                        seed=budget.seed, price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
+    opts = SweepOptions(framework=framework, features=frozenset(problem.features), time_limit_s=budget.time_limit_s,
+                        workers=budget.workers, seed=budget.seed, price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
     return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
                               view.advice.batch_tokens, view.advice.critical_tokens)
 
@@ -494,6 +502,8 @@ def scale(
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     framework: Annotated[str, typer.Option("--framework", help="none (default): the theoretical optimum, with who "
                                            "can run each plan; any or a framework name: as solve.")] = "none",
+    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature, as solve.")] = None,
+    deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature, as solve.")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot throughput and scaling efficiency against GPUs "
                                              "here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
@@ -525,7 +535,8 @@ def scale(
         table = layer_table(m)
         advice = _outlook(m, cluster_at(counts[0], gpu=gpu, unit=unit), None, tokens, price, target_loss, noise_scale,
                           advise=True).advice
-        opts = SweepOptions(framework=framework, time_limit_s=time_limit, workers=workers, seed=seed, tokens=budget,
+        opts = SweepOptions(framework=framework, features=frozenset(_features(allow, deny)), time_limit_s=time_limit,
+                            workers=workers, seed=seed, tokens=budget,
                             price_per_gpu_hour=price, objective=objective.value, max_days=max_days,
                             critical_tokens=advice.critical_tokens if batches and len(batches) > 1 else None)
         points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)

@@ -39,6 +39,7 @@ class SweepOptions:
 
     Attributes:
         framework: as ``solve --framework`` (``none``: the theoretical optimum, fastest to search).
+        features: what the search may use (None: solve's defaults).
         time_limit_s, workers, seed: the budget of each size's solve.
         tokens: the token budget (None: no time or cost columns).
         price_per_gpu_hour: dollars per GPU-hour (None: GPU-hours are the cost).
@@ -48,6 +49,7 @@ class SweepOptions:
     """
 
     framework: str = frameworks.NONE
+    features: frozenset[str] | None = None
     time_limit_s: float = 2.0
     workers: int = 2
     seed: int = 0
@@ -108,27 +110,32 @@ def cluster_at(gpus: int, *, gpu: str | None = None, unit: ClusterSpec | None = 
     Raises:
         SpecError: a count that is not a whole number of nodes, or a unit with several pools.
     """
-    links: tuple[str | None, str | None] = (None, None)
-    host: float | None = None
     if unit is not None:
-        if len(unit.pools) != 1:
-            raise SpecError(f"a cluster file with {len(unit.pools)} pools cannot be replicated; give one pool",
-                            source="--cluster-unit")
-        pool = unit.pools[0]
-        gpn, name, links = pool.gpus_per_node, pool.gpu.name, (pool.intra_node.name, pool.inter_node.name)
-        host = pool.host_memory_GB
-    else:
-        from autoplace.specs.cluster import gpu_profile_name, load_profile
+        return _replicated(unit, gpus)
+    from autoplace.specs.cluster import gpu_profile_name, load_profile
 
-        name = gpu_profile_name(gpu or "")
-        gpn = load_profile("gpu", name).default_gpus_per_node
+    name = gpu_profile_name(gpu or "")
+    gpn = load_profile("gpu", name).default_gpus_per_node
     if gpus < gpn:
-        return cluster_from_flags(name, 1, gpus_per_node=gpus, intra_node=links[0], inter_node=links[1],
-                                  host_memory_GB=host, name=f"1x{gpus}x{name}")
+        return cluster_from_flags(name, 1, gpus_per_node=gpus, name=f"1x{gpus}x{name}")
     if gpus % gpn:
         raise SpecError(f"{gpus} GPUs is not a whole number of {gpn}-GPU nodes", source="--gpus")
-    return cluster_from_flags(name, gpus // gpn, gpus_per_node=gpn, intra_node=links[0], inter_node=links[1],
-                              host_memory_GB=host)
+    return cluster_from_flags(name, gpus // gpn, gpus_per_node=gpn)
+
+
+def _replicated(unit: ClusterSpec, gpus: int) -> ClusterSpec:
+    """``gpus`` GPUs of the unit file's node, its links (named or inline) and host memory kept."""
+    if len(unit.pools) != 1:
+        raise SpecError(f"a cluster file with {len(unit.pools)} pools cannot be replicated; give one pool",
+                        source="--cluster-unit")
+    pool = unit.pools[0]
+    gpn = min(pool.gpus_per_node, gpus)
+    if gpus % gpn:
+        raise SpecError(f"{gpus} GPUs is not a whole number of {gpn}-GPU nodes", source="--gpus")
+    nodes = gpus // gpn
+    domain = min(pool.nvlink_domain, gpus) if pool.nvlink_domain > gpn else gpn
+    resized = pool.model_copy(update={"nodes": nodes, "gpus_per_node": gpn, "nvlink_domain": domain})
+    return unit.model_copy(update={"name": f"{nodes}x{gpn}x{pool.gpu.name}", "pools": (resized,)})
 
 
 def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> tuple[Evaluation | None, str, float]:
@@ -139,7 +146,7 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> tup
     t0 = time.perf_counter()
     budget = Budget(time_limit_s=opts.time_limit_s, workers=opts.workers, seed=opts.seed)
     try:
-        problem = frameworks.problem_for(opts.framework, model, cluster, fixed={}, features=_features(),
+        problem = frameworks.problem_for(opts.framework, model, cluster, fixed={}, features=set(opts.features) if opts.features is not None else _features(),
                                          objective="time", top_k=1)
         solver = get_solver("cpsat")
         result = (solver.solve(problem, budget) if opts.framework == frameworks.NONE

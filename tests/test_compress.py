@@ -202,3 +202,16 @@ def test_fix_pins_a_compression(tmp_path) -> None:
                              "compress=powersgd", "--fix", "powersgd_rank=2", "--time-limit", "600").stdout)
     plan = doc["plans"][0]
     assert (plan["compress"], plan["powersgd_rank"], plan["zero_stage"]) == ("powersgd", 2, 0)
+
+
+def test_scale_replicates_an_inline_network_and_searches_compression_when_allowed(tmp_path) -> None:
+    """The unit cluster's links are kept as the file gives them (an inline inter_node too)."""
+    model, cluster = _slow_files(tmp_path)
+
+    def sweep(*extra: str) -> dict:
+        result = invoke("scale", model, "--cluster", cluster, "--gpus", "8,32", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        return strict_json(result.stdout)
+
+    assert all(p["plan"]["compress"] == "none" for p in sweep()["points"])
+    assert sweep("--allow", "compress")["points"][1]["plan"]["compress"] != "none"
