@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import check_cpu_offload_together, fail, launch_geometry, training_dtype, uniform_recompute
+from autoplace.emit._common import (
+    check_compression,
+    check_cpu_offload_together,
+    fail,
+    launch_geometry,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -53,6 +60,7 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
+    check_compression(plan, FMT)
     for name, degree in (("pp", plan.pp), ("ep", plan.ep)):
         if degree > 1:
             raise fail(FMT, f"{name}={degree}: accelerate configures no pipeline or expert parallelism; "
