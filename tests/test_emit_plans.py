@@ -168,7 +168,7 @@ def test_bundle_readme_names_the_recipe_each_framework_really_uses(tmp_path, pre
 # a plan each option applies to (autoplace.compression.applies) on CLUSTER16
 COMPRESSED = {"bf16": "zero=3,compress=bf16", "zeropp": "zero=3,compress=zeropp",
               "powersgd": "dp_replicate=16,zero=0,compress=powersgd,powersgd_rank=2"}
-RUNNERS = {"bf16": {"megatron", "fsdp"}, "zeropp": {"deepspeed"}, "powersgd": {"fsdp"}}
+RUNNERS = {"bf16": {"megatron", "fsdp", "accelerate"}, "zeropp": {"deepspeed"}, "powersgd": {"fsdp"}}
 
 
 @pytest.mark.parametrize("option", sorted(COMPRESSED))

@@ -305,7 +305,7 @@ def test_torchtitan_declares_only_fp32_reduction_so_bf16_is_refused(titan, tmp_p
     with pytest.raises(SystemExit):
         titan.ConfigManager().parse_args(["--training.mixed_precision_reduce", "bfloat16"])
     model = small_model("bf16-fsdp2")  # FSDP2's recipe reduces in fp32: bf16 would halve its bytes
-    for text, runner in [("zero=3,compress=bf16", "megatron or fsdp"), ("zero=3,compress=zeropp", "deepspeed"),
+    for text, runner in [("zero=3,compress=bf16", "megatron or fsdp or accelerate"), ("zero=3,compress=zeropp", "deepspeed"),
                          ("dp_replicate=16,zero=0,compress=powersgd", "fsdp")]:
         with pytest.raises(EmitError, match=f"torchtitan: compress=.*; {runner} can run it"):
             emit_torchtitan(make_plan(text, model, CLUSTER16), model, CLUSTER16)
