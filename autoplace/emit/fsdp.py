@@ -6,8 +6,9 @@ the plan has it), per-block activation checkpointing (full or selective, block b
 the plan says) and FSDP2 ``fully_shard`` (HSDP over a 2-D mesh when dp_replicate > 1, CPU
 offload when the plan offloads).  Compression: ``compress=bf16`` sets the policy's
 ``reduce_dtype``; ``compress=powersgd`` (ZeRO-0) wraps the model in DistributedDataParallel
-with torch's PowerSGD comm hook instead of FSDP2, whose collectives take no DDP hook.  torch is imported only by the emitted module; autoplace
-writes it as text.  The tests run it for real on 2 gloo ranks.
+with torch's PowerSGD comm hook instead of FSDP2, whose collectives take no DDP hook.  torch
+is imported only by the emitted module; autoplace writes it as text.  The tests run it for
+real on 2 gloo ranks.
 """
 
 from __future__ import annotations
