@@ -39,7 +39,10 @@ COMPRESSIONS: dict[str, Compression] = {
         "low: bf16 sums lose precision as the data-parallel group grows; torchtitan and Megatron default to "
         "fp32 reduction for that reason",
         "PyTorch FSDP2 MixedPrecisionPolicy(reduce_dtype); Megatron-LM --grad-reduce-in-bf16",
-        ("megatron", "torchtitan", "fsdp")),
+        # not torchtitan: 0.2.2 declares training.mixed_precision_reduce as Literal["float32"] (its
+        # command line refuses "bfloat16"; only the unchecked TOML path would pass it); accelerate's
+        # FSDP2 reduces in its mixed_precision dtype (FullyShardedDataParallelPlugin.set_mixed_precision)
+        ("megatron", "fsdp", "accelerate")),
     "zeropp": Compression(
         "zeropp", "ZeRO++: int8 weight all-gathers (qwZ), a node-local secondary weight shard so backward "
         "gathers stay inside the node (hpZ), int4 gradient reduce-scatter (qgZ): cross-node volume 3M -> 0.75M",

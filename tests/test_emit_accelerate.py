@@ -133,3 +133,25 @@ def test_reader_reads_fsdp1_hybrid_sharding() -> None:
            "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD", "fsdp_activation_checkpointing": True}}
     plan = plan_from_accelerate(cfg, MODEL, gpu_cluster(16))
     assert (plan.dp_replicate, plan.dp_shard, plan.zero, plan.recompute_mode) == (2, 8, 3, "full")
+
+
+@pytest.mark.parametrize("text", ["zero=3,compress=bf16", "zero=2,compress=bf16", "tp=2,sp=false,zero=3,compress=bf16"])
+def test_bf16_reduction_is_accelerates_fsdp_mixed_precision(text: str, tmp_path, monkeypatch) -> None:
+    """accelerate's FSDP2 plugin takes reduce_dtype from mixed_precision, as AcceleratorState sets it
+    (``fsdp_plugin.set_mixed_precision``): the file runs compress=bf16; its DDP would not."""
+    import torch
+
+    model = small_model("bf16-fsdp2")
+    cfg = emit_accelerate(make_plan(text, model, CLUSTER16), model, CLUSTER16)
+    env = accelerate_launch_env(cfg, tmp_path, monkeypatch)
+    fsdp, _ = plugins_from(env, monkeypatch)
+    assert fsdp is not None
+    fsdp.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])  # what AcceleratorState does with it
+    assert fsdp.mixed_precision_policy.reduce_dtype == torch.bfloat16
+    for bad, message in [("dp_replicate=16,zero=0,compress=bf16", "only under FSDP"),
+                         ("zero=3,compress=zeropp", "deepspeed can run it")]:
+        with pytest.raises(EmitError, match=message):
+            emit_accelerate(make_plan(bad, model, CLUSTER16), model, CLUSTER16)
+    fp32 = small_model("fp32")
+    with pytest.raises(EmitError, match="mixed_precision dtype, fp32 here"):
+        emit_accelerate(make_plan("zero=3,compress=bf16", fp32, CLUSTER16), fp32, CLUSTER16)

@@ -76,7 +76,11 @@ def check_parsed(parsed: Any, cfg: dict[str, Any], plan: Plan) -> None:
     zero = parsed.zero_config
     assert (zero.offload_optimizer.device if zero.offload_optimizer else "none") == plan.offload_optimizer
     assert (zero.offload_param.device if zero.offload_param else "none") == plan.offload_params
-    assert zero.zero_hpz_partition_size == (plan.dp_shard if plan.zero == 3 and plan.dp_replicate > 1 else 1)
+    hpz = plan.dp_shard if plan.zero == 3 and plan.dp_replicate > 1 else 1
+    if plan.compress == "zeropp":  # ZeRO++: hpZ over the node (tp=1 on 8-GPU nodes), int8 weights, int4 gradients
+        hpz = min(8, plan.dp_shard)
+    assert zero.zero_hpz_partition_size == hpz
+    assert zero.zero_quantized_weights == zero.zero_quantized_gradients == (plan.compress == "zeropp")
     assert set(cfg) <= DEEPSPEED_TOP_LEVEL  # nothing DeepSpeed would silently drop
 
 
@@ -93,7 +97,7 @@ def test_deepspeed_config_class_accepts_emitted_config(text: str, monkeypatch) -
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
                                                                  HealthCheck.function_scoped_fixture])
 @given(values=plan_values(tp=(1, 2, 4), pp=(1, 2), recompute="per-layer", offload=("none", "cpu", "nvme"),
-                          sp=False))
+                          sp=False, compress=("none", "zeropp")))
 def test_deepspeed_accepts_every_expressible_plan(values, monkeypatch) -> None:
     plan = build(values)
     assume(plan is not None)
@@ -112,6 +116,44 @@ def test_precision_follows_the_model_recipe(precision: str, enabled: str | None,
     assert parsed.float16_config.enabled == (enabled == "fp16")
     assert parsed.bfloat16_config.enabled == (enabled == "bf16")
     assert parsed.grad_accum_dtype == ("fp32" if precision == "bf16-fp32-grads" else None)
+
+
+@pytest.mark.parametrize("per_node, domain, hpz", [(8, None, 8), (4, None, 4), (4, 8, 8), (2, 72, 16)])
+def test_zeropp_sets_quantized_weights_and_gradients_and_hpz_over_the_nvlink_domain(
+        per_node: int, domain: int | None, hpz: int, monkeypatch) -> None:
+    """DeepSpeed's parser reads ZeRO++ back: qwZ, qgZ, and an hpZ group of the ZeRO ranks one NVLink
+    domain holds (a node, or a rack-scale domain), the group the cost model keeps backward's gathers in."""
+    from autoplace.specs.cluster import cluster_from_dict
+
+    cluster = cluster_from_dict({"name": "c", "nodes": 16 // per_node, "gpus_per_node": per_node,
+                                 "gpu": "a100-sxm4-80gb", "intra_node": "nvlink3", "inter_node": "ib-hdr",
+                                 **({"nvlink_domain": domain} if domain else {})})
+    plan = make_plan("zero=3,compress=zeropp", MODEL, cluster)
+    cfg = emit_deepspeed(plan, MODEL, cluster)
+    zero = deepspeed_accepts(cfg, plan, monkeypatch).zero_config
+    assert (zero.zero_quantized_weights, zero.zero_quantized_gradients, zero.zero_hpz_partition_size) == (
+        True, True, hpz)
+    assert plan_from_deepspeed(cfg, MODEL, cluster) == plan  # and the reader reads ZeRO++ back
+
+
+def test_zeropp_is_refused_where_deepspeed_cannot_run_it_as_costed() -> None:
+    for text, message in [("zero=2,compress=zeropp", "needs zero=3"), ("zero=3,preset=hsdp,compress=zeropp",
+                                                                       "needs zero=3 over the whole"),
+                          ("tp=2,sp=false,zero=3,compress=zeropp", "consecutive global ranks"),
+                          ("zero=3,compress=bf16", "deepspeed has no configuration for bf16 gradient reduction"),
+                          ("dp_replicate=16,zero=0,compress=powersgd", "fsdp can run it")]:
+        with pytest.raises(EmitError, match=message):
+            emit_deepspeed(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
+
+
+def test_reader_refuses_a_partial_or_resized_zeropp() -> None:
+    cfg = emit_deepspeed(make_plan("zero=3,compress=zeropp", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    for key, value, message in [("zero_quantized_gradients", False, "set both or neither"),
+                                ("zero_hpz_partition_size", 4, "one NVLink domain, 8 here; got 4")]:
+        bad = copy.deepcopy(cfg)
+        bad["zero_optimization"][key] = value
+        with pytest.raises(SpecError, match=message):
+            plan_from_deepspeed(bad, MODEL, CLUSTER16)
 
 
 def test_deepspeed_cannot_express_context_parallelism_or_interleaving() -> None:

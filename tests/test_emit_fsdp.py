@@ -181,3 +181,100 @@ def test_what_the_fsdp_module_does_not_apply_raises() -> None:
                           ("zero=1", "optimizer-only"), ("zero=3,offload_optimizer=nvme,offload_params=nvme", "NVMe")]:
         with pytest.raises(EmitError, match=message):
             emit_fsdp_module(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
+
+
+# ---------------------------------------------------------------------------------------
+# Compression: bf16 reduction and PowerSGD, run on 2 gloo ranks
+
+
+def _compress_worker(rank: int, world: int, paths: list[str], port: int, out: str) -> None:
+    """Train each emitted module 3 SGD steps, recording the dtype of every gradient collective."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    Tiny = _tiny_model(torch, nn, F)
+    dtypes: set[str] = set()
+
+    def recording(collective):
+        def wrapped(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("output"))
+            dtypes.add(str(tensor.dtype))
+            return collective(*args, **kwargs)
+        return wrapped
+
+    # FSDP2 reduce-scatters with reduce_scatter_single and all-reduces HSDP/DDP replicas with all_reduce
+    dist.all_reduce, dist.reduce_scatter_single = recording(dist.all_reduce), recording(dist.reduce_scatter_single)
+    results = []
+    for i, path in enumerate(paths):
+        spec = importlib.util.spec_from_file_location(f"fsdp2_compress_{i}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.POWERSGD_START_ITER = 2  # compress from the third backward (error feedback needs two plain ones)
+        torch.manual_seed(0)
+        model = module.parallelize(Tiny(), module.build_mesh("cpu"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+        dtypes.clear()
+        losses = []
+        for _ in range(3):
+            logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        state = getattr(model, "powersgd_state", None)
+        results.append({"dtypes": sorted(dtypes), "losses": losses, "type": type(model).__name__,
+                        "hook": model._get_ddp_logging_data().get("comm_hook") if state else None,
+                        "stats": list(state.compression_stats()[1:]) if state else None,
+                        "iter": state.iter if state else None})
+    Path(f"{out}.{rank}").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_module_reduces_in_bf16_and_compresses_with_powersgd_on_2_ranks(tmp_path) -> None:
+    """compress=bf16 moves bf16 gradients (fp32 without it), under FSDP and under DDP-style
+    replication; compress=powersgd runs DDP with torch's PowerSGD hook, which compresses once
+    its warm-up is over (~10 s)."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    model, cluster = tiny_spec(2)
+    plans = ["zero=3", "zero=3,compress=bf16", "dp_replicate=2,zero=0,compress=bf16",
+             "dp_replicate=2,zero=0,compress=powersgd,powersgd_rank=2"]
+    paths = []
+    for i, text in enumerate(plans):
+        path = tmp_path / f"fsdp2_compress_{i}.py"
+        path.write_text(emit_fsdp_module(make_plan(text, model, cluster), model, cluster))
+        paths.append(str(path))
+    mp.spawn(_compress_worker, args=(2, paths, _free_port(), str(tmp_path / "out")), nprocs=2)
+    for rank in range(2):
+        plain, fsdp_bf16, ddp_bf16, powersgd = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert plain["dtypes"] == ["torch.float32"]
+        assert fsdp_bf16["dtypes"] == ddp_bf16["dtypes"] == ["torch.bfloat16"]
+        assert powersgd["type"] == "DistributedDataParallel" and powersgd["hook"] == "powerSGD_hook"
+        before, after = powersgd["stats"]  # elements before and after compression in the last step
+        assert powersgd["iter"] == 3 and 0 < after < before
+        for result in (plain, fsdp_bf16, ddp_bf16, powersgd):
+            assert result["losses"][-1] < result["losses"][0], result  # it trains
+
+
+def test_module_states_the_compression() -> None:
+    model, cluster = tiny_spec(2)
+    for text, constants in [("zero=3", {"COMPRESS": "none", "POWERSGD_RANK": 0}),
+                            ("dp_replicate=2,zero=0,compress=powersgd,powersgd_rank=2",
+                             {"COMPRESS": "powersgd", "POWERSGD_RANK": 2, "POWERSGD_START_ITER": 1000})]:
+        tree = ast.parse(emit_fsdp_module(make_plan(text, model, cluster), model, cluster))
+        found = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+        assert {k: found[k] for k in constants} == constants
+    for text, message in [("tp=2,zero=0,compress=powersgd", "use tp=1 or compress=bf16"),
+                          ("zero=3,compress=powersgd", "needs zero=0"), ("zero=3,compress=zeropp", "deepspeed can")]:
+        with pytest.raises(EmitError, match=message):
+            emit_fsdp_module(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)

@@ -141,7 +141,7 @@ _OTHER_FLAGS = {"use_distributed_optimizer", "num_distributed_optimizer_instance
                 "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by", "position_embedding_type",
                 "rotary_base", "group_query_attention", "swiglu", "untie_embeddings_and_output_weights",
                 "disable_bias_linear", "num_experts", "fp16", "bf16", "accumulate_allreduce_grads_in_fp32",
-                "fp8_format"}
+                "fp8_format", "grad_reduce_in_bf16"}
 
 
 def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, Any]]:
@@ -261,3 +261,41 @@ def test_rope_base_defaults_to_megatrons_and_must_be_whole() -> None:
     assert value(args_of("zero=1"), "--rotary-base") == "10000"
     with pytest.raises(EmitError, match="rotary-base is an integer"):
         args_of("zero=1", small_model(rope_theta=1e4 + 0.5))
+
+
+def ddp_config(opts: dict[str, Any]) -> Any:
+    """megatron-core's DistributedDataParallelConfig as Megatron-LM builds it from the options.
+
+    Restated from Megatron-LM core_v0.16.0: ``validate_args`` (with --bf16, --grad-reduce-in-bf16
+    turns accumulate_allreduce_grads_in_fp32 off, else fp32 main grads turn it on) and
+    ``training.get_model`` (``grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32``).
+    """
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    fp32 = bool(opts.get("accumulate_allreduce_grads_in_fp32"))
+    if opts.get("bf16"):
+        fp32 = False if opts.get("grad_reduce_in_bf16") else True  # main_grads_dtype defaults to fp32
+    return DistributedDataParallelConfig(grad_reduce_in_fp32=fp32,
+                                         use_distributed_optimizer=bool(opts.get("use_distributed_optimizer")))
+
+
+@pytest.mark.parametrize("text", ["zero=1,compress=bf16", "tp=2,pp=2,zero=1,compress=bf16", "zero=3,compress=bf16"])
+def test_bf16_reduction_is_megatrons_grad_reduce_in_bf16(text: str, mcore) -> None:
+    """compress=bf16 replaces fp32 accumulation and reduction: Megatron's DDP config reduces in bf16."""
+    model = small_model("bf16-fp32-grads")
+    plan = make_plan(text, model, CLUSTER16)
+    args = emit_megatron(plan, model, CLUSTER16)
+    assert "--grad-reduce-in-bf16" in args and "--accumulate-allreduce-grads-in-fp32" not in args
+    _, opts = megatron_core_config(args, CLUSTER16.gpus)
+    assert ddp_config(opts).grad_reduce_in_fp32 is False
+    plain = emit_megatron(make_plan(text.replace(",compress=bf16", ""), model, CLUSTER16), model, CLUSTER16)
+    assert ddp_config(megatron_core_config(plain, CLUSTER16.gpus)[1]).grad_reduce_in_fp32 is True
+
+
+def test_bf16_reduction_needs_bf16_training_and_other_options_are_refused() -> None:
+    with pytest.raises(EmitError, match="--grad-reduce-in-bf16 acts only with --bf16 training"):
+        args_of("zero=1,compress=bf16", small_model("fp32"))
+    for text, message in [("zero=3,compress=zeropp", "deepspeed can run it"),
+                          ("dp_replicate=16,zero=0,compress=powersgd", "fsdp can run it")]:
+        with pytest.raises(EmitError, match=message):
+            args_of(text)

@@ -48,7 +48,8 @@ MODEL = small_model()
 def plan_values(draw: st.DrawFn, *, tp: tuple[int, ...] = (1, 2, 4), pp: tuple[int, ...] = (1, 2, 4),
                 cp: tuple[int, ...] = (1,), zero: tuple[int, ...] = (0, 1, 2, 3), vpp: bool = False,
                 schedules: tuple[str, ...] = ("1f1b",), recompute: str = "uniform",
-                offload: tuple[str, ...] = ("none",), hsdp: bool = True, sp: bool | None = None) -> dict[str, Any]:
+                offload: tuple[str, ...] = ("none",), hsdp: bool = True, sp: bool | None = None,
+                compress: tuple[str, ...] = ("none",)) -> dict[str, Any]:
     """Values for ``build_plan`` on CLUSTER16 / MODEL; the caller narrows them to what a format states."""
     v: dict[str, Any] = {"tp": draw(st.sampled_from(tp)), "pp": draw(st.sampled_from(pp)),
                          "cp": draw(st.sampled_from(cp)), "zero": draw(st.sampled_from(zero)),
@@ -72,6 +73,9 @@ def plan_values(draw: st.DrawFn, *, tp: tuple[int, ...] = (1, 2, 4), pp: tuple[i
         v["offload_optimizer"] = off
         if v["zero"] == 3:
             v["offload_params"] = off
+    v["compress"] = draw(st.sampled_from(compress))
+    if v["compress"] == "powersgd":
+        v["powersgd_rank"] = draw(st.sampled_from((1, 2, 4)))
     return v
 
 
@@ -156,3 +160,43 @@ def test_bundle_readme_names_the_recipe_each_framework_really_uses(tmp_path, pre
     lines = {line.split(":")[0]: line for line in (tmp_path / "README.txt").read_text().splitlines()}
     assert all("plan with training.precision" in lines[name] for name in noted)
     assert not any("plan with training.precision" in lines[name] for name in silent)
+
+
+# ---------------------------------------------------------------------------------------
+# Compression: each framework runs the options COMPRESSIONS gives it and refuses the others
+
+# a plan each option applies to (autoplace.compression.applies) on CLUSTER16
+COMPRESSED = {"bf16": "zero=3,compress=bf16", "zeropp": "zero=3,compress=zeropp",
+              "powersgd": "dp_replicate=16,zero=0,compress=powersgd,powersgd_rank=2"}
+RUNNERS = {"bf16": {"megatron", "fsdp", "accelerate"}, "zeropp": {"deepspeed"}, "powersgd": {"fsdp"}}
+
+
+@pytest.mark.parametrize("option", sorted(COMPRESSED))
+def test_each_framework_runs_only_the_compressions_it_has(option: str) -> None:
+    """The emitters agree with COMPRESSIONS (and COMPRESSIONS with what this test states), and a
+    refusal names the frameworks that do run the option."""
+    from autoplace.capabilities import FRAMEWORKS
+    from autoplace.compression import COMPRESSIONS
+
+    assert set(COMPRESSIONS[option].frameworks) == RUNNERS[option]
+    model = small_model("bf16-fp32-grads") if option == "bf16" else MODEL  # a recipe that reduces in fp32
+    plan = make_plan(COMPRESSED[option], model, CLUSTER16)
+    for fmt in FRAMEWORKS:
+        if fmt in RUNNERS[option]:
+            assert render(fmt, plan, model, CLUSTER16)
+            continue
+        with pytest.raises(EmitError, match=rf"^{fmt}: compress={option}: {fmt} has no configuration for .*; "
+                                            rf"{' or '.join(COMPRESSIONS[option].frameworks)} can run it"):
+            render(fmt, plan, model, CLUSTER16)
+
+
+def test_any_framework_admits_a_compressed_configuration_only_where_one_runs_it() -> None:
+    from autoplace.frameworks import admissible
+    from autoplace.plan import Config
+
+    ok = admissible("any", MODEL)
+    assert ok(Config(dp_shard=16, zero=3, compress="zeropp"))  # DeepSpeed
+    assert not ok(Config(dp_shard=8, pp=2, zero=3, compress="zeropp"))  # DeepSpeed's pipeline allows ZeRO-0/1 only
+    assert ok(Config(dp_replicate=16, zero=0, compress="powersgd", powersgd_rank=4))  # the FSDP2 module's DDP
+    assert not ok(Config(dp_replicate=8, pp=2, zero=0, compress="powersgd", powersgd_rank=4))  # fsdp has no pp
+    assert ok(Config(dp_shard=8, pp=2, zero=1, compress="bf16"))  # Megatron --grad-reduce-in-bf16

@@ -37,7 +37,7 @@ def deepspeed_projection(plan: Plan) -> Plan:
 
 @SETTINGS
 @given(plan_values(tp=(1, 2), pp=(1, 2), zero=(0, 1, 2, 3), recompute="per-layer", offload=("none", "cpu", "nvme"),
-                   sp=False))
+                   sp=False, compress=("none", "zeropp")))
 def test_deepspeed_round_trip(values) -> None:
     plan = build(values)
     assume(plan is not None)
@@ -94,3 +94,14 @@ def test_files_round_trip_by_extension(tmp_path) -> None:
     assert plan_from_file(tmp_path / "ds.json", MODEL, CLUSTER16) == plan
     assert plan_from_file(tmp_path / "tt.toml", MODEL, CLUSTER16) == plan
     assert plan_from_accelerate(tmp_path / "acc.yaml", MODEL, CLUSTER16, mbs=2) == plan
+
+
+def test_zeropp_round_trips_through_deepspeed_and_stays_apart_from_hsdp() -> None:
+    """hpZ alone is DeepSpeed's HSDP (dp_replicate x dp_shard); with quantized weights and gradients it
+    is ZeRO++'s secondary shard over the whole data-parallel group (compress=zeropp)."""
+    for text in ("zero=3,compress=zeropp,recompute=full", "zero=3,compress=zeropp,offload_optimizer=cpu",
+                 "zero=3,preset=hsdp"):
+        plan = make_plan(text, MODEL, CLUSTER16)
+        cfg = json.loads(json.dumps(emit_deepspeed(plan, MODEL, CLUSTER16)))
+        assert cfg["zero_optimization"]["zero_hpz_partition_size"] == 8, text
+        assert plan_from_deepspeed(cfg, MODEL, CLUSTER16) == deepspeed_projection(plan), text

@@ -288,3 +288,36 @@ def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
     for patch, message in bad:
         with pytest.raises(SpecError, match=message):
             plan_from_torchtitan({**base, **patch}, MODEL, CLUSTER16)
+
+
+# ---------------------------------------------------------------------------------------
+# Compression: torchtitan 0.2.2 runs none of the options
+
+
+def test_torchtitan_declares_only_fp32_reduction_so_bf16_is_refused(titan, tmp_path) -> None:
+    """Why COMPRESSIONS["bf16"] leaves torchtitan out: 0.2.2's job config declares
+    training.mixed_precision_reduce as Literal["float32"]; its command line refuses bfloat16
+    (only the TOML loader would pass the string through unchecked)."""
+    import typing
+
+    hints = typing.get_type_hints(titan.JobConfig().training.__class__)
+    assert typing.get_args(hints["mixed_precision_reduce"]) == ("float32",)
+    with pytest.raises(SystemExit):
+        titan.ConfigManager().parse_args(["--training.mixed_precision_reduce", "bfloat16"])
+    model = small_model("bf16-fsdp2")  # FSDP2's recipe reduces in fp32: bf16 would halve its bytes
+    for text, runner in [("zero=3,compress=bf16", "megatron or fsdp or accelerate"), ("zero=3,compress=zeropp", "deepspeed"),
+                         ("dp_replicate=16,zero=0,compress=powersgd", "fsdp")]:
+        with pytest.raises(EmitError, match=f"torchtitan: compress=.*; {runner} can run it"):
+            emit_torchtitan(make_plan(text, model, CLUSTER16), model, CLUSTER16)
+    plan = make_plan("zero=3", model, CLUSTER16)
+    assert parse(titan, plan, tmp_path).training.mixed_precision_reduce == "float32"
+
+
+def test_reader_refuses_a_bf16_reduction_torchtitan_does_not_declare() -> None:
+    plan = make_plan("zero=3", MODEL, CLUSTER16)
+    doc = emit_torchtitan(plan, MODEL, CLUSTER16)
+    doc["training"]["mixed_precision_reduce"] = "bfloat16"
+    with pytest.raises(SpecError, match="'bfloat16' is not valid; valid: float32"):
+        plan_from_torchtitan(doc, MODEL, CLUSTER16)
+    doc["training"]["mixed_precision_reduce"] = "float32"
+    assert plan_from_torchtitan(doc, MODEL, CLUSTER16) == plan.replace(sp=False)

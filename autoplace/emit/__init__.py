@@ -69,7 +69,7 @@ FILES = {
 }
 
 
-def recipe_note(fmt: str, model: ModelSpec) -> str:
+def recipe_note(fmt: str, model: ModelSpec, plan: Plan | None = None) -> str:
     """A README remark when the framework of ``fmt`` splits the training states differently from
     the bf16 recipe the plan was costed with (the totals agree; the split and the bytes moved do not)."""
     recipe = model.training.recipe()
@@ -77,8 +77,9 @@ def recipe_note(fmt: str, model: ModelSpec) -> str:
         return ""
     want = bf16_recipe(fmt)
     if fmt in FSDP2_FRAMEWORKS and recipe.master_copy:  # the emitted fsdp module and torchtitan reduce in fp32
+        fp32_reduce = fmt != "accelerate" and (plan is None or plan.compress != "bf16")  # bf16: reduce_dtype bf16
         return (" [costed with the ZeRO recipe, 2 + 2 + 12 B per parameter and 16-bit gradient reduction; FSDP2 "
-                "keeps fp32 shards, 4 + 4 + 8 B" + (", and this config reduce-scatters in fp32" if fmt != "accelerate"
+                "keeps fp32 shards, 4 + 4 + 8 B" + (", and this config reduce-scatters in fp32" if fp32_reduce
                                                    else "") + f": plan with training.precision {want} for its exact bytes]")
     if fmt in ZERO_FRAMEWORKS and not recipe.master_copy:
         return (" [costed with FSDP2's recipe (fp32 shards, no master copy); this framework keeps 16-bit weights and "
@@ -205,7 +206,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         if not text:  # a companion with nothing to say (torchtitan's own flavor needs no model module)
             continue
         written[fmt] = _write(out / name, text, executable=fmt in _EXECUTABLE)
-        readme.append(f"{name}: {what}{recipe_note(fmt, model)}")
+        readme.append(f"{name}: {what}{recipe_note(fmt, model, plan)}")
     (out / "README.txt").write_text("\n".join(readme) + "\n")
     return written
 

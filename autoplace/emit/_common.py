@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from autoplace.compression import COMPRESSIONS
 from autoplace.cost.layers import layer_table
 from autoplace.errors import EmitError
 from autoplace.plan import Plan
@@ -129,3 +130,27 @@ def check_cpu_offload_together(plan: Plan, fmt: str, knob: str) -> None:
         raise fail(fmt, f"{knob} moves parameters, gradients and the optimizer step to the host together; "
                         f"offload_params={plan.offload_params} and offload_optimizer={plan.offload_optimizer} "
                         "must be equal")
+
+
+
+# what each compression option is, for messages (autoplace.compression has the full facts)
+_COMPRESSION_NAMES = {"bf16": "bf16 gradient reduction", "zeropp": "ZeRO++ (int8 weight gathers, hpZ, int4 gradients)",
+                      "powersgd": "PowerSGD low-rank gradient compression"}
+
+
+def check_compression(plan: Plan, fmt: str) -> None:
+    """Refuse a ``compress`` option the framework of ``fmt`` cannot run.
+
+    One rule for every emitter, read from :data:`autoplace.compression.COMPRESSIONS`
+    (``frameworks``), so the search (``frameworks.admissible``, which calls the emitters'
+    checks) and the emitters agree on which framework runs which option.
+
+    Raises:
+        EmitError: naming the option, the frameworks that do run it, and compress=none.
+    """
+    option = COMPRESSIONS.get(plan.compress)
+    if option is None or fmt in option.frameworks:
+        return
+    what = _COMPRESSION_NAMES.get(plan.compress, plan.compress)
+    raise fail(fmt, f"compress={plan.compress}: {fmt} has no configuration for {what}; "
+                    f"{' or '.join(option.frameworks)} can run it, or plan with compress=none")

@@ -116,6 +116,9 @@ def _check_training(train: kit.Doc, model: ModelSpec, src: str) -> None:
         dtype = kit.choice(train, "mixed_precision_param", ("bfloat16", "float32"), src, "training.", default="")
         kit.check_dtype({"bfloat16": "bf16", "float32": "fp32"}[dtype], training_dtype(model), src,
                         "training.mixed_precision_param")
+    # 0.2.2 declares Literal["float32"]: its command line refuses anything else, and only the TOML
+    # loader lets "bfloat16" through unchecked, so a bf16 reduction is not a torchtitan setting
+    kit.choice(train, "mixed_precision_reduce", ("float32",), src, "training.", default="float32")
 
 
 def _batch(train: kit.Doc, par: kit.Doc, pp: int, dp: int, src: str) -> tuple[int, int]:

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import check_cpu_offload_together, fail, launch_geometry, training_dtype, uniform_recompute
+from autoplace.emit._common import (
+    check_compression,
+    check_cpu_offload_together,
+    fail,
+    launch_geometry,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -22,6 +29,9 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 
     ZeRO-3 is FSDP2 with ``reshard_after_forward: true``; ZeRO-2 keeps the gathered
     parameters until backward (``false``, FSDP1's SHARD_GRAD_OP); ZeRO-0 is plain DDP.
+    accelerate's FSDP2 reduces gradients in the ``mixed_precision`` dtype whatever the plan
+    says (``FullyShardedDataParallelPlugin.set_mixed_precision``): compress=bf16 is its own
+    behaviour, so the file is the same with or without it.
 
     Raises:
         EmitError: pipeline or expert parallelism, ZeRO-1, selective or per-layer
@@ -30,6 +40,8 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
     check_expressible(plan)
     nodes, _ = launch_geometry(plan, cluster, FMT)
     mixed = training_dtype(model)
+    if plan.compress == "bf16" and mixed != "bf16":
+        raise fail(FMT, f"compress=bf16: accelerate's FSDP reduces in its mixed_precision dtype, {mixed} here")
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": _distributed_type(plan),
@@ -53,6 +65,11 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
+    check_compression(plan, FMT)
+    if plan.compress == "bf16" and _distributed_type(plan) != "FSDP":
+        raise fail(FMT, "compress=bf16: accelerate reduces in bf16 only under FSDP (its MixedPrecisionPolicy takes "
+                        "reduce_dtype from mixed_precision); its DDP all-reduces the fp32 gradients autocast leaves: "
+                        "use zero >= 2 over a shard group, or the fsdp module")
     for name, degree in (("pp", plan.pp), ("ep", plan.ep)):
         if degree > 1:
             raise fail(FMT, f"{name}={degree}: accelerate configures no pipeline or expert parallelism; "

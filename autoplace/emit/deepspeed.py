@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplace.emit._common import fail, fp32_grad_accumulation, recompute_runs, training_dtype, uniform_recompute
+import numpy as np
+
+from autoplace.cost.comm import members_per_domain
+from autoplace.emit._common import (
+    check_compression,
+    fail,
+    fp32_grad_accumulation,
+    recompute_runs,
+    training_dtype,
+    uniform_recompute,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -26,13 +36,12 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     Args:
         plan: the placement; its dp must be world / (tp * pp) (DeepSpeed has no ring CP).
         model: supplies the precision recipe and the hidden size bucket sizes scale with.
-        cluster: unused by DeepSpeed's schema; taken for a uniform emitter signature.
+        cluster: its NVLink domain sizes ZeRO++'s hpZ groups (compress=zeropp).
         nvme_path: where NVMe offload swaps to (written only when something is offloaded to NVMe).
 
     Raises:
         EmitError: the plan needs something DeepSpeed cannot configure.
     """
-    del cluster
     check_expressible(plan)
     cfg: dict[str, Any] = {
         # DeepSpeed's identity: train_batch_size = micro * accumulation * data-parallel size,
@@ -43,6 +52,8 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     }
     cfg.update(precision_section(model))
     cfg["zero_optimization"] = zero_section(plan, model, nvme_path)
+    if plan.compress == "zeropp":
+        cfg["zero_optimization"].update(zeropp_keys(plan, cluster))
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # DeepSpeed AutoTP training
     if plan.ep > 1:
@@ -56,6 +67,9 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for the parts of ``plan`` DeepSpeed 0.19 has no configuration for."""
+    check_compression(plan, FMT)
+    if plan.compress == "zeropp":
+        _check_zeropp(plan)
     if plan.cp > 1:
         raise fail(FMT, f"cp={plan.cp}: DeepSpeed has no ring context parallelism (its sequence_parallel_size "
                         "is Ulysses all-to-all, a different algorithm); use torchtitan or Megatron-LM")
@@ -86,6 +100,33 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "per-layer recompute: DeepSpeed's activation_checkpointing section says how checkpoints are "
                         "stored, not which layers recompute (the model code decides, alike for every layer); "
                         f"this plan recomputes [{recompute_runs(plan)}]: use none, selective or full for all layers")
+
+
+def _check_zeropp(plan: Plan) -> None:
+    """ZeRO++ as DeepSpeed 0.19 runs it: stage 3, one shard group, no AutoTP or AutoEP."""
+    if plan.zero != 3 or plan.dp_replicate > 1:
+        raise fail(FMT, f"compress=zeropp needs zero=3 over the whole data-parallel group (got zero={plan.zero}, "
+                        f"dp_replicate={plan.dp_replicate}): DeepSpeed's hpZ is then the secondary shard")
+    if plan.tp > 1:
+        # deepspeed/utils/groups.py _create_zero_param_parallel_group: hpZ groups are runs of
+        # consecutive global ranks, which would mix the tensor-parallel ranks of one layer
+        raise fail(FMT, f"compress=zeropp with tp={plan.tp}: DeepSpeed builds hpZ groups from consecutive global "
+                        "ranks, which mixes AutoTP ranks; use tp=1 or compress=none")
+    if plan.ep > 1:
+        raise fail(FMT, f"compress=zeropp with ep={plan.ep}: DeepSpeed 0.19's AutoEP at ZeRO-3 refuses "
+                        "zero_quantized_gradients and hpZ (runtime/engine.py); use ep=1 or compress=none")
+
+
+def zeropp_keys(plan: Plan, cluster: ClusterSpec) -> dict[str, Any]:
+    """ZeRO++ (Wang et al. 2023): qwZ int8 weight gathers, hpZ, qgZ int4 gradient reduce-scatter.
+
+    hpZ's secondary shard spans the ZeRO shard group's ranks inside one NVLink domain, the
+    group the cost model keeps backward's gathers in (``cost/context.py`` ``group_layout``
+    "zero", ``comm.members_per_domain``): gpus_per_node for an 8-GPU node.
+    """
+    hpz = members_per_domain(np.array(plan.dp_shard * plan.cp), np.array(plan.tp), cluster.nvlink_domain)
+    return {"zero_quantized_weights": True, "zero_hpz_partition_size": int(hpz),
+            "zero_quantized_gradients": True}
 
 
 def precision_section(model: ModelSpec) -> dict[str, Any]:

@@ -4,19 +4,23 @@ The emitted module builds a DeviceMesh from the plan's degrees and, in torchtita
 applies DTensor tensor parallelism (``parallelize_module``, with sequence parallelism when
 the plan has it), per-block activation checkpointing (full or selective, block by block as
 the plan says) and FSDP2 ``fully_shard`` (HSDP over a 2-D mesh when dp_replicate > 1, CPU
-offload when the plan offloads).  torch is imported only by the emitted module; autoplace
-writes it as text.  The tests run it for real on 2 gloo ranks.
+offload when the plan offloads).  Compression: ``compress=bf16`` sets the policy's
+``reduce_dtype``; ``compress=powersgd`` (ZeRO-0) wraps the model in DistributedDataParallel
+with torch's PowerSGD comm hook instead of FSDP2, whose collectives take no DDP hook.  torch
+is imported only by the emitted module; autoplace writes it as text.  The tests run it for
+real on 2 gloo ranks.
 """
 
 from __future__ import annotations
 
-from autoplace.emit._common import fail, training_dtype
+from autoplace.emit._common import check_compression, fail, training_dtype
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 FMT = "fsdp"
 _DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "None"}
+POWERSGD_START_ITER = 1000  # PowerSGDState's default; the emitted module says why
 
 _TEMPLATE = '''\
 """Apply an autoplace plan to a model: DeviceMesh, DTensor TP/SP, activation checkpointing, FSDP2.
@@ -47,6 +51,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 # ---- the plan (autoplace) ----
@@ -59,6 +64,13 @@ ZERO = {zero}
 RESHARD_AFTER_FORWARD = {reshard}
 OFFLOAD_TO_CPU = {offload}
 PARAM_DTYPE = {param_dtype}
+COMPRESS = {compress!r}  # none | bf16 (gradients reduced in bf16) | powersgd (DDP + PowerSGD comm hook)
+REDUCE_DTYPE = {reduce_dtype}  # FSDP2 MixedPrecisionPolicy(reduce_dtype)
+POWERSGD_RANK = {powersgd_rank}  # PowerSGDState(matrix_approximation_rank)
+# Uncompressed all-reduces before PowerSGD starts: PyTorch's default, the warm-up Vogels et al.
+# 2019 use (early training is sensitive to inexact gradients); error feedback needs at least 2.
+# DDP counts one per backward that all-reduces: one per step when accumulation uses no_sync().
+POWERSGD_START_ITER = {powersgd_start}
 RECOMPUTE = {recompute!r}  # per block: none | selective | full
 # -------------------------------
 
@@ -184,7 +196,7 @@ def apply_ac(model: nn.Module) -> None:
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """fully_shard every block, then the root (ZeRO-3: reshard after forward; ZeRO-2: keep until backward)."""
-    mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=torch.float32 if PARAM_DTYPE else None)
+    mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=REDUCE_DTYPE)
     offload = CPUOffloadPolicy() if OFFLOAD_TO_CPU else OffloadPolicy()
     for _, block in _blocks(model):
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=RESHARD_AFTER_FORWARD, mp_policy=mp,
@@ -192,11 +204,30 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
 
 
+def apply_powersgd(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
+    """DDP over the data-parallel ranks with torch's PowerSGD comm hook (Vogels et al. 2019).
+
+    DDP does not cast: train under torch.autocast for bf16 compute.  The hook's state (its
+    error feedback, compression_stats()) is kept as ``powersgd_state`` on the returned module.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    group = dp_mesh.get_group()
+    device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+    state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=POWERSGD_RANK,
+                                   start_powerSGD_iter=POWERSGD_START_ITER)
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    ddp.powersgd_state = state
+    return ddp
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[str, str] | None = None,
                 blocks: str | None = None) -> nn.Module:
-    """Apply the plan in torchtitan's order: TP, activation checkpointing, FSDP.
+    """Apply the plan in torchtitan's order: TP, activation checkpointing, FSDP (or DDP with PowerSGD).
 
-    ``blocks``: the dotted path of the block list when it is none of BLOCK_PATHS.
+    ``blocks``: the dotted path of the block list when it is none of BLOCK_PATHS.  Under PowerSGD
+    the returned module is a DistributedDataParallel wrapping ``model`` (use its return value).
     """
     if blocks:
         model._autoplace_blocks = blocks
@@ -205,6 +236,8 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[
     if TP > 1:
         apply_tp(model, mesh["tp"], tp_plan)
     apply_ac(model)
+    if COMPRESS == "powersgd":
+        return apply_powersgd(model, mesh["dp_replicate"])
     if DP_REPLICATE * DP_SHARD > 1:
         # 2-D (replicate, shard) mesh = HSDP; a shard dimension of one is plain replication (DDP).
         dp_mesh = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
@@ -233,11 +266,23 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
         model_name=model.name, module_stem=module_stem, dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard,
         tp=plan.tp, sp=plan.sp and plan.tp > 1, zero=plan.zero, reshard=plan.zero == 3,
         offload=plan.offload_params == "cpu", param_dtype=_DTYPE[training_dtype(model)],
-        recompute=tuple(plan.recompute))
+        recompute=tuple(plan.recompute), compress=plan.compress, reduce_dtype=_reduce_dtype(plan, model),
+        powersgd_rank=plan.powersgd_rank, powersgd_start=POWERSGD_START_ITER)
+
+
+def _reduce_dtype(plan: Plan, model: ModelSpec) -> str:
+    """FSDP2's reduce dtype: bf16 under compress=bf16, else fp32 when computing in 16 bits
+    (torchtitan's default), else None (the parameters' own dtype)."""
+    if plan.compress == "bf16":
+        return "torch.bfloat16"
+    return "None" if training_dtype(model) == "fp32" else "torch.float32"
 
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what the emitted FSDP2 module does not apply."""
+    check_compression(plan, FMT)
+    if plan.compress == "powersgd":
+        _check_powersgd(plan)
     for name, degree in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)):
         if degree > 1:
             raise fail(FMT, f"{name}={degree}: the FSDP2 module applies data and tensor parallelism only; "
@@ -253,3 +298,13 @@ def check_expressible(plan: Plan) -> None:
                         "together; offload_params and offload_optimizer must be equal")
     if plan.offload_params == "cpu" and (plan.zero < 3 or plan.dp == 1):
         raise fail(FMT, "CPU offload needs zero=3 over more than one data-parallel rank")
+
+
+def _check_powersgd(plan: Plan) -> None:
+    """PowerSGD is a DDP comm hook: plain data parallelism (zero=0) over more than one rank."""
+    if plan.zero != 0 or plan.dp < 2 or plan.powersgd_rank < 1:
+        raise fail(FMT, f"compress=powersgd is a DDP comm hook: it needs zero=0, dp > 1 and powersgd_rank > 0 "
+                        f"(got zero={plan.zero}, dp={plan.dp}, powersgd_rank={plan.powersgd_rank})")
+    if plan.tp > 1:
+        raise fail(FMT, f"compress=powersgd with tp={plan.tp}: the module's DDP path runs on plain tensors, not "
+                        "DTensor tensor parallelism; use tp=1 or compress=bf16")

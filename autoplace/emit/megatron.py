@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from autoplace.emit._common import (
+    check_compression,
     fail,
     fp32_grad_accumulation,
     model_parts,
@@ -39,7 +40,7 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
     check_expressible(plan)
     args = parallel_args(plan) + sharding_args(plan) + pipeline_args(plan)
     args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
-    args += recompute_args(plan) + precision_args(model)
+    args += recompute_args(plan) + precision_args(model, plan)
     if isinstance(model, TransformerSpec):
         args += shape_args(model) + vocab_args(model, plan.tp)
     return args
@@ -47,6 +48,7 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what Megatron has no argument for."""
+    check_compression(plan, FMT)
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise fail(FMT, "Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
     if plan.offload_params != "none":
@@ -139,13 +141,27 @@ def block_pattern(parts: list[int], k: int) -> tuple[str, ...]:
     return tuple("full" if j < k else "none" for n in parts for j in range(n))
 
 
-def precision_args(model: ModelSpec) -> list[str]:
-    """--bf16 / --fp16 from the recipe; fp32 gradient accumulation when the recipe keeps it."""
+def precision_args(model: ModelSpec, plan: Plan) -> list[str]:
+    """--bf16 / --fp16 from the recipe; fp32 gradient accumulation when the recipe keeps it, or
+    bf16 gradient reduction under compress=bf16.
+
+    Megatron-LM (core_v0.16.0 ``validate_args``) reads ``--grad-reduce-in-bf16`` only with
+    ``--bf16``, and it then turns ``accumulate_allreduce_grads_in_fp32`` off (the DDP config's
+    ``grad_reduce_in_fp32``): gradients are accumulated and reduced in bf16.
+
+    Raises:
+        EmitError: compress=bf16 without bf16 training (Megatron would ignore the flag).
+    """
     dtype = training_dtype(model)
     args = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[dtype]
     if model.training.recipe().compute_dtype == "fp8":
         args += ["--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 backward
-    if dtype != "fp32" and fp32_grad_accumulation(model):
+    if plan.compress == "bf16":
+        if dtype != "bf16":
+            raise fail(FMT, f"compress=bf16: Megatron's --grad-reduce-in-bf16 acts only with --bf16 training, "
+                            f"and this model trains in {dtype}")
+        args += ["--grad-reduce-in-bf16"]
+    elif dtype != "fp32" and fp32_grad_accumulation(model):
         args += ["--accumulate-allreduce-grads-in-fp32"]
     return args
 

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from autoplace.cost.comm import members_per_domain
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, training_dtype
 from autoplace.emit._read_torchtitan import plan_from_torchtitan
@@ -129,7 +132,8 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
                         source=src, field="tensor_parallel.autotp_size")
     dp = cluster.gpus // (tp * stages)
     mbs, ga = _deepspeed_batch(doc, dp, src)
-    rep, shard = _deepspeed_dp_split(zero, stage, dp, src)
+    zeropp = _deepspeed_zeropp(zero, stage, tp, dp, cluster, src)
+    rep, shard = (1, dp) if zeropp else _deepspeed_dp_split(zero, stage, dp, src)
     acts = "activation_checkpointing" in doc or kit.section(doc, "pipeline", src).get("activation_checkpoint_interval")
     mode = recompute or ("full" if acts else "none")
     if mode not in RECOMPUTE:
@@ -137,7 +141,7 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
     n = blocks(model)
     return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
                 offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
-                layers_per_stage=even_split(n, stages))
+                layers_per_stage=even_split(n, stages), compress="zeropp" if zeropp else "none")
 
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -281,6 +285,29 @@ def _deepspeed_batch(doc: kit.Doc, dp: int, src: str) -> tuple[int, int]:
                         f"gradient_accumulation_steps({ga}) * data-parallel size({dp}) = {mb * ga * dp}",
                         source=src, field="train_batch_size")
     return mb, ga
+
+
+def _deepspeed_zeropp(zero: kit.Doc, stage: int, tp: int, dp: int, cluster: ClusterSpec, src: str) -> bool:
+    """Whether the config runs ZeRO++ as autoplace costs it (compress=zeropp): stage 3, quantized weights
+    and gradients, hpZ over the ZeRO group's ranks in one NVLink domain; anything partial is refused."""
+    where = "zero_optimization."
+    weights = kit.boolean(zero, "zero_quantized_weights", src, where)
+    grads = kit.boolean(zero, "zero_quantized_gradients", src, where)
+    if not (weights or grads):
+        return False
+    if not (weights and grads):
+        raise SpecError("autoplace models ZeRO++ as quantized weights, hpZ and quantized gradients together; set "
+                        "both or neither", source=src, field=where + ("zero_quantized_gradients" if weights else
+                                                                       "zero_quantized_weights"))
+    if stage != 3:
+        raise SpecError(f"ZeRO++ applies to stage 3 only, got stage {stage}", source=src,
+                        field=where + "zero_quantized_weights")
+    hpz = kit.integer(zero, "zero_hpz_partition_size", src, where, default=1, minimum=0) or 1
+    want = int(members_per_domain(np.array(dp), np.array(tp), cluster.nvlink_domain))
+    if hpz != want:
+        raise SpecError(f"autoplace costs ZeRO++ with hpZ over the ZeRO group's ranks in one NVLink domain, {want} "
+                        f"here; got {hpz}", source=src, field=where + "zero_hpz_partition_size")
+    return True
 
 
 def _deepspeed_dp_split(zero: kit.Doc, stage: int, dp: int, src: str) -> tuple[int, int]:

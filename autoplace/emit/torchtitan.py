@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplace.emit._common import (
+    check_compression,
     check_cpu_offload_together,
     fail,
     model_parts,
@@ -141,6 +142,7 @@ def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) 
 def check_expressible(plan: Plan, model: ModelSpec) -> None:
     """Raise EmitError for what torchtitan's job config cannot state (the model included)."""
     _llama_shaped(model)
+    check_compression(plan, FMT)
     if training_dtype(model) == "fp16":
         raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
     if plan.zero == 1 and plan.dp_shard * plan.cp > 1:
