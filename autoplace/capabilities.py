@@ -11,7 +11,7 @@ from __future__ import annotations
 ZERO_FRAMEWORKS = ("deepspeed", "megatron")
 FSDP2_FRAMEWORKS = ("torchtitan", "fsdp", "accelerate")
 FRAMEWORKS = ZERO_FRAMEWORKS + FSDP2_FRAMEWORKS
-BF16_RECIPES = ("bf16", "bf16-fsdp2")  # specs.model recipe names
+BF16_RECIPES = ("bf16", "bf16-fsdp2", "bf16-fp32-grads")  # specs.model recipe names
 # search features the framework never has (solvers.base.FEATURES) and degrees it pins to 1
 DENIED_FEATURES = {"deepspeed": {"cp", "interleave"}, "accelerate": {"interleave", "ep"}, "fsdp": {"cp", "ep", "interleave"}}
 PINNED_DEGREES = {"accelerate": {"pp": 1, "ep": 1}, "fsdp": {"pp": 1, "cp": 1, "ep": 1}}
@@ -21,5 +21,9 @@ UNIFORM_MODES = ("none", "selective", "full")
 
 
 def bf16_recipe(framework: str) -> str:
-    """The bf16 recipe (specs.model) ``framework`` implements."""
+    """The bf16 recipe (specs.model) ``framework`` implements.  Megatron-LM under ``--bf16``
+    accumulates and all-reduces gradients in fp32 (its validate_args sets
+    accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16, i.e. compress=bf16)."""
+    if framework == "megatron":
+        return "bf16-fp32-grads"
     return "bf16-fsdp2" if framework in FSDP2_FRAMEWORKS else "bf16"
