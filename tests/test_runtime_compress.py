@@ -17,6 +17,7 @@ query_key_value, Phi-3's gate_up_proj) sends fewer factor elements than predicte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from autoplace.evaluation import evaluate
 from autoplace.plan import Plan
 from autoplace.runtime.spec import compress_reason, plan_from_json, plan_to_json, unsupported_reason
 from autoplace.specs.cluster import load_cluster
-from autoplace.specs.model import load_model
+from autoplace.specs.model import load_model, model_from_dict
 from tests.test_runtime import CLUSTER, MODEL, _plan
 
 N = 2  # ranks
@@ -70,7 +71,15 @@ def test_the_worker_reads_the_compression_of_a_plan() -> None:
     assert (plan.compress, plan.powersgd_rank) == ("powersgd", 1)
 
 
-def test_powersgd_bytes_are_those_of_the_runtime_models_weights() -> None:
+# the tiny Llama (GQA, SwiGLU, RoPE, untied) and a GPT-2-style variant (MHA, GELU with biases,
+# LayerNorm, a learned position table, tied embeddings): the layer table's fused QKV and
+# gate/up matmuls split apart, and the position table compressed, as the hook does
+VARIANTS = {"llama": {}, "gpt": {"kv_heads": 8, "ffn": "gelu", "ffn_hidden": 1024, "norm": "layernorm", "bias": True,
+                                 "position": "learned", "tied_embeddings": True}}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_powersgd_bytes_are_those_of_the_runtime_models_weights(variant: str) -> None:
     """The cost model's PowerSGD bytes equal PyTorch's compression rule applied to the parameters
     of the model the runtime builds: each tensor viewed as ``(shape[0], -1)``, rank capped at its
     smaller side, compressed when its factors are more than 2x smaller, else sent whole."""
@@ -79,15 +88,18 @@ def test_powersgd_bytes_are_those_of_the_runtime_models_weights() -> None:
 
     from autoplace.runtime.model import build_model
 
-    model = build_model(load_model(MODEL))  # type: ignore[arg-type]
+    data = {**json.loads(MODEL.read_text()), **VARIANTS[variant]}
+    spec = model_from_dict(data, source=variant)
+    params = list(build_model(spec).parameters())  # type: ignore[arg-type]  # a tied head is one parameter
     for rank in (1, 4, 64):
         sent = 0
-        for p in model.parameters():
+        for p in params:
             n, m = p.shape[0], p.numel() // p.shape[0]
             compressed, full, factors = _should_compress(n, m, min(n, m, rank), 2.0)
             sent += factors if compressed else full
-        ring = 2 * (N - 1) / N * sent * FP32
-        assert _predicted_dp(f"dp=2,zero=0,compress=powersgd,powersgd_rank={rank}") == pytest.approx(ring, rel=EXACT)
+        plan = _plan(f"dp=2,zero=0,compress=powersgd,powersgd_rank={rank}")
+        predicted = evaluate(spec, load_cluster(CLUSTER), plan).comm["dp"]
+        assert predicted == pytest.approx(2 * (N - 1) / N * sent * FP32, rel=EXACT), rank
 
 
 # ----------------------------------------------------------------------------------------

@@ -114,16 +114,23 @@ def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Arra
 
 
 def edge_reduce_elements(table: LayerTable, cand: Candidates, edge_dense: Array, first: Array, last: Array) -> Array:
-    """The same for the embedding and head on each stage ``[C, S]`` (each one ``vocab/tp x hidden``
-    matrix; a tied head on a one-stage pipeline is the embedding's)."""
+    """The same for the embedding and head on each stage ``[C, S]``: each one ``vocab/tp x hidden``
+    matrix (a tied head on a one-stage pipeline is the embedding's), and a learned position table
+    (the embedding's replicated ``positions x hidden`` parameters, GPT-2's ``wpe``) one more.
+
+    An embedding norm is counted among those rows: its one or two hidden-wide vectors are never
+    worth compressing alone, and beside a position table they add at most 2 rows to its factors.
+    """
     tp = cand.tp.astype(float)
     rank = cand.powersgd_rank.astype(float)[:, None]
     rows = (table.vocab / tp)[:, None]
     full = rows * table.hidden
     saved = full - powersgd_elements(rows, float(table.hidden), rank)
+    positions = table.embed.params_rep / max(table.hidden, 1)
+    saved_pos = table.embed.params_rep - powersgd_elements(positions, float(table.hidden), rank)
     head = np.where(((cand.pp == 1) & table.tied)[:, None], 0.0, 1.0) * (table.head.params_tp > 0)
     has = first * (table.embed.params_tp > 0) + last * head
-    return edge_dense - has * saved
+    return edge_dense - has * saved - first * saved_pos
 
 
 def _local(g: Gemm, tp: Array) -> tuple[Array, Array]:
