@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 
+from autoplace.cost.layers import layer_table
 from autoplace.evaluation import evaluate
-from autoplace.plan import Plan
+from autoplace.plan import Plan, build_plan, parse_plan_string
 from autoplace.runtime.spec import compress_reason, plan_from_json, plan_to_json, unsupported_reason
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model, model_from_dict
 from tests.test_runtime import CLUSTER, MODEL, _plan
+from tests.test_runtime_ep import TINY_MOE
 
 N = 2  # ranks
 FP32 = 4
@@ -71,14 +73,21 @@ def test_the_worker_reads_the_compression_of_a_plan() -> None:
     assert (plan.compress, plan.powersgd_rank) == ("powersgd", 1)
 
 
-# the tiny Llama (GQA, SwiGLU, RoPE, untied) and a GPT-2-style variant (MHA, GELU with biases,
-# LayerNorm, a learned position table, tied embeddings): the layer table's fused QKV and
-# gate/up matmuls split apart, and the position table compressed, as the hook does
-VARIANTS = {"llama": {}, "gpt": {"kv_heads": 8, "ffn": "gelu", "ffn_hidden": 1024, "norm": "layernorm", "bias": True,
-                                 "position": "learned", "tied_embeddings": True}}
+# the tiny Llama (GQA, SwiGLU, RoPE, untied), a GPT-2-style variant (MHA, GELU with biases,
+# LayerNorm, a learned position table, tied embeddings) and the tiny MoE at ep = 1 (its experts
+# are DDP parameters like any other): the layer table's fused QKV and gate/up matmuls split
+# apart, the position table and every expert's matrices compressed, as the hook does
+_LLAMA = json.loads(MODEL.read_text())
+VARIANTS = {"llama": _LLAMA,
+            "gpt": {**_LLAMA, "kv_heads": 8, "ffn": "gelu", "ffn_hidden": 1024, "norm": "layernorm", "bias": True,
+                    "position": "learned", "tied_embeddings": True},
+            "moe": TINY_MOE}
+MOE_PENDING = pytest.mark.xfail(strict=True, reason=(
+    "terms_time._step_terms passes the experts' own elements as what they send; it should pass "
+    "compress.expert_reduce_elements (PowerSGD-compressed at ep = 1): predicted 3,184,192 B vs 87,616 B at rank 1"))
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=MOE_PENDING) if v == "moe" else v for v in sorted(VARIANTS)])
 def test_powersgd_bytes_are_those_of_the_runtime_models_weights(variant: str) -> None:
     """The cost model's PowerSGD bytes equal PyTorch's compression rule applied to the parameters
     of the model the runtime builds: each tensor viewed as ``(shape[0], -1)``, rank capped at its
@@ -88,8 +97,7 @@ def test_powersgd_bytes_are_those_of_the_runtime_models_weights(variant: str) ->
 
     from autoplace.runtime.model import build_model
 
-    data = {**json.loads(MODEL.read_text()), **VARIANTS[variant]}
-    spec = model_from_dict(data, source=variant)
+    spec = model_from_dict(VARIANTS[variant], source=variant)
     params = list(build_model(spec).parameters())  # type: ignore[arg-type]  # a tied head is one parameter
     for rank in (1, 4, 64):
         sent = 0
@@ -97,7 +105,8 @@ def test_powersgd_bytes_are_those_of_the_runtime_models_weights(variant: str) ->
             n, m = p.shape[0], p.numel() // p.shape[0]
             compressed, full, factors = _should_compress(n, m, min(n, m, rank), 2.0)
             sent += factors if compressed else full
-        plan = _plan(f"dp=2,zero=0,compress=powersgd,powersgd_rank={rank}")
+        plan = build_plan(parse_plan_string(f"dp=2,zero=0,compress=powersgd,powersgd_rank={rank}"), world=N,
+                          blocks=layer_table(spec).blocks, global_batch=spec.training.global_batch)
         predicted = evaluate(spec, load_cluster(CLUSTER), plan).comm["dp"]
         assert predicted == pytest.approx(2 * (N - 1) / N * sent * FP32, rel=EXACT), rank
 

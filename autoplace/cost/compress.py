@@ -113,6 +113,28 @@ def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Arra
     return np.stack(out, axis=-1)
 
 
+def expert_reduce_elements(table: LayerTable, cand: Candidates, exp_local: Array) -> Array:
+    """Gradient elements each block's routed experts reduce per step on one device ``[C, K]``.
+
+    With ep = 1 the experts are ordinary parameters of the DDP model, so PowerSGD compresses each
+    expert's matrices like the dense ones (``exp_local`` less the savings of all ``experts`` of
+    them); with ep > 1 the runtime reduces them over their own (edp) group by hand, outside the
+    hook, uncompressed (``exp_local`` itself).  ``terms_time._step_terms`` should pass this as the
+    experts' ``sent`` (it passes ``exp_local``, which over-predicts an ep = 1 MoE under PowerSGD).
+    """
+    tp = cand.tp.astype(float)
+    rank = np.where(cand.ep == 1, cand.powersgd_rank, 0).astype(float)
+    out = []
+    for k, kind in enumerate(table.kinds):
+        saved = np.zeros(cand.size)
+        for g in weight_matrices(kind.gemms):
+            if g.experts:
+                n, m = _local(g, tp)
+                saved += g.experts * (n * m - powersgd_elements(n, m, rank))
+        out.append(exp_local[:, 0, k, 0] - saved)
+    return np.stack(out, axis=-1)
+
+
 def edge_reduce_elements(table: LayerTable, cand: Candidates, edge_dense: Array, first: Array, last: Array) -> Array:
     """The same for the embedding and head on each stage ``[C, S]``: each one ``vocab/tp x hidden``
     matrix (a tied head on a one-stage pipeline is the embedding's), and a learned position table
