@@ -188,6 +188,23 @@ def test_powersgd_rank_1_sends_less_than_rank_4(runs: dict[str, dict[str, Any]])
     assert _calls(runs[PSGD_R1]) > 3  # several buckets, each with its own P and Q
 
 
+@pytest.mark.slow
+def test_bf16_by_hand_reductions_of_a_pipeline(tmp_path: Path) -> None:
+    """zero 0 with pp = 2 (no DDP: every gradient all-reduced by hand over dp, in bf16 copies),
+    4 ranks: the counted bytes are the cost model's (its cluster: four of cpu-2's ranks)."""
+    import yaml
+
+    from autoplace.runtime.launch import run_local
+    from autoplace.specs.cluster import cluster_from_dict
+
+    text = "dp=2,pp=2,zero=0,compress=bf16"
+    out = run_local(load_model(MODEL), _plan(text, world=4), tmp_path, timeout_s=240, steps=1, warmup=1)
+    assert out.ok, f"{out.status} {out.reason} {out.error} (log: {out.log})"
+    cluster = cluster_from_dict({**yaml.safe_load(CLUSTER.read_text()), "gpus_per_node": 4})
+    predicted = evaluate(load_model(MODEL), cluster, _plan(text, world=4)).comm["dp"]
+    assert _dp(out.result) == pytest.approx(predicted, rel=EXACT)
+
+
 def test_plans_used_here_are_valid() -> None:
     for text in (NONE, BF16_DDP, BF16_FSDP, PSGD_R1, PSGD_R4):
         assert isinstance(_plan(text), Plan) and unsupported_reason(_plan(text)) is None
