@@ -67,6 +67,16 @@ def test_powersgd_needs_the_ddp_path_and_bf16_runs_everywhere() -> None:
     assert "DeepSpeed" in (compress_reason(_plan(BF16_DDP), "deepspeed") or "")
 
 
+def test_verify_refuses_a_compressed_plan() -> None:
+    """verify holds a plan to one device's losses exactly: a lossy plan is refused, not failed
+    (PowerSGD's longer warm-up would not even line its losses up with the reference's)."""
+    from autoplace.errors import BenchmarkError
+    from autoplace.verify import run_verify
+
+    with pytest.raises(BenchmarkError, match="compress=powersgd"):
+        run_verify(load_model(MODEL), _plan(PSGD_R4))
+
+
 def test_the_worker_reads_the_compression_of_a_plan() -> None:
     plan = _plan(PSGD_R1)
     assert plan_from_json(plan_to_json(plan)) == plan
