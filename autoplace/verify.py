@@ -80,8 +80,12 @@ def run_verify(model: ModelSpec, plan: Plan, steps: int = 5, world: int | None =
         fault: inject ``sum-grads`` or ``desync`` into the plan's run (tests of the checker).
 
     Raises:
-        BenchmarkError: a run that fails, or a plan whose world size is not ``world``.
+        BenchmarkError: a run that fails, a plan whose world size is not ``world``, or a plan
+            that compresses its communication (lossy by design: it cannot match one device).
     """
+    if plan.compress != "none":
+        raise BenchmarkError(f"compress={plan.compress} changes the gradients by design, so its training cannot "
+                             "match one device; verify the plan without compress")
     if world is not None and plan.world != world:
         raise BenchmarkError(f"the plan's world size {plan.world} != world({world})")
     if steps < 2:

@@ -8,11 +8,15 @@ per-block scales (one fp32 per 2,048-element block in DeepSpeed) add 0.2% and ar
 PowerSGD (Vogels et al. 2019, Alg. 1; PyTorch's ``powerSGD_hook``): each weight matrix
 ``n x m`` travels as ``P`` (``n x r``) and ``Q`` (``m x r``), two all-reduces; a matrix whose
 factors are not ``min_compression_rate`` (2) times smaller, and every vector, goes uncompressed.
+The hook compresses parameter tensors, so a matmul the layer table fuses for its FLOPs is split
+back into the weights a Llama-style model holds (:func:`weight_matrices`): Q, K and V, and a
+gated MLP's gate and up projections, are separate matrices (Hugging Face Llama, torchtitan and
+autoplace's runtime), each with factors of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,11 +55,45 @@ def wire(recipe: Precision, cand: Candidates) -> Wire:
 
 
 def powersgd_elements(n: Array | float, m: Array | float, rank: Array) -> Array:
-    """Elements one ``n x m`` gradient matrix sends under PowerSGD of ``rank`` (0: uncompressed)."""
-    factors = rank * (np.asarray(n) + np.asarray(m))
-    full = np.asarray(n) * np.asarray(m)
-    compressed = (rank > 0) & (full > POWERSGD_MIN_COMPRESSION * factors)  # strict, as torch's _should_compress
+    """Elements one ``n x m`` gradient matrix sends under PowerSGD of ``rank`` (0: uncompressed).
+
+    As PyTorch's hook: the rank is capped at ``min(n, m)`` and a matrix is compressed only when
+    its factors are strictly more than ``min_compression_rate`` times smaller."""
+    n, m = np.asarray(n, dtype=float), np.asarray(m, dtype=float)
+    r = np.minimum(rank, np.minimum(n, m))
+    factors = r * (n + m)
+    full = n * m
+    compressed = (rank > 0) & (full > POWERSGD_MIN_COMPRESSION * factors)
     return np.where(compressed, factors, full)
+
+
+def weight_matrices(gemms: tuple[Gemm, ...]) -> list[Gemm]:
+    """The weight matrices behind a block's matmuls: the layer table's fused ones split apart.
+
+    The table (:func:`autoplace.cost.layers._attention_gemms`, ``_mlp_gemms``) fuses QKV into one
+    ``(q + 2 kv) x h`` matmul followed by the row-parallel output ``h x q``, and a gated MLP's gate
+    and up into one ``2 f x h`` matmul followed by the down projection ``h x f``.  Recognised by
+    position and shape: the attention pair opens the block (MLA's projections do not fit the
+    pattern and stay as they are); a later column/row pair whose first width is twice the second's
+    reduction is a gated MLP (dense or shared experts).  Everything else is one matrix as is.
+    """
+    out: list[Gemm] = []
+    i = 0
+    while i < len(gemms):
+        g = gemms[i]
+        nxt = gemms[i + 1] if i + 1 < len(gemms) else None
+        pair = nxt is not None and g.split == "n" and nxt.split == "k" and g.k == nxt.n and g.experts == nxt.experts
+        if pair and i == 0 and nxt is not None and g.n > nxt.k:  # fused QKV, then the output projection
+            q, kv = nxt.k, (g.n - nxt.k) / 2
+            out += [replace(g, n=q), replace(g, n=kv), replace(g, n=kv), nxt]
+            i += 2
+        elif pair and i > 0 and nxt is not None and g.n == 2 * nxt.k:  # gate and up, then down
+            out += [replace(g, n=nxt.k), replace(g, n=nxt.k), nxt]
+            i += 2
+        else:
+            out.append(g)
+            i += 1
+    return out
 
 
 def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Array) -> Array:
@@ -66,7 +104,7 @@ def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Arra
     out = []
     for k, kind in enumerate(table.kinds):
         saved = np.zeros(cand.size)
-        for g in kind.gemms:
+        for g in weight_matrices(kind.gemms):
             if g.experts:  # routed experts reduce over their own group, uncompressed
                 continue
             n, m = _local(g, tp)
@@ -75,17 +113,46 @@ def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Arra
     return np.stack(out, axis=-1)
 
 
+def expert_reduce_elements(table: LayerTable, cand: Candidates, exp_local: Array) -> Array:
+    """Gradient elements each block's routed experts reduce per step on one device ``[C, K]``.
+
+    With ep = 1 the experts are ordinary parameters of the DDP model, so PowerSGD compresses each
+    expert's matrices like the dense ones (``exp_local`` less the savings of all ``experts`` of
+    them); with ep > 1 the runtime reduces them over their own (edp) group by hand, outside the
+    hook, uncompressed (``exp_local`` itself).  ``terms_time._step_terms`` should pass this as the
+    experts' ``sent`` (it passes ``exp_local``, which over-predicts an ep = 1 MoE under PowerSGD).
+    """
+    tp = cand.tp.astype(float)
+    rank = np.where(cand.ep == 1, cand.powersgd_rank, 0).astype(float)
+    out = []
+    for k, kind in enumerate(table.kinds):
+        saved = np.zeros(cand.size)
+        for g in weight_matrices(kind.gemms):
+            if g.experts:
+                n, m = _local(g, tp)
+                saved += g.experts * (n * m - powersgd_elements(n, m, rank))
+        out.append(exp_local[:, 0, k, 0] - saved)
+    return np.stack(out, axis=-1)
+
+
 def edge_reduce_elements(table: LayerTable, cand: Candidates, edge_dense: Array, first: Array, last: Array) -> Array:
-    """The same for the embedding and head on each stage ``[C, S]`` (each one ``vocab/tp x hidden``
-    matrix; a tied head on a one-stage pipeline is the embedding's)."""
+    """The same for the embedding and head on each stage ``[C, S]``: each one ``vocab/tp x hidden``
+    matrix (a tied head on a one-stage pipeline is the embedding's), and a learned position table
+    (the embedding's replicated ``positions x hidden`` parameters, GPT-2's ``wpe``) one more.
+
+    An embedding norm is counted among those rows: its one or two hidden-wide vectors are never
+    worth compressing alone, and beside a position table they add at most 2 rows to its factors.
+    """
     tp = cand.tp.astype(float)
     rank = cand.powersgd_rank.astype(float)[:, None]
     rows = (table.vocab / tp)[:, None]
     full = rows * table.hidden
     saved = full - powersgd_elements(rows, float(table.hidden), rank)
+    positions = table.embed.params_rep / max(table.hidden, 1)
+    saved_pos = table.embed.params_rep - powersgd_elements(positions, float(table.hidden), rank)
     head = np.where(((cand.pp == 1) & table.tied)[:, None], 0.0, 1.0) * (table.head.params_tp > 0)
     has = first * (table.embed.params_tp > 0) + last * head
-    return edge_dense - has * saved
+    return edge_dense - has * saved - first * saved_pos
 
 
 def _local(g: Gemm, tp: Array) -> tuple[Array, Array]:

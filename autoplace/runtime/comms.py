@@ -14,7 +14,12 @@ Collectives reach c10d by two routes:
   ``c10d.send``, ...).  The mode defers on DTensor, so DTensor's redistributions are seen as
   the local collectives they become (as ``FSDPMemTracker`` does);
 * DDP's reducer calls the process group from C++, invisible to dispatch modes, so its
-  gradient buckets are counted by a DDP communication hook (:func:`ddp_hook`).
+  gradient buckets are counted by a DDP communication hook (:func:`ddp_hook`), in the dtype
+  they travel in (bf16 under ``compress=bf16``);
+* a library comm hook that chains collectives in future callbacks (PyTorch's PowerSGD hook
+  all-reduces its factors P and Q from ``Future.then`` callbacks, which run on the backend's
+  thread where no dispatch mode is active) is counted at its module's ``dist.all_reduce``
+  (:func:`count_all_reduces`).
 
 Every collective is recorded with the raw tensor bytes and, like the cost model
 (:mod:`autoplace.cost.comm`), the bytes each rank *sends* under a ring algorithm
@@ -24,6 +29,7 @@ Every collective is recorded with the raw tensor bytes and, like the cost model
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,8 +99,22 @@ class CommLog:
         self.group_dims = group_dims
         self.default_dim = default_dim
         self.enabled = False
-        self.paused = False  # set while a comm hook that has counted its own collective issues it
+        # hooks and their callbacks count from several threads: one lock for the counts, and a
+        # pause per thread (a hook that counted its own collective pauses the dispatch mode of
+        # the thread issuing it, not a callback counting on another thread)
+        self._lock = threading.Lock()
+        self._local = threading.local()
         self.reset()
+
+    @property
+    def paused(self) -> bool:
+        """Whether this thread's collectives are being counted elsewhere (set while a comm hook
+        that has counted its own collective issues it)."""
+        return bool(getattr(self._local, "paused", False))
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._local.paused = value
 
     def reset(self) -> None:
         self.counts: dict[tuple[str, str], CollectiveCount] = defaultdict(CollectiveCount)
@@ -102,10 +122,11 @@ class CommLog:
     def add(self, dim: str, kind: str, full_bytes: float, n: int) -> None:
         if not self.enabled or self.paused:
             return
-        c = self.counts[dim, kind]
-        c.calls += 1
-        c.tensor_bytes += full_bytes
-        c.ring_bytes += ring_bytes(kind, full_bytes, n)
+        with self._lock:
+            c = self.counts[dim, kind]
+            c.calls += 1
+            c.tensor_bytes += full_bytes
+            c.ring_bytes += ring_bytes(kind, full_bytes, n)
 
     def dim_of(self, group: Any) -> tuple[str, int]:
         """(dimension, size) of a process group given as an object or a group name."""
@@ -179,33 +200,79 @@ def _nbytes(x: Any) -> float:
     return float(sum(t.numel() * t.element_size() for t in _tensors(x)))
 
 
-def ddp_hook(log: CommLog, dim: str, *, average: bool = True, skip: bool = False) -> Callable:
+def ddp_hook(log: CommLog, dim: str, *, average: bool = True, skip: bool = False,
+             dtype: torch.dtype | None = None) -> Callable:
     """A DDP comm hook that counts each bucket and all-reduces it.
 
     Args:
         average: divide by the group size (DDP's default); False sums -- the injected
             "gradients summed, not averaged" fault that ``verify`` must catch.
         skip: do not reduce at all -- replicas drift apart (the "state consistency" fault).
+        dtype: reduce in this dtype (``torch.bfloat16``: ``compress=bf16``), as PyTorch's
+            ``bf16_compress_hook`` does -- cast, divide, all-reduce, cast back -- which DDP refuses
+            to register without CUDA and NCCL although gloo reduces bf16 on CPU; None: as is.
     """
 
     def hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
         buf = bucket.buffer()
         pg = group if group is not None else dist.group.WORLD
         n = dist.get_world_size(pg)
-        log.add(dim, "all_reduce", float(buf.numel() * buf.element_size()), n)
+        wire = buf if dtype is None or dtype == buf.dtype else buf.to(dtype)
+        log.add(dim, "all_reduce", float(wire.numel() * wire.element_size()), n)
         if skip:
             fut: torch.futures.Future = torch.futures.Future()
             fut.set_result(buf)
             return fut
         if average:
-            buf.div_(n)
+            wire.div_(n)  # before the sum, as torch's compression hooks do: a 16-bit sum cannot overflow
         # counted above; the dispatch mode may also see this call when autograd runs the hook on
         # the thread that entered it, so pause the log while issuing it (the op is issued synchronously)
         log.paused = True
         try:
-            work = dist.all_reduce(buf, group=pg, async_op=True)
+            work = dist.all_reduce(wire, group=pg, async_op=True)
         finally:
             log.paused = False
-        return work.get_future().then(lambda f: f.value()[0])
+        if wire is buf:
+            return work.get_future().then(lambda f: f.value()[0])
+        return work.get_future().then(lambda f: buf.copy_(f.value()[0]))
 
     return hook
+
+
+class _CountingDist:
+    """``torch.distributed`` as a hook module sees it, with ``all_reduce`` counted into a log.
+
+    Every other name is torch.distributed's own.  A call is counted once whichever thread makes
+    it: here, with the dispatch mode of the calling thread paused while it is issued.
+    """
+
+    def __init__(self, wrapped: Any, log: CommLog) -> None:
+        self.wrapped = wrapped
+        self.log = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
+                   async_op: bool = False) -> Any:
+        pg = group if group is not None else dist.group.WORLD
+        dim, n = self.log.dim_of(pg)
+        self.log.add(dim, "all_reduce", float(tensor.numel() * tensor.element_size()), n)
+        paused = self.log.paused
+        self.log.paused = True
+        try:
+            return self.wrapped.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        finally:
+            self.log.paused = paused
+
+
+def count_all_reduces(module: Any, log: CommLog) -> None:
+    """Count every ``dist.all_reduce`` that ``module`` (a comm-hook module that did ``import
+    torch.distributed as dist``) issues into ``log``, on any thread, for the rest of the process.
+
+    PyTorch's PowerSGD hook issues the all-reduces of its factors in ``Future.then`` callbacks
+    on the backend's thread, where the dispatch mode is not active, so they would go uncounted.
+    Calling again re-targets the module to the new log.
+    """
+    current = module.dist
+    module.dist = _CountingDist(current.wrapped if isinstance(current, _CountingDist) else current, log)

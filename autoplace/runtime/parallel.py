@@ -23,6 +23,15 @@ Mapping of autoplace's ZeRO levels (docs/ARCHITECTURE.md placements) onto PyTorc
   keep the dp x cp reduction above (DDP ignores the experts, FSDP2 shards the rest of the block);
   expert weights are reduced over the expert-data-parallel group only (:func:`reduce_expert_grads`
   by hand under DDP, FSDP2 on a mesh of their own otherwise).
+
+Communication compression (``plan.compress``, :mod:`autoplace.compression`):
+
+* bf16: every gradient reduction travels in bf16 -- FSDP2 ``MixedPrecisionPolicy(reduce_dtype=
+  bfloat16)`` at zero >= 1, a bf16 DDP hook (:func:`~autoplace.runtime.comms.ddp_hook`) at zero 0,
+  and bf16 copies for the by-hand reductions (tp/pp at zero 0, expert gradients);
+* powersgd: DDP with PyTorch's ``powerSGD_hook`` (:func:`apply_ddp`), so zero 0 and tp = pp = 1;
+* zeropp: refused (:func:`autoplace.runtime.spec.compress_reason`): ZeRO++ is DeepSpeed's and its
+  quantized collectives need CUDA kernels.
 """
 
 from __future__ import annotations
@@ -38,11 +47,33 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan
-from autoplace.runtime.comms import CommLog, ddp_hook
+from autoplace.runtime.comms import CommLog, count_all_reduces, ddp_hook
 from autoplace.runtime.model import Transformer, blocks
 from autoplace.runtime.moe import MoE
+from autoplace.runtime.spec import compress_reason
 
 log = logging.getLogger("autoplace")
+
+# PowerSGD's plain all-reduce steps before it compresses: the smallest PyTorch allows with error
+# feedback and warm start on (PowerSGDState), so a short trial reaches compressed steps; the
+# worker counts a step after these (its warm-up is at least POWERSGD_START + 1 steps)
+POWERSGD_START = 2
+
+
+def reduce_dtype(plan: Plan) -> torch.dtype | None:
+    """The dtype gradients are reduced in when the plan compresses them to bf16, else None (as they are)."""
+    return torch.bfloat16 if plan.compress == "bf16" else None
+
+
+def all_reduce_as(grad: torch.Tensor, group: Any, dtype: torch.dtype | None) -> None:
+    """Sum ``grad`` over ``group`` in place, on the wire in ``dtype`` (None: its own); the
+    dispatch mode counts the collective in the dtype it travels in."""
+    if dtype is None or dtype == grad.dtype:
+        dist.all_reduce(grad, group=group)
+        return
+    wire = grad.to(dtype)
+    dist.all_reduce(wire, group=group)
+    grad.copy_(wire)
 
 
 @dataclass
@@ -237,13 +268,15 @@ def _is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-def reduce_expert_grads(model: nn.Module, layout: Layout, fault: str, *, fsdp: bool) -> None:
+def reduce_expert_grads(model: nn.Module, layout: Layout, fault: str, *, fsdp: bool,
+                        dtype: torch.dtype | None = None) -> None:
     """Average expert gradients over the global batch when ep > 1 (DDP / manual paths and FSDP2).
 
     An expert's gradient already sums the contributions of its whole ep group (the all-to-all's
     backward brings them home), each computed from a rank-local mean loss; so summing it over
     the edp group and dividing by dp x cp gives the global-batch mean.  FSDP2 has averaged over
-    edp already, which leaves the division by ep.
+    edp already, which leaves the division by ep.  ``dtype``: the wire's under DDP (bf16
+    compression; None: as they are); FSDP2 reduces in its policy's ``reduce_dtype``.
     """
     if fault == "desync":
         return
@@ -254,7 +287,7 @@ def reduce_expert_grads(model: nn.Module, layout: Layout, fault: str, *, fsdp: b
             continue
         g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
         if not fsdp and n > 1:
-            dist.all_reduce(g, group=edp)  # counted by the dispatch mode, under "dp"
+            all_reduce_as(g, edp, dtype)  # counted by the dispatch mode, under "dp"
         if fault != "sum-grads":
             g.div_(ep if fsdp else ep * n)
 
@@ -279,7 +312,8 @@ MIXED = {"bf16-fsdp2": (torch.bfloat16, torch.float32)}
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard: bool, root_reshard: bool = False,
-               precision: str = "fp32", offload: bool = False, expert_mesh: DeviceMesh | None = None) -> None:
+               precision: str = "fp32", offload: bool = False, expert_mesh: DeviceMesh | None = None,
+               reduce: torch.dtype | None = None) -> None:
     """FSDP2: each block is one unit (gathered as a whole), the root holds embedding and head.
 
     With expert parallelism a MoE block's local experts form one unit of their own first, on
@@ -293,10 +327,13 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard: bool, root_resh
         precision: ``fp32`` or a recipe of :data:`MIXED` (``MixedPrecisionPolicy``).
         offload: ``CPUOffloadPolicy`` -- parameters, gradients and the optimizer step on the host
             (FSDP2 has no optimizer-only offload); pinned only with an accelerator.
+        reduce: the gradients' reduce dtype when the plan compresses them (bf16), overriding the
+            recipe's (None: the recipe's).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    param, reduce = MIXED.get(precision, (None, None))
+    param, recipe_reduce = MIXED.get(precision, (None, None))
+    reduce = reduce or recipe_reduce
     pin = next(model.parameters()).device.type != "cpu"
     kw: dict[str, Any] = {"mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
                           "offload_policy": CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()}
@@ -317,7 +354,14 @@ def parallelize(model: Transformer, plan: Plan, layout: Layout, *, precision: st
         what is left to the caller for the gradients: ``"none"`` (one replica), ``"fsdp"`` (done),
         ``"ddp"`` (zero 0, no tp/pp: wrap in :func:`apply_ddp`) or ``"manual"`` (zero 0 with tp or
         pp: :func:`reduce_dtensor_grads` after backward).
+
+    Raises:
+        BenchmarkError: a compression the runtime cannot run (:func:`~autoplace.runtime.spec.compress_reason`):
+            running it uncompressed would measure another plan.
     """
+    why = compress_reason(plan)
+    if why:
+        raise BenchmarkError(why)
     if plan.tp > 1:
         apply_tp(model, layout.mesh["tp"], plan.sp, loss_parallel)
     if plan.cp > 1:
@@ -330,33 +374,94 @@ def parallelize(model: Transformer, plan: Plan, layout: Layout, *, precision: st
     if plan.zero == 0:
         return "ddp" if plan.tp == 1 and plan.pp == 1 else "manual"
     apply_fsdp(model, fsdp_mesh(layout), reshard=plan.zero >= 3, root_reshard=root_reshard, precision=precision,
-               offload="cpu" in (plan.offload_params, plan.offload_optimizer), expert_mesh=layout.expert_mesh)
+               offload="cpu" in (plan.offload_params, plan.offload_optimizer), expert_mesh=layout.expert_mesh,
+               reduce=reduce_dtype(plan))
     return "fsdp"
 
 
 def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fault: str,
-              ignore: list[str] | None = None) -> nn.Module:
+              ignore: list[str] | None = None, *, compress: str = "none", powersgd_rank: int = 0) -> nn.Module:
     """DDP with a counting comm hook; ``fault`` injects sum-not-average or no reduction.  Parameters
-    named in ``ignore`` (expert-parallel experts) are left to :func:`reduce_expert_grads`."""
+    named in ``ignore`` (expert-parallel experts) are left to :func:`reduce_expert_grads`.
+
+    ``compress``: ``bf16`` reduces the buckets in bf16 (:func:`~autoplace.runtime.comms.ddp_hook`);
+    ``powersgd`` registers PyTorch's PowerSGD hook (:func:`_powersgd`).
+
+    Raises:
+        BenchmarkError: a ``fault`` with PowerSGD (faults are injected by the uncompressed hook).
+    """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if ignore:
         DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
     # the only buffers are the rotary tables, constants built alike on every rank: no per-forward broadcast
     ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb, broadcast_buffers=False)
-    ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync"))
+    if compress == "powersgd":
+        if fault != "none":
+            raise BenchmarkError(f"--break {fault} injects faults into the uncompressed DDP hook, not PowerSGD's")
+        _powersgd(ddp, group, comm, powersgd_rank)
+        return ddp
+    dtype = torch.bfloat16 if compress == "bf16" else None
+    ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync",
+                                           dtype=dtype))
     return ddp
 
 
-def reduce_dtensor_grads(model: nn.Module, group: Any, comm: CommLog, fault: str, *, experts: bool = True) -> None:
+def _powersgd(ddp: nn.Module, group: Any, comm: CommLog, rank: int) -> None:
+    """Register PyTorch's PowerSGD hook of ``rank`` on ``ddp``, its all-reduces counted.
+
+    Error feedback and warm start stay on (PyTorch's recommendation, and what the cost model's
+    error-feedback memory assumes); the first :data:`POWERSGD_START` steps are plain all-reduces
+    (PyTorch's default of 1,000 would leave a trial uncompressed).  ``min_compression_rate`` is
+    PyTorch's default 2, the cost model's ``POWERSGD_MIN_COMPRESSION``.  The hook all-reduces the
+    uncompressed tensors, then P, then Q per bucket, the last two from future callbacks on gloo's
+    thread: :func:`~autoplace.runtime.comms.count_all_reduces` counts them there.  Under gloo
+    the buckets are serialized (:func:`_one_bucket_at_a_time`).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=rank,
+                               start_powerSGD_iter=POWERSGD_START, use_error_feedback=True, warm_start=True)
+    count_all_reduces(psgd, comm)
+    hook = psgd.powerSGD_hook
+    if dist.get_backend(group) == "gloo":
+        hook = _one_bucket_at_a_time(hook)
+    ddp.register_comm_hook(state, hook)  # type: ignore[operator]
+
+
+def _one_bucket_at_a_time(hook: Any) -> Any:
+    """``hook`` with each bucket waiting until the previous bucket's collectives are done.
+
+    gloo completes a future on its own thread and runs its callbacks there, so PowerSGD's P and Q
+    all-reduces of one bucket (issued from callbacks) race the next bucket's first all-reduce
+    (issued by backward): the ranks can issue them in different orders, a collective mismatch
+    that aborts gloo ("Received data size doesn't match expected size").  NCCL runs the callbacks
+    in order on the issuing thread; gloo needs the wait, which costs the overlap of a bucket's
+    compression with the next bucket's backward (a CPU trial's time is not a GPU's anyway).
+    """
+    last: list[Any] = []
+
+    def serialized(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+        if last:
+            last.pop().wait()
+        fut = hook(state, bucket)
+        last.append(fut)
+        return fut
+
+    return serialized
+
+
+def reduce_dtensor_grads(model: nn.Module, group: Any, comm: CommLog, fault: str, *, experts: bool = True,
+                         dtype: torch.dtype | None = None) -> None:
     """zero 0 with tp > 1 or pp > 1: all-reduce every gradient's local shard over the dp group
-    (expert-parallel experts excepted, ``experts=False``: :func:`reduce_expert_grads` does them)."""
+    (expert-parallel experts excepted, ``experts=False``: :func:`reduce_expert_grads` does them),
+    on the wire in ``dtype`` (bf16 compression; None: as they are)."""
     n = dist.get_world_size(group)
     for name, p in model.named_parameters():
         if p.grad is None or fault == "desync" or (not experts and _is_expert(name)):
             continue
         g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        dist.all_reduce(g, group=group)  # counted by the dispatch mode
+        all_reduce_as(g, group, dtype)  # counted by the dispatch mode
         if fault != "sum-grads":
             g.div_(n)
 

@@ -82,12 +82,40 @@ def virtual_stages(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
 
 def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
     """Why the runtime cannot run ``plan`` with ``framework`` (``native`` or ``deepspeed``), or None."""
+    why = compress_reason(plan, framework)
+    if why:
+        return why
     if framework == "deepspeed":
         return _deepspeed_reason(plan)
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
         return "NVMe offload is not implemented by the runtime"
     if plan.offload_optimizer != "none" and plan.zero == 0:
         return "optimizer offload needs zero >= 1 (FSDP2 CPUOffloadPolicy)"
+    return None
+
+
+def compress_reason(plan: Plan, framework: str = "native") -> str | None:
+    """Why the runtime cannot run ``plan``'s communication compression with ``framework``, or None.
+
+    A compressed plan must be refused rather than run uncompressed: its trial would be labelled
+    with the plan but measure another one.  The native runtime runs bf16 (FSDP2's reduce dtype, a
+    bf16 DDP hook) and PowerSGD (PyTorch's DDP hook, so zero 0 without tp or pp); the DeepSpeed
+    path runs none (its trial config carries no compression keys).
+    """
+    c = plan.compress
+    if c == "none":
+        return None
+    if c == "zeropp":
+        return ("compress=zeropp (ZeRO++) cannot run in the runtime: its int8 weight gathers and int4 gradient "
+                "reduce-scatters need DeepSpeed's CUDA quantization kernels (no CPU or PyTorch-native "
+                "implementation); run the emitted DeepSpeed bundle on GPUs instead")
+    if framework == "deepspeed":
+        return f"compress={c} is not run by the DeepSpeed path (its config has no such option); use --framework native"
+    if c == "powersgd" and (plan.zero != 0 or plan.tp > 1 or plan.pp > 1):
+        return (f"compress=powersgd runs as PyTorch's DDP comm hook, so the runtime needs zero=0 and tp=pp=1, "
+                f"but got zero={plan.zero}, tp={plan.tp}, pp={plan.pp}")
+    if c == "powersgd" and plan.dp * plan.cp == 1:
+        return "compress=powersgd needs data-parallel replicas (dp * cp > 1): there is no gradient reduction to compress"
     return None
 
 
@@ -137,8 +165,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     return {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "dp_replicate": plan.dp_replicate,
             "dp_shard": plan.dp_shard, "vpp": plan.vpp, "sp": plan.sp, "zero": plan.zero, "mbs": plan.mbs,
             "grad_accum": plan.grad_accum, "schedule": plan.schedule, "offload_optimizer": plan.offload_optimizer,
-            "offload_params": plan.offload_params, "recompute": list(plan.recompute),
-            "layers_per_stage": list(plan.layers_per_stage)}
+            "offload_params": plan.offload_params, "compress": plan.compress, "powersgd_rank": plan.powersgd_rank,
+            "recompute": list(plan.recompute), "layers_per_stage": list(plan.layers_per_stage)}
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:

@@ -7,8 +7,8 @@ Order (torchtitan's): mesh -> model on every rank from one seed -> pipeline spli
 per virtual stage) -> tensor parallel -> context parallel -> expert parallel -> activation
 checkpointing -> FSDP2 / DDP -> optimizer; ``--framework deepspeed`` instead hands the model to
 ``deepspeed.initialize`` with the emitted config (:mod:`autoplace.runtime.ds`).  Then ``warmup`` steps (the
-last one counted by the collective counter, untimed) and ``steps`` timed steps on synthetic
-tokens.  Rank 0 writes the result; a rank that fails writes ``OUT.rank<r>.error.json`` with
+last one counted by the collective counter, untimed; under PowerSGD at least one past its plain
+all-reduce steps, :func:`warmup_steps`) and ``steps`` timed steps on synthetic tokens.  Rank 0 writes the result; a rank that fails writes ``OUT.rank<r>.error.json`` with
 the reason (``oom`` or ``crash``) and exits non-zero, so torchrun stops the other ranks.
 """
 
@@ -133,7 +133,8 @@ class Trainer:
         self.fsdp = self.fsdp or mode == "fsdp"
         if mode == "ddp":
             return par.apply_ddp(model, lay.dp_group, self.comm, self.args.bucket_mb, self.args.fault,
-                                 ignore=par.expert_names(model) if plan.ep > 1 else None)
+                                 ignore=par.expert_names(model) if plan.ep > 1 else None,
+                                 compress=plan.compress, powersgd_rank=plan.powersgd_rank)
         return model
 
     def _schedule(self, parts: list[torch.nn.Module], indices: list[int]) -> Any:
@@ -169,9 +170,10 @@ class Trainer:
                 total += float(out.detach())
             loss = total
         if self.manual_reduce:
-            par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault, experts=plan.ep == 1)
+            par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault, experts=plan.ep == 1,
+                                     dtype=par.reduce_dtype(plan))
         if plan.ep > 1:
-            par.reduce_expert_grads(self.model, lay, self.args.fault, fsdp=self.fsdp)
+            par.reduce_expert_grads(self.model, lay, self.args.fault, fsdp=self.fsdp, dtype=par.reduce_dtype(plan))
         if self.fsdp and self.args.fault == "sum-grads":
             # gloo has no PREMUL_SUM, so FSDP2's divide factor cannot be set to 1: scale instead
             for p in self.model.parameters():
@@ -284,6 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except Unsupported as exc:  # raised alike on every rank, before any collective
         return {**base, "status": "unsupported", "reason": str(exc)}
     losses: list[float] = []
+    args.warmup = warmup_steps(plan, args.warmup)
     for s in range(args.warmup):
         _inject(args, s)
         counted = s == args.warmup - 1
@@ -302,6 +305,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
         losses.append(_global_loss(trainer, local))
     return {**base, **_measure(trainer, args, times, losses, rss0)}
+
+
+def warmup_steps(plan: Plan, asked: int) -> int:
+    """Warm-up steps of a run: as asked, but under PowerSGD at least one past its plain all-reduce
+    steps (``parallel.POWERSGD_START``), so the counted step -- the last warm-up step -- and the
+    timed ones are compressed.  No warm-up (nothing counted) stays none."""
+    if plan.compress == "powersgd" and asked > 0:
+        return max(asked, par.POWERSGD_START + 1)
+    return asked
 
 
 def _measure(trainer: Trainer | DeepSpeedTrainer, args: argparse.Namespace, times: list[float], losses: list[float],
