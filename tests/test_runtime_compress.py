@@ -92,12 +92,7 @@ VARIANTS = {"llama": _LLAMA,
             "gpt": {**_LLAMA, "kv_heads": 8, "ffn": "gelu", "ffn_hidden": 1024, "norm": "layernorm", "bias": True,
                     "position": "learned", "tied_embeddings": True},
             "moe": TINY_MOE}
-MOE_PENDING = pytest.mark.xfail(strict=True, reason=(
-    "terms_time._step_terms passes the experts' own elements as what they send; it should pass "
-    "compress.expert_reduce_elements (PowerSGD-compressed at ep = 1): predicted 3,184,192 B vs 87,616 B at rank 1"))
-
-
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=MOE_PENDING) if v == "moe" else v for v in sorted(VARIANTS)])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_powersgd_bytes_are_those_of_the_runtime_models_weights(variant: str) -> None:
     """The cost model's PowerSGD bytes equal PyTorch's compression rule applied to the parameters
     of the model the runtime builds: each tensor viewed as ``(shape[0], -1)``, rank capped at its

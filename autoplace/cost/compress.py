@@ -119,8 +119,7 @@ def expert_reduce_elements(table: LayerTable, cand: Candidates, exp_local: Array
     With ep = 1 the experts are ordinary parameters of the DDP model, so PowerSGD compresses each
     expert's matrices like the dense ones (``exp_local`` less the savings of all ``experts`` of
     them); with ep > 1 the runtime reduces them over their own (edp) group by hand, outside the
-    hook, uncompressed (``exp_local`` itself).  ``terms_time._step_terms`` should pass this as the
-    experts' ``sent`` (it passes ``exp_local``, which over-predicts an ep = 1 MoE under PowerSGD).
+    hook, uncompressed (``exp_local`` itself).
     """
     tp = cand.tp.astype(float)
     rank = np.where(cand.ep == 1, cand.powersgd_rank, 0).astype(float)

@@ -370,7 +370,8 @@ def _step_terms(ctx: Context) -> StepTerms:
     sent_blk = compress.block_reduce_elements(ctx.table, c, ctx.dense_local)  # [C, K]
     sent_st = compress.edge_reduce_elements(ctx.table, c, ctx.edge_dense, ctx.first, ctx.last)  # [C, S]
     r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero")
-    r_e, g_e, b_e = one(expert[:, None, :], expert[:, None, :], "edp", "ezero")
+    sent_exp = compress.expert_reduce_elements(ctx.table, c, ctx.exp_local)  # [C, K]
+    r_e, g_e, b_e = one(expert[:, None, :], sent_exp[:, None, :], "edp", "ezero")
     r_s, g_s, b_s = one(ctx.edge_dense[:, :, None], sent_st[:, :, None], "dp", "zero")
     # the last bucket: its reduction cannot start before backward ends
     bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20) / ctx.wire.reduce[:, None, None]
