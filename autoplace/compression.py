@@ -46,8 +46,8 @@ COMPRESSIONS: dict[str, Compression] = {
     "zeropp": Compression(
         "zeropp", "ZeRO++: int8 weight all-gathers (qwZ), a node-local secondary weight shard so backward "
         "gathers stay inside the node (hpZ), int4 gradient reduce-scatter (qgZ): cross-node volume 3M -> 0.75M",
-        "low to moderate: block-quantized weights and gradients; the paper reports the same loss curves as "
-        "ZeRO-3 for GPT models up to 138B (Wang et al. 2023, Sec. 6.3); validate on your own model",
+        "low to moderate: block-quantized weights and gradients; the paper's convergence runs match ZeRO-3's "
+        "loss on GPT models (Wang et al. 2023); validate on your own model",
         "Wang et al. 2023, ZeRO++: Extremely Efficient Collective Communication for Giant Model Training; "
         "DeepSpeed zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients",
         ("deepspeed",)),

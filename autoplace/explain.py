@@ -86,10 +86,10 @@ _COMPRESS_CHOICES = (("none", 0), ("bf16", 0), ("zeropp", 0), *(("powersgd", r) 
 
 
 def _compressed_twin(plan: Plan, name: str, rank: int) -> Plan:
-    """``plan`` with compression ``name``, moved to the ZeRO level the option needs (ZeRO++: 3 over
-    the whole data-parallel group; PowerSGD: DDP), everything else kept."""
+    """``plan`` with compression ``name``, moved to the sharding the option needs (ZeRO++: ZeRO-3
+    over the whole data-parallel group; PowerSGD: DDP), everything else kept."""
     twin = dataclasses.replace(plan, compress=name, powersgd_rank=rank)
-    if name == "zeropp" and plan.zero != 3:
+    if name == "zeropp":  # over the whole data-parallel group: DeepSpeed has no HSDP beside hpZ
         twin = dataclasses.replace(twin, zero=3, dp_shard=plan.dp, dp_replicate=1)
     if name == "powersgd" and plan.zero != 0:
         twin = dataclasses.replace(twin, zero=0, dp_shard=1, dp_replicate=plan.dp, offload_optimizer="none",
@@ -112,7 +112,8 @@ def compression_hint(model: ModelSpec, cluster: ClusterSpec, best: Evaluation,
     ev = min(faster, key=lambda e: e.step_time_s)
     option = COMPRESSIONS[ev.plan.compress]
     label = f"{option.name} r{ev.plan.powersgd_rank}" if ev.plan.powersgd_rank else option.name
-    zero = f" at zero={ev.plan.zero}" if ev.plan.zero != best.plan.zero else ""
+    moved = (ev.plan.zero, ev.plan.dp_shard) != (best.plan.zero, best.plan.dp_shard)
+    zero = f" at zero={ev.plan.zero}, dp_shard={ev.plan.dp_shard}" if moved else ""
     return (f"compression was not searched (--allow compress): {label}{zero} would take the best plan from "
             f"{best.step_time_s:.3f} s to {ev.step_time_s:.3f} s ({ev.step_time_s / best.step_time_s - 1:+.1%}); "
             f"accuracy risk {option.risk.split(':')[0]}")

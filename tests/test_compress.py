@@ -43,7 +43,7 @@ def _evaluate(model, cluster, text: str):
 
 
 def test_zeropp_cuts_cross_node_volume_from_3m_to_075m() -> None:
-    """Wang et al. 2023 (ZeRO++), Sec. 1 and 3: ZeRO-3 moves 3M across nodes per step (two weight
+    """Wang et al. 2023 (ZeRO++, arXiv 2306.10209): ZeRO-3 moves 3M across nodes per step (two weight
     gathers and a gradient reduce-scatter); qwZ halves the forward gather, hpZ keeps backward's
     gather inside the node and qgZ quarters the reduce-scatter: 0.5M + 0 + 0.25M = 0.75M.  With one
     GPU per node every byte crosses nodes, so the per-device bytes show the ratio directly.  (A tiny
@@ -56,7 +56,7 @@ def test_zeropp_cuts_cross_node_volume_from_3m_to_075m() -> None:
 
 
 def test_zeropp_pays_for_its_secondary_shard_in_memory() -> None:
-    """hpZ keeps a 16-bit secondary shard of the weights over the node (Wang et al. Sec. 4.2):
+    """hpZ keeps a 16-bit secondary shard of the weights over the node (Wang et al. 2023):
     8 GPUs per node, bf16 weights -> 2 / 8 bytes per parameter more on every device."""
     model, cluster = _model(vocab=16), _cluster(nodes=2, per_node=8)
     plain = _evaluate(model, cluster, "zero=3")

@@ -1,7 +1,7 @@
 """Bytes on the wire per parameter under each compression option, and PowerSGD's compressed
 sizes (:mod:`autoplace.compression` holds the facts; ``terms_time`` / ``terms_memory`` use these).
 
-ZeRO++ (Wang et al. 2023, Sec. 3-4): qwZ all-gathers weights block-quantized to int8 (half of
+ZeRO++ (Wang et al. 2023, arXiv 2306.10209): qwZ all-gathers weights block-quantized to int8 (half of
 bf16), hpZ keeps a secondary bf16 shard inside each node so backward's gathers never leave it,
 and qgZ reduce-scatters gradients in int4 (a quarter of bf16) by hierarchical all-to-all; the
 per-block scales (one fp32 per 2,048-element block in DeepSpeed) add 0.2% and are not counted.

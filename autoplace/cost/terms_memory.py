@@ -60,7 +60,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     grads_off = col(c.off_opt) * (z >= 2) > 0
     # ZeRO++'s hpZ keeps a secondary 16-bit shard of the weights over the node-local part of the
     # shard group; PowerSGD keeps an error-feedback copy of every gradient it reduces (its hook's
-    # error_dict, one per bucket) -- Wang et al. 2023 Sec. 4.2, Vogels et al. 2019 Alg. 2
+    # error_dict, one per bucket) -- Wang et al. 2023 (hpZ), Vogels et al. 2019 Alg. 2 (error feedback)
     hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
     error_feedback = col(ctx.wire.rank > 0)
 
