@@ -146,6 +146,14 @@ def test_zeropp_is_refused_where_deepspeed_cannot_run_it_as_costed() -> None:
             emit_deepspeed(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
 
 
+def test_hsdp_with_tensor_parallel_is_refused() -> None:
+    """DeepSpeed's hpZ groups are consecutive global ranks (utils/groups.py): with tp > 1 they would
+    hold the tensor-parallel ranks of one layer, not the ZeRO shard group the plan was costed with."""
+    with pytest.raises(EmitError, match="HSDP .* with tp=2: DeepSpeed's hpZ groups are consecutive"):
+        emit_deepspeed(make_plan("tp=2,sp=false,zero=3,dp_replicate=2,dp_shard=4", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    emit_deepspeed(make_plan("zero=3,dp_replicate=2,dp_shard=8", MODEL, CLUSTER16), MODEL, CLUSTER16)  # tp=1 runs
+
+
 def test_reader_refuses_a_partial_or_resized_zeropp() -> None:
     cfg = emit_deepspeed(make_plan("zero=3,compress=zeropp", MODEL, CLUSTER16), MODEL, CLUSTER16)
     for key, value, message in [("zero_quantized_gradients", False, "set both or neither"),

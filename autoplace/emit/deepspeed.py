@@ -92,6 +92,11 @@ def check_expressible(plan: Plan) -> None:
                         f"dp_replicate={plan.dp_replicate} x dp_shard={plan.dp_shard} cannot be expressed")
     if plan.zero == 3 and plan.dp_replicate > 1 and plan.ep > 1:
         raise fail(FMT, "hpZ (dp_replicate > 1 at zero=3) is not supported with AutoEP in DeepSpeed 0.19")
+    if plan.zero == 3 and plan.dp_replicate > 1 and plan.tp > 1:
+        # deepspeed/utils/groups.py builds hpZ groups from consecutive global ranks: with tp > 1
+        # they would mix the tensor-parallel ranks of one layer instead of the shard group
+        raise fail(FMT, f"HSDP (dp_replicate={plan.dp_replicate} at zero=3) with tp={plan.tp}: DeepSpeed's hpZ groups "
+                        "are consecutive global ranks, which mixes AutoTP ranks; use tp=1 or dp_replicate=1")
     if plan.offload_params != "none" and plan.zero < 3:
         raise fail(FMT, f"offload_params={plan.offload_params} needs zero=3 (DeepSpeed offload_param)")
     if plan.offload_optimizer != "none" and plan.zero < 1:
