@@ -192,21 +192,30 @@ def _groups(configs: list[Config]) -> list[np.ndarray]:
     return out
 
 
-def _terms(problem: Problem, configs: list[Config], table: LayerTable) -> StageTerms:
-    return stage_terms(table, problem.cluster, to_candidates(configs, table), problem.model.training.recipe(),
-                       problem.assumptions)
+def _terms(problem: Problem, configs: list[Config], table: LayerTable, cand: Candidates | None = None) -> StageTerms:
+    return stage_terms(table, problem.cluster, to_candidates(configs, table) if cand is None else cand,
+                       problem.model.training.recipe(), problem.assumptions)
 
 
 def score_space(problem: Problem, configs: list[Config]) -> Space:
     """Sound lower bounds of every configuration, scored group by group (:func:`_groups`),
     for the recompute mode the problem pins (if any)."""
-    table = layer_table(problem.model)
-    lower, memory = np.empty(len(configs)), np.empty(len(configs))
+    return score_spaces([problem], configs)[0]
+
+
+def score_spaces(problems: Sequence[Problem], configs: list[Config]) -> list[Space]:
+    """:func:`score_space` of problems that differ only in the recompute mode they pin (a
+    framework's uniform-recompute runs): the coefficient tables, which do not depend on it,
+    are built once for all of them."""
+    table = layer_table(problems[0].model)
+    lower, memory = np.empty((len(problems), len(configs))), np.empty((len(problems), len(configs)))
     for rows in _groups(configs):
         group = [configs[i] for i in rows]
-        lower[rows], memory[rows] = _bounds(problem, table, to_candidates(group, table), _terms(problem, group, table),
-                                            problem.fixed_mode)
-    return Space(problem, configs, table, lower, memory)
+        cand = to_candidates(group, table)
+        terms = _terms(problems[0], group, table, cand)
+        for k, problem in enumerate(problems):
+            lower[k, rows], memory[k, rows] = _bounds(problem, table, cand, terms, problem.fixed_mode)
+    return [Space(problem, configs, table, lower[k], memory[k]) for k, problem in enumerate(problems)]
 
 
 def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms,
