@@ -213,25 +213,44 @@ def score_spaces(problems: Sequence[Problem], configs: list[Config]) -> list[Spa
         group = [configs[i] for i in rows]
         cand = to_candidates(group, table)
         terms = _terms(problems[0], group, table, cand)
+        t_block = terms.t_block.sum(-1)  # [C, S, K, 3]: read by every problem's bounds
         for k, problem in enumerate(problems):
-            lower[k, rows], memory[k, rows] = _bounds(problem, table, cand, terms, problem.fixed_mode)
+            lower[k, rows], memory[k, rows] = _bounds(problem, table, cand, terms, problem.fixed_mode, t_block)
     return [Space(problem, configs, table, lower[k], memory[k]) for k, problem in enumerate(problems)]
 
 
+class _Stages:
+    """Which stage entries of a group's [C, S, ...] arrays are real (s < pp): ``where`` is
+    ``np.where(mask, x, fill)``, or ``x`` itself when every configuration has S stages (a
+    group of one pipeline depth, :func:`_groups`) -- the same values without the copies."""
+
+    def __init__(self, pp: np.ndarray, stages: int) -> None:
+        self.mask = np.arange(stages)[None, :] < pp[:, None]
+        self.full = bool(self.mask.all())
+
+    def where(self, x: np.ndarray, fill: float, extra: int = 0) -> np.ndarray:
+        """``x`` with the stages past each configuration's pp set to ``fill`` (``extra``
+        trailing axes of ``x`` beyond [C, S])."""
+        return x if self.full else np.where(self.mask[(...,) + (None,) * extra], x, fill)
+
+
 def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms,
-            mode: int | None) -> tuple[np.ndarray, np.ndarray]:
+            mode: int | None, t_sum: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(objective lower bound over all inner choices, lower bound of the fullest stage's
     memory minus capacity -- positive when no split can fit) of every candidate, with every
-    block in recompute ``mode`` or (None) any mix of modes."""
+    block in recompute ``mode`` or (None) any mix of modes; ``t_sum`` is
+    ``terms.t_block.sum(-1)`` when the caller has it."""
     pp = cand.pp.astype(float)
-    mask = np.arange(cand.counts.shape[1])[None, :] < cand.pp[:, None]
+    st = _Stages(cand.pp, cand.counts.shape[1])
+    mask = st.mask
+    t_sum = terms.t_block.sum(-1) if t_sum is None else t_sum  # [C, S, K, 3]
     n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
     # time: the sum of stage times is split-independent (up to per-stage hardware: take the fastest)
-    t_block = np.where(mask[..., None], terms.t_block[..., mode or 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
-    total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block * n_kind).sum(-1))
+    t_block = st.where(t_sum[..., mode or 0], np.inf, 1).min(axis=1)  # [C, K]
+    total = (st.where(terms.t_static.sum(-1), 0).sum(1) + (t_block * n_kind).sum(-1))
     m, v = cand.ga.astype(float), cand.vpp.astype(float)
     if mode is None:
-        total = total + _recompute_time_lb(terms, mask, n_kind)
+        total = total + _recompute_time_lb(terms, st, n_kind, t_sum)
     # the slowest tail is at least the average of the gather + optimizer parts of all stages
     rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
     rest = np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1)
@@ -240,13 +259,13 @@ def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageT
     # the lightest recompute allowed and each stage's lightest coefficients
     act = 2 if mode is None else mode
     static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
-    m3 = mask[..., None]
-    state = np.where(m3[..., None], per_block, np.inf).min(1)  # [C, F, K]
-    mult_min = np.where(m3, mult, np.inf).min(1)  # [C, F]
-    mem_all = (np.where(m3, static, 0).sum(1)
+    state = st.where(per_block, np.inf, 2).min(1)  # [C, F, K]
+    mult_min = st.where(mult, np.inf, 1).min(1)  # [C, F]
+    static_real = st.where(static, 0, 1)
+    mem_all = (static_real.sum(1)
                + (n_kind * (state + mult_min[..., None] * terms.act_block[:, 0, None, :, act])).sum(-1))
-    cap_max = np.where(mask, terms.capacity, 0).max(1)
-    memory_lb = np.maximum(mem_all / pp[:, None], np.where(m3, static, 0).max(1)).max(-1)
+    cap_max = st.where(terms.capacity, 0).max(1)
+    memory_lb = np.maximum(mem_all / pp[:, None], static_real.max(1)).max(-1)
     comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
         terms.bytes_block[:, 0, :, mode or 0].sum(-1) * n_kind).sum(-1)
     lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
@@ -281,7 +300,7 @@ def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, block
     return ok & (np.where(mask, n_max, 0).sum(1) >= blocks)
 
 
-def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
+def _recompute_time_lb(terms: StageTerms, st: _Stages, n_kind: np.ndarray, t_sum: np.ndarray) -> np.ndarray:
     """Least recompute time any split needs to fit (summed over stages): a fractional knapsack.
 
     All stages together must shed at least ``need`` bytes: their memory with no recompute,
@@ -293,14 +312,15 @@ def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) 
     """
     L = n_kind.sum()
     # the start-of-backward phase alone (a necessary condition; it holds the most activations)
+    mask = st.mask
     static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)
-    inflight_min = np.where(mask, mult, np.inf).min(1)  # [C]
-    inflight_max = np.where(mask, mult, 0).max(1)
-    state = np.where(mask[..., None], per_block, np.inf).min(axis=(1, 2))  # [C] lightest kind and stage
+    inflight_min = st.where(mult, np.inf).min(1)  # [C]
+    inflight_max = st.where(mult, 0).max(1)
+    state = st.where(per_block, np.inf, 1).min(axis=(1, 2))  # [C] lightest kind and stage
     act = terms.act_block[:, 0].min(1)  # [C, 3]
-    static = np.where(mask, static_s, 0).sum(1)
-    need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - np.where(mask, terms.capacity, 0).sum(1), 0.0)
-    t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=(1, 2))  # [C, 3] fastest
+    static = st.where(static_s, 0).sum(1)
+    need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - st.where(terms.capacity, 0).sum(1), 0.0)
+    t = st.where(t_sum, np.inf, 2).min(axis=(1, 2))  # [C, 3] fastest
     save = inflight_max[:, None] * np.stack([act[:, 0] - act[:, 1], act[:, 1] - act[:, 2]], axis=-1)  # [C, 2]
     cost = np.maximum(np.stack([t[:, 1] - t[:, 0], t[:, 2] - t[:, 1]], axis=-1), 0.0)
     ratio = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf)
