@@ -157,10 +157,11 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     top = vals[0].copy()
     choice = []
     W = _sizes(vals)
+    band = _band_index(N, W)
     for s in range(1, P):
         stage = vals[s][W - 1::-1]  # a stage of W - 1 - r blocks
-        total = np.min(_band(total, W) + stage, axis=1)
-        cand = np.maximum(_band(top, W), stage)
+        total = np.min(_band(total, band) + stage, axis=1)
+        cand = np.maximum(_band(top, band), stage)
         r = np.argmin(cand, axis=1)
         choice.append(np.arange(N) - W + 1 + r)  # the stages before end at k - (W - 1 - r)
         top = cand[np.arange(N), r]
@@ -187,8 +188,9 @@ def _min_max(table: np.ndarray, allowed: np.ndarray) -> float:
     vals = np.where(allowed, table, INF)
     top = vals[0].copy()
     W = _sizes(vals)
+    band = _band_index(N, W)
     for s in range(1, P):
-        top = np.min(np.maximum(_band(top, W), vals[s][W - 1::-1]), axis=1)
+        top = np.min(np.maximum(_band(top, band), vals[s][W - 1::-1]), axis=1)
     return float(top[N - 1])
 
 
@@ -198,13 +200,17 @@ def _sizes(vals: np.ndarray) -> int:
     return int(np.flatnonzero(finite).max()) + 1 if finite.any() else 1
 
 
-def _band(prev: np.ndarray, W: int) -> np.ndarray:
+def _band_index(N: int, W: int) -> np.ndarray:
+    """Indices of :func:`_band` for ``N`` block counts and stages of fewer than ``W`` blocks."""
+    return np.arange(N)[:, None] + np.arange(W)[None, :]
+
+
+def _band(prev: np.ndarray, index: np.ndarray) -> np.ndarray:
     """B[k, r] = prev[k - W + 1 + r] (inf before 0): the state before a stage of ``W - 1 - r``
     blocks that ends at ``k``.  The DPs over stages read only this band of the [start, end]
     matrix (no stage takes W blocks or more: :func:`_sizes`), in order of increasing start so
     that ties go to the earliest start, as on the full matrix."""
-    padded = np.concatenate([np.full(W - 1, INF), prev])
-    return np.lib.stride_tricks.sliding_window_view(padded, W)
+    return np.concatenate([np.full(index.shape[1] - 1, INF), prev])[index]
 
 
 def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int, m: int, objective: str) -> float:
