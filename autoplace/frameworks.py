@@ -224,7 +224,6 @@ def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] |
     runs = [dataclasses.replace(problem, fixed={**problem.fixed, "recompute": m}) for m in modes] if modes else [problem]
     out = []
     try:
-        solver.prepare(runs)  # e.g. one scoring of the configurations for every uniform mode
         for k, run in enumerate(runs):  # the runs share what is left of the time limit
             left = max(deadline - time.perf_counter(), 0.1) / (len(runs) - k)
             out.append(solver.solve(run, dataclasses.replace(budget, time_limit_s=left)))

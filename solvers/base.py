@@ -9,7 +9,6 @@ name in :mod:`solvers.registry`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 
 from solvers.problem import DEFAULT_FEATURES, FEATURES, OBJECTIVES, Budget, Problem, SolveResult, objective_key
 
@@ -29,8 +28,3 @@ class Solver(ABC):
     @abstractmethod
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         """Find the best plans for ``problem`` within ``budget``."""
-
-    def prepare(self, problems: Sequence[Problem]) -> None:
-        """Told that ``problems`` will be solved next, in turn (e.g. one per uniform recompute
-        mode): a back end may share work between them.  The default shares nothing."""
-        del problems

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ import numpy as np
 from autoplace.plan import Config, even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, Space, enumerate_configs, score_space, score_spaces, to_candidates
+from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
 from solvers.tables import StageTables, split_bounds, split_sizes, split_value, stage_tables, table_modes
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
@@ -432,15 +432,7 @@ class CpSatSolver(Solver):
 
     def __init__(self) -> None:
         self._configs: dict[tuple[Any, ...], list[Config]] = {}
-        self._prepared: list[Problem] = []  # solves to come that may share one scoring pass
-        self._spaces: list[tuple[Problem, Space]] = []  # ... and their spaces, once scored
-
-    def prepare(self, problems: Sequence[Problem]) -> None:
-        """Problems that differ only in the recompute mode they pin (a framework's
-        uniform-recompute runs) are scored together by the first of their solves."""
-        shared = {(self._key(p), p.objective, id(p.assumptions)) for p in problems}
-        self._prepared = list(problems) if len(problems) > 1 and len(shared) == 1 else []
-        self._spaces = []
+        self._space: tuple[tuple[Any, ...], Space] | None = None  # the last scored space, by _score's key
 
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
@@ -499,17 +491,14 @@ class CpSatSolver(Solver):
         return self._configs[key]
 
     def _score(self, problem: Problem, configs: list[Config]) -> Space:
-        """The scored space of ``problem``; for one of the prepared problems, all of them at
-        once (the coefficient tables are the same), the others' kept for their own solves."""
-        for k, (p, space) in enumerate(self._spaces):
-            if p is problem:
-                del self._spaces[k]
-                return space
-        if not any(p is problem for p in self._prepared):
-            return score_space(problem, configs)
-        scored = list(zip(self._prepared, score_spaces(self._prepared, configs), strict=True))
-        self._prepared, self._spaces = [], [(p, space) for p, space in scored if p is not problem]
-        return next(space for p, space in scored if p is problem)
+        """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
+        pins another recompute mode reads its bounds off the last space's summary."""
+        key = (self._key(problem), id(problem.assumptions))
+        if self._space is not None and self._space[0] == key and self._space[1].configs is configs:
+            return self._space[1].for_problem(problem)
+        space = score_space(problem, configs)
+        self._space = (key, space)
+        return space
 
     @staticmethod
     def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:
