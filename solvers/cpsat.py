@@ -493,8 +493,10 @@ class CpSatSolver(Solver):
     def _score(self, problem: Problem, configs: list[Config]) -> Space:
         """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
         pins another recompute mode reads its bounds off the last space's summary."""
-        key = (self._key(problem), id(problem.assumptions))
-        if self._space is not None and self._space[0] == key and self._space[1].configs is configs:
+        # the objects themselves, compared by identity: held here, their ids cannot be reused
+        key = (problem.model, problem.cluster, problem.admissible, problem.assumptions)
+        if self._space is not None and all(a is b for a, b in zip(self._space[0], key, strict=True)) \
+                and self._space[1].configs is configs:
             return self._space[1].for_problem(problem)
         space = score_space(problem, configs)
         self._space = (key, space)
