@@ -25,7 +25,7 @@ from autoplace.capabilities import (
 )
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import EmitError, Infeasible, SpecError
-from autoplace.plan import Config, Plan, even_split
+from autoplace.plan import RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -120,19 +120,19 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
     and no recompute.  Per-layer recompute and uneven splits are checked on the final plans
     (:func:`unexpressible`)."""
     from autoplace.cost.layers import layer_table
-    from solvers.space import plan_from
 
     all_checks = {f: c for f, c in _checks(model).items() if unsupported_model(f, model) is None}
     checks = list(all_checks.values()) if framework == ANY else [all_checks[framework]]
     table = layer_table(model)
+    no_recompute = (RECOMPUTE[0],) * table.blocks
+    layouts: dict[tuple[int, int], list[int]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
 
     def check(config: Config) -> bool:
-        split = even_split(table.blocks, config.pp * config.vpp)
-        stages = [sum(split[s::config.pp]) for s in range(config.pp)]  # stage s holds chunks s, s+pp, ...
-        starts = [sum(stages[:s]) for s in range(len(stages))]
-        modes = [[[sum(1 for i in range(a, a + n) if table.sequence[i] == k), 0, 0] for k in range(len(table.kinds))]
-                 for a, n in zip(starts, stages, strict=True)]
-        plan = plan_from(config, table, stages, modes)
+        key = (config.pp, config.vpp)
+        if key not in layouts:
+            split = even_split(table.blocks, config.pp * config.vpp)
+            layouts[key] = [sum(split[s::config.pp]) for s in range(config.pp)]  # stage s holds chunks s, s+pp, ...
+        plan = config.to_plan(layouts[key], no_recompute)
         for check_one in checks:
             try:
                 check_one(plan)

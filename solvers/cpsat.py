@@ -14,7 +14,8 @@ The model (:func:`build_model`):
 
   - *tables* (one block kind): the best recompute counts for every stage size are known in
     closed form (:mod:`solvers.tables`), so the stage's time and tail are read off the
-    ``y`` literals, and sizes that cannot fit are forbidden;
+    ``y`` literals, which exist only for the sizes that fit and can be part of a plan
+    within the cap (:func:`solvers.tables.size_limits`);
   - *per-layer* (several block kinds, e.g. dense and MoE blocks): kind counts per stage
     from element constraints on prefix sums, recompute counts ``r[s][k][mode]`` summing to
     them, and memory, time and tail linear in those counts;
@@ -44,7 +45,7 @@ from autoplace.plan import Config, even_split
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
-from solvers.tables import StageTables, split_bounds, split_value, stage_tables, table_modes
+from solvers.tables import StageTables, split_bounds, split_sizes, split_value, stage_tables, table_modes
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
 SLACK = 1e-6  # relative slack on bounds computed in floating point
@@ -106,7 +107,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
     present, objective, groups = {}, {}, {}
     for i in keep:
         cf = configs[i]
-        g = groups[i] = _group(md, (cf.pp, cf.vpp), table.sequence, K, problem.fixed_split)
+        sizes = None if tables is None else split_sizes(tables[i], problem.objective, cf.pp, cf.vpp, problem.fixed_split)
+        g = groups[i] = _group(md, (cf.pp, cf.vpp), table.sequence, K, problem.fixed_split, sizes)
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
         g["top"] = md.new_int_var(0, top_bound, "")
@@ -142,9 +144,10 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
 
 
 def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
-           fixed_split: tuple[int, ...] | None) -> dict[str, Any]:
-    """Per (pp, vpp) group: the one-hot chunks per stage, and for several block kinds the
-    blocks of each kind per stage and the recompute counts of each."""
+           fixed_split: tuple[int, ...] | None, sizes: list[list[int]] | None = None) -> dict[str, Any]:
+    """Per (pp, vpp) group: the one-hot chunks per stage (only ``sizes[s]`` when given: the
+    sizes a configuration's tables allow), and for several block kinds the blocks of each
+    kind per stage and the recompute counts of each."""
     P, v = key
     L = len(sequence)
     y, q = [], []
@@ -152,6 +155,8 @@ def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
         allowed = list(range(1, L // v - P + 2))
         if fixed_split is not None and len(fixed_split) == P:
             allowed = [fixed_split[s] // v] if fixed_split[s] % v == 0 else []
+        if sizes is not None:
+            allowed = sizes[s]
         lits = {k: md.new_bool_var("") for k in allowed}
         md.add_exactly_one(lits.values())
         y.append(lits)
@@ -346,7 +351,7 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
             if space.lower_bound[i] > kth() * (1 + 1e-9):
                 break
             cf = space.configs[i]
-            tb = stage_tables(batch, j, problem.objective, problem.fixed_mode)
+            tb = stage_tables(batch, j, problem.objective, problem.fixed_mode, kth())
             lb, bottleneck = split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
             if not np.isfinite(lb):
                 continue
@@ -427,6 +432,7 @@ class CpSatSolver(Solver):
 
     def __init__(self) -> None:
         self._configs: dict[tuple[Any, ...], list[Config]] = {}
+        self._space: tuple[tuple[Any, ...], Space] | None = None  # the last scored space, by _score's key
 
     def solve(self, problem: Problem, budget: Budget) -> SolveResult:
         start = time.perf_counter()
@@ -434,7 +440,7 @@ class CpSatSolver(Solver):
         clock = _Clock(budget)
         configs = self._enumerate(problem)
         clock("score")
-        space = score_space(problem, configs)
+        space = self._score(problem, configs)
         configs = space.configs
         clock("bound")
         one_kind = len(space.table.kinds) == 1
@@ -470,14 +476,31 @@ class CpSatSolver(Solver):
                       notes=notes, model_values=values if len(values) == len(chosen) else None,
                       phases=clock.done(), model_size=size)
 
+    @staticmethod
+    def _key(problem: Problem) -> tuple[Any, ...]:
+        """What enumeration reads: everything but a pinned recompute mode."""
+        return (id(problem.model), id(problem.cluster), id(problem.admissible), problem.features, problem.max_mbs,
+                tuple(sorted((k, str(v)) for k, v in problem.fixed.items() if k != "recompute")))
+
     def _enumerate(self, problem: Problem) -> list[Config]:
         """The configurations, shared by this solver's solves that differ only in a pinned
         recompute mode (a framework's uniform-recompute runs): enumeration does not read it."""
-        key = (id(problem.model), id(problem.cluster), id(problem.admissible), problem.features, problem.max_mbs,
-               tuple(sorted((k, str(v)) for k, v in problem.fixed.items() if k != "recompute")))
+        key = self._key(problem)
         if key not in self._configs:
             self._configs = {key: enumerate_configs(problem)}  # keep one: spaces can be large
         return self._configs[key]
+
+    def _score(self, problem: Problem, configs: list[Config]) -> Space:
+        """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
+        pins another recompute mode reads its bounds off the last space's summary."""
+        # the objects themselves, compared by identity: held here, their ids cannot be reused
+        key = (problem.model, problem.cluster, problem.admissible, problem.assumptions)
+        if self._space is not None and all(a is b for a, b in zip(self._space[0], key, strict=True)) \
+                and self._space[1].configs is configs:
+            return self._space[1].for_problem(problem)
+        space = score_space(problem, configs)
+        self._space = (key, space)
+        return space
 
     @staticmethod
     def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:

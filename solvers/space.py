@@ -23,6 +23,7 @@ from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
 from autoplace.plan import POWERSGD_RANKS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
+from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
 
 
@@ -176,6 +177,14 @@ class Space:
     table: LayerTable
     lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
     memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity (> 0: cannot fit)
+    summary: Summary  # what the bounds of any objective and recompute mode read
+
+    def for_problem(self, problem: Problem) -> Space:
+        """This space for ``problem``, which differs from its own at most in the objective and
+        the recompute mode it pins (the same configurations and coefficient tables): its
+        bounds without scoring again."""
+        return Space(problem, self.configs, self.table, *self.summary.bounds(problem.objective, problem.fixed_mode),
+                     self.summary)
 
     def scored(self, rows: Sequence[int]) -> Scored:
         """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
@@ -208,126 +217,23 @@ def _groups(configs: list[Config]) -> list[np.ndarray]:
     return out
 
 
-def _terms(problem: Problem, configs: list[Config], table: LayerTable) -> StageTerms:
-    return stage_terms(table, problem.cluster, to_candidates(configs, table), problem.model.training.recipe(),
-                       problem.assumptions)
+def _terms(problem: Problem, configs: list[Config], table: LayerTable, cand: Candidates | None = None) -> StageTerms:
+    return stage_terms(table, problem.cluster, to_candidates(configs, table) if cand is None else cand,
+                       problem.model.training.recipe(), problem.assumptions)
 
 
 def score_space(problem: Problem, configs: list[Config]) -> Space:
     """Sound lower bounds of every configuration, scored group by group (:func:`_groups`),
-    for the recompute mode the problem pins (if any)."""
+    for the recompute mode the problem pins (if any); the space keeps what the bounds of the
+    other modes need (:class:`solvers.bounds.Summary`)."""
     table = layer_table(problem.model)
-    lower, memory = np.empty(len(configs)), np.empty(len(configs))
+    parts = []
     for rows in _groups(configs):
         group = [configs[i] for i in rows]
-        lower[rows], memory[rows] = _bounds(problem, table, to_candidates(group, table), _terms(problem, group, table),
-                                            problem.fixed_mode)
-    return Space(problem, configs, table, lower, memory)
-
-
-def _bounds(problem: Problem, table: LayerTable, cand: Candidates, terms: StageTerms,
-            mode: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(objective lower bound over all inner choices, lower bound of the fullest stage's
-    memory minus capacity -- positive when no split can fit) of every candidate, with every
-    block in recompute ``mode`` or (None) any mix of modes."""
-    pp = cand.pp.astype(float)
-    mask = np.arange(cand.counts.shape[1])[None, :] < cand.pp[:, None]
-    n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
-    # time: the sum of stage times is split-independent (up to per-stage hardware: take the fastest)
-    t_block = np.where(mask[..., None], terms.t_block[..., mode or 0, :].sum(-1), np.inf).min(axis=1)  # [C, K]
-    total = (np.where(mask, terms.t_static.sum(-1), 0).sum(1) + (t_block * n_kind).sum(-1))
-    m, v = cand.ga.astype(float), cand.vpp.astype(float)
-    if mode is None:
-        total = total + _recompute_time_lb(terms, mask, n_kind)
-    # the slowest tail is at least the average of the gather + optimizer parts of all stages
-    rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
-    rest = np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1)
-    time_lb = (m - 1 / v) * total / pp + total / v + rest / pp
-    # memory: in every phase the fullest stage holds at least the average of all stages, with
-    # the lightest recompute allowed and each stage's lightest coefficients
-    act = 2 if mode is None else mode
-    static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
-    m3 = mask[..., None]
-    state = np.where(m3[..., None], per_block, np.inf).min(1)  # [C, F, K]
-    mult_min = np.where(m3, mult, np.inf).min(1)  # [C, F]
-    mem_all = (np.where(m3, static, 0).sum(1)
-               + (n_kind * (state + mult_min[..., None] * terms.act_block[:, 0, None, :, act])).sum(-1))
-    cap_max = np.where(mask, terms.capacity, 0).max(1)
-    memory_lb = np.maximum(mem_all / pp[:, None], np.where(m3, static, 0).max(1)).max(-1)
-    comm_none = np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)) + (
-        terms.bytes_block[:, 0, :, mode or 0].sum(-1) * n_kind).sum(-1)
-    lb = {"time": time_lb, "comm": comm_none / pp, "memory": memory_lb}[problem.objective]
-    fits = ((memory_lb <= cap_max) & _some_split_fits(terms, mask, cand.vpp, table.blocks, act)
-            & _host_fits(terms, mask, n_kind))
-    return lb, np.where(fits, memory_lb - cap_max, np.maximum(memory_lb - cap_max, 1.0))
-
-
-def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
-    """Whether the offloaded states can fit the hosts: every block on the stage with the least
-    host memory per block, and the stages' edges, within the largest host share (necessary)."""
-    host_block = np.where(mask[..., None], terms.host_block, np.inf).min(1)  # [C, K]
-    total = np.where(mask, terms.host_static, 0).sum(1) + (host_block * n_kind).sum(-1)
-    pp = mask.sum(1)
-    return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
-
-
-def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int, act: int) -> np.ndarray:
-    """Whether any split can fit, with every block in recompute mode ``act`` (full: the least memory).
-
-    Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
-    (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
-    and together they hold all of them.  With several block kinds the lightest kind is used,
-    which keeps this a necessary condition.
-    """
-    static, state, mult = terms.phases
-    per_block = (state + mult[..., None] * terms.act_block[:, 0, None, None, :, act]).min(-1)  # [C, S, F]
-    room = terms.capacity[..., None] - static
-    n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks)).min(-1)
-    n_max = np.floor(np.clip(n_max, 0, blocks) / vpp[:, None]) * vpp[:, None]
-    ok = np.where(mask, n_max >= vpp[:, None], True).all(1)
-    return ok & (np.where(mask, n_max, 0).sum(1) >= blocks)
-
-
-def _recompute_time_lb(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
-    """Least recompute time any split needs to fit (summed over stages): a fractional knapsack.
-
-    All stages together must shed at least ``need`` bytes: their memory with no recompute,
-    counted optimistically (fewest in-flight micro-batches, lightest blocks), minus their
-    total capacity.  Each block offers two items: selective recompute (saves ``a0 - a1`` per
-    in-flight micro-batch for ``t1 - t0`` seconds) and the upgrade to full (``a1 - a2`` for
-    ``t2 - t1``), counted at the most in-flight micro-batches and the cheapest kind.  Taking
-    the cheaper item first, fractionally, bounds the cost of any real choice from below.
-    """
-    L = n_kind.sum()
-    # the start-of-backward phase alone (a necessary condition; it holds the most activations)
-    static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)
-    inflight_min = np.where(mask, mult, np.inf).min(1)  # [C]
-    inflight_max = np.where(mask, mult, 0).max(1)
-    state = np.where(mask[..., None], per_block, np.inf).min(axis=(1, 2))  # [C] lightest kind and stage
-    act = terms.act_block[:, 0].min(1)  # [C, 3]
-    static = np.where(mask, static_s, 0).sum(1)
-    need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - np.where(mask, terms.capacity, 0).sum(1), 0.0)
-    t = np.where(mask[..., None, None], terms.t_block.sum(-1), np.inf).min(axis=(1, 2))  # [C, 3] fastest
-    save = inflight_max[:, None] * np.stack([act[:, 0] - act[:, 1], act[:, 1] - act[:, 2]], axis=-1)  # [C, 2]
-    cost = np.maximum(np.stack([t[:, 1] - t[:, 0], t[:, 2] - t[:, 1]], axis=-1), 0.0)
-    ratio = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf)
-    first = np.argmin(ratio, axis=1)
-    rows = np.arange(len(need))
-    cap_a, cap_b = L * save[rows, first], L * save[rows, 1 - first]
-    r_a, r_b = ratio[rows, first], ratio[rows, 1 - first]
-    take_a = np.minimum(need, cap_a)
-    take_b = np.minimum(np.maximum(need - cap_a, 0.0), cap_b)
-    with np.errstate(invalid="ignore"):
-        knapsack = np.nan_to_num(take_a * r_a, posinf=0.0) + np.nan_to_num(take_b * r_b, posinf=0.0)
-    # per stage: blocks beyond what a stage holds with no recompute (h_s, fractional) each
-    # need w_s bytes shed at that stage's best seconds per byte (its own in-flight count)
-    w = state[:, None] + mult * act[:, :1]  # [C, S]
-    h = np.where(mask, np.maximum(terms.capacity - static_s, 0) / np.where(w > 0, w, 1), 0.0)
-    excess = np.maximum(L - h.sum(1), 0.0)
-    best = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf).min(1) * inflight_max  # s per byte at I=1
-    per_block_s = np.where(mask, w * best[:, None] / np.where(mask, mult, 1), np.inf).min(1)
-    stage = np.where(excess > 0, excess * np.where(np.isfinite(per_block_s), per_block_s, 0.0), 0.0)
-    return np.maximum(knapsack, stage)
+        cand = to_candidates(group, table)
+        parts.append((rows, summarize(table, cand, _terms(problem, group, table, cand))))
+    summary = Summary.stack(parts, len(configs))
+    return Space(problem, configs, table, *summary.bounds(problem.objective, problem.fixed_mode), summary)
 
 
 def plan_from(config: Config, table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:

@@ -11,6 +11,10 @@ selective recompute costs time.  The same holds for the communication objective 
 bytes) and the memory objective (per-stage bytes in memory).  The tables are therefore the
 per-layer decisions, solved in closed form for every stage size; CP-SAT then chooses the
 configuration and the split.
+
+Only stage sizes that can be part of a plan within a known plan's objective are tabulated
+(:func:`size_limits`): with deep pipelines that is a handful of sizes out of ``L``, and the
+split DPs read only that band of sizes.
 """
 
 from __future__ import annotations
@@ -43,12 +47,21 @@ class StageTables:
     full: np.ndarray
 
 
-def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None) -> StageTables:
-    """Tables for configuration ``i`` of a single-kind model (see the module docstring)."""
+def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None, cap: float = INF) -> StageTables:
+    """Tables for configuration ``i`` of a single-kind model (see the module docstring).
+
+    With a finite ``cap`` (the objective of a known plan), stage sizes that no split within
+    ``cap`` can use (:func:`size_limits`) are left out (``inf``), as sizes that cannot fit are:
+    the [stage, size, full-recompute] grid shrinks from ``L + 1`` sizes to the few that can
+    be part of a good plan.
+    """
     t, L = scored.terms, scored.table.blocks
     P = scored.configs[i].pp
-    n = np.arange(L + 1, dtype=float)[None, :, None]  # [1, N, 1]
-    b = np.arange(L + 1, dtype=float)[None, None, :]  # [1, 1, B]
+    tail = _tail(scored, i, L)
+    limit = size_limits(scored, i, objective, cap, tail)
+    N = int(limit.max()) + 1  # sizes 0..N-1; a stage of n blocks has at most n fully recomputed
+    n = np.arange(N, dtype=float)[None, :, None]  # [1, N, 1]
+    b = np.arange(N, dtype=float)[None, None, :]  # [1, 1, B]
     act = t.act_block[i, 0, 0]  # [3]
     tb = t.t_block[i, :P, 0].sum(-1)[:, None, None, :]  # [P,1,1,3]
     cb = t.bytes_block[i, 0, 0].sum(-1)  # [3]
@@ -77,11 +90,46 @@ def stage_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None)
     key = {"time": time, "comm": comm + 1e-9 * time, "memory": mem + 1e-9 * time}[objective]
     key = np.where(ok, key, INF)
     j = key.argmin(axis=2)  # best b per (stage, n)
-    pick = (np.arange(P)[:, None], np.arange(L + 1)[None, :], j)
-    feasible = np.isfinite(key[pick])
+    pick = (np.arange(P)[:, None], np.arange(N)[None, :], j)
+    feasible = np.isfinite(key[pick]) & (np.arange(N)[None, :] <= limit[:, None])
+
+    def pad(x: np.ndarray, fill: float) -> np.ndarray:  # [P, N] -> [P, L + 1]: sizes past N never chosen
+        return np.concatenate([x, np.full((P, L + 1 - N), fill, dtype=x.dtype)], axis=1)
+
     value = np.where(feasible, {"time": time, "comm": comm, "memory": mem}[objective][pick], INF)
-    return StageTables(value=value, time=np.where(feasible, time[pick], INF), tail=_tail(scored, i, L),
-                       sel=np.where(feasible, a[pick], 0).astype(int), full=np.where(feasible, j, 0).astype(int))
+    return StageTables(value=pad(value, INF), time=pad(np.where(feasible, time[pick], INF), INF), tail=tail,
+                       sel=pad(np.where(feasible, a[pick], 0).astype(int), 0),
+                       full=pad(np.where(feasible, j, 0).astype(int), 0))
+
+
+PRUNE_SLACK = 0.01  # relative margin of size_limits: far beyond the rounding of CP-SAT's integer units
+
+
+def size_limits(scored: Scored, i: int, objective: str, cap: float, tail: np.ndarray) -> np.ndarray:
+    """The most blocks each stage of configuration ``i`` can hold in a split whose objective
+    is within ``cap (1 + PRUNE_SLACK)`` ``[S]`` (``L`` when nothing is known: no cap, or an
+    objective other than time).
+
+    A stage of ``n`` blocks takes at least ``T_s + n tau_s`` seconds per micro-batch (its
+    static part and its fastest recompute mode), the others at least their static parts and
+    ``(L - n) tau_min``, and the tail at least the largest of each stage's smallest tail, so
+    every split with that stage is at least ``w_max (T_s + n tau_s) + w_sum (Σ T + n tau_s +
+    (L - n) tau_min) + tail`` (:func:`autoplace.cost.step.pipeline_weights`).  CP-SAT never
+    keeps a plan above its cap (within its slack and rounding, far below the margin), so the
+    sizes left out are ones it could not use either.
+    """
+    t, L, cf = scored.terms, scored.table.blocks, scored.configs[i]
+    P = cf.pp
+    if objective != "time" or not np.isfinite(cap):
+        return np.full(P, L)
+    w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
+    static = t.t_static[i, :P].sum(-1)  # [P]
+    tau = t.t_block[i, :P, 0].sum(-1).min(-1)  # [P] seconds per block in its fastest mode
+    n = np.arange(L + 1)[None, :]
+    floor = w_max * (static[:, None] + n * tau[:, None]) + w_sum * (
+        static.sum() + n * tau[:, None] + (L - n) * tau.min()) + float(tail[:, 1:].min(1).max())
+    ok = floor <= cap * (1 + PRUNE_SLACK)
+    return np.where(ok.any(1), L - np.argmax(ok[:, ::-1], axis=1), 0)
 
 
 def _tail(scored: Scored, i: int, L: int) -> np.ndarray:
@@ -96,9 +144,9 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
 
     Dynamic programs over stages: the smallest possible sum of stage values ``Σ*``, the
     smallest possible slowest stage ``τ*`` (the bottleneck split) and the smallest possible
-    largest DP tail ``θ*``.  Every split has ``Σ >= Σ*``, ``max >= τ*`` and ``tail >= θ*``,
-    so the step ``(m - 1/v) max + Σ/v + tail`` is at least ``(m - 1/v) τ* + Σ*/v + θ*``; for
-    ``comm`` and ``memory`` the objective is the max itself.
+    largest DP tail ``θ*`` (over the sizes that fit).  Every split has ``Σ >= Σ*``,
+    ``max >= τ*`` and ``tail >= θ*``, so the step ``(m - 1/v) max + Σ/v + tail`` is at least
+    ``(m - 1/v) τ* + Σ*/v + θ*``; for ``comm`` and ``memory`` the objective is the max itself.
     The bottleneck split is returned as a candidate (an upper bound once evaluated).
     """
     P, N = tables.value.shape
@@ -108,13 +156,15 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     total = vals[0].copy()
     top = vals[0].copy()
     choice = []
+    W = _sizes(vals)
+    band = _band_index(N, W)
     for s in range(1, P):
-        shifted = _shift(vals[s], N)
-        total = np.min(total[:, None] + shifted, axis=0)
-        cand = np.maximum(top[:, None], shifted)
-        j = np.argmin(cand, axis=0)
-        choice.append(j)
-        top = cand[j, np.arange(N)]
+        stage = vals[s][W - 1::-1]  # a stage of W - 1 - r blocks
+        total = np.min(_band(total, band) + stage, axis=1)
+        cand = np.maximum(_band(top, band), stage)
+        r = np.argmin(cand, axis=1)
+        choice.append(np.arange(N) - W + 1 + r)  # the stages before end at k - (W - 1 - r)
+        top = cand[np.arange(N), r]
     if not np.isfinite(top[L]):
         return INF, None
     split, k = [], L
@@ -126,24 +176,41 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     split.reverse()
     if objective == "time":
         w_max, w_sum = pipeline_weights(m, v)
-        return float(w_max * top[L] + w_sum * total[L] + _min_max(tables.tail, allowed)), split
+        fits = allowed & np.isfinite(tables.value)
+        return float(w_max * top[L] + w_sum * total[L] + _min_max(tables.tail, fits)), split
     return float(top[L]), split
 
 
 def _min_max(table: np.ndarray, allowed: np.ndarray) -> float:
-    """The smallest possible largest entry over all splits (a min-max DP over stages)."""
+    """The smallest possible largest entry over all splits (a min-max DP over stages),
+    ``allowed[s, n]`` saying which sizes each stage may take."""
     P, N = table.shape
-    vals = np.where(allowed[None, :], table, INF)
+    vals = np.where(allowed, table, INF)
     top = vals[0].copy()
+    W = _sizes(vals)
+    band = _band_index(N, W)
     for s in range(1, P):
-        top = np.min(np.maximum(top[:, None], _shift(vals[s], N)), axis=0)
+        top = np.min(np.maximum(_band(top, band), vals[s][W - 1::-1]), axis=1)
     return float(top[N - 1])
 
 
-def _shift(row: np.ndarray, N: int) -> np.ndarray:
-    """M[j, k] = row[k - j] (inf where k < j): the cost of a stage of size k - j."""
-    idx = np.arange(N)[None, :] - np.arange(N)[:, None]
-    return np.where(idx >= 0, row[np.clip(idx, 0, N - 1)], INF)
+def _sizes(vals: np.ndarray) -> int:
+    """One more than the largest stage size any stage can take (finite ``vals[s, n]``)."""
+    finite = np.isfinite(vals).any(0)
+    return int(np.flatnonzero(finite).max()) + 1 if finite.any() else 1
+
+
+def _band_index(N: int, W: int) -> np.ndarray:
+    """Indices of :func:`_band` for ``N`` block counts and stages of fewer than ``W`` blocks."""
+    return np.arange(N)[:, None] + np.arange(W)[None, :]
+
+
+def _band(prev: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """B[k, r] = prev[k - W + 1 + r] (inf before 0): the state before a stage of ``W - 1 - r``
+    blocks that ends at ``k``.  The DPs over stages read only this band of the [start, end]
+    matrix (no stage takes W blocks or more: :func:`_sizes`), in order of increasing start so
+    that ties go to the earliest start, as on the full matrix."""
+    return np.concatenate([np.full(index.shape[1] - 1, INF), prev])[index]
 
 
 def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int, m: int, objective: str) -> float:
@@ -162,3 +229,20 @@ def table_modes(tables: StageTables, split: list[int]) -> list[list[list[int]]]:
     """The recompute counts ``[stage][kind=0][none, selective, full]`` the tables chose for ``split``."""
     return [[[n - int(tables.sel[s, n]) - int(tables.full[s, n]), int(tables.sel[s, n]), int(tables.full[s, n])]]
             for s, n in enumerate(split)]
+
+
+def split_sizes(tables: StageTables, objective: str, pp: int, v: int,
+                fixed_split: tuple[int, ...] | None = None) -> list[list[int]] | None:
+    """The chunk counts (of ``v`` blocks) each stage can take by the tables (a finite value;
+    the fixed split's if any), or None when no split is made of them."""
+    main, L = tables.time if objective == "time" else tables.value, tables.value.shape[1] - 1
+    sizes = [[q for q in range(1, L // v - pp + 2) if np.isfinite(row[q * v])] for row in main]
+    if fixed_split is not None and len(fixed_split) == pp:
+        sizes = [[q for q in ok if q * v == n] for ok, n in zip(sizes, fixed_split, strict=True)]
+    reach = np.zeros(L + 1, dtype=bool)  # block counts the first stages can hold together
+    reach[0] = True
+    for ok in sizes:
+        before, reach = reach, np.zeros(L + 1, dtype=bool)
+        for q in ok:
+            reach[q * v:] |= before[:L + 1 - q * v]
+    return sizes if reach[L] else None

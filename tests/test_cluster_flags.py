@@ -119,3 +119,14 @@ def test_a_flag_cluster_round_trips_through_plan_json(tmp_path: Path) -> None:
     emitted = CliRunner().invoke(app, ["emit", str(tmp_path / "b" / "plan.json"), "--format", "torchrun",
                                        "--out", str(tmp_path / "e")])
     assert emitted.exit_code == 0, emitted.output
+
+
+def test_every_shipped_alias_names_its_profile() -> None:
+    """GPU aliases resolve to the profile that lists them, in any case (only the profiles
+    whose text names the alias are parsed)."""
+    from autoplace.specs.cluster import gpu_profile_name
+
+    aliases = {alias: name for name in profile_names("gpu") for alias in profile("gpu", name).aliases}
+    assert aliases
+    for alias, name in aliases.items():
+        assert gpu_profile_name(alias) == gpu_profile_name(alias.upper()) == name

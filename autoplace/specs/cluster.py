@@ -466,6 +466,13 @@ def gpu_profile_name(token: str, *, source: str = "--gpu") -> str:
     wanted = token.lower()
     if wanted in names:
         return wanted
+    # parse only the profiles whose text names the alias (parsing all twelve was most of a
+    # small solve's input time); the last in name order wins, as in the full map below
+    folder = resources.files("hardware_profiles") / "gpu"
+    for name in reversed(names):
+        text = (folder / f"{name}.yaml").read_bytes().decode("utf-8", "replace").lower()
+        if wanted in text and wanted in load_profile("gpu", name).aliases:
+            return name
     by_alias = {alias: name for name in names for alias in load_profile("gpu", name).aliases}
     if wanted in by_alias:
         return by_alias[wanted]

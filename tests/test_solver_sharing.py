@@ -1,0 +1,51 @@
+"""Work CP-SAT shares between the solves a framework runs in turn (one per uniform recompute mode)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import solvers.space
+from solvers.problem import OBJECTIVES, Budget, Problem
+from solvers.registry import get_solver
+from solvers.space import enumerate_configs, score_space
+from tests.helpers import gpu_cluster
+from tests.test_solvers import _model
+
+MODES = ("none", "selective", "full")
+
+
+def _runs(objective: str = "time") -> list[Problem]:
+    problem = Problem(_model(8, 512, 16), gpu_cluster(8, gpu="a100-sxm4-40gb"), top_k=2, objective=objective)
+    return [problem] + [dataclasses.replace(problem, fixed={"recompute": mode}) for mode in MODES]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_bounds_read_off_a_scored_space_are_the_bounds_scored_afresh(objective: str) -> None:
+    runs = _runs(objective)
+    configs = enumerate_configs(runs[0])
+    first = score_space(runs[0], configs)
+    for run in runs:
+        derived, alone = first.for_problem(run), score_space(run, configs)
+        assert derived.problem is run
+        assert np.array_equal(derived.lower_bound, alone.lower_bound)
+        assert np.array_equal(derived.memory_lb, alone.memory_lb)
+
+
+def test_uniform_mode_solves_score_once_and_find_the_same_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    alone = [get_solver("cpsat").solve(run, Budget(time_limit_s=60)) for run in _runs()]
+    scorings = []
+    real = solvers.space.summarize
+    monkeypatch.setattr(solvers.space, "summarize", lambda *a: scorings.append(1) or real(*a))
+    solver = get_solver("cpsat")
+    shared = [solver.solve(run, Budget(time_limit_s=60)) for run in _runs()]
+    once = len(scorings)
+    scorings.clear()
+    for run in _runs():
+        get_solver("cpsat").solve(run, Budget(time_limit_s=60))
+    assert once * len(MODES + (None,)) == len(scorings)  # one scoring pass instead of one per solve
+    for a, b in zip(alone, shared, strict=True):
+        assert a.status == b.status == "optimal"
+        assert [ev.plan for ev in a.plans] == [ev.plan for ev in b.plans]
