@@ -36,7 +36,8 @@ PHASES = ("enumerate", "score", "bound", "build", "search", "rescore")
 def run_once(model: str, cluster: str, args: argparse.Namespace) -> tuple[float, dict]:
     """One `autoplace solve --json` in a fresh process: (wall seconds, its JSON document)."""
     cmd = [sys.executable, "-m", "autoplace.cli", "solve", str(MODELS / model), cluster, "--json", "--top", "3",
-           "--time-limit", str(args.time_limit), "--framework", args.framework]
+           "--time-limit", str(args.time_limit), "--framework", args.framework,
+           *(x for feature in args.allow for x in ("--allow", feature))]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     wall = time.perf_counter() - start
@@ -50,6 +51,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--framework", default="any", help="as solve's --framework (default any, as users run it)")
+    parser.add_argument("--allow", action="append", default=[],
+                        help="as solve's --allow (repeatable), e.g. compress: the space with the opt-in knobs")
     parser.add_argument("--json", action="store_true", help="machine-readable rows")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
