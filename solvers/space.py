@@ -66,8 +66,6 @@ def enumerate_configs(problem: Problem) -> list[Config]:
                 for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
                     out.extend(_micro(problem, L, B, dp, Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep,
                                                                 dp_shard=dp_shard, sp=tp > 1, zero=zero)))
-    if problem.admissible is not None:
-        out = [config for config in out if problem.admissible(config)]
     if not out:
         raise Infeasible("no configuration satisfies the fixed keys and the composition rules "
                          f"({', '.join(f'{k}={v}' for k, v in fx.items()) or 'no keys fixed'}; {W} GPUs, {L} layers)")
@@ -89,10 +87,11 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
-    multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it)."""
+    multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it); only the
+    shapes ``problem.admissible`` accepts."""
     fx, feat, pp = problem.fixed, problem.features, base.pp
     degrees = {k: getattr(base, k) for k in ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "sp", "zero")}
-    out = []
+    out: list[Config] = []
     per_replica = B // dp
     mbss = [b for b in _divisors(per_replica) if problem.max_mbs is None or b <= problem.max_mbs]
     if "mbs" in fx:
@@ -102,19 +101,23 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
-    compressions = _compressions(problem, base)
-    for mbs, vpp in itertools.product(mbss, vpps):
-        ga = per_replica // mbs
-        if vpp > 1 and ga % pp:
-            continue
+    # the shapes (everything but the micro-batching) a framework can express, judged once each:
+    # no emitter check reads mbs or grad_accum (tests/test_emit_solve_frameworks.py)
+    shapes: list[dict[str, Any]] = []
+    for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
-        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
+        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, _compressions(problem, base)):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            out.append(Config(**degrees, mbs=mbs, grad_accum=ga, vpp=vpp, schedule=schedule,
-                              offload_optimizer=oo, offload_params=op, compress=comp, powersgd_rank=rank))
+            shape = {**degrees, "vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
+                     "compress": comp, "powersgd_rank": rank}
+            if problem.admissible is None or problem.admissible(Config(**shape)):
+                shapes.append(shape)
+    for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
+        ga = per_replica // mbs
+        out.extend(Config(**shape, mbs=mbs, grad_accum=ga) for shape in shapes if shape["vpp"] == 1 or ga % pp == 0)
     return out
 
 
