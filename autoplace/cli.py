@@ -435,7 +435,8 @@ def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver:
     from autoplace.sweep import SweepOptions, advised_plan_lines
 
     opts = SweepOptions(framework=framework, features=frozenset(problem.features), time_limit_s=budget.time_limit_s,
-                        workers=budget.workers, seed=budget.seed, price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
+                        workers=budget.workers, seed=budget.seed,
+                        price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
     return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
                               view.advice.batch_tokens, view.advice.critical_tokens)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplace.plan import Config
+from autoplace.plan import POWERSGD_RANKS, Config
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,16 @@ COMPRESSIONS: dict[str, Compression] = {
         "Vogels et al. 2019, PowerSGD (NeurIPS); torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook",
         ("fsdp",)),
 }
+
+
+# every (compress, powersgd_rank) the search and explain try, "none" first
+CHOICES: tuple[tuple[str, int], ...] = (("none", 0), ("bf16", 0), ("zeropp", 0),
+                                        *(("powersgd", r) for r in POWERSGD_RANKS))
+
+
+def label(compress: str, rank: int) -> str:
+    """``bf16``, ``zeropp``, ``powersgd r4``: an option with its rank."""
+    return f"{compress} r{rank}" if rank else compress
 
 
 def risk(config: Config) -> str | None:

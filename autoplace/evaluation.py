@@ -76,8 +76,8 @@ class Evaluation:
         """The plan object of the contract (autoplace.solution/v1) plus ``violations``."""
         out: dict[str, Any] = {"rank": rank} if rank is not None else {}
         out.update(self.plan.to_dict())
-        if risk(self.plan):
-            out["compress_risk"] = risk(self.plan)
+        if (flagged := risk(self.plan)) is not None:
+            out["compress_risk"] = flagged
         out["memory_per_device_bytes"] = {k: int(round(v)) for k, v in self.memory.items()}
         out["memory_per_stage_bytes"] = [{k: int(round(v)) for k, v in s.items()} for s in self.memory_per_stage]
         out["memory_peak_at_per_stage"] = list(self.memory_peak_at)

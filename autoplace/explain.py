@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplace.compression import COMPRESSIONS, applies
+from autoplace.compression import CHOICES, COMPRESSIONS, applies, label
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError
 from autoplace.evaluation import Evaluation, evaluate
-from autoplace.plan import POWERSGD_RANKS, Plan, build_plan
+from autoplace.plan import Plan, build_plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -75,14 +75,11 @@ def _neighbours(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
     if plan.zero >= 1:
         other = "none" if plan.offload_optimizer != "none" else "cpu"
         out.append((f"optimizer offload {plan.offload_optimizer} -> {other}", {**base, "offload_optimizer": other}))
-    for name, rank in _COMPRESS_CHOICES:
+    for name, rank in CHOICES:
         if (name, rank) != (plan.compress, plan.powersgd_rank):
-            label = f"{name} r{rank}" if rank else name
-            out.append((f"compress {plan.compress} -> {label}", {**base, "compress": name, "powersgd_rank": rank or None}))
+            out.append((f"compress {plan.compress} -> {label(name, rank)}",
+                        {**base, "compress": name, "powersgd_rank": rank or None}))
     return out
-
-
-_COMPRESS_CHOICES = (("none", 0), ("bf16", 0), ("zeropp", 0), *(("powersgd", r) for r in POWERSGD_RANKS))
 
 
 def _compressed_twin(plan: Plan, name: str, rank: int) -> Plan:
@@ -103,18 +100,17 @@ def compression_hint(model: ModelSpec, cluster: ClusterSpec, best: Evaluation,
     most (the same plan, at the ZeRO level the option needs), or None when none would."""
     if best.plan.compress != "none":
         return None
-    twins = [_compressed_twin(best.plan, name, rank) for name, rank in _COMPRESS_CHOICES[1:]]
-    scored = [evaluate(model, cluster, twin, assume) for twin in twins
-              if applies(twin, model.training.recipe().reduce_bytes)]
+    reduce_bytes = model.training.recipe().reduce_bytes
+    twins = [_compressed_twin(best.plan, name, rank) for name, rank in CHOICES[1:]]
+    scored = [evaluate(model, cluster, twin, assume) for twin in twins if applies(twin, reduce_bytes)]
     faster = [ev for ev in scored if ev.fits and not ev.violations and ev.step_time_s < best.step_time_s]
     if not faster:
         return None
     ev = min(faster, key=lambda e: e.step_time_s)
     option = COMPRESSIONS[ev.plan.compress]
-    label = f"{option.name} r{ev.plan.powersgd_rank}" if ev.plan.powersgd_rank else option.name
     moved = (ev.plan.zero, ev.plan.dp_shard) != (best.plan.zero, best.plan.dp_shard)
     zero = f" at zero={ev.plan.zero}, dp_shard={ev.plan.dp_shard}" if moved else ""
-    return (f"compression was not searched (--allow compress): {label}{zero} would take the best plan from "
+    return (f"compression was not searched (--allow compress): {label(option.name, ev.plan.powersgd_rank)}{zero} would take the best plan from "
             f"{best.step_time_s:.3f} s to {ev.step_time_s:.3f} s ({ev.step_time_s / best.step_time_s - 1:+.1%}); "
             f"accuracy risk {option.risk.split(':')[0]}")
 

@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from autoplace.compression import COMPRESSIONS
+from autoplace.compression import COMPRESSIONS, label
 from autoplace.cost.comm import members_per_domain
 from autoplace.cost.context import group_layout
 from autoplace.evaluation import Evaluation
@@ -195,7 +195,7 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     lines += [f"[bold]plan[/bold] {p.to_string()}",
              f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
              f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}"]
-    if p.compress != "none" and p.compress in COMPRESSIONS:
+    if p.compress in COMPRESSIONS:  # "none" is not an option
         lines.append(f"[yellow]compress={p.compress}[/yellow]: {COMPRESSIONS[p.compress].moves}; "
                      f"accuracy risk {COMPRESSIONS[p.compress].risk}")
     if ev.violations:
@@ -266,9 +266,8 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
 
 def _compress_text(plan: dict[str, Any]) -> str:
     """A plan's compression for a table cell: ``-``, ``bf16``, ``zero++``, ``powersgd r4``."""
-    if plan.get("compress") == "powersgd":
-        return f"powersgd r{plan['powersgd_rank']}"
-    return {"none": "-", "zeropp": "zero++"}.get(plan.get("compress", "none"), plan.get("compress", "-"))
+    compress = plan.get("compress", "none")
+    return {"none": "-", "zeropp": "zero++"}.get(compress) or label(compress, plan.get("powersgd_rank", 0))
 
 
 def _infeasible_lines(doc: dict[str, Any]) -> list[str]:

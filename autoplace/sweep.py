@@ -146,7 +146,8 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> tup
     t0 = time.perf_counter()
     budget = Budget(time_limit_s=opts.time_limit_s, workers=opts.workers, seed=opts.seed)
     try:
-        problem = frameworks.problem_for(opts.framework, model, cluster, fixed={}, features=set(opts.features) if opts.features is not None else _features(),
+        features = set(opts.features) if opts.features is not None else _features()
+        problem = frameworks.problem_for(opts.framework, model, cluster, fixed={}, features=features,
                                          objective="time", top_k=1)
         solver = get_solver("cpsat")
         result = (solver.solve(problem, budget) if opts.framework == frameworks.NONE

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.compression import applies
+from autoplace.compression import CHOICES, applies
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import POWERSGD_RANKS, RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -103,12 +103,13 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
     # the shapes (everything but the micro-batching) a framework can express, judged once each:
     # no emitter check reads mbs or grad_accum (tests/test_emit_solve_frameworks.py)
+    compressions = _compressions(problem, base)
     shapes: list[dict[str, Any]] = []
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
-        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, _compressions(problem, base)):
+        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
             shape = {**degrees, "vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
@@ -125,9 +126,8 @@ def _compressions(problem: Problem, base: Config) -> list[tuple[str, int]]:
     """The (compress, powersgd_rank) choices of one set of degrees: none, and with the compress
     feature every option that applies to them (:func:`autoplace.compression.applies`)."""
     fx = problem.fixed
-    options = [("none", 0)]
-    if "compress" in problem.features or fx.get("compress", "none") != "none":
-        options += [("bf16", 0), ("zeropp", 0), *(("powersgd", r) for r in POWERSGD_RANKS)]
+    searched = "compress" in problem.features or fx.get("compress", "none") != "none"
+    options = CHOICES if searched else CHOICES[:1]
     reduce_bytes = problem.model.training.recipe().reduce_bytes
     return [(c, r) for c, r in options
             if fx.get("compress", c) == c and fx.get("powersgd_rank", r) == r

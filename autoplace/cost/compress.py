@@ -99,18 +99,7 @@ def weight_matrices(gemms: tuple[Gemm, ...]) -> list[Gemm]:
 def block_reduce_elements(table: LayerTable, cand: Candidates, dense_local: Array) -> Array:
     """Gradient elements each block's dense parameters reduce per step on one device ``[C, K]``:
     ``dense_local`` itself, less what PowerSGD saves on the block's weight matrices."""
-    tp = cand.tp.astype(float)
-    rank = cand.powersgd_rank.astype(float)
-    out = []
-    for k, kind in enumerate(table.kinds):
-        saved = np.zeros(cand.size)
-        for g in weight_matrices(kind.gemms):
-            if g.experts:  # routed experts reduce over their own group, uncompressed
-                continue
-            n, m = _local(g, tp)
-            saved += n * m - powersgd_elements(n, m, rank)
-        out.append(dense_local[:, 0, k, 0] - saved)
-    return np.stack(out, axis=-1)
+    return dense_local[:, 0, :, 0] - _saved(table, cand, cand.powersgd_rank, routed=False)
 
 
 def expert_reduce_elements(table: LayerTable, cand: Candidates, exp_local: Array) -> Array:
@@ -121,16 +110,23 @@ def expert_reduce_elements(table: LayerTable, cand: Candidates, exp_local: Array
     them); with ep > 1 the runtime reduces them over their own (edp) group by hand, outside the
     hook, uncompressed (``exp_local`` itself).
     """
+    rank = np.where(cand.ep == 1, cand.powersgd_rank, 0)
+    return exp_local[:, 0, :, 0] - _saved(table, cand, rank, routed=True)
+
+
+def _saved(table: LayerTable, cand: Candidates, rank: Array, *, routed: bool) -> Array:
+    """Elements PowerSGD of ``rank`` saves per block on one device ``[C, K]``: on the dense weight
+    matrices, or (``routed``) on every routed expert's."""
     tp = cand.tp.astype(float)
-    rank = np.where(cand.ep == 1, cand.powersgd_rank, 0).astype(float)
+    rank = np.asarray(rank, dtype=float)
     out = []
-    for k, kind in enumerate(table.kinds):
+    for kind in table.kinds:
         saved = np.zeros(cand.size)
         for g in weight_matrices(kind.gemms):
-            if g.experts:
+            if bool(g.experts) == routed:
                 n, m = _local(g, tp)
-                saved += g.experts * (n * m - powersgd_elements(n, m, rank))
-        out.append(exp_local[:, 0, k, 0] - saved)
+                saved += (g.experts or 1) * (n * m - powersgd_elements(n, m, rank))
+        out.append(saved)
     return np.stack(out, axis=-1)
 
 
