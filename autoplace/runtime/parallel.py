@@ -60,9 +60,9 @@ log = logging.getLogger("autoplace")
 POWERSGD_START = 2
 
 
-def reduce_dtype(plan: Plan) -> torch.dtype | None:
-    """The dtype gradients are reduced in when the plan compresses them to bf16, else None (as they are)."""
-    return torch.bfloat16 if plan.compress == "bf16" else None
+def reduce_dtype(compress: str) -> torch.dtype | None:
+    """The dtype gradients are reduced in under ``compress`` (a plan's): bf16, else None (as they are)."""
+    return torch.bfloat16 if compress == "bf16" else None
 
 
 def all_reduce_as(grad: torch.Tensor, group: Any, dtype: torch.dtype | None) -> None:
@@ -375,7 +375,7 @@ def parallelize(model: Transformer, plan: Plan, layout: Layout, *, precision: st
         return "ddp" if plan.tp == 1 and plan.pp == 1 else "manual"
     apply_fsdp(model, fsdp_mesh(layout), reshard=plan.zero >= 3, root_reshard=root_reshard, precision=precision,
                offload="cpu" in (plan.offload_params, plan.offload_optimizer), expert_mesh=layout.expert_mesh,
-               reduce=reduce_dtype(plan))
+               reduce=reduce_dtype(plan.compress))
     return "fsdp"
 
 
@@ -401,7 +401,7 @@ def apply_ddp(model: nn.Module, group: Any, comm: CommLog, bucket_mb: float, fau
             raise BenchmarkError(f"--break {fault} injects faults into the uncompressed DDP hook, not PowerSGD's")
         _powersgd(ddp, group, comm, powersgd_rank)
         return ddp
-    dtype = torch.bfloat16 if compress == "bf16" else None
+    dtype = reduce_dtype(compress)
     ddp.register_comm_hook(group, ddp_hook(comm, "dp", average=fault != "sum-grads", skip=fault == "desync",
                                            dtype=dtype))
     return ddp

@@ -171,9 +171,9 @@ class Trainer:
             loss = total
         if self.manual_reduce:
             par.reduce_dtensor_grads(self.model, lay.dp_group, self.comm, self.args.fault, experts=plan.ep == 1,
-                                     dtype=par.reduce_dtype(plan))
+                                     dtype=par.reduce_dtype(plan.compress))
         if plan.ep > 1:
-            par.reduce_expert_grads(self.model, lay, self.args.fault, fsdp=self.fsdp, dtype=par.reduce_dtype(plan))
+            par.reduce_expert_grads(self.model, lay, self.args.fault, fsdp=self.fsdp, dtype=par.reduce_dtype(plan.compress))
         if self.fsdp and self.args.fault == "sum-grads":
             # gloo has no PREMUL_SUM, so FSDP2's divide factor cannot be set to 1: scale instead
             for p in self.model.parameters():
