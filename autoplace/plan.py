@@ -103,8 +103,11 @@ class Config:
 
     def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
         """This configuration with its per-layer decisions."""
-        return Plan(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Config)},
+        return Plan(**{name: getattr(self, name) for name in CONFIG_FIELDS},
                     recompute=tuple(recompute), layers_per_stage=tuple(layers_per_stage))
+
+
+CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))  # read often: the solver builds many plans
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class Plan(Config):
     @property
     def config(self) -> Config:
         """The plan without its per-layer decisions."""
-        return Config(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Config)})
+        return Config(**{name: getattr(self, name) for name in CONFIG_FIELDS})
 
     @property
     def recompute_mode(self) -> str:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from autoplace.plan import Config, even_split
+from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
@@ -85,7 +86,7 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
     the ones found (:func:`_search`).  ``lower`` (per configuration) are sound bounds; both
     are in seconds or bytes and only tighten the search.
     """
-    from ortools.sat.python import cp_model
+    cp_model = _ortools.cp_model()
 
     t, table, configs = scored.terms, scored.table, scored.configs
     L, K = table.blocks, len(table.kinds)
@@ -265,7 +266,7 @@ def _search(built: Built, problem: Problem, budget: Budget, deadline: float) -> 
     proven bound ``B`` of ``Σ_c o_c``, configuration c's optimum is at least
     ``B - Σ_{c' != c} o_c'``.
     """
-    from ortools.sat.python import cp_model
+    cp_model = _ortools.cp_model()
 
     out = _Search(status="optimal")
     total = sum(built.objective.values())
@@ -425,7 +426,7 @@ class CpSatSolver(Solver):
     @classmethod
     def available(cls) -> bool:
         try:
-            import ortools.sat.python.cp_model  # noqa: F401
+            _ortools.cp_model()
         except ImportError:
             return False
         return True

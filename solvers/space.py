@@ -8,6 +8,7 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.cache
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def enumerate_configs(problem: Problem) -> list[Config]:
