@@ -21,7 +21,7 @@ from autoplace.cost.evaluate import (
     evaluate_batch,
     per_second,
 )
-from autoplace.cost.layers import layer_table
+from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import MEMORY_PHASES
 from autoplace.plan import Plan
 from autoplace.rules import Violation, check_plan
@@ -94,10 +94,24 @@ class Evaluation:
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, assume: Assumptions = DEFAULT,
              *, allow_tp_across_nodes: bool = False) -> Evaluation:
     """Score ``plan`` (memory, communication, time) and list the rules it breaks."""
+    return evaluate_many(model, cluster, [plan], assume, allow_tp_across_nodes=allow_tp_across_nodes)[0]
+
+
+def evaluate_many(model: ModelSpec, cluster: ClusterSpec, plans: list[Plan], assume: Assumptions = DEFAULT,
+                  *, allow_tp_across_nodes: bool = False) -> list[Evaluation]:
+    """:func:`evaluate` of every plan, scored in one vectorized pass (a solve's top plans)."""
+    if not plans:
+        return []
     table = layer_table(model)
-    violations = check_plan(plan, model, cluster, table, allow_tp_across_nodes=allow_tp_across_nodes)
-    batch = evaluate_batch(table, cluster, candidates_from_plans([plan], table), model.training.recipe(), assume)
-    ev = from_batch(batch, 0, plan, cluster.gpus)
+    batch = evaluate_batch(table, cluster, candidates_from_plans(plans, table), model.training.recipe(), assume)
+    return [_checked(from_batch(batch, i, plan, cluster.gpus), model, cluster, table, allow_tp_across_nodes)
+            for i, plan in enumerate(plans)]
+
+
+def _checked(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, table: LayerTable,
+             allow_tp_across_nodes: bool) -> Evaluation:
+    """``ev`` with the rules its plan breaks, memory and host memory included."""
+    violations = check_plan(ev.plan, model, cluster, table, allow_tp_across_nodes=allow_tp_across_nodes)
     for s, stage in enumerate(ev.memory_per_stage):
         if stage["total"] > stage["capacity"]:
             short = stage["total"] - stage["capacity"]

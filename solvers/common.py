@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.evaluation import Evaluation, evaluate
+from autoplace.evaluation import Evaluation, evaluate, evaluate_many
 from autoplace.plan import Config
 from solvers.problem import Problem, SolveResult, objective_key
 from solvers.space import Space, plan_from, to_candidates
@@ -25,9 +25,9 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
             relative difference from the evaluator's is recorded (``disagreement``).
     """
     rescore = time.perf_counter()
-    plans = [evaluate(problem.model, problem.cluster, plan_from(cf, space.table, split, modes), problem.assumptions,
-                      allow_tp_across_nodes="tp-across-nodes" in problem.features)
-             for cf, split, modes in chosen]
+    plans = evaluate_many(problem.model, problem.cluster,
+                          [plan_from(cf, space.table, split, modes) for cf, split, modes in chosen],
+                          problem.assumptions, allow_tp_across_nodes="tp-across-nodes" in problem.features)
     disagreement = None
     if model_values:
         rescored = [objective_key(ev, problem.objective)[0] for ev in plans]

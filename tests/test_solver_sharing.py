@@ -49,3 +49,22 @@ def test_uniform_mode_solves_score_once_and_find_the_same_plans(monkeypatch: pyt
     for a, b in zip(alone, shared, strict=True):
         assert a.status == b.status == "optimal"
         assert [ev.plan for ev in a.plans] == [ev.plan for ev in b.plans]
+
+
+def test_plans_scored_together_are_scored_as_they_are_alone() -> None:
+    """A solve re-scores its top plans in one pass (evaluate_many): stages padded to the deepest
+    pipeline change nothing -- every number, violation and stage is what evaluate gives alone."""
+    from autoplace.cost.layers import layer_table
+    from autoplace.evaluation import evaluate, evaluate_many
+    from autoplace.plan import build_plan, parse_plan_string
+
+    model, cluster = _model(16, 4096, 128, seq=2048), gpu_cluster(16, gpu="a100-sxm4-40gb")
+    table = layer_table(model)
+    texts = ["dp=16,zero=1", "tp=2,pp=4,mbs=2,recompute=selective", "pp=8,vpp=2,zero=1,recompute=full",
+             "tp=8,pp=2,zero=3,mbs=4", "dp=2,tp=8,zero=0,mbs=64"]  # the last does not fit
+    plans = [build_plan(parse_plan_string(t), world=cluster.gpus, blocks=table.blocks,
+                        global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node) for t in texts]
+    together = evaluate_many(model, cluster, plans)
+    alone = [evaluate(model, cluster, p) for p in plans]
+    assert [ev.to_dict() for ev in together] == [ev.to_dict() for ev in alone]
+    assert any(v.rule == "out-of-memory" for v in together[-1].violations)
