@@ -9,6 +9,7 @@ of every recompute mode follow (:meth:`Summary.bounds`).  A solve that pins anot
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +100,7 @@ def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary
     """The :class:`Summary` of candidates and their coefficient tables."""
     st = Stages(cand.pp, cand.counts.shape[1])
     mask = st.mask
-    t_sum = terms.t_block.sum(-1)  # [C, S, K, 3]
+    t_sum = _shared(terms.t_block).sum(-1)  # [C, S or 1, K, 3]
     n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
     rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
     static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
@@ -110,10 +111,10 @@ def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary
         recompute=_recompute_time_lb(terms, st, n_kind, t_sum),
         rest=np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1),
         static_mem=static_real.sum(1), static_max=static_real.max(1), state=st.where(per_block, np.inf, 2).min(1),
-        mult_min=st.where(mult, np.inf, 1).min(1), act=terms.act_block[:, 0], cap_max=st.where(terms.capacity, 0).max(1),
+        mult_min=st.where(mult, np.inf, 1).min(1), act=terms.act_block[:, 0], cap_max=st.where(_shared(terms.capacity), 0).max(1),
         comm_static=np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)),
         comm_block=terms.bytes_block[:, 0].sum(-1),
-        split_fits=np.stack([_some_split_fits(terms, mask, cand.vpp, table.blocks, act) for act in range(3)], axis=-1),
+        split_fits=_some_split_fits(terms, st, cand.vpp, table.blocks),
         host_fits=_host_fits(terms, mask, n_kind))
 
 
@@ -126,8 +127,9 @@ def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.nd
     return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
-def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, blocks: int, act: int) -> np.ndarray:
-    """Whether any split can fit, with every block in recompute mode ``act`` (full: the least memory).
+def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int) -> np.ndarray:
+    """Whether any split can fit with every block in each recompute mode ``[C, 3]`` (full: the
+    least memory).
 
     Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
     (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
@@ -135,12 +137,23 @@ def _some_split_fits(terms: StageTerms, mask: np.ndarray, vpp: np.ndarray, block
     which keeps this a necessary condition.
     """
     static, state, mult = terms.phases
-    per_block = (state + mult[..., None] * terms.act_block[:, 0, None, None, :, act]).min(-1)  # [C, S, F]
-    room = terms.capacity[..., None] - static
-    n_max = np.floor(np.where(per_block > 0, room / np.where(per_block > 0, per_block, 1), blocks)).min(-1)
-    n_max = np.floor(np.clip(n_max, 0, blocks) / vpp[:, None]) * vpp[:, None]
-    ok = np.where(mask, n_max >= vpp[:, None], True).all(1)
-    return ok & (np.where(mask, n_max, 0).sum(1) >= blocks)
+    act = terms.act_block[:, 0, None, None]  # [C, 1, 1, K, 3]
+    per_block = (state[..., None] + mult[..., None, None] * act).min(-2)  # [C, S, F, 3]
+    room = (_shared(terms.capacity)[..., None] - static)[..., None]
+    n_max = np.full(np.broadcast_shapes(room.shape, per_block.shape), float(blocks))
+    np.divide(room, per_block, out=n_max, where=per_block > 0)
+    n_max = np.floor(functools.reduce(np.minimum, np.moveaxis(n_max, -2, 0)))  # [C, S, 3]: the tightest phase
+    v = vpp[:, None, None]
+    n_max = np.floor(np.clip(n_max, 0, blocks) / v) * v
+    ok = st.where(n_max >= v, True, 1).all(1)
+    return ok & (st.where(n_max, 0, 1).sum(1) >= blocks)
+
+
+def _shared(x: Array) -> Array:
+    """``x [C, S, ...]``, or its first stage ``[C, 1, ...]`` when every stage is a view of it (a
+    cluster of one pool gives every stage the same hardware): reductions over the stages then
+    read one stage rather than S copies, with the same result."""
+    return x[:, :1] if x.ndim > 1 and x.shape[1] > 1 and x.strides[1] == 0 else x
 
 
 def _recompute_time_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, t_sum: np.ndarray) -> np.ndarray:

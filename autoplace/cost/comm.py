@@ -92,10 +92,10 @@ def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps:
     numbers of sequential steps on each tier, with the fastest NCCL protocol; 0 when it moves
     nothing (a group of one)."""
     best: Array = np.asarray(np.inf)
+    wire = intra / links.intra_Bps + inter / links.inter_Bps  # seconds at full bandwidth, every protocol's
     for p in PROTOCOLS:
         best = np.minimum(best, p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
-                          + inter_steps * p.inter_latency_share * links.inter_latency_s
-                          + (intra / links.intra_Bps + inter / links.inter_Bps) / p.efficiency)
+                          + inter_steps * p.inter_latency_share * links.inter_latency_s + wire / p.efficiency)
     return np.where((intra_steps + inter_steps) > 0, best, 0.0)
 
 
