@@ -18,7 +18,7 @@ import numpy as np
 
 from autoplace.cost.layers import layer_table
 from autoplace.cost.step import pipeline_time
-from autoplace.errors import SolverError
+from autoplace.errors import SolverError, SpecError
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, enumerate_configs, score_space
@@ -122,7 +122,8 @@ class ExhaustiveSolver(Solver):
         L = layer_table(problem.model).blocks
         work = sum(count_compositions(L, c.pp, c.vpp) for c in configs)
         if work > MAX_WORK:  # known before any scoring: refuse at once
-            raise SolverError(f"the space has {work:,} splits to enumerate (limit {MAX_WORK:,}); use --solver cpsat")
+            raise SpecError(f"exhaustive search would enumerate {work:,} splits (its limit is {MAX_WORK:,}); "
+                            "valid for this problem: cpsat", source="--solver")
         space = score_space(problem, configs)
         scored = space.scored(range(len(configs)))
         found = []

@@ -143,7 +143,7 @@ def test_split_count_is_the_number_of_splits(total: int, parts: int, step: int) 
 def test_exhaustive_refuses_an_oversized_space_before_scoring_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3-8B on 8 GPUs has ~10^8 splits: the oracle says so without scoring anything."""
     import solvers.exhaustive as ex
-    from autoplace.errors import SolverError
+    from autoplace.errors import SpecError
     from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
 
@@ -153,8 +153,9 @@ def test_exhaustive_refuses_an_oversized_space_before_scoring_it(monkeypatch: py
     monkeypatch.setattr(ex, "score_space", never)
     examples = Path(__file__).resolve().parents[1] / "examples"
     problem = Problem(load_model(examples / "models" / "llama-3-8b.json"), load_cluster(examples / "clusters" / "1x8-a100-80gb.yaml"))
-    with pytest.raises(SolverError, match="splits to enumerate"):
+    with pytest.raises(SpecError, match="would enumerate .* splits") as exc:  # bad input: exit 2
         get_solver("exhaustive").solve(problem, Budget())
+    assert exc.value.exit_code == 2 and str(exc.value).startswith("--solver: ")
 
 
 def test_a_search_stopped_before_its_first_solution_returns_the_bounding_plan_and_says_so(
