@@ -223,3 +223,23 @@ def test_plan_from_dict_names_the_missing_key() -> None:
     del d["micro_batch"]
     with pytest.raises(SpecError, match="micro_batch"):
         Plan.from_dict(d)
+
+
+def test_shipped_profiles_read_the_same_with_libyaml_as_with_the_guarded_reader(tmp_path: Path) -> None:
+    """read_shipped (libyaml, for our own profiles) gives every shipped file the values the
+    guarded pure-Python reader gives it; a file libyaml cannot read gets the guarded reader's
+    one-line error."""
+    from importlib import resources
+
+    from autoplace.errors import SpecError
+    from autoplace.specs._io import read_document, read_shipped
+    from autoplace.specs.cluster import profile_names
+
+    for kind in ("gpu", "interconnect"):
+        for name in profile_names(kind):
+            with resources.as_file(resources.files("hardware_profiles") / kind / f"{name}.yaml") as path:
+                assert read_shipped(path) == read_document(path), (kind, name)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\n  bad: [1, 2\n")
+    with pytest.raises(SpecError, match="invalid YAML"):
+        read_shipped(broken)

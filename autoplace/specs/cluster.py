@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoplace.errors import SpecError
-from autoplace.specs._io import Strict, read_document, validate
+from autoplace.specs._io import Strict, read_document, read_shipped, validate
 
 # Bounds on hardware numbers.  The upper ones are ~1000x today's largest (B200: 180 GB, 8 TB/s HBM,
 # 4.5 PFLOP/s fp8, 900 GB/s NVLink5); the lower ones (a millionth of a TFLOP/s or GB/s, a megabyte,
@@ -312,7 +312,7 @@ def load_profile(kind: str, name: str) -> Any:
         raise SpecError(f"unknown {kind} profile {name!r}; valid: {', '.join(profile_names(kind))}")
     ref = resources.files("hardware_profiles") / kind / f"{name}.yaml"
     with resources.as_file(ref) as path:
-        data = read_document(path)
+        data = read_shipped(path)
     return validate(_HW_KINDS[kind], data, source=f"hardware_profiles/{kind}/{name}.yaml")
 
 
