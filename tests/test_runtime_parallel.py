@@ -217,3 +217,19 @@ def test_context_parallel_matches_one_process() -> None:
     report = run_verify(load_model(MODEL), _plan("cp=2,mbs=4"), steps=5, world=N)
     assert report.ok, report.detail
     assert report.loss_rel_err <= 1e-5 and report.param_rel_err <= 1e-5
+
+
+def test_hsdp_all_reduces_replicas_once_per_step(zero2: dict[str, Any], tmp_path: Path) -> None:
+    """HSDP (2 replicas x 2 shards, 2 micro-batches): reduce-scatter within the shard group every
+    micro-batch, all-reduce across replicas once per step (FSDP2's set_requires_all_reduce) --
+    the bytes the cost model charges, exactly, and the losses of the reference run."""
+    from autoplace.specs.cluster import cluster_from_dict
+
+    text = "dp_replicate=2,dp_shard=2,zero=3,mbs=1"
+    plan = _plan(text, world=4)
+    assert (plan.dp_replicate, plan.dp_shard, plan.grad_accum) == (2, 2, 2)
+    r = _run_world(text, tmp_path, 4)
+    _assert_same_losses(r, zero2)
+    cluster = cluster_from_dict({**yaml.safe_load(CLUSTER.read_text()), "gpus_per_node": 4})
+    predicted = evaluate(load_model(MODEL), cluster, plan).comm
+    assert r["collectives"]["ring_bytes_by_dim"]["dp"] == pytest.approx(predicted["dp"], rel=1e-12)

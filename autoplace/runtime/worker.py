@@ -229,13 +229,18 @@ class Trainer:
 
 @contextlib.contextmanager
 def _fsdp_accumulate(model: Any, *, sync: bool, reshard: bool) -> Any:
-    """FSDP2 for one non-final micro-batch: reduce-scatter gradients or not, reshard after backward or not."""
+    """FSDP2 for one non-final micro-batch: reduce-scatter gradients or not, reshard after backward
+    or not.  HSDP's all-reduce across replicas waits for the last micro-batch (FSDP2's
+    ``set_requires_all_reduce``), once per step as the cost model charges it; without that
+    FSDP2 all-reduces the shards after every micro-batch's reduce-scatter."""
     model.set_requires_gradient_sync(sync)
+    model.set_requires_all_reduce(False)
     model.set_reshard_after_backward(reshard)
     try:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+        model.set_requires_all_reduce(True)
         model.set_reshard_after_backward(True)
 
 
