@@ -33,6 +33,7 @@ from solvers.tables import INF, PRUNE_SLACK
 
 Arcs = list[list[tuple[int, int]]]  # per stage, the (first block, blocks) it may hold
 OPTION_CELLS = 1 << 21  # rows x recompute options x phases evaluated at once (bounds the arrays' size)
+ENUMERATED_ROWS = 64  # rows whose recompute options are enumerated together (up to the largest one's)
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,14 @@ def kind_prefix(table: LayerTable) -> np.ndarray:
 
 def stage_arcs(P: int, v: int, L: int, W: int) -> np.ndarray:
     """Which (stage, first block, blocks) can be part of a split of ``L`` blocks into ``P``
-    stages of multiples of ``v`` blocks, sizes below ``W`` ``[P, L+1, W]``."""
+    stages of multiples of ``v`` blocks, sizes below ``W`` ``[P, L+1, W]``: the first stage
+    starts at 0, the last ends at ``L``, and every stage leaves room for the others."""
     s = np.arange(P)[:, None, None]
     a = np.arange(L + 1)[None, :, None]
     n = np.arange(W)[None, None, :]
-    return (a % v == 0) & (n % v == 0) & (n >= v) & (a >= s * v) & (a + n + (P - 1 - s) * v <= L)
+    ends = (s < P - 1) | (a + n == L)
+    return (a % v == 0) & (n % v == 0) & (n >= v) & (a >= s * v) & ((s > 0) | (a == 0)) & ends & (
+        a + n + (P - 1 - s) * v <= L)
 
 
 def mixed_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None, cap: float = INF,
@@ -83,33 +87,32 @@ def mixed_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None,
     t, L, cf = scored.terms, scored.table.blocks, scored.configs[i]
     P = cf.pp
     prefix = kind_prefix(scored.table)
-    arcs = stage_arcs(P, cf.vpp, L, L + 1)
+    limit = mixed_limits(scored, i, objective, cap, np.zeros(P))  # first without the tails
+    arcs = stage_arcs(P, cf.vpp, L, int(limit.max()) + 1) & (np.arange(int(limit.max()) + 1) <= limit[:, None, None])
     if fixed_split is not None:
-        arcs &= _on_split(P, L, fixed_split)
-    counts = _counts(prefix, L + 1)  # [L+1, L+1, K]
-    tail = np.where(arcs, t.tail_at(i, np.arange(P)[:, None, None], counts[None]), INF)
-    limit = mixed_limits(scored, i, objective, cap, tail)
-    W = int(limit.max()) + 1
-    arcs = arcs[..., :W] & (np.arange(W)[None, None, :] <= limit[:, None, None])
+        arcs &= _on_split(P, L, fixed_split)[..., :arcs.shape[2]]
     s, a, n = np.nonzero(arcs)
-    keys, inverse = np.unique(np.column_stack([s, counts[a, n]]), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    value, time, sel, full = best_recompute(scored, i, keys[:, 0], keys[:, 1:], objective, fixed_mode)
-    K = prefix.shape[1]
-    out = {name: np.full((P, L + 1, W), INF) for name in ("value", "time")}
+    counts = prefix[a + n] - prefix[a]  # [M, K] blocks of each kind on each arc
+    tail = t.tail_at(i, s, counts)
+    # then with each stage's smallest tail over the arcs left: every plan within the cap uses only those
+    smallest = np.full(P, INF)
+    np.minimum.at(smallest, s, tail)
+    limit = np.minimum(limit, mixed_limits(scored, i, objective, cap, smallest))
+    keep = n <= limit[s]
+    s, a, n, counts, tail = s[keep], a[keep], n[keep], counts[keep], tail[keep]
+    W, K = int(limit.max()) + 1, prefix.shape[1]
+    # arcs alike (same stage, same blocks of each kind) share their recompute counts: one key each
+    key = s.astype(np.int64)
+    for k in range(K):
+        key = key * (L + 1) + counts[:, k]
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    value, time, sel, full = best_recompute(scored, i, s[first], counts[first], objective, fixed_mode)
+    out = {name: np.full((P, L + 1, W), INF) for name in ("value", "time", "tail")}
     out["value"][s, a, n], out["time"][s, a, n] = value[inverse], time[inverse]
+    out["tail"][s, a, n] = np.where(np.isfinite(value[inverse]), tail, INF)
     picked = {name: np.zeros((P, L + 1, W, K), dtype=int) for name in ("sel", "full")}
     picked["sel"][s, a, n], picked["full"][s, a, n] = sel[inverse], full[inverse]
-    tail = np.where(np.isfinite(out["value"]), tail[..., :W], INF)
-    return MixedTables(out["value"], out["time"], tail, picked["sel"], picked["full"], prefix)
-
-
-def _counts(prefix: np.ndarray, W: int) -> np.ndarray:
-    """Blocks of each kind in ``[a, a + n)`` for every start ``a`` and size ``n < W``
-    (clipped at the last block) ``[L+1, W, K]``."""
-    L = prefix.shape[0] - 1
-    end = np.minimum(np.arange(L + 1)[:, None] + np.arange(W)[None, :], L)
-    return prefix[end] - prefix[:, None, :]
+    return MixedTables(out["value"], out["time"], out["tail"], picked["sel"], picked["full"], prefix)
 
 
 def _on_split(P: int, L: int, split: tuple[int, ...]) -> np.ndarray:
@@ -121,11 +124,11 @@ def _on_split(P: int, L: int, split: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-def mixed_limits(scored: Scored, i: int, objective: str, cap: float, tail: np.ndarray) -> np.ndarray:
+def mixed_limits(scored: Scored, i: int, objective: str, cap: float, smallest: np.ndarray) -> np.ndarray:
     """The most blocks each stage of configuration ``i`` can hold in a split whose objective is
     within ``cap (1 + PRUNE_SLACK)`` ``[S]`` (``L`` when nothing is known), by the argument of
     :func:`solvers.tables.size_limits` with every kind's fastest mode as the per-block floor
-    and ``tail`` ``[S, L+1, L+1]`` (``inf`` off the arcs) for the tail's."""
+    and ``smallest[s]``, stage s's smallest tail over what it may hold, for the tail's."""
     t, L, cf = scored.terms, scored.table.blocks, scored.configs[i]
     P = cf.pp
     if objective != "time" or not np.isfinite(cap):
@@ -134,7 +137,6 @@ def mixed_limits(scored: Scored, i: int, objective: str, cap: float, tail: np.nd
     static = t.t_static[i, :P].sum(-1)  # [P]
     tau = t.t_block[i, :P].sum(-1).min(axis=(-2, -1))  # [P] seconds per block, fastest kind and mode
     n = np.arange(L + 1)[None, :]
-    smallest = tail.min(axis=(1, 2))  # [P] each stage's smallest tail over what it may hold
     floor = w_max * (static[:, None] + n * tau[:, None]) + w_sum * (
         static.sum() + n * tau[:, None] + (L - n) * tau.min()) + float(smallest.max())
     ok = floor <= cap * (1 + PRUNE_SLACK)
@@ -145,19 +147,49 @@ def best_recompute(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray
                    fixed_mode: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The best recompute counts of rows (stage ``stage[r]`` holding ``counts[r, k]`` blocks of
     each kind) of configuration ``i``: (objective value, micro-batch seconds, selective and
-    full counts ``[R, K]``), value and time ``inf`` where nothing fits."""
+    full counts ``[R, K]``), value and time ``inf`` where nothing fits.
+
+    Only rows where memory binds enumerate: where no recompute fits and every recompute costs
+    (time, or the objective's key) no recompute is best, and where fully recomputing every
+    block does not fit (when that keeps the least of every kind) nothing does.
+    """
     R, K = counts.shape
-    value, time = np.full(R, INF), np.full(R, INF)
-    sel, full = np.zeros((R, K), dtype=int), np.zeros((R, K), dtype=int)
+    out = (np.full(R, INF), np.full(R, INF), np.zeros((R, K), dtype=int), np.zeros((R, K), dtype=int))
     if R == 0:
-        return value, time, sel, full
-    options = _options(counts.max(0), fixed_mode)
-    per_row = max(1, OPTION_CELLS // (options[0].shape[0] * 2 * 2))
-    for lo in range(0, R, per_row):
-        rows = slice(lo, lo + per_row)
-        value[rows], time[rows], sel[rows], full[rows] = _best_of(scored, i, stage[rows], counts[rows], options,
-                                                                  objective, fixed_mode)
-    return value, time, sel, full
+        return out
+    if fixed_mode is not None:
+        return _best_of(scored, i, stage, counts, _options(counts.max(0), fixed_mode), objective, fixed_mode)
+    none = _best_of(scored, i, stage, counts, _options(counts.max(0), 0), objective, 0)
+    done = np.isfinite(none[0]) & _recompute_costs(scored, i, stage, objective)
+    for x, y in zip(out, none, strict=True):
+        x[done] = y[done]
+    act = scored.terms.act_block[i, 0]  # [K, 3]
+    if (act[:, 2] <= act.min(-1)).all():
+        done |= ~np.isfinite(_best_of(scored, i, stage, counts, _options(counts.max(0), 2), objective, 2)[0])
+    rest = np.flatnonzero(~done)
+    z = int(np.argmax(counts.sum(0)))
+    # alike rows together (by the other kinds' counts, then z's): each chunk enumerates only its own options
+    rest = rest[np.lexsort((counts[rest, z], *(counts[rest, k] for k in range(K) if k != z)))]
+    for lo in range(0, len(rest), ENUMERATED_ROWS):
+        chunk = rest[lo:lo + ENUMERATED_ROWS]
+        options = _options(counts[chunk].max(0), None)
+        per_row = max(1, OPTION_CELLS // (options[0].shape[0] * 4))
+        for part in (chunk[k:k + per_row] for k in range(0, len(chunk), per_row)):
+            for x, y in zip(out, _best_of(scored, i, stage[part], counts[part], options, objective, None), strict=True):
+                x[part] = y
+    return out
+
+
+def _recompute_costs(scored: Scored, i: int, stage: np.ndarray, objective: str) -> np.ndarray:
+    """Whether every block's selective or full recompute costs at least as much as none on
+    each row's stage, by the objective's key (time; comm, then time) ``[R]`` (never for memory)."""
+    t = scored.terms
+    tb = t.t_block[i, stage].sum(-1)  # [R, K, 3]
+    extra = tb[..., 1:] - tb[..., :1]
+    if objective == "comm":
+        cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
+        extra = (cb[:, 1:] - cb[:, :1]) + 1e-9 * extra
+    return (extra >= 0).all(axis=(1, 2)) if objective != "memory" else np.zeros(len(stage), dtype=bool)
 
 
 def _options(most: np.ndarray, fixed_mode: int | None) -> tuple[np.ndarray, np.ndarray, int]:
@@ -178,49 +210,64 @@ def _options(most: np.ndarray, fixed_mode: int | None) -> tuple[np.ndarray, np.n
 def _best_of(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray,
              options: tuple[np.ndarray, np.ndarray, int], objective: str,
              fixed_mode: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`best_recompute` of a few rows."""
+    """:func:`best_recompute` of a few rows: every option's time, bytes and memory as the
+    rows' no-recompute values plus the option's counts times each mode's extra per block."""
     t = scored.terms
-    c = counts[:, None, :].astype(float)  # [R, 1, K]
-    sel_o, full_o, z = options
+    c = counts.astype(float)  # [R, K]
     if fixed_mode is None:
-        a, b = np.broadcast_to(sel_o[None], (len(c), *sel_o.shape)), full_o[None] + 0 * c
-    else:
-        a, b = c * (fixed_mode == 1), c * (fixed_mode == 2)
-    ok = (a + b <= c).all(-1)  # [R, O]
+        A, B, z = options  # [O, K], shared by the rows
+    else:  # one option per row: every block in the pinned mode
+        A, B, z = c[:, None] * (fixed_mode == 1), c[:, None] * (fixed_mode == 2), options[2]  # [R, 1, K]
+
+    def per_option(x: np.ndarray, y: np.ndarray) -> np.ndarray:  # A x + B y per (row, option) [R, O]
+        return np.broadcast_to(np.matmul(A, x[..., None])[..., 0] + np.matmul(B, y[..., None])[..., 0],
+                               (len(c), A.shape[-2]))
+
     act = t.act_block[i, 0]  # [K, 3]
+    tb = t.t_block[i, stage].sum(-1)  # [R, K, 3]
+    cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
     static, per_block, mult = (x[i, stage] for x in t.phases)  # [R, F], [R, F, K], [R, F]
-    kept = ((c - a - b) * act[:, 0] + a * act[:, 1] + b * act[:, 2]).sum(-1)  # [R, O] activation bytes
-    base = static[:, None] + (c[..., None, :] * per_block[:, None]).sum(-1) + mult[:, None] * kept[..., None]  # [R,O,F]
+    time = (t.t_static[i, stage].sum(-1) + (c * tb[..., 0]).sum(-1))[:, None] + per_option(
+        tb[..., 1] - tb[..., 0], tb[..., 2] - tb[..., 0])
+    comm = (t.bytes_static[i, stage].sum(-1) + c @ cb[:, 0])[:, None] + per_option(
+        np.broadcast_to(cb[:, 1] - cb[:, 0], c.shape), np.broadcast_to(cb[:, 2] - cb[:, 0], c.shape))
+    kept = (c @ act[:, 0])[:, None] - per_option(np.broadcast_to(act[:, 0] - act[:, 1], c.shape),
+                                                 np.broadcast_to(act[:, 0] - act[:, 2], c.shape))
+    base = (static + (c[:, None, :] * per_block).sum(-1))[:, None] + mult[:, None] * kept[..., None]  # [R, O, F]
     room = t.capacity[i, stage][:, None, None]
+    ok = np.ones(time.shape, dtype=bool)
+    for k in range(c.shape[1]):
+        ok &= (A[..., k] + B[..., k]) <= c[:, k, None]
     if fixed_mode is None:
         # a_z: the fewest selective blocks of kind z that fit (or one more, against rounding), or all left
         save = (mult * (act[z, 0] - act[z, 1]))[:, None, :]  # [R, 1, F]
         need = np.where(save > 0, np.ceil((base - room) / np.where(save > 0, save, 1) - 1e-9), 0.0)
         fewest = np.clip(need.max(-1), 0, None)
-        left = c[..., z] - b[..., z]
         fewest = np.where((base - fewest[..., None] * save <= room).all(-1), fewest, fewest + 1)
-        a_z = np.concatenate([fewest, np.broadcast_to(left, fewest.shape)], axis=1)  # [R, 2O]
-        a, b, ok, base = (np.concatenate([x, x], axis=1) for x in (a, b, ok, base))
-        a = a.astype(float).copy()
-        a[..., z] = a_z
-        base = base - a_z[..., None] * save
-        ok = ok & (a_z <= np.concatenate([left, left], axis=1))
-    ok = ok & (base <= room).all(-1)
+        left = c[:, z, None] - B[:, z]
+        a_z = np.stack([fewest, np.broadcast_to(left, fewest.shape)], axis=-1)  # [R, O, 2]
+        base = base[:, :, None] - a_z[..., None] * save[:, :, None]  # [R, O, 2, F]
+        ok = ok[..., None] & (a_z <= left[..., None])
+        time = time[..., None] + a_z * (tb[:, z, 1] - tb[:, z, 0])[:, None, None]
+        comm = comm[..., None] + a_z * (cb[z, 1] - cb[z, 0])
+    ok = ok & (base <= room.reshape(-1, *[1] * (base.ndim - 1))).all(-1)
     host = t.host_static[i, stage] + (counts * t.host_block[i, stage]).sum(-1)
-    ok = ok & (host <= t.host_capacity[i, stage])[:, None]
-    none = c - a - b
-    tb = t.t_block[i, stage].sum(-1)[:, None]  # [R, 1, K, 3]
-    cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
-    time = t.t_static[i, stage].sum(-1)[:, None] + (none * tb[..., 0] + a * tb[..., 1] + b * tb[..., 2]).sum(-1)
-    comm = t.bytes_static[i, stage].sum(-1)[:, None] + (none * cb[:, 0] + a * cb[:, 1] + b * cb[:, 2]).sum(-1)
+    ok = ok & (host <= t.host_capacity[i, stage]).reshape((-1,) + (1,) * (ok.ndim - 1))
     mem = base.max(-1)
     main = {"time": time, "comm": comm, "memory": mem}[objective]
-    key = np.where(ok, main + (0.0 if objective == "time" else 1e-9 * time), INF)
+    key = np.where(ok, main + (0.0 if objective == "time" else 1e-9 * time), INF).reshape(len(c), -1)
     j = key.argmin(1)
     rows = np.arange(len(c))
     fits = np.isfinite(key[rows, j])
-    return (np.where(fits, main[rows, j], INF), np.where(fits, time[rows, j], INF),
-            np.rint(a[rows, j]).astype(int), np.rint(b[rows, j]).astype(int))
+    value, seconds = main.reshape(len(c), -1)[rows, j], time.reshape(len(c), -1)[rows, j]
+    if fixed_mode is not None:
+        sel, full = A[:, 0], B[:, 0]
+    else:
+        o = j // 2
+        sel, full = A[o].astype(float), B[o]
+        sel[:, z] = a_z.reshape(len(c), -1)[rows, j]
+    return (np.where(fits, value, INF), np.where(fits, seconds, INF),
+            np.rint(sel).astype(int), np.rint(full).astype(int))
 
 
 def _band(N: int, W: int) -> tuple[np.ndarray, np.ndarray]:
