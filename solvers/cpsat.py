@@ -343,14 +343,14 @@ def _bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | N
 
     for start in range(0, len(order), VISIT_BATCH):
         rows = [i for i in order[start:start + VISIT_BATCH] if space.lower_bound[i] <= kth() * (1 + 1e-9)]
-        if not rows:
-            break
-        if time.perf_counter() > deadline and kept:
-            stopped = True
+        if not rows or stopped:
             break
         batch = space.scored(rows)
         for j, i in enumerate(rows):
             if space.lower_bound[i] > kth() * (1 + 1e-9):
+                break
+            if time.perf_counter() > deadline and kept:  # deep pipelines' tables take milliseconds each
+                stopped = True
                 break
             cf = space.configs[i]
             tb = mixed_tables(batch, j, objective, problem.fixed_mode, kth(), fixed_split)
