@@ -8,17 +8,18 @@ The model (:func:`build_model`):
   products), exactly one true;
 * per (pp, vpp) group, shared by its configurations: a one-hot choice ``y[s][q]`` of ``q``
   chunks of ``vpp`` blocks on stage ``s`` (contiguous, uneven allowed, ``Σ vpp q_s = L``);
-* per configuration and stage, enforced by ``x_c``: the stage's micro-batch time, its
-  once-per-step tail (exposed DP reduction, gathers, optimizer) and its memory within
-  capacity, encoded one of two ways --
+* per configuration and stage, enforced by ``x_c``: the stage's micro-batch time and its
+  once-per-step tail (exposed DP reduction, gathers, optimizer) with the best recompute
+  counts that fit, known in closed form for every stage the tables allow, read off one of
+  two encodings of the split --
 
-  - *tables* (one block kind): the best recompute counts for every stage size are known in
-    closed form (:mod:`solvers.tables`), so the stage's time and tail are read off the
-    ``y`` literals, which exist only for the sizes that fit and can be part of a plan
-    within the cap (:func:`solvers.tables.size_limits`);
-  - *per-layer* (several block kinds, e.g. dense and MoE blocks): kind counts per stage
-    from element constraints on prefix sums, recompute counts ``r[s][k][mode]`` summing to
-    them, and memory, time and tail linear in those counts;
+  - *sizes* (one block kind, :mod:`solvers.tables`): a stage's cost depends only on its
+    size, so it is read off the ``y`` literals, which exist only for the sizes that fit and
+    can be part of a plan within the cap (:func:`solvers.tables.size_limits`);
+  - *arcs* (several block kinds, e.g. DeepSeek's dense first layer before MoE layers,
+    :mod:`solvers.tables_mixed`): a stage's blocks of each kind depend on where it starts,
+    so each stage chooses one arc (first block, blocks) among those on some split that fits,
+    consecutive stages meeting at their shared boundary (a path from block 0 to ``L``);
 
 * the objective ``D ((m - 1/v) max_s t_s + Σ_s t_s / v + max_s tail_s)`` for time
   (:func:`autoplace.cost.step.pipeline_weights`), or the busiest stage's bytes for comm and
@@ -45,13 +46,22 @@ from autoplace.plan import Config, even_split
 from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
+from solvers.space import Scored, Space, enumerate_configs, score_space
 from solvers.tables import StageTables, split_bounds, split_sizes, split_value, stage_tables, table_modes
+from solvers.tables_mixed import (
+    MixedTables,
+    mixed_arcs,
+    mixed_modes,
+    mixed_split_bounds,
+    mixed_split_value,
+    mixed_tables,
+)
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
 SLACK = 1e-6  # relative slack on bounds computed in floating point
 
 Chosen = tuple[Any, list[int], list[Any]]  # (configuration, blocks per stage, recompute counts per stage)
+Tables = StageTables | MixedTables  # one block kind: by stage size; several: by first block and size
 
 
 @dataclass
@@ -61,9 +71,8 @@ class Built:
     model: Any
     present: dict[int, Any]  # configuration index -> Boolean: its optimum is below the cap
     objective: dict[int, Any]  # configuration index -> its objective (integer units)
-    groups: dict[int, dict[str, Any]]  # configuration index -> its split and recompute variables
+    groups: dict[int, dict[str, Any]]  # configuration index -> its split variables
     unit: float  # seconds or bytes per objective unit
-    joint: bool  # every configuration solved at once (else exactly one present)
     read: Callable[[Any, int], Chosen]
 
 
@@ -71,25 +80,22 @@ def _ceil(x: float) -> int:
     return int(math.ceil(x - 1e-9))
 
 
-def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables] | None = None,
-                lower: dict[int, float] | None = None, upper: float | None = None, joint: bool = True) -> Built:
-    """The integer program over every configuration of ``scored``; per-stage costs from
-    ``tables`` (one block kind) or per-layer variables (otherwise).
+def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
+                lower: dict[int, float] | None = None, upper: float | None = None) -> Built:
+    """The integer program over every configuration of ``scored``, per-stage costs from
+    ``tables`` (:class:`StageTables` or, with several block kinds, :class:`MixedTables`).
 
-    Each configuration has its own split and recompute variables and its own objective
-    ``o_c``, and the model minimizes ``Σ_c o_c``.  With ``joint`` (the tables encoding, whose
-    per-configuration proofs are cheap) every configuration is solved at once: they are
-    independent, so one optimal solution holds each one's own optimum and the top-K is read
-    off it (one search, not K); a configuration whose optimum is not below the cap (the K-th
-    best known plan, ``upper``) may be left absent at the cap's value.  Otherwise exactly one
-    configuration is present (the others count 0) and the top-K comes from re-solving without
-    the ones found (:func:`_search`).  ``lower`` (per configuration) are sound bounds; both
-    are in seconds or bytes and only tighten the search.
+    Each configuration has its own split variables and its own objective ``o_c``, and the
+    model minimizes ``Σ_c o_c``: they are independent, so one optimal solution holds each
+    one's own optimum and the top-K is read off it (one search, not K); a configuration whose
+    optimum is not below the cap (the K-th best known plan, ``upper``) may be left absent at
+    the cap's value.  ``lower`` (per configuration) are sound bounds; both are in seconds or
+    bytes and only tighten the search.
     """
     cp_model = _ortools.cp_model()
 
     t, table, configs = scored.terms, scored.table, scored.configs
-    L, K = table.blocks, len(table.kinds)
+    L = table.blocks
     keep = range(len(configs))
     time_obj = problem.objective == "time"
     md = cp_model.CpModel()
@@ -107,17 +113,20 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
     cap = min(int(upper * D / unit * (1 + SLACK)) + rounding + 1, hi + 1) if upper is not None and np.isfinite(upper) else hi + 1
     present, objective, groups = {}, {}, {}
     for i in keep:
-        cf = configs[i]
-        sizes = None if tables is None else split_sizes(tables[i], problem.objective, cf.pp, cf.vpp, problem.fixed_split)
-        g = groups[i] = _group(md, (cf.pp, cf.vpp), table.sequence, K, problem.fixed_split, sizes)
+        cf, tb = configs[i], tables[i]
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
+        if isinstance(tb, MixedTables):
+            g = groups[i] = _arc_group(md, mixed_arcs(tb, problem.objective), cf.pp, x)
+        else:
+            sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, problem.fixed_split)
+            g = groups[i] = _group(md, (cf.pp, cf.vpp), L, problem.fixed_split, sizes)
         g["top"] = md.new_int_var(0, top_bound, "")
         g["tail"] = md.new_int_var(0, top_bound, "")
-        if tables is not None:
-            stages = _table_stages(md, problem, tables[i], g, x, unit)
+        if isinstance(tb, MixedTables):
+            stages = _arc_stages(md, problem, tb, g, x, unit)
         else:
-            stages = _layer_stages(md, problem, scored, i, g, x, unit)
+            stages = _table_stages(md, problem, tb, g, x, unit)
         for expr in stages:
             md.add(g["top"] >= expr).only_enforce_if(x)
         if time_obj:
@@ -127,30 +136,25 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
             md.add(o >= g["top"]).only_enforce_if(x)
         if lower is not None and np.isfinite(lower.get(i, np.inf)):
             md.add(o >= int(lower[i] * D / unit * (1 - SLACK)) - rounding).only_enforce_if(x)
-        md.add(o == (cap if joint else 0)).only_enforce_if(~x)
-    if not joint:
-        md.add_exactly_one(present.values())
-        if np.isfinite(cap):
-            md.add(sum(objective.values()) <= cap)
+        md.add(o == cap).only_enforce_if(~x)
     md.minimize(sum(objective.values()))
 
     def read(solver: Any, i: int) -> Chosen:
-        cf, g = configs[i], groups[i]
+        cf, g, tb = configs[i], groups[i], tables[i]
+        if isinstance(tb, MixedTables):
+            split = [n for arcs in g["z"] for (_, n), lit in arcs.items() if solver.value(lit)]
+            return cf, split, mixed_modes(tb, split)
         split = [int(solver.value(q)) * cf.vpp for q in g["q"]]
-        if tables is None:
-            return cf, split, [[[int(solver.value(v)) for v in kind] for kind in stage] for stage in g["r"]]
-        return cf, split, table_modes(tables[i], split)
+        return cf, split, table_modes(tb, split)
 
-    return Built(md, present, objective, groups, unit / D, joint, read)
+    return Built(md, present, objective, groups, unit / D, read)
 
 
-def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
-           fixed_split: tuple[int, ...] | None, sizes: list[list[int]] | None = None) -> dict[str, Any]:
+def _group(md: Any, key: tuple[int, int], L: int, fixed_split: tuple[int, ...] | None,
+           sizes: list[list[int]] | None = None) -> dict[str, Any]:
     """Per (pp, vpp) group: the one-hot chunks per stage (only ``sizes[s]`` when given: the
-    sizes a configuration's tables allow), and for several block kinds the blocks of each
-    kind per stage and the recompute counts of each."""
+    sizes a configuration's tables allow)."""
     P, v = key
-    L = len(sequence)
     y, q = [], []
     for s in range(P):
         allowed = list(range(1, L // v - P + 2))
@@ -163,27 +167,24 @@ def _group(md: Any, key: tuple[int, int], sequence: tuple[int, ...], K: int,
         y.append(lits)
         q.append(sum(k * lit for k, lit in lits.items()))
     md.add(sum(q) * v == L)
-    g: dict[str, Any] = {"y": y, "q": q, "P": P, "v": v}
-    if K == 1:
-        return g
-    prefix = np.vstack([np.zeros(K, int), np.cumsum(np.eye(K, dtype=int)[list(sequence)], axis=0)])
-    bounds = [md.new_int_var(0, L, "") for _ in range(P + 1)]
-    md.add(bounds[0] == 0)
-    counts = []  # counts[s][k]: blocks of kind k on stage s
-    for s in range(P):
-        md.add(bounds[s + 1] == bounds[s] + v * q[s])
-        row = []
-        for k in range(K):
-            lo, hi = md.new_int_var(0, L, ""), md.new_int_var(0, L, "")
-            md.add_element(bounds[s], [int(n) for n in prefix[:, k]], lo)
-            md.add_element(bounds[s + 1], [int(n) for n in prefix[:, k]], hi)
-            row.append(hi - lo)
-        counts.append(row)
-    r = [[[md.new_int_var(0, L, "") for _ in range(3)] for _ in range(K)] for _ in range(P)]
-    for s in range(P):
-        for k in range(K):
-            md.add(sum(r[s][k]) == counts[s][k])
-    return {**g, "counts": counts, "r": r}
+    return {"y": y, "q": q, "P": P, "v": v}
+
+
+def _arc_group(md: Any, arcs: list[list[tuple[int, int]]] | None, P: int, x: Any) -> dict[str, Any]:
+    """Several block kinds: one Boolean per (stage, first block, blocks) of ``arcs``, one per
+    stage, each stage starting where the one before ends; with no split that fits (``arcs``
+    None) the configuration is absent."""
+    if arcs is None:
+        md.add(x == 0)
+        return {"z": [{} for _ in range(P)], "P": P}
+    z = [{arc: md.new_bool_var("") for arc in stage} for stage in arcs]
+    for lits in z:
+        md.add_exactly_one(lits.values())
+    for before, after in zip(z, z[1:], strict=False):
+        for e in {a for a, _ in after} | {a + n for a, n in before}:
+            md.add(sum(lit for (a, n), lit in before.items() if a + n == e)
+                   == sum(lit for (a, _), lit in after.items() if a == e))
+    return {"z": z, "P": P}
 
 
 def _table_stages(md: Any, problem: Problem, tb: StageTables, g: dict[str, Any], x: Any, unit: float) -> list[Any]:
@@ -203,48 +204,17 @@ def _table_stages(md: Any, problem: Problem, tb: StageTables, g: dict[str, Any],
     return stages
 
 
-def _layer_stages(md: Any, problem: Problem, scored: Scored, i: int, g: dict[str, Any], x: Any,
-                  unit: float) -> list[Any]:
-    """Several block kinds: memory, host memory, time, tail and bytes linear in the per-stage
-    recompute counts; returns each stage's objective term (for memory: each phase's bytes)."""
-    t, K = scored.terms, len(scored.table.kinds)
-    static, per_block, mult = t.phases
-    T = lambda seconds: int(round(float(seconds) / unit))  # noqa: E731 - seconds -> integer units
-    out = []
-    for s in range(g["P"]):
-        cnt, r = g["counts"][s], g["r"][s]
-        for f in t.binding_phases(i, g["P"]):
-            mem = _ceil(static[i, s, f]) + sum(_ceil(per_block[i, s, f, k]) * cnt[k] for k in range(K)) + sum(
-                _ceil(mult[i, s, f] * t.act_block[i, 0, k, mode]) * r[k][mode] for k in range(K) for mode in range(3))
-            md.add(mem <= int(t.capacity[i, s])).only_enforce_if(x)
-            if problem.objective == "memory":
-                out.append(mem)
-        if t.host_block[i, s].any() or t.host_static[i, s] > 0:
-            md.add(_ceil(t.host_static[i, s]) + sum(_ceil(t.host_block[i, s, k]) * cnt[k] for k in range(K))
-                   <= int(t.host_capacity[i, s])).only_enforce_if(x)
-        if problem.objective == "comm":
-            cb = t.bytes_block[i, 0].sum(-1)  # [K, 3]
-            out.append(int(t.bytes_static[i, s].sum()) + sum(int(cb[k, mode]) * r[k][mode]
-                                                             for k in range(K) for mode in range(3)))
-        if problem.objective != "time":
-            continue
-        tb = t.t_block[i, s].sum(-1)  # [K, 3]
-        out.append(T(t.t_static[i, s].sum()) + sum(T(tb[k, mode]) * r[k][mode] for k in range(K) for mode in range(3)))
-
-        # the tail (autoplace.cost.step.exposed_reduction + gathers + optimizer), k = slowdown:
-        # (1 - k) max(reduce - window, min(reduce, last bucket)) + k reduce + rest, as two linear lower bounds
-        def lin(st: np.ndarray, block: np.ndarray, w: float = 1.0, s: int = s, cnt: list[Any] = cnt) -> Any:
-            return T(w * st[i, s]) + sum(T(w * block[i, s, k]) * cnt[k] for k in range(K))
-
-        kappa = t.slowdown
-        rest = lin(t.gather_static + t.opt_static, t.gather_block + t.opt_block)
-        bucket = T((1 - kappa) * t.last_bucket[i, s])
-        floor = md.new_int_var(0, max(bucket, 0), "")  # min(reduce, last bucket), scaled by 1 - k
-        md.add_min_equality(floor, [lin(t.reduce_static, t.reduce_block, 1 - kappa), bucket])
-        md.add(g["tail"] >= lin(t.reduce_static, t.reduce_block) - lin(t.window_static, t.window_block, 1 - kappa)
-               + rest).only_enforce_if(x)
-        md.add(g["tail"] >= floor + lin(t.reduce_static, t.reduce_block, kappa) + rest).only_enforce_if(x)
-    return out
+def _arc_stages(md: Any, problem: Problem, tb: MixedTables, g: dict[str, Any], x: Any, unit: float) -> list[Any]:
+    """Several block kinds: each stage's objective term and tail read off its arc literals
+    (every arc fits: :func:`solvers.tables_mixed.mixed_arcs`)."""
+    main = tb.time if problem.objective == "time" else tb.value
+    stages = []
+    for s, lits in enumerate(g["z"]):
+        stages.append(sum(int(round(main[s, a, n] / unit)) * lit for (a, n), lit in lits.items()))
+        if problem.objective == "time":
+            md.add(g["tail"] >= sum(int(round(tb.tail[s, a, n] / unit)) * lit
+                                    for (a, n), lit in lits.items())).only_enforce_if(x)
+    return stages
 
 
 @dataclass
@@ -258,48 +228,28 @@ class _Search:
 
 
 def _search(built: Built, problem: Problem, budget: Budget, deadline: float) -> _Search:
-    """The top-K within the deadline: one search of the joint model (:func:`build_model`), or
-    solve, forbid the configuration found, solve again -- each later solve knowing its
-    optimum is at least the previous one.
+    """The top-K within the deadline: one search of the joint model (:func:`build_model`).
 
-    When stopped early, the joint bound is still sound: with current values ``o_c`` and a
-    proven bound ``B`` of ``Σ_c o_c``, configuration c's optimum is at least
-    ``B - Σ_{c' != c} o_c'``.
+    When stopped early, the bound is still sound: with current values ``o_c`` and a proven
+    bound ``B`` of ``Σ_c o_c``, configuration c's optimum is at least ``B - Σ_{c' != c} o_c'``.
     """
     cp_model = _ortools.cp_model()
 
-    out = _Search(status="optimal")
-    total = sum(built.objective.values())
-    for _ in range(1 if built.joint else problem.top_k):
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
-        solver.parameters.num_workers = budget.workers
-        solver.parameters.random_seed = budget.seed
-        # presolve probing spends seconds deriving ~10^5 clauses from the one-hot split
-        # literals of deep pipelines and never pays for itself here (benchmarks/solve_speed.py)
-        solver.parameters.cp_model_probing_level = 0
-        code = solver.solve(built.model)
-        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if not out.found:
-                out.status = "infeasible" if code == cp_model.INFEASIBLE else "unknown"
-            elif code != cp_model.INFEASIBLE:
-                out.status = "feasible"
-            break
-        if code == cp_model.FEASIBLE:
-            out.status = "feasible"
-        values = {i: solver.value(o) for i, o in built.objective.items()}
-        present = sorted((values[i], i) for i, x in built.present.items() if solver.value(x))
-        if out.bound is None:  # exactly one present: the proven bound is the best one's
-            proven = (min(solver.best_objective_bound - (sum(values.values()) - v) for v in values.values())
-                      if built.joint else solver.best_objective_bound)
-            out.bound = max(proven, 0) * built.unit
-        out.found.extend((built.read(solver, i), v * built.unit) for v, i in present[: problem.top_k])
-        if built.joint or code != cp_model.OPTIMAL:
-            break
-        i = present[0][1]
-        built.model.add(built.present[i] == 0)  # next: the best *other* configuration
-        built.model.add(total >= values[i])
-    return out
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
+    solver.parameters.num_workers = budget.workers
+    solver.parameters.random_seed = budget.seed
+    # presolve probing spends seconds deriving ~10^5 clauses from the one-hot split
+    # literals of deep pipelines and never pays for itself here (benchmarks/solve_speed.py)
+    solver.parameters.cp_model_probing_level = 0
+    code = solver.solve(built.model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return _Search(status="infeasible" if code == cp_model.INFEASIBLE else "unknown")
+    values = {i: solver.value(o) for i, o in built.objective.items()}
+    present = sorted((values[i], i) for i, x in built.present.items() if solver.value(x))
+    proven = min(solver.best_objective_bound - (sum(values.values()) - v) for v in values.values())
+    return _Search([(built.read(solver, i), v * built.unit) for v, i in present[: problem.top_k]],
+                   "optimal" if code == cp_model.OPTIMAL else "feasible", max(proven, 0) * built.unit)
 
 
 VISIT_BATCH = 256  # configurations whose coefficient tables are built together while bounding
@@ -312,10 +262,10 @@ class Bounded:
     hint), the best plan seen (the fallback), and the K-th best known plan (the cap)."""
 
     scored: Scored
-    tables: dict[int, StageTables] | None
+    tables: dict[int, Tables]
     lower: dict[int, float]
     splits: dict[int, list[int]]
-    modes: dict[int, int]  # uniform recompute mode of the hinted plan (several block kinds)
+    modes: dict[int, int]  # unused since several block kinds have tables too (drop with _bound_with_tables' next edit)
     best: int | None
     upper: float
     stopped: bool = False  # the deadline passed while bounding
@@ -375,28 +325,54 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
                    {j: sp for j, i in enumerate(rows) if (sp := kept[i][2]) is not None}, {}, best, float(cap), stopped)
 
 
-def _bound_uniform(problem: Problem, space: Space) -> Bounded | None:
-    """Configurations that may hold a top-K optimum (several block kinds): the K-th best plan
-    with an even split and one recompute mode everywhere is an upper bound; configurations
-    whose sound lower bound exceeds it are dropped.  None when no configuration can fit."""
-    best = np.full(len(space.configs), np.inf)
-    best_mode = np.zeros(len(space.configs), dtype=int)
-    if problem.fixed_split is None:
-        for mode in [problem.fixed_mode] if problem.fixed_mode is not None else [0, 1, 2]:
-            value, _ = space.uniform(mode)
-            best_mode = np.where(value < best, mode, best_mode)
-            best = np.minimum(value, best)
-    finite = np.sort(best[np.isfinite(best)])
-    ub = float(finite[min(problem.top_k, len(finite)) - 1]) if len(finite) else np.inf
-    rows = np.flatnonzero((space.memory_lb <= 0) & (space.lower_bound <= ub * (1 + 1e-9))).tolist()
+def _bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | None:
+    """:func:`_bound_with_tables` for several block kinds: the same visit in order of the
+    cheap lower bound, with tables by first block and size (:mod:`solvers.tables_mixed`) and
+    their split DPs over stage boundaries.  Both bounds are sound, so no optimum is lost --
+    unless the deadline stops the visit, which the result says.  None when no configuration
+    can fit.
+    """
+    L, fixed_split, objective = space.table.blocks, problem.fixed_split, problem.objective
+    order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
+    uppers: list[float] = []
+    kept: dict[int, tuple[float, MixedTables, list[int] | None, float]] = {}  # by index into space.configs
+    stopped = False
+
+    def kth() -> float:
+        return sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+
+    for start in range(0, len(order), VISIT_BATCH):
+        rows = [i for i in order[start:start + VISIT_BATCH] if space.lower_bound[i] <= kth() * (1 + 1e-9)]
+        if not rows or stopped:
+            break
+        batch = space.scored(rows)
+        for j, i in enumerate(rows):
+            if space.lower_bound[i] > kth() * (1 + 1e-9):
+                break
+            if time.perf_counter() > deadline and kept:  # deep pipelines' tables take milliseconds each
+                stopped = True
+                break
+            cf = space.configs[i]
+            tb = mixed_tables(batch, j, objective, problem.fixed_mode, kth(), fixed_split)
+            lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
+            if not np.isfinite(lb):
+                continue
+            even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+            splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
+            values = [(mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective), sp) for sp in splits]
+            ub, split = min(values, key=lambda x: x[0])
+            if np.isfinite(ub):
+                uppers.append(ub)
+            kept[i] = (lb, tb, split if np.isfinite(ub) else None, ub)
+    cap = kth()
+    rows = [i for i, (lb, *_) in kept.items() if lb <= cap * (1 + 1e-9)]
     if not rows:
         return None
-    scored = space.scored(rows)
-    cand = to_candidates(scored.configs, space.table)
-    splits = {j: [int(cand.counts[j, s].sum()) for s in range(cf.pp)]
-              for j, cf in enumerate(scored.configs) if np.isfinite(best[rows[j]])}
-    fallback = int(np.argmin(best[rows])) if np.isfinite(best[rows]).any() else None
-    return Bounded(scored, None, {}, splits, {j: int(best_mode[i]) for j, i in enumerate(rows)}, fallback, ub)
+    ubs = [kept[i][3] for i in rows]
+    best = int(np.argmin(ubs)) if np.isfinite(min(ubs)) else None
+    return Bounded(space.scored(rows), {j: kept[i][1] for j, i in enumerate(rows)},
+                   {j: kept[i][0] for j, i in enumerate(rows)},
+                   {j: sp for j, i in enumerate(rows) if (sp := kept[i][2]) is not None}, {}, best, float(cap), stopped)
 
 
 class _Clock:
@@ -445,7 +421,7 @@ class CpSatSolver(Solver):
         configs = space.configs
         clock("bound")
         one_kind = len(space.table.kinds) == 1
-        bounded = _bound_with_tables(problem, space, deadline) if one_kind else _bound_uniform(problem, space)
+        bounded = (_bound_with_tables if one_kind else _bound_mixed)(problem, space, deadline)
         notes = [f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} kept "
                  "after bounding"]
         if bounded is None:
@@ -453,7 +429,7 @@ class CpSatSolver(Solver):
                           notes=notes, phases=clock.done())
         scored = bounded.scored
         clock("build")
-        built = build_model(problem, scored, bounded.tables, bounded.lower, bounded.upper, joint=one_kind)
+        built = build_model(problem, scored, bounded.tables, bounded.lower, bounded.upper)
         for j, split in bounded.splits.items():
             self._hint(built, scored, j, split)
         clock("search")
@@ -506,17 +482,20 @@ class CpSatSolver(Solver):
     @staticmethod
     def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:
         """Start CP-SAT from a known good split of configuration ``j``."""
-        v = scored.configs[j].vpp
+        v, g = scored.configs[j].vpp, built.groups[j]
         built.model.add_hint(built.present[j], True)
-        for lits, n in zip(built.groups[j]["y"], split, strict=True):
+        if "z" in g:  # several block kinds: the arcs of the split
+            starts = np.concatenate([[0], np.cumsum(split)[:-1]])
+            for lits, a, n in zip(g["z"], starts, split, strict=True):
+                for arc, lit in lits.items():
+                    built.model.add_hint(lit, arc == (a, n))
+            return
+        for lits, n in zip(g["y"], split, strict=True):
             for q, lit in lits.items():
                 built.model.add_hint(lit, q == n // v)
 
     @staticmethod
     def _fallback(bounded: Bounded, j: int) -> Chosen:
         """Configuration ``j``'s hinted plan as a (configuration, split, recompute counts)."""
-        cf, split = bounded.scored.configs[j], bounded.splits[j]
-        if bounded.tables is not None:
-            return cf, split, table_modes(bounded.tables[j], split)
-        counts = to_candidates([cf], bounded.scored.table, mode=bounded.modes.get(j, 0)).counts[0]
-        return cf, split, [counts[s].astype(int).tolist() for s in range(cf.pp)]
+        cf, split, tb = bounded.scored.configs[j], bounded.splits[j], bounded.tables[j]
+        return cf, split, mixed_modes(tb, split) if isinstance(tb, MixedTables) else table_modes(tb, split)

@@ -48,11 +48,17 @@ def test_contract_fix_pins_the_plan(backend: str) -> None:
 ALL_FEATURES = frozenset(FEATURES) - {"tp-across-nodes"}  # what a one-node cluster can use
 
 
-def _moe_model(layers: int, hidden: int, batch: int, seq: int):
-    """A DeepSeek-style stack: a dense first layer, then MoE blocks (two block kinds)."""
+def _moe_model(layers: int, hidden: int, batch: int, seq: int, dense: int = 1, every: int = 1,
+               window: int | None = None, flash: bool = True):
+    """A DeepSeek-style stack: ``dense`` dense first layers, then an MoE block every ``every``
+    layers (two block kinds); with a sliding ``window`` two layers in three windowed (four);
+    without ``flash`` attention selective recompute saves the attention scores."""
+    attention = {"sliding_window": window, "full_attention_every": 3} if window else {}
+    attention = {**attention, "flash_attention": flash}
     return model_from_dict({"name": "small-moe", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden,
-                            "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": seq,
-                            "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1},
+                            "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": seq, **attention,
+                            "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": dense,
+                                    "layer_freq": every},
                             "training": {"global_batch": batch}})
 
 
@@ -78,6 +84,33 @@ def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, ba
     if b.plans:
         assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
                                                                          rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.sampled_from([(1, 1, None), (2, 1, None), (2, 2, None), (1, 2, 256)]), flash=st.booleans(),
+       layers=st.sampled_from([5, 6]), hidden=st.sampled_from([512, 1024]), gpus=st.sampled_from([2, 4, 8]),
+       objective=st.sampled_from(["time", "comm", "memory"]), gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]),
+       seq=st.sampled_from([512, 4096]), fix=st.sampled_from([{}, {"recompute": "full"}, {"recompute": "none"},
+                                                             {"layers": "3:3"}]))
+def test_cpsat_top_k_equals_exhaustive_with_several_block_kinds(kinds: tuple[int, int, int | None], flash: bool,
+                                                                 layers: int, hidden: int, gpus: int, objective: str,
+                                                                 gpu: str, seq: int, fix: dict[str, str]) -> None:
+    """Dense first layers, MoE every k-th layer, windowed attention (two to four block kinds,
+    :mod:`solvers.tables_mixed`): CP-SAT's top-3 objectives are the oracle's, pinned or not."""
+    dense, every, window = kinds
+    model = _moe_model(layers, hidden, 16, seq, dense=dense, every=every, window=window, flash=flash)
+    problem = Problem(model, gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=3, features=ALL_FEATURES,
+                      fixed=fix)
+    try:
+        b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
+    except Infeasible:
+        return
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
+    assert a.status == b.status
+    if a.plans:
+        assert a.gap is not None and a.gap <= 1e-5
+    assert [objective_key(ev, objective)[0] for ev in a.plans] == pytest.approx(
+        [objective_key(ev, objective)[0] for ev in b.plans], rel=1e-6)
 
 
 KNOBS = {"tp": [1, 2, 4], "pp": [1, 2, 4], "cp": [1, 2], "zero": [0, 1, 2, 3], "mbs": [1, 2, 4, 8, 16],
