@@ -126,8 +126,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, StageTables]
             md.add(o >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
             best = best_split_units(tables[i], unit, cf.vpp, w_max, w_sum, D) \
                 if tables is not None and problem.fixed_split is None else None
-            if best is not None:  # its exact optimum, and a complete hint reaching it: proven at once
-                md.add(o >= best.cost).only_enforce_if(x)
+            if best is not None:  # its exact optimum (solvers.splits) and a complete hint reaching it: proven at once
+                md.add(o >= best.bound).only_enforce_if(x)
                 fits = best.cost <= cap
                 g["best"] = (best.split, {x: fits, o: best.cost if fits else cap if joint else 0,
                                           g["top"]: best.top, g["tail"]: best.tail})

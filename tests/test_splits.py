@@ -36,6 +36,7 @@ def _tables(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, float, float]
     time = np.round(rng.uniform(1.0, 2.0, (P, L + 1)) * np.arange(L + 1), digits)
     time[rng.random((P, L + 1)) < draw(st.floats(0.0, 0.6))] = np.inf
     tail = np.round(rng.uniform(0.0, 3.0, (P, L + 1)), digits)
+    tail[rng.random((P, L + 1)) < 0.1] = np.inf
     w_max, w_sum = draw(st.sampled_from([0.0, 0.5, 1.0, 7.0, 23.5])), draw(st.sampled_from([0.0, 1 / v, 1.0]))
     return time, tail, v, w_max, w_sum
 
@@ -44,17 +45,35 @@ def _tables(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, float, float]
 @given(_tables())
 def test_best_split_is_the_best_of_every_split(case: tuple[np.ndarray, np.ndarray, int, float, float]) -> None:
     """The optimum over every split (tables with inf cells, v > 1, zero weights, ties), and
-    the split returned reaches it."""
+    the split returned reaches it (with no work budget: see the next test for one)."""
     time, tail, v, w_max, w_sum = case
     P, L = time.shape[0], time.shape[1] - 1
     costs = {sp: _cost(time, tail, sp, w_max, w_sum) for sp in compositions(L, P, v)}
-    best, split = best_split(time, tail, v, w_max, w_sum)
+    found = best_split(time, tail, v, w_max, w_sum, max_dps=10**9)
     if not np.isfinite(min(costs.values(), default=np.inf)):
-        assert best == np.inf and split is None
+        assert found.cost == found.bound == np.inf and found.split is None
         return
-    assert split is not None and tuple(split) in costs
-    assert best == pytest.approx(min(costs.values()), rel=1e-12)
-    assert costs[tuple(split)] == pytest.approx(best, rel=1e-12)
+    assert found.exact and found.split is not None and tuple(found.split) in costs
+    assert found.cost == pytest.approx(min(costs.values()), rel=1e-12)
+    assert costs[tuple(found.split)] == pytest.approx(found.cost, rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_tables(), st.integers(0, 3))
+def test_a_budget_cut_short_leaves_a_sound_bound_and_a_real_split(
+        case: tuple[np.ndarray, np.ndarray, int, float, float], max_dps: int) -> None:
+    """With few threshold DPs allowed the bound stays below every split's cost and the split
+    returned is one of them, at its own cost."""
+    time, tail, v, w_max, w_sum = case
+    P, L = time.shape[0], time.shape[1] - 1
+    costs = {sp: _cost(time, tail, sp, w_max, w_sum) for sp in compositions(L, P, v)}
+    found = best_split(time, tail, v, w_max, w_sum, max_dps=max_dps)
+    if found.split is None:
+        assert not np.isfinite(min(costs.values(), default=np.inf))
+        return
+    assert found.bound <= min(costs.values()) * (1 + 1e-12) + 1e-12
+    assert costs[tuple(found.split)] == pytest.approx(found.cost, rel=1e-12)
+    assert found.bound <= found.cost
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -69,12 +88,12 @@ def test_best_split_is_within_the_separate_bounds(seed: int) -> None:
     zeros = np.zeros((P, L + 1), dtype=int)
     tb = StageTables(value=time, time=time, tail=tail, sel=zeros, full=zeros)
     lb, bottleneck = split_bounds(tb, v, m, "time")
-    best, split = best_split(time, tail, v, m - 1 / v, 1 / v)
+    found = best_split(time, tail, v, m - 1 / v, 1 / v)
     if bottleneck is None:
-        assert split is None
+        assert found.split is None
         return
-    assert lb * (1 - 1e-12) <= best <= split_value(tb, bottleneck, v, m, "time") * (1 + 1e-12)
-    assert split_value(tb, split, v, m, "time") == pytest.approx(best, rel=1e-12)
+    assert lb * (1 - 1e-12) <= found.cost <= split_value(tb, bottleneck, v, m, "time") * (1 + 1e-12)
+    assert split_value(tb, found.split, v, m, "time") == pytest.approx(found.cost, rel=1e-12)
 
 
 def test_the_units_bound_is_each_configurations_model_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
