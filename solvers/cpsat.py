@@ -47,6 +47,7 @@ from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space
+from solvers.splits import best_split_units
 from solvers.tables import StageTables, split_bounds, split_sizes, split_value, stage_tables, table_modes
 from solvers.tables_mixed import (
     MixedTables,
@@ -132,6 +133,13 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         if time_obj:
             w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
             md.add(o >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
+            best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D) \
+                if isinstance(tb, StageTables) and problem.fixed_split is None else None
+            if best is not None:  # its exact optimum (solvers.splits) and a complete hint reaching it: proven at once
+                md.add(o >= best.bound).only_enforce_if(x)
+                fits = best.cost <= cap
+                g["best"] = (best.split, {x: fits, o: best.cost if fits else cap,
+                                          g["top"]: best.top, g["tail"]: best.tail})
         else:
             md.add(o >= g["top"]).only_enforce_if(x)
         if lower is not None and np.isfinite(lower.get(i, np.inf)):
@@ -431,7 +439,7 @@ class CpSatSolver(Solver):
         clock("build")
         built = build_model(problem, scored, bounded.tables, bounded.lower, bounded.upper)
         for j, split in bounded.splits.items():
-            self._hint(built, scored, j, split)
+            self._hint(built, scored, j, *built.groups[j].get("best", (split, {})))
         clock("search")
         found = _search(built, problem, budget, deadline)
         chosen = [c for c, _ in found.found]
@@ -480,10 +488,12 @@ class CpSatSolver(Solver):
         return space
 
     @staticmethod
-    def _hint(built: Built, scored: Scored, j: int, split: list[int]) -> None:
-        """Start CP-SAT from a known good split of configuration ``j``."""
+    def _hint(built: Built, scored: Scored, j: int, split: list[int], values: dict[Any, int] | None = None) -> None:
+        """Start CP-SAT from a known good split of configuration ``j`` (and the ``values`` of
+        other variables, if known: present by default)."""
         v, g = scored.configs[j].vpp, built.groups[j]
-        built.model.add_hint(built.present[j], True)
+        for var, value in (values or {built.present[j]: True}).items():
+            built.model.add_hint(var, value)
         if "z" in g:  # several block kinds: the arcs of the split
             starts = np.concatenate([[0], np.cumsum(split)[:-1]])
             for lits, a, n in zip(g["z"], starts, split, strict=True):
