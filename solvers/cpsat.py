@@ -33,6 +33,7 @@ are pruned before the model is built, which never removes an optimum.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable
@@ -41,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.plan import Config, even_split
+from autoplace.plan import Config
 from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, Space, enumerate_configs, score_space, to_candidates
-from solvers.tables import StageTables, split_bounds, split_sizes, split_value, stage_tables, table_modes
+from solvers.tables import StageTables, TableBound, bound_many, split_sizes, table_modes
 
 UNITS = 10_000_000  # the slowest stage (or tail) of any kept configuration maps to this many units
 SLACK = 1e-6  # relative slack on bounds computed in floating point
@@ -303,6 +304,7 @@ def _search(built: Built, problem: Problem, budget: Budget, deadline: float) -> 
 
 
 VISIT_BATCH = 256  # configurations whose coefficient tables are built together while bounding
+WAVES = (4, 64)  # the first and the most configurations whose stage tables and DPs are built at once
 
 
 @dataclass
@@ -330,49 +332,65 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
     configurations whose table bound exceeds it are dropped.  Both bounds are sound, so no
     optimum is lost -- unless the deadline stops the visit, which the result says.  None
     when no configuration can fit.
-    """
-    L, fixed_split = space.table.blocks, problem.fixed_split
-    order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
-    uppers: list[float] = []
-    kept: dict[int, tuple[float, StageTables, list[int] | None, float]] = {}  # by index into space.configs
-    stopped = False
 
-    def kth() -> float:
-        return sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
+    Each configuration's tables are built knowing the cap at its turn (the K-th best upper
+    bound of the ones before it), a wave of configurations at once
+    (:func:`solvers.tables.bound_many`): first all with the cap at the wave's start, then,
+    replaying the walk through the wave, the ones whose tables the cap they meet would
+    change (:meth:`solvers.tables.TableBound.holds`) again with that cap, until none would.
+    The first such configuration always meets its true cap (the ones before it hold), so
+    this ends, and each configuration gets the tables, bounds and split of its own turn.
+    """
+    order = np.argsort(space.lower_bound, kind="stable")
+    order = order[space.memory_lb[order] <= 0].tolist()
+    uppers: list[float] = []  # the K best upper bounds, sorted
+    kept: dict[int, TableBound] = {}  # by index into space.configs
+    stopped, wave = False, WAVES[0]
+
+    def kth(best: list[float]) -> float:
+        return best[problem.top_k - 1] if len(best) >= problem.top_k else np.inf
+
+    def within(i: int, cap: float) -> bool:
+        return bool(space.lower_bound[i] <= cap * (1 + 1e-9))
 
     for start in range(0, len(order), VISIT_BATCH):
-        rows = [i for i in order[start:start + VISIT_BATCH] if space.lower_bound[i] <= kth() * (1 + 1e-9)]
+        rows = [i for i in order[start:start + VISIT_BATCH] if within(i, kth(uppers))]
         if not rows:
             break
         if time.perf_counter() > deadline and kept:
             stopped = True
             break
-        batch = space.scored(rows)
-        for j, i in enumerate(rows):
-            if space.lower_bound[i] > kth() * (1 + 1e-9):
-                break
-            cf = space.configs[i]
-            tb = stage_tables(batch, j, problem.objective, problem.fixed_mode, kth())
-            lb, bottleneck = split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
-            if not np.isfinite(lb):
-                continue
-            even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
-            splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
-            values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp) for sp in splits
-                      if sum(sp) == L and len(sp) == cf.pp]
-            ub, split = min(values, key=lambda x: x[0]) if values else (np.inf, None)
-            if np.isfinite(ub):
-                uppers.append(ub)
-            kept[i] = (lb, tb, split if np.isfinite(ub) else None, ub)
-    cap = kth()
-    rows = [i for i, (lb, *_) in kept.items() if lb <= cap * (1 + 1e-9)]
+        batch, j = space.scored(rows), 0
+        while j < len(rows) and within(rows[j], kth(uppers)):
+            ahead = range(j, min(j + wave, len(rows)))
+            build = {k: kth(uppers) for k in ahead}  # the caps to build the tables with
+            found: dict[int, TableBound] = {}
+            while build:
+                found.update(bound_many(batch, list(build), problem.objective, problem.fixed_mode,
+                                        list(build.values()), problem.fixed_split))
+                best, build, visited = list(uppers), {}, []
+                for k in ahead:  # the walk, with the upper bounds found so far
+                    if not within(rows[k], kth(best)):
+                        break
+                    if not found[k].holds(kth(best)):
+                        build[k] = kth(best)
+                    visited.append(k)
+                    if np.isfinite(found[k].lower) and np.isfinite(found[k].upper):
+                        bisect.insort(best, found[k].upper)
+                        del best[problem.top_k:]
+            uppers = best
+            kept.update((rows[k], found[k]) for k in visited if np.isfinite(found[k].lower))
+            j, wave = ahead.start + len(visited), min(2 * wave, WAVES[1])
+    cap = kth(uppers)
+    rows = [i for i, b in kept.items() if b.lower <= cap * (1 + 1e-9)]
     if not rows:
         return None
-    ubs = [kept[i][3] for i in rows]
-    best = int(np.argmin(ubs)) if rows and np.isfinite(min(ubs)) else None
-    return Bounded(space.scored(rows), {j: kept[i][1] for j, i in enumerate(rows)},
-                   {j: kept[i][0] for j, i in enumerate(rows)},
-                   {j: sp for j, i in enumerate(rows) if (sp := kept[i][2]) is not None}, {}, best, float(cap), stopped)
+    ubs = [kept[i].upper for i in rows]
+    best_row = int(np.argmin(ubs)) if rows and np.isfinite(min(ubs)) else None
+    return Bounded(space.scored(rows), {j: kept[i].tables for j, i in enumerate(rows)},
+                   {j: kept[i].lower for j, i in enumerate(rows)},
+                   {j: sp for j, i in enumerate(rows) if (sp := kept[i].split) is not None}, {}, best_row,
+                   float(cap), stopped)
 
 
 def _bound_uniform(problem: Problem, space: Space) -> Bounded | None:
