@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -341,8 +341,6 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
     The first such configuration always meets its true cap (the ones before it hold), so
     this ends, and each configuration gets the tables, bounds and split of its own turn.
     """
-    order = np.argsort(space.lower_bound, kind="stable")
-    order = order[space.memory_lb[order] <= 0].tolist()
     uppers: list[float] = []  # the K best upper bounds, sorted
     kept: dict[int, TableBound] = {}  # by index into space.configs
     stopped, wave = False, WAVES[0]
@@ -353,8 +351,8 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
     def within(i: int, cap: float) -> bool:
         return bool(space.lower_bound[i] <= cap * (1 + 1e-9))
 
-    for start in range(0, len(order), VISIT_BATCH):
-        rows = [i for i in order[start:start + VISIT_BATCH] if within(i, kth(uppers))]
+    for chunk in _by_lower_bound(space):
+        rows = [i for i in chunk if within(i, kth(uppers))]
         if not rows:
             break
         if time.perf_counter() > deadline and kept:
@@ -362,7 +360,7 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
             break
         batch, j = space.scored(rows), 0
         while j < len(rows) and within(rows[j], kth(uppers)):
-            ahead = range(j, min(j + wave, len(rows)))
+            ahead = range(j, j + sum(within(i, kth(uppers)) for i in rows[j:j + wave]))  # a prefix: rows go up
             build = {k: kth(uppers) for k in ahead}  # the caps to build the tables with
             found: dict[int, TableBound] = {}
             while build:
@@ -391,6 +389,21 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
                    {j: kept[i].lower for j, i in enumerate(rows)},
                    {j: sp for j, i in enumerate(rows) if (sp := kept[i].split) is not None}, {}, best_row,
                    float(cap), stopped)
+
+
+def _by_lower_bound(space: Space) -> Iterator[list[int]]:
+    """The configurations that may fit in order of their cheap lower bound (ties in index
+    order), VISIT_BATCH at a time.  The visit rarely goes past the first few: those are the
+    ones at most the VISIT_BATCH-th smallest bound, sorted; the rest only if asked for."""
+    fits = np.flatnonzero(space.memory_lb <= 0)
+    lb = space.lower_bound[fits]
+    head = np.partition(lb, VISIT_BATCH - 1)[VISIT_BATCH - 1] if len(fits) > VISIT_BATCH else np.inf
+    first = lb <= head
+    order = fits[first][np.argsort(lb[first], kind="stable")]
+    for start in range(0, len(fits), VISIT_BATCH):
+        if start + VISIT_BATCH > len(order) < len(fits):  # the rest: every bound larger than the first ones'
+            order = np.concatenate([order, fits[~first][np.argsort(lb[~first], kind="stable")]])
+        yield order[start:start + VISIT_BATCH].tolist()
 
 
 def _bound_uniform(problem: Problem, space: Space) -> Bounded | None:

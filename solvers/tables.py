@@ -381,11 +381,12 @@ def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray,
     W = _sizes(vals)
     sizes = np.ascontiguousarray(vals.transpose(1, 2, 0))[:, W - 1::-1, :, None]  # [S, W, C, 1]: W - 1 - r chunks
     total, top = _padded(vals[:, 0], W), _padded(vals[:, 0], W)  # the states, after W - 1 inf
+    total_band, top_band = _band(total, W), _band(top, W)  # views: they follow the states
     picks = []
     for s in range(1, P):
-        cand = np.maximum(_band(top, W), sizes[s])
+        cand = np.maximum(top_band, sizes[s])
         picks.append(cand.argmin(axis=0))  # the stages before end at k - (W - 1 - r): the earliest start
-        total[:, W - 1:] = (_band(total, W) + sizes[s]).min(axis=0)
+        total[:, W - 1:] = (total_band + sizes[s]).min(axis=0)
         top[:, W - 1:] = cand.min(axis=0)
     found = np.isfinite(top[rows, W - 1 + Q])
     split, k = np.zeros((C, P), dtype=int), Q
@@ -440,8 +441,9 @@ def _min_max(vals: np.ndarray, at: np.ndarray) -> np.ndarray:
     W = _sizes(vals)
     sizes = np.ascontiguousarray(vals.transpose(1, 2, 0))[:, W - 1::-1, :, None]  # [S, W, C, 1]
     top = _padded(vals[:, 0], W)
+    band = _band(top, W)
     for s in range(1, vals.shape[1]):
-        top[:, W - 1:] = np.maximum(_band(top, W), sizes[s]).min(axis=0)
+        top[:, W - 1:] = np.maximum(band, sizes[s]).min(axis=0)
     return top[np.arange(len(vals)), W - 1 + at]
 
 

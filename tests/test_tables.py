@@ -4,6 +4,7 @@ and the batched functions bounding uses against one configuration at a time."""
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -213,3 +214,16 @@ def test_waves_bound_as_one_configuration_at_a_time(monkeypatch: pytest.MonkeyPa
     for j, (lb, tb, split) in enumerate(want):
         assert got.lower[j] == lb and got.splits.get(j) == split
         _assert_same(got.tables[j], tb)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("ties", [True, False])
+@pytest.mark.parametrize("size", [0, 5, VISIT_BATCH, VISIT_BATCH + 1, 2 * VISIT_BATCH, 3 * VISIT_BATCH + 7])
+def test_configurations_are_visited_in_order_of_their_cheap_bound(size: int, ties: bool) -> None:
+    """The chunks bounding visits are those of a stable sort of every configuration that may
+    fit (with few distinct bounds, or all distinct), however many there are."""
+    rng = np.random.default_rng(size)
+    space = SimpleNamespace(lower_bound=rng.integers(0, 20, size).astype(float) if ties else rng.random(size),
+                            memory_lb=np.where(rng.random(size) < 0.2, 1.0, -1.0))
+    order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
+    want = [order[k:k + VISIT_BATCH] for k in range(0, len(order), VISIT_BATCH)]
+    assert list(cpsat._by_lower_bound(space)) == want  # type: ignore[arg-type]
