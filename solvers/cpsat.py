@@ -351,10 +351,8 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
     def within(i: int, cap: float) -> bool:
         return bool(space.lower_bound[i] <= cap * (1 + 1e-9))
 
-    for chunk in _by_lower_bound(space):
+    for chunk in _by_lower_bound(space, lambda lb: lb <= kth(uppers) * (1 + 1e-9)):
         rows = [i for i in chunk if within(i, kth(uppers))]
-        if not rows:
-            break
         if time.perf_counter() > deadline and kept:
             stopped = True
             break
@@ -376,7 +374,7 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
                     if np.isfinite(found[k].lower) and np.isfinite(found[k].upper):
                         bisect.insort(best, found[k].upper)
                         del best[problem.top_k:]
-            uppers = best
+            uppers[:] = best
             kept.update((rows[k], found[k]) for k in visited if np.isfinite(found[k].lower))
             j, wave = ahead.start + len(visited), min(2 * wave, WAVES[1])
     cap = kth(uppers)
@@ -391,10 +389,11 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
                    float(cap), stopped)
 
 
-def _by_lower_bound(space: Space) -> Iterator[list[int]]:
+def _by_lower_bound(space: Space, wanted: Callable[[float], bool]) -> Iterator[list[int]]:
     """The configurations that may fit in order of their cheap lower bound (ties in index
-    order), VISIT_BATCH at a time.  The visit rarely goes past the first few: those are the
-    ones at most the VISIT_BATCH-th smallest bound, sorted; the rest only if asked for."""
+    order), VISIT_BATCH at a time, while the next one's bound is ``wanted``.  The visit rarely
+    goes past the first few: those are the ones at most the VISIT_BATCH-th smallest bound,
+    sorted; the rest only when the smallest of their bounds is wanted."""
     fits = np.flatnonzero(space.memory_lb <= 0)
     lb = space.lower_bound[fits]
     head = np.partition(lb, VISIT_BATCH - 1)[VISIT_BATCH - 1] if len(fits) > VISIT_BATCH else np.inf
@@ -402,7 +401,11 @@ def _by_lower_bound(space: Space) -> Iterator[list[int]]:
     order = fits[first][np.argsort(lb[first], kind="stable")]
     for start in range(0, len(fits), VISIT_BATCH):
         if start + VISIT_BATCH > len(order) < len(fits):  # the rest: every bound larger than the first ones'
+            if start >= len(order) and not wanted(float(lb[~first].min())):
+                return
             order = np.concatenate([order, fits[~first][np.argsort(lb[~first], kind="stable")]])
+        if not wanted(float(space.lower_bound[order[start]])):
+            return
         yield order[start:start + VISIT_BATCH].tolist()
 
 

@@ -120,9 +120,9 @@ def stage_tables_many(scored: Scored, rows: Sequence[int], objective: str, fixed
     for b in np.unique(bucket):
         at = np.flatnonzero(bucket == b)
         N = int(reach[at].max()) + 1
-        parts = _best_counts(co.take(at), N, limit[at], objective, fixed_mode)  # sizes past N never fit
+        parts = _best_counts(co.take(at) if len(at) < len(i) else co, N, limit[at], objective, fixed_mode)
         for table, part in zip((out.value, out.time, out.sel, out.full), parts, strict=True):
-            table[at, :N] = part
+            table[at, :N] = part  # sizes past N never fit
     tables = [out.rows(x, x + p) for x, p in zip(start.tolist(), pp.tolist(), strict=True)]
     return tables, np.maximum.reduceat(lo, start), np.minimum.reduceat(hi, start)
 
@@ -204,7 +204,6 @@ def _best_counts(co: _Coefficients, N: int, limit: np.ndarray, objective: str,
     else:  # b is the one count of fully recomputed blocks the mode allows
         a = np.where(fixed_mode == 1, n, 0.0) + 0 * b
         ok = _last_all(base - a[..., None] * save_sel <= room)
-    ok = ok & (co.host_static + n * co.host_block <= co.host_capacity)
     a = np.broadcast_to(a, ok.shape)
     tb = co.t_block
     time = co.t_static + (n - a - b) * tb[..., 0] + a * tb[..., 1] + b * tb[..., 2]
@@ -218,14 +217,17 @@ def _best_counts(co: _Coefficients, N: int, limit: np.ndarray, objective: str,
         cost = _last_max(co.static + base - a[..., None] * save_sel)
         key = cost + 1e-9 * time
     key = np.where(ok, key, INF)
-    j = key.argmin(axis=-1)[..., None]  # best b per (row, n)
+    j = key.argmin(axis=-1)  # best b per (row, n)
+    at = (np.arange(j.size) * key.shape[-1] + j.ravel()).reshape(j.shape)
 
-    def pick(x: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(np.broadcast_to(x, key.shape), j, axis=-1)[..., 0]
+    def pick(x: np.ndarray) -> np.ndarray:  # x at (row, n, j)
+        return np.broadcast_to(x, key.shape)[..., 0] if key.shape[-1] == 1 else np.take(x, at)
 
-    feasible = np.isfinite(pick(key)) & (np.arange(N) <= limit[:, None])
+    # host memory depends on n alone: where it does not fit no b does, and nothing is picked
+    host = (co.host_static + n * co.host_block <= co.host_capacity)[..., 0]
+    feasible = np.isfinite(pick(key)) & host & (np.arange(N) <= limit[:, None])
     return (np.where(feasible, pick(cost), INF), np.where(feasible, pick(time), INF),
-            np.where(feasible, pick(a), 0), np.where(feasible, pick(b), 0))
+            np.where(feasible, pick(a), 0), np.where(feasible, pick(b) if fixed_mode is not None else j, 0))
 
 
 def _last_max(x: np.ndarray) -> np.ndarray:
@@ -391,7 +393,7 @@ def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray,
     found = np.isfinite(top[rows, W - 1 + Q])
     split, k = np.zeros((C, P), dtype=int), Q
     for s in range(P - 1, 0, -1):
-        j = np.where(found, k - (W - 1 - picks[s - 1][rows, k]), k)
+        j = np.maximum(k - (W - 1 - picks[s - 1][rows, k]), 0)  # (rows that found no split: anywhere)
         split[:, s] = (k - j) * v
         k = j
     split[:, 0] = k * v
@@ -432,7 +434,7 @@ def _band(padded: np.ndarray, W: int) -> np.ndarray:
     elementwise passes over whole rows."""
     C, n = padded.shape
     row, col = padded.strides
-    return np.lib.stride_tricks.as_strided(padded, (W, C, n - W + 1), (col, row, col), writeable=False)
+    return np.ndarray((W, C, n - W + 1), padded.dtype, padded, strides=(col, row, col))
 
 
 def _min_max(vals: np.ndarray, at: np.ndarray) -> np.ndarray:

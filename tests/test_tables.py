@@ -226,4 +226,7 @@ def test_configurations_are_visited_in_order_of_their_cheap_bound(size: int, tie
                             memory_lb=np.where(rng.random(size) < 0.2, 1.0, -1.0))
     order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
     want = [order[k:k + VISIT_BATCH] for k in range(0, len(order), VISIT_BATCH)]
-    assert list(cpsat._by_lower_bound(space)) == want  # type: ignore[arg-type]
+    assert list(cpsat._by_lower_bound(space, lambda lb: True)) == want  # type: ignore[arg-type]
+    for cap in (4.5, 11.0, 30.0 if ties else 0.7):  # a visit stops at the first chunk that starts above its cap
+        chunks = list(cpsat._by_lower_bound(space, lambda lb, cap=cap: lb <= cap))  # type: ignore[arg-type]
+        assert chunks == [c for c in want if space.lower_bound[c[0]] <= cap]
