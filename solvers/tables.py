@@ -116,15 +116,33 @@ def stage_tables_many(scored: Scored, rows: Sequence[int], objective: str, fixed
     hi = np.where(reach < fit, np.where(n > reach[:, None], floors, INF).min(-1), INF)
     out = StageTables(value=np.full((len(i), L + 1), INF), time=np.full((len(i), L + 1), INF), tail=tail,
                       sel=np.zeros((len(i), L + 1), dtype=int), full=np.zeros((len(i), L + 1), dtype=int))
-    bucket = np.frexp(reach + 1.0)[1]  # rows of similar reach share a grid (its size: the largest)
-    for b in np.unique(bucket):
-        at = np.flatnonzero(bucket == b)
+    for at in _buckets(reach, fixed_mode is None):
         N = int(reach[at].max()) + 1
         parts = _best_counts(co.take(at) if len(at) < len(i) else co, N, limit[at], objective, fixed_mode)
         for table, part in zip((out.value, out.time, out.sel, out.full), parts, strict=True):
             table[at, :N] = part  # sizes past N never fit
     tables = [out.rows(x, x + p) for x, p in zip(start.tolist(), pp.tolist(), strict=True)]
     return tables, np.maximum.reduceat(lo, start), np.minimum.reduceat(hi, start)
+
+
+GRID_CALL = 4000  # grid cells one more numpy pass over a grid costs about as much as (its calls' overhead)
+
+
+def _buckets(reach: np.ndarray, free: bool) -> list[np.ndarray]:
+    """Rows in groups that share a grid of sizes ``0..max reach`` (by ``b`` too when ``free``):
+    rows of similar reach together, a group merged into the next larger one while the cells
+    that adds cost less than another pass (GRID_CALL)."""
+    bucket = np.frexp(reach + 1.0)[1]  # reach + 1 in [2^(e-1), 2^e)
+    groups: list[np.ndarray] = []
+    for b in np.unique(bucket)[::-1]:
+        at = np.flatnonzero(bucket == b)
+        if groups:
+            big, small = reach[groups[-1]].max() + 1, reach[at].max() + 1
+            if len(at) * (big ** (1 + free) - small ** (1 + free)) < GRID_CALL:
+                groups[-1] = np.sort(np.concatenate([groups[-1], at]))
+                continue
+        groups.append(at)
+    return groups
 
 
 @dataclass(frozen=True)
