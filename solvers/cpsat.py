@@ -341,43 +341,35 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
     The first such configuration always meets its true cap (the ones before it hold), so
     this ends, and each configuration gets the tables, bounds and split of its own turn.
     """
-    uppers: list[float] = []  # the K best upper bounds, sorted
+    caps = _Caps(problem.top_k, space.lower_bound)
     kept: dict[int, TableBound] = {}  # by index into space.configs
     stopped, wave = False, WAVES[0]
-
-    def kth(best: list[float]) -> float:
-        return best[problem.top_k - 1] if len(best) >= problem.top_k else np.inf
-
-    def within(i: int, cap: float) -> bool:
-        return bool(space.lower_bound[i] <= cap * (1 + 1e-9))
-
-    for chunk in _by_lower_bound(space, lambda lb: lb <= kth(uppers) * (1 + 1e-9)):
-        rows = [i for i in chunk if within(i, kth(uppers))]
+    for chunk in _by_lower_bound(space, caps.admits):
+        rows = [i for i in chunk if caps.within(i)]
         if time.perf_counter() > deadline and kept:
             stopped = True
             break
         batch, j = space.scored(rows), 0
-        while j < len(rows) and within(rows[j], kth(uppers)):
-            ahead = range(j, j + sum(within(i, kth(uppers)) for i in rows[j:j + wave]))  # a prefix: rows go up
-            build = {k: kth(uppers) for k in ahead}  # the caps to build the tables with
+        while j < len(rows) and caps.within(rows[j]):
+            ahead = range(j, j + sum(map(caps.within, rows[j:j + wave])))  # a prefix: the bounds go up
+            build = dict.fromkeys(ahead, caps.cap)  # the caps to build the tables with
             found: dict[int, TableBound] = {}
             while build:
                 found.update(bound_many(batch, list(build), problem.objective, problem.fixed_mode,
                                         list(build.values()), problem.fixed_split))
-                best, build, visited = list(uppers), {}, []
+                walk, build, visited = caps.copy(), {}, []
                 for k in ahead:  # the walk, with the upper bounds found so far
-                    if not within(rows[k], kth(best)):
+                    if not walk.within(rows[k]):
                         break
-                    if not found[k].holds(kth(best)):
-                        build[k] = kth(best)
+                    if not found[k].holds(walk.cap):
+                        build[k] = walk.cap
                     visited.append(k)
-                    if np.isfinite(found[k].lower) and np.isfinite(found[k].upper):
-                        bisect.insort(best, found[k].upper)
-                        del best[problem.top_k:]
-            uppers[:] = best
+                    if np.isfinite(found[k].lower):
+                        walk.add(found[k].upper)
+            caps.best = walk.best
             kept.update((rows[k], found[k]) for k in visited if np.isfinite(found[k].lower))
             j, wave = ahead.start + len(visited), min(2 * wave, WAVES[1])
-    cap = kth(uppers)
+    cap = caps.cap
     rows = [i for i, b in kept.items() if b.lower <= cap * (1 + 1e-9)]
     if not rows:
         return None
@@ -387,6 +379,33 @@ def _bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bound
                    {j: kept[i].lower for j, i in enumerate(rows)},
                    {j: sp for j, i in enumerate(rows) if (sp := kept[i].split) is not None}, {}, best_row,
                    float(cap), stopped)
+
+
+class _Caps:
+    """The K best upper bounds seen while bounding, and the cap they make (the K-th)."""
+
+    def __init__(self, k: int, lower_bound: np.ndarray, best: list[float] | None = None) -> None:
+        self.k, self.lower_bound, self.best = k, lower_bound, best or []  # best: sorted, at most k
+
+    @property
+    def cap(self) -> float:
+        return self.best[self.k - 1] if len(self.best) >= self.k else np.inf
+
+    def admits(self, bound: float) -> bool:
+        """Whether a configuration with this cheap lower bound may beat the cap."""
+        return bool(bound <= self.cap * (1 + 1e-9))
+
+    def within(self, i: int) -> bool:
+        """Whether configuration ``i`` may beat the cap by its cheap lower bound."""
+        return self.admits(self.lower_bound[i])
+
+    def add(self, upper: float) -> None:
+        if np.isfinite(upper):
+            bisect.insort(self.best, upper)
+            del self.best[self.k:]
+
+    def copy(self) -> _Caps:
+        return _Caps(self.k, self.lower_bound, list(self.best))
 
 
 def _by_lower_bound(space: Space, wanted: Callable[[float], bool]) -> Iterator[list[int]]:
