@@ -14,14 +14,16 @@ configuration and the split.
 
 Only stage sizes that can be part of a plan within a known plan's objective are tabulated
 (:func:`size_limits`), and of those only the ones whose memory can fit are worked out
-(:func:`_fit_sizes`): with deep pipelines that is a handful of sizes out of ``L``, and the
-split DPs read only that band of sizes, in chunks of ``vpp`` blocks (the only sizes a
-stage can take).
+(:meth:`_Coefficients.fit`): with deep pipelines that is a handful of sizes out of ``L``,
+and the split DPs read only that band of sizes, in chunks of ``vpp`` blocks (the only sizes
+a stage can take).
 
-Bounding builds the tables of many configurations at once (:func:`stage_tables_many`, one
-pipeline depth per call) and runs their split DPs together (:func:`split_bounds_many`, one
-pipeline depth per call): the same numbers as one configuration at a time,
-element by element, in a few numpy passes instead of a few hundred small ones.
+Bounding builds the tables of many configurations at once (:func:`stage_tables_many`: every
+(configuration, stage) a row of one grid) and runs their split DPs together
+(:func:`split_bounds_many`, one pipeline depth per call): the same numbers as one
+configuration at a time, element by element, in a few numpy passes instead of a few hundred
+small ones (tests/test_tables.py checks them against the per-configuration code they
+replaced, tests/tables_reference.py).
 """
 
 from __future__ import annotations
