@@ -180,6 +180,9 @@ def runnable_by(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]
     return [f for f in FRAMEWORKS if unexpressible(plan, model, cluster, f) is None]
 
 
+RESOLVE_SHARE = 0.25  # of --time-limit, kept from the wide search for the uniform re-solves it may need
+
+
 def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> Any:
     """Solve ``problem`` (built with :func:`costed_model`, :func:`search_limits` and
     :func:`admissible`) for ``framework`` (or ``any``) and keep the ``top`` plans it can express.
@@ -195,10 +198,12 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = None if "recompute" in problem.fixed else UNIFORM_RECOMPUTE.get(framework)
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
-    results = _solve_runs(solver, wide, budget, modes, framework, deadline)
+    uniform_later = modes is None and "recompute" not in problem.fixed  # may be needed after the wide search
+    reserve = RESOLVE_SHARE * budget.time_limit_s if uniform_later else 0.0
+    results = _solve_runs(solver, wide, budget, modes, framework, deadline - reserve)
     kept, reasons, plans = _keep(results, problem, framework)
-    if not kept and modes is None and "recompute" not in problem.fixed:  # every plan found recomputes per layer
-        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework, deadline)  # in a way no one can say
+    if not kept and uniform_later:  # every plan found recomputes per layer in a way no one can say
+        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework, deadline)
         kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
     if reasons:
