@@ -7,10 +7,12 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,26 @@ def enumerate_configs(problem: Problem) -> ConfigList:
     Raises:
         Infeasible: when the fixed keys leave nothing (with the reason).
     """
+    with _collector_paused():
+        return _enumerate(problem)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector.  Enumeration makes tens of thousands of small objects
+    that form no cycles; as they pile up the collector walks them, and every other object of the
+    process, to free nothing (on Mixtral-8x7B / 256 GPUs a full collection, ~25 ms, a sixth of
+    the phase, that the rest of the solve does not make up for)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _enumerate(problem: Problem) -> ConfigList:
     m, c, fx, feat = problem.model, problem.cluster, problem.fixed, problem.features
     table = layer_table(m)
     W, G, L, B = c.gpus, c.nvlink_domain, table.blocks, m.training.global_batch  # G: GPUs on one NVLink fabric
