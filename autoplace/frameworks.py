@@ -105,12 +105,17 @@ def unsupported_model(framework: str, model: ModelSpec) -> str | None:
 
 
 def _checks(model: ModelSpec) -> dict[str, Callable[[Plan], None]]:
-    """Each framework's emitter check, ``check(plan)`` raising EmitError for what it cannot express."""
+    """The emitter check of each framework that can train ``model``, ``check(plan)`` raising
+    EmitError for what it cannot express; the most permissive first (Megatron-LM expresses
+    nearly every configuration some framework can in the default space: ``any`` stops there)."""
     from autoplace.emit import accelerate, deepspeed, fsdp, megatron, torchtitan
 
-    return {"deepspeed": deepspeed.check_expressible, "megatron": megatron.check_expressible,
-            "fsdp": fsdp.check_expressible, "accelerate": accelerate.check_expressible,
-            "torchtitan": lambda plan: torchtitan.check_expressible(plan, model)}
+    checks: dict[str, Callable[[Plan], None]] = {
+        "megatron": megatron.check_expressible, "deepspeed": deepspeed.check_expressible,
+        "fsdp": fsdp.check_expressible, "accelerate": accelerate.check_expressible}
+    if unsupported_model("torchtitan", model) is None:
+        checks["torchtitan"] = torchtitan.expressible_check(model)  # the model's own rules judged once
+    return checks
 
 
 def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
@@ -121,37 +126,25 @@ def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
     (:func:`unexpressible`)."""
     from autoplace.cost.layers import layer_table
 
-    all_checks = {f: c for f, c in _checks(model).items() if unsupported_model(f, model) is None}
+    all_checks = _checks(model)
     checks = list(all_checks.values()) if framework == ANY else [all_checks[framework]]
     table = layer_table(model)
     no_recompute = (RECOMPUTE[0],) * table.blocks
-    layouts: dict[tuple[int, int], list[int]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
+    layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
 
-    def check(config: Config) -> bool:
+    def ok(config: Config) -> bool:
         key = (config.pp, config.vpp)
         if key not in layouts:
             split = even_split(table.blocks, config.pp * config.vpp)
-            layouts[key] = [sum(split[s::config.pp]) for s in range(config.pp)]  # stage s holds chunks s, s+pp, ...
+            layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp, ...
         plan = config.to_plan(layouts[key], no_recompute)
-        for check_one in checks:
+        for check in checks:
             try:
-                check_one(plan)
+                check(plan)
             except EmitError:
                 continue
             return True
         return False
-
-    verdicts: dict[tuple[Any, ...], bool] = {}
-
-    def ok(config: Config) -> bool:
-        # no emitter check reads the micro-batching (it only sizes the batch), so the verdict
-        # is shared by every (mbs, grad_accum) of the same degrees: one check per degree set
-        key = (config.tp, config.pp, config.cp, config.ep, config.dp_replicate, config.dp_shard, config.vpp,
-               config.sp, config.zero, config.schedule, config.offload_optimizer, config.offload_params,
-               config.compress, config.powersgd_rank)
-        if key not in verdicts:
-            verdicts[key] = check(config)
-        return verdicts[key]
 
     return ok
 

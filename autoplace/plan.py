@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from autoplace.errors import SpecError
 
@@ -101,10 +101,49 @@ class Config:
     def global_batch(self) -> int:
         return self.mbs * self.grad_accum * self.dp
 
+    @classmethod
+    def from_fields(cls, values: dict[str, Any]) -> Self:
+        """``cls(**values)`` for ``values`` naming every field: the same object without the
+        frozen dataclass's field-by-field ``object.__setattr__`` (several times faster; the
+        solver builds tens of thousands).  ``__init__`` checks nothing this skips: there is no
+        ``__post_init__``.
+
+        Raises:
+            TypeError: ``values`` does not name every field exactly once.
+        """
+        names = cls.__dataclass_fields__.keys()  # Config and Plan have no ClassVar pseudo-fields
+        if values.keys() != names:
+            raise TypeError(f"{cls.__name__} needs the fields {', '.join(names)}, got {', '.join(values)}")
+        return _instance(cls, values)
+
+    def with_micro_batching(self, mbs: int, grad_accum: int) -> Self:
+        """This configuration with micro-batches of ``mbs`` sequences, ``grad_accum`` per step:
+        ``dataclasses.replace(self, mbs=mbs, grad_accum=grad_accum)``, several times faster (the
+        solver makes one per micro-batching of every shape it enumerates)."""
+        out = object.__new__(type(self))  # _instance, inlined: keyword arguments would cost a third more
+        fields = out.__dict__
+        fields.update(vars(self))
+        fields["mbs"], fields["grad_accum"] = mbs, grad_accum
+        return out
+
     def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
         """This configuration with its per-layer decisions."""
-        return Plan(**{name: getattr(self, name) for name in CONFIG_FIELDS},
-                    recompute=tuple(recompute), layers_per_stage=tuple(layers_per_stage))
+        # vars(self) names every Config field (and on a Plan the three below): each Plan field once
+        return _instance(Plan, vars(self), recompute=tuple(recompute), layers_per_stage=tuple(layers_per_stage),
+                         extra={})
+
+
+_C = TypeVar("_C", bound=Config)
+
+
+def _instance(cls: type[_C], values: dict[str, Any], **changes: Any) -> _C:
+    """An instance of the frozen dataclass ``cls`` holding ``values`` with ``changes``, which
+    together must name each of its fields once (unchecked: the callers build them so)."""
+    out = object.__new__(cls)
+    fields = out.__dict__
+    fields.update(values)
+    fields.update(changes)
+    return out
 
 
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))  # read often: the solver builds many plans

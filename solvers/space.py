@@ -7,10 +7,12 @@ each block's recompute mode); those are what CP-SAT decides per configuration.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +35,32 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def enumerate_configs(problem: Problem) -> list[Config]:
-    """Every configuration the rules allow, honouring ``problem.fixed``.
+def enumerate_configs(problem: Problem) -> ConfigList:
+    """Every configuration the rules allow, honouring ``problem.fixed``, with their arrays.
 
     Raises:
         Infeasible: when the fixed keys leave nothing (with the reason).
     """
+    with _collector_paused():
+        return _enumerate(problem)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector.  Enumeration makes tens of thousands of small objects
+    that form no cycles; as they pile up the collector walks them, and every other object of the
+    process, to free nothing (on Mixtral-8x7B / 256 GPUs a full collection, ~25 ms, a sixth of
+    the phase, that the rest of the solve does not make up for)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _enumerate(problem: Problem) -> ConfigList:
     m, c, fx, feat = problem.model, problem.cluster, problem.fixed, problem.features
     table = layer_table(m)
     W, G, L, B = c.gpus, c.nvlink_domain, table.blocks, m.training.global_batch  # G: GPUs on one NVLink fabric
@@ -53,7 +75,8 @@ def enumerate_configs(problem: Problem) -> list[Config]:
                and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
     cps = allowed("cp", [x for x in _divisors(W) if x == 1 or ("cp" in feat and x <= 16 and seq % (2 * x) == 0)])
     experts = m.moe.experts if isinstance(m, TransformerSpec) and m.moe else 1
-    out: list[Config] = []
+    reduce_bytes = m.training.recipe().reduce_bytes
+    out = _Listing()
     for tp, cp in itertools.product(tps, cps):
         if W % (tp * cp):
             continue
@@ -66,12 +89,13 @@ def enumerate_configs(problem: Problem) -> list[Config]:
             eps = allowed("ep", [e for e in _divisors(experts) if (dp * cp) % e == 0 and (e == 1 or "ep" in feat)])
             for ep, zero in itertools.product(eps, allowed("zero", [0, 1, 2, 3])):
                 for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
-                    out.extend(_micro(problem, L, B, dp, Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep,
-                                                                dp_shard=dp_shard, sp=tp > 1, zero=zero)))
-    if not out:
+                    base = Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, sp=tp > 1,
+                                  zero=zero)
+                    out.add(*_micro(problem, L, B, dp, base, reduce_bytes))
+    if not out.configs:
         raise Infeasible("no configuration satisfies the fixed keys and the composition rules "
                          f"({', '.join(f'{k}={v}' for k, v in fx.items()) or 'no keys fixed'}; {W} GPUs, {L} layers)")
-    return out
+    return out.done()
 
 
 def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: frozenset[str]) -> list[tuple[int, int]]:
@@ -85,15 +109,19 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
             if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
 
 
-def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Config]:
+def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
+           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
     multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it); only the
-    shapes ``problem.admissible`` accepts."""
+    shapes ``problem.admissible`` accepts.
+
+    Returns:
+        The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1) and,
+        per micro-batching (mbs, grad_accum), the indices of the shapes it applies to.
+    """
     fx, feat, pp = problem.fixed, problem.features, base.pp
-    degrees = {k: getattr(base, k) for k in ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "sp", "zero")}
-    out: list[Config] = []
     per_replica = B // dp
     mbss = [b for b in _divisors(per_replica) if problem.max_mbs is None or b <= problem.max_mbs]
     if "mbs" in fx:
@@ -103,10 +131,10 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
-    # the shapes (everything but the micro-batching) a framework can express, judged once each:
-    # no emitter check reads mbs or grad_accum (tests/test_emit_solve_frameworks.py)
-    compressions = _compressions(problem, base)
-    shapes: list[dict[str, Any]] = []
+    # the shapes a framework can express, judged once each: no emitter check reads mbs or
+    # grad_accum (tests/test_emit_solve_frameworks.py)
+    compressions = _compressions(problem, base, reduce_bytes)
+    shapes: list[Config] = []
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -114,48 +142,104 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config) -> list[Conf
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            shape = {**degrees, "vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
-                     "compress": comp, "powersgd_rank": rank}
-            if problem.admissible is None or problem.admissible(Config(**shape)):
+            shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
+                                                     "offload_params": op, "compress": comp, "powersgd_rank": rank})
+            if problem.admissible is None or problem.admissible(shape):
                 shapes.append(shape)
+    flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
+    batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
-        out.extend(Config(**shape, mbs=mbs, grad_accum=ga) for shape in shapes if shape["vpp"] == 1 or ga % pp == 0)
-    return out
+        batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
+    return shapes, batchings
 
 
-def _compressions(problem: Problem, base: Config) -> list[tuple[str, int]]:
+def _compressions(problem: Problem, base: Config, reduce_bytes: float) -> list[tuple[str, int]]:
     """The (compress, powersgd_rank) choices of one set of degrees: none, and with the compress
-    feature every option that applies to them (:func:`autoplace.compression.applies`)."""
+    feature every option that applies to them (:func:`autoplace.compression.applies`) under a
+    recipe that reduces gradients in ``reduce_bytes``-byte words."""
     fx = problem.fixed
     searched = "compress" in problem.features or fx.get("compress", "none") != "none"
     options = CHOICES if searched else CHOICES[:1]
-    reduce_bytes = problem.model.training.recipe().reduce_bytes
     return [(c, r) for c, r in options
             if fx.get("compress", c) == c and fx.get("powersgd_rank", r) == r
-            and applies(dataclasses.replace(base, compress=c, powersgd_rank=r), reduce_bytes)]
+            and applies(Config.from_fields(vars(base) | {"compress": c, "powersgd_rank": r}), reduce_bytes)]
 
 
-def to_candidates(configs: list[Config], table: LayerTable, mode: int = 0) -> Candidates:
-    """Configurations as arrays, each with an even split and one recompute mode everywhere."""
-    S = max(cf.pp for cf in configs)
-    K = len(table.kinds)
-    counts = np.zeros((len(configs), S, K, 3))
+class _Listing:
+    """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
+
+    def __init__(self) -> None:
+        self.shapes: list[Config] = []
+        self.configs: list[Config] = []
+        self.rows: list[int] = []  # each configuration's shape (an index into shapes)
+        self.mbs: list[int] = []
+        self.ga: list[int] = []
+
+    def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]]) -> None:
+        """The configurations of one set of degrees (:func:`_micro`'s shapes and batchings)."""
+        first = len(self.shapes)
+        self.shapes.extend(shapes)
+        for mbs, ga, chosen in batchings:
+            self.configs.extend(shapes[k].with_micro_batching(mbs, ga) for k in chosen)
+            self.rows.extend([first + k for k in chosen])
+            self.mbs.extend([mbs] * len(chosen))
+            self.ga.extend([ga] * len(chosen))
+
+    def done(self) -> ConfigList:
+        """The configurations with their arrays: the shapes' (packed once each), taken per configuration."""
+        shapes = pack(self.shapes, np.zeros((len(self.shapes), 0, 0, 3)))
+        arrays = dataclasses.replace(shapes.take(np.array(self.rows, dtype=np.int64)),
+                                     mbs=np.array(self.mbs, dtype=np.int64), ga=np.array(self.ga, dtype=np.int64))
+        return ConfigList(self.configs, arrays)
+
+
+class ConfigList(list[Config]):
+    """Configurations in enumeration order with their struct-of-arrays view, :attr:`arrays`
+    (:class:`Candidates` without block counts), built from the few thousand shapes they were
+    enumerated from: :func:`to_candidates` takes rows of it instead of reading the attributes
+    of tens of thousands of configurations.  Read it as a list: the arrays describe the list
+    as enumerated."""
+
+    def __init__(self, configs: list[Config], arrays: Candidates) -> None:
+        super().__init__(configs)
+        self.arrays = arrays
+
+    def subset(self, rows: Sequence[int]) -> ConfigList:
+        """The configurations ``rows``, in that order, with their arrays."""
+        return ConfigList([self[i] for i in rows], self.arrays.take(np.asarray(rows, dtype=np.int64)))
+
+
+def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
+                  rows: Sequence[int] | np.ndarray | None = None) -> Candidates:
+    """Configurations (the ``rows`` of ``configs``, or all) as arrays, each with an even split
+    and one recompute mode everywhere."""
+    if isinstance(configs, ConfigList):  # taken from its arrays, not packed
+        cand = configs.arrays if rows is None else configs.arrays.take(np.asarray(rows, dtype=np.int64))
+    else:
+        chosen = configs if rows is None else [configs[i] for i in rows]
+        cand = pack(chosen, np.zeros((len(chosen), 0, 0, 3)))
+    return dataclasses.replace(cand, counts=_even_counts(cand.pp, cand.vpp, table, mode))
+
+
+def _even_counts(pp: np.ndarray, vpp: np.ndarray, table: LayerTable, mode: int) -> np.ndarray:
+    """Block counts ``[C, S, K, 3]`` (S: the deepest pipeline) of configurations with pipeline
+    depths ``pp`` and interleaves ``vpp``: an even split with recompute ``mode`` everywhere."""
+    S, K = int(pp.max()), len(table.kinds)
     seq = np.asarray(table.sequence)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, cf in enumerate(configs):
-        groups.setdefault((cf.pp, cf.vpp), []).append(i)
-    for (pp, vpp), rows in groups.items():  # one even split per (pp, vpp), shared by its configurations
-        grid = np.zeros((S, K))
+    layouts, which = np.unique(pp * (table.blocks + 1) + vpp, return_inverse=True)
+    grids = np.zeros((len(layouts), S, K))
+    for g, key in enumerate(layouts.tolist()):  # one even split per (pp, vpp), shared by its configurations
+        depth, v = divmod(key, table.blocks + 1)
         start = 0
-        for s, n in enumerate(even_split(table.blocks // vpp, pp)):
-            n *= vpp
-            grid[s] = np.bincount(seq[start:start + n], minlength=K)
+        for s, n in enumerate(even_split(table.blocks // v, depth)):
+            n *= v
+            grids[g, s] = np.bincount(seq[start:start + n], minlength=K)
             start += n
-        grid[pp - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
-        counts[rows, :, :, mode] = grid
-
-    return pack(configs, counts)
+        grids[g, depth - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
+    counts = np.zeros((len(pp), S, K, 3))
+    counts[:, :, :, mode] = grids[which]
+    return counts
 
 
 @dataclass(frozen=True)
@@ -193,9 +277,8 @@ class Space:
 
     def scored(self, rows: Sequence[int]) -> Scored:
         """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
-        rows = list(rows)
-        configs = [self.configs[i] for i in rows]
-        return Scored(configs, self.table, _terms(self.problem, configs, self.table))
+        configs = self.configs.subset(rows) if isinstance(self.configs, ConfigList) else [self.configs[i] for i in rows]
+        return Scored(configs, self.table, _terms(self.problem, self.table, to_candidates(configs, self.table)))
 
     def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         """Every configuration with an even split and recompute ``mode`` on every block, by the
@@ -203,7 +286,7 @@ class Space:
         value, short = np.full(len(self.configs), np.inf), np.zeros(len(self.configs))
         p = self.problem
         for rows in _groups(self.configs):
-            b = evaluate_batch(self.table, p.cluster, to_candidates([self.configs[i] for i in rows], self.table, mode),
+            b = evaluate_batch(self.table, p.cluster, to_candidates(self.configs, self.table, mode, rows),
                                p.model.training.recipe(), p.assumptions)
             objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
             value[rows] = np.where(b.fits, objective, np.inf)
@@ -214,7 +297,7 @@ class Space:
 def _groups(configs: list[Config]) -> list[np.ndarray]:
     """Row indices by pipeline depth (so stage arrays are as deep as the group's pp), in
     chunks of at most GROUP_ROWS."""
-    pp = np.array([cf.pp for cf in configs])
+    pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
     out: list[np.ndarray] = []
     for depth in np.unique(pp):
         rows = np.flatnonzero(pp == depth)
@@ -222,9 +305,8 @@ def _groups(configs: list[Config]) -> list[np.ndarray]:
     return out
 
 
-def _terms(problem: Problem, configs: list[Config], table: LayerTable, cand: Candidates | None = None) -> StageTerms:
-    return stage_terms(table, problem.cluster, to_candidates(configs, table) if cand is None else cand,
-                       problem.model.training.recipe(), problem.assumptions)
+def _terms(problem: Problem, table: LayerTable, cand: Candidates) -> StageTerms:
+    return stage_terms(table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
 
 
 def score_space(problem: Problem, configs: list[Config]) -> Space:
@@ -234,9 +316,8 @@ def score_space(problem: Problem, configs: list[Config]) -> Space:
     table = layer_table(problem.model)
     parts = []
     for rows in _groups(configs):
-        group = [configs[i] for i in rows]
-        cand = to_candidates(group, table)
-        parts.append((rows, summarize(table, cand, _terms(problem, group, table, cand))))
+        cand = to_candidates(configs, table, rows=rows)
+        parts.append((rows, summarize(table, cand, _terms(problem, table, cand))))
     summary = Summary.stack(parts, len(configs))
     return Space(problem, configs, table, *summary.bounds(problem.objective, problem.fixed_mode), summary)
 

@@ -6,6 +6,7 @@ One entry per candidate configuration; ``counts[c, s, k, r]`` says how many bloc
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ class Candidates:
     @property
     def world(self) -> Array:
         return self.dp * self.tp * self.pp * self.cp
+
+    def take(self, rows: Array) -> Candidates:
+        """The candidates at the indices ``rows``, in that order."""
+        return Candidates(**{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)})
 
 
 _FIELDS = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "sp", "zero", "mbs", "grad_accum", "schedule",

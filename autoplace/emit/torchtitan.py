@@ -13,6 +13,7 @@ are those of ``torchtitan/config/job_config.py`` (0.2.2).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,10 +142,30 @@ def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) 
 
 def check_expressible(plan: Plan, model: ModelSpec) -> None:
     """Raise EmitError for what torchtitan's job config cannot state (the model included)."""
+    expressible_check(model)(plan)
+
+
+def expressible_check(model: ModelSpec) -> Callable[[Plan], None]:
+    """:func:`check_expressible` for one model, whose own rules are judged once: ``check(plan)``
+    raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans).
+
+    Raises:
+        EmitError: an architecture torchtitan does not implement (before any plan is read).
+    """
     _llama_shaped(model)
-    check_compression(plan, FMT)
-    if training_dtype(model) == "fp16":
-        raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
+    fp16 = training_dtype(model) == "fp16"
+
+    def check(plan: Plan) -> None:
+        check_compression(plan, FMT)
+        if fp16:
+            raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
+        _check_plan(plan)
+
+    return check
+
+
+def _check_plan(plan: Plan) -> None:
+    """The rules of :func:`check_expressible` that read the plan alone."""
     if plan.zero == 1 and plan.dp_shard * plan.cp > 1:
         raise fail(FMT, "zero=1: FSDP2 has no optimizer-only sharding; the nearest is zero=2 "
                         "(fsdp_reshard_after_forward = never)")

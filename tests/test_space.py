@@ -1,0 +1,122 @@
+"""The enumerated space's fast paths equal the plain ones they replace: configurations made
+without ``__init__``, the arrays enumeration builds beside them (:class:`solvers.space.ConfigList`)
+and the even-split block counts, all against the scalar code they replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplace import frameworks
+from autoplace.cost.candidates import Candidates, pack
+from autoplace.cost.layers import LayerTable, layer_table
+from autoplace.errors import Infeasible
+from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
+from autoplace.specs.model import ModelSpec, model_from_dict
+from solvers.problem import FEATURES, Problem
+from solvers.space import ConfigList, _groups, enumerate_configs, to_candidates
+from tests.helpers import gpu_cluster
+
+
+def _model(layers: int, batch: int, moe: bool) -> ModelSpec:
+    spec: dict[str, Any] = {"name": "small", "layers": layers, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
+                            "kv_heads": 4, "vocab": 4096, "seq_len": 1024, "training": {"global_batch": batch}}
+    if moe:
+        spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": 512, "first_dense_layers": 1}
+    return model_from_dict(spec)
+
+
+def _reference_candidates(configs: list[Config], table: LayerTable, mode: int) -> Candidates:
+    """to_candidates as it was: every configuration's attributes read, its split looked up."""
+    S, K = max(cf.pp for cf in configs), len(table.kinds)
+    counts = np.zeros((len(configs), S, K, 3))
+    seq = np.asarray(table.sequence)
+    for i, cf in enumerate(configs):
+        start = 0
+        for s, n in enumerate(even_split(table.blocks // cf.vpp, cf.pp)):
+            n *= cf.vpp
+            counts[i, s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+            start += n
+        counts[i, cf.pp - 1, :, mode] += np.bincount(seq[start:], minlength=K)
+    return pack(configs, counts)
+
+
+def _assert_same(got: Candidates, want: Candidates) -> None:
+    for f in dataclasses.fields(Candidates):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
+
+
+ONE_NODE = sorted(set(FEATURES) - {"tp-across-nodes"})  # what a one-node cluster can use
+FIXES = [{}, {"mbs": 2}, {"pp": 2, "vpp": 2}, {"zero": 3, "offload_params": "cpu"}, {"compress": "bf16"}]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([3, 4, 6, 8, 12]), gpus=st.sampled_from([1, 2, 4, 8, 16]),
+       batch=st.sampled_from([8, 16, 24]), moe=st.booleans(), framework=st.sampled_from(["none", "any", "megatron"]),
+       features=st.sets(st.sampled_from(ONE_NODE)), fix=st.sampled_from(FIXES),
+       max_mbs=st.sampled_from([None, 2]), mode=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int, batch: int, moe: bool, framework: str,
+                                                          features: set[str], fix: dict[str, Any],
+                                                          max_mbs: int | None, mode: int, seed: int) -> None:
+    model = _model(layers, batch, moe)
+    problem = frameworks.problem_for(framework, model, gpu_cluster(gpus), fixed=fix, features=features)
+    problem = dataclasses.replace(problem, max_mbs=max_mbs)
+    try:
+        configs = enumerate_configs(problem)
+    except Infeasible:
+        return
+    assert isinstance(configs, ConfigList) and configs.arrays.size == len(configs)
+    table = layer_table(problem.model)
+    plain = list(configs)
+    for rows in _groups(configs):  # as score_space takes them
+        _assert_same(to_candidates(configs, table, mode, rows), _reference_candidates([plain[i] for i in rows], table,
+                                                                                      mode))
+    rows = np.random.default_rng(seed).permutation(len(configs))[:50]  # any rows, in any order, as Space.scored's
+    want = _reference_candidates([plain[i] for i in rows], table, mode)
+    _assert_same(to_candidates(configs, table, mode, rows), want)
+    subset = configs.subset(rows)
+    assert subset == [plain[i] for i in rows]
+    _assert_same(to_candidates(subset, table, mode), want)
+    _assert_same(to_candidates(plain, table, mode, rows), want)  # a plain list is packed
+
+
+def test_enumerated_configurations_are_what_init_makes() -> None:
+    """Configurations made from their fields' dict (Config.from_fields, with_micro_batching)
+    are the ones ``__init__`` makes: equal, same hash and repr, no stray attribute."""
+    problem = Problem(_model(8, 16, moe=True), gpu_cluster(8), features=frozenset(ONE_NODE))
+    configs = enumerate_configs(problem)
+    assert len({cf.mbs for cf in configs}) > 1 and len({cf.vpp for cf in configs}) > 1
+    for cf in configs:
+        made = Config(**{name: getattr(cf, name) for name in CONFIG_FIELDS})
+        assert cf == made and hash(cf) == hash(made) and repr(cf) == repr(made)
+        assert list(vars(cf)) == list(CONFIG_FIELDS)  # in field order, as __init__ sets them
+    cf = configs[-1]
+    assert cf.with_micro_batching(3, 5) == dataclasses.replace(cf, mbs=3, grad_accum=5)
+    plan = cf.to_plan([8], ["full"] * 8)
+    assert plan == Plan(**vars(cf), recompute=("full",) * 8, layers_per_stage=(8,))
+    assert vars(plan).keys() == vars(Plan()).keys() and plan.to_plan([8], ["none"] * 8).recompute == ("none",) * 8
+
+
+@pytest.mark.parametrize("values", [{"tp": 2}, {**vars(Config()), "tpp": 2}, {**vars(Plan())}])
+def test_from_fields_refuses_anything_but_every_field(values: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="Config needs the fields tp, pp, cp"):
+        Config.from_fields(values)
+
+
+@settings(max_examples=30, deadline=None)
+@given(layers=st.sampled_from([5, 7, 8, 12]), moe=st.booleans(), mode=st.integers(0, 2),
+       shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=12))
+def test_even_counts_of_any_depth_and_interleave(layers: int, moe: bool, mode: int,
+                                                 shapes: list[tuple[int, int]]) -> None:
+    """Block counts of configurations whose interleave need not divide the blocks (the
+    remainder goes to the last stage), against the per-configuration reference."""
+    table = layer_table(_model(layers, 8, moe))
+    configs = [Config(pp=pp, vpp=vpp) for pp, vpp in shapes if table.blocks // vpp >= pp]
+    if configs:
+        _assert_same(to_candidates(configs, table, mode), _reference_candidates(configs, table, mode))
