@@ -8,7 +8,7 @@ the share of the solve per phase (enumerate, score, bound, build, search, rescor
 The process pins itself (and so its children) to CPUs 0 and 1 with ``os.sched_setaffinity``,
 the laptop or login node users plan on.  It byte-compiles autoplace first, as ``pip install``
 does for an installed package, so a machine that sets PYTHONDONTWRITEBYTECODE (these sandboxes
-do) is not timed compiling ~60 modules from source on every run; --source times that too.
+do) is not timed compiling ~60 modules from source on every run (about 0.05-0.1 s more).
 Run: python benchmarks/solve_speed.py [--repeat 5]
 """
 
@@ -58,11 +58,9 @@ def main() -> None:
     parser.add_argument("--allow", action="append", default=[],
                         help="as solve's --allow (repeatable), e.g. compress: the space with the opt-in knobs")
     parser.add_argument("--json", action="store_true", help="machine-readable rows")
-    parser.add_argument("--source", action="store_true", help="do not byte-compile autoplace first")
     args = parser.parse_args()
-    if not args.source:
-        for package in ("autoplace", "solvers", "hardware_profiles"):
-            compileall.compile_dir(REPO / package, quiet=1)
+    for package in ("autoplace", "solvers", "hardware_profiles"):
+        compileall.compile_dir(REPO / package, quiet=1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0, 1} & os.sched_getaffinity(0) or os.sched_getaffinity(0))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -83,8 +81,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"cpus": cpus, "repeat": args.repeat, "rows": rows}, indent=2))
         return
-    print(f"pinned to {cpus} CPU(s); median of {args.repeat}; --framework {args.framework}; "
-          + ("compiled from source on every run" if args.source else "byte-compiled"))
+    print(f"pinned to {cpus} CPU(s); median of {args.repeat}; --framework {args.framework}; byte-compiled")
     head = (f"{'case':28s} {'wall s':>7s} {'solve s':>8s} {'status':>8s} {'configs':>8s} {'kept':>5s} "
             + f"{'vars':>6s} " + " ".join(f"{p[:6]:>6s}" for p in PHASES) + f" {'step s':>8s}")
     print(head)
