@@ -12,8 +12,7 @@ import pytest
 from autoplace.cost.step import pipeline_weights
 from autoplace.plan import RECOMPUTE, even_split
 from autoplace.specs.model import load_model
-from solvers import cpsat
-from solvers.cpsat import VISIT_BATCH
+from solvers import visit
 from solvers.exhaustive import compositions
 from solvers.problem import Problem
 from solvers.space import Space, enumerate_configs, score_space
@@ -28,6 +27,7 @@ from solvers.tables import (
     stage_tables_many,
     table_groups,
 )
+from solvers.visit import VISIT_BATCH
 from tests import tables_reference as ref
 from tests.helpers import REPO, gpu_cluster
 from tests.test_solvers import _model
@@ -154,7 +154,7 @@ def test_split_bounds_many_equal_one_configuration_at_a_time(seed: int) -> None:
 
 
 def _one_at_a_time(problem: Problem, space: Space) -> tuple[list[tuple[float, StageTables, list[int] | None]], float]:
-    """The walk of cpsat._bound_with_tables as it was: one configuration at a time, with the
+    """The walk of visit.bound_with_tables as it was: one configuration at a time, with the
     reference tables and DPs; the kept configurations' (bound, tables, hint) and the cap."""
     L = space.table.blocks
     order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
@@ -206,10 +206,10 @@ def test_waves_bound_as_one_configuration_at_a_time(monkeypatch: pytest.MonkeyPa
     """Bounding in waves (tables built with the cap at a wave's start, rebuilt where the walk
     meets a cap that changes them) keeps, bounds, hints and tabulates every configuration as
     visiting them one at a time did."""
-    monkeypatch.setattr(cpsat, "WAVES", waves)
+    monkeypatch.setattr(visit, "WAVES", waves)
     problem, space = _llama_70b(objective, mode, top_k)
     want, cap = _one_at_a_time(problem, space)
-    got = cpsat._bound_with_tables(problem, space, deadline=np.inf)
+    got = visit.bound_with_tables(problem, space, deadline=np.inf)
     assert got is not None and got.upper == cap and len(got.scored.configs) == len(want)
     for j, (lb, tb, split) in enumerate(want):
         assert got.lower[j] == lb and got.splits.get(j) == split
@@ -226,7 +226,7 @@ def test_configurations_are_visited_in_order_of_their_cheap_bound(size: int, tie
                             memory_lb=np.where(rng.random(size) < 0.2, 1.0, -1.0))
     order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
     want = [order[k:k + VISIT_BATCH] for k in range(0, len(order), VISIT_BATCH)]
-    assert list(cpsat._by_lower_bound(space, lambda lb: True)) == want  # type: ignore[arg-type]
+    assert list(visit.by_lower_bound(space, lambda lb: True)) == want  # type: ignore[arg-type]
     for cap in (4.5, 11.0, 30.0 if ties else 0.7):  # a visit stops at the first chunk that starts above its cap
-        chunks = list(cpsat._by_lower_bound(space, lambda lb, cap=cap: lb <= cap))  # type: ignore[arg-type]
+        chunks = list(visit.by_lower_bound(space, lambda lb, cap=cap: lb <= cap))  # type: ignore[arg-type]
         assert chunks == [c for c in want if space.lower_bound[c[0]] <= cap]
