@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -88,15 +89,31 @@ def bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bounde
             caps.best = walk.best
             kept.update((rows[k], found[k]) for k in visited if np.isfinite(found[k].lower))
             j, wave = ahead.start + len(visited), min(2 * wave, WAVES[1])
-    cap = caps.cap
+    return _bounded(space, kept, caps.cap, stopped)
+
+
+class _Found(NamedTuple):
+    """What bounding learns of one configuration (:class:`solvers.tables.TableBound` has the
+    same attributes): its split-DP lower bound, its best candidate split's objective, that
+    split (None when none fits) and its tables."""
+
+    lower: float
+    upper: float
+    split: list[int] | None
+    tables: Tables
+
+
+def _bounded(space: Space, kept: Mapping[int, _Found | TableBound], cap: float, stopped: bool) -> Bounded | None:
+    """The configurations ``kept`` (by index into the space) whose lower bound is within the
+    cap, as :class:`Bounded`; None when there are none."""
     rows = [i for i, b in kept.items() if b.lower <= cap * (1 + 1e-9)]
     if not rows:
         return None
     ubs = [kept[i].upper for i in rows]
-    best_row = int(np.argmin(ubs)) if rows and np.isfinite(min(ubs)) else None
+    best = int(np.argmin(ubs)) if np.isfinite(min(ubs)) else None
     return Bounded(space.scored(rows), {j: kept[i].tables for j, i in enumerate(rows)},
                    {j: kept[i].lower for j, i in enumerate(rows)},
-                   {j: sp for j, i in enumerate(rows) if (sp := kept[i].split) is not None}, best_row,
+                   {j: sp for j, i in enumerate(rows) if (sp := kept[i].split) is not None}, best,
                    float(cap), stopped)
 
 
@@ -155,43 +172,29 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
     can fit.
     """
     L, fixed_split, objective = space.table.blocks, problem.fixed_split, problem.objective
-    order = [int(i) for i in np.argsort(space.lower_bound, kind="stable") if space.memory_lb[i] <= 0]
-    uppers: list[float] = []
-    kept: dict[int, tuple[float, MixedTables, list[int] | None, float]] = {}  # by index into space.configs
+    caps = _Caps(problem.top_k, space.lower_bound)
+    kept: dict[int, _Found] = {}  # by index into space.configs
     stopped = False
-
-    def kth() -> float:
-        return sorted(uppers)[problem.top_k - 1] if len(uppers) >= problem.top_k else np.inf
-
-    for start in range(0, len(order), VISIT_BATCH):
-        rows = [i for i in order[start:start + VISIT_BATCH] if space.lower_bound[i] <= kth() * (1 + 1e-9)]
-        if not rows or stopped:
-            break
+    for chunk in by_lower_bound(space, caps.admits):
+        rows = [i for i in chunk if caps.within(i)]
         batch = space.scored(rows)
         for j, i in enumerate(rows):
-            if space.lower_bound[i] > kth() * (1 + 1e-9):
+            if not caps.within(i):
                 break
             if time.perf_counter() > deadline and kept:  # deep pipelines' tables take milliseconds each
                 stopped = True
                 break
             cf = space.configs[i]
-            tb = mixed_tables(batch, j, objective, problem.fixed_mode, kth(), fixed_split)
+            tb = mixed_tables(batch, j, objective, problem.fixed_mode, caps.cap, fixed_split)
             lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
             if not np.isfinite(lb):
                 continue
             even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
             splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
-            values = [(mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective), sp) for sp in splits]
-            ub, split = min(values, key=lambda x: x[0])
-            if np.isfinite(ub):
-                uppers.append(ub)
-            kept[i] = (lb, tb, split if np.isfinite(ub) else None, ub)
-    cap = kth()
-    rows = [i for i, (lb, *_) in kept.items() if lb <= cap * (1 + 1e-9)]
-    if not rows:
-        return None
-    ubs = [kept[i][3] for i in rows]
-    best = int(np.argmin(ubs)) if np.isfinite(min(ubs)) else None
-    return Bounded(space.scored(rows), {j: kept[i][1] for j, i in enumerate(rows)},
-                   {j: kept[i][0] for j, i in enumerate(rows)},
-                   {j: sp for j, i in enumerate(rows) if (sp := kept[i][2]) is not None}, best, float(cap), stopped)
+            ub, split = min(((mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective), sp) for sp in splits),
+                            key=lambda x: x[0])
+            caps.add(ub)
+            kept[i] = _Found(lb, ub, split if np.isfinite(ub) else None, tb)
+        if stopped:
+            break
+    return _bounded(space, kept, caps.cap, stopped)
