@@ -29,7 +29,7 @@ import numpy as np
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import pipeline_time, pipeline_weights
 from solvers.space import Scored
-from solvers.tables import INF, PRUNE_SLACK
+from solvers.tables import INF, size_limits
 
 Arcs = list[list[tuple[int, int]]]  # per stage, the (first block, blocks) it may hold
 OPTION_CELLS = 1 << 21  # rows x recompute options x phases evaluated at once (bounds the arrays' size)
@@ -126,9 +126,10 @@ def _on_split(P: int, L: int, split: tuple[int, ...]) -> np.ndarray:
 
 def mixed_limits(scored: Scored, i: int, objective: str, cap: float, smallest: np.ndarray) -> np.ndarray:
     """The most blocks each stage of configuration ``i`` can hold in a split whose objective is
-    within ``cap (1 + PRUNE_SLACK)`` ``[S]`` (``L`` when nothing is known), by the argument of
-    :func:`solvers.tables.size_limits` with every kind's fastest mode as the per-block floor
-    and ``smallest[s]``, stage s's smallest tail over what it may hold, for the tail's."""
+    within ``cap (1 + PRUNE_SLACK)`` ``[S]`` (``L`` when nothing is known): the floors of
+    :func:`solvers.tables.size_floors` with every kind's fastest mode as the per-block floor
+    and ``smallest[s]``, stage s's smallest tail over what it may hold, for the tail's, cut at
+    the cap by :func:`solvers.tables.size_limits`."""
     t, L, cf = scored.terms, scored.table.blocks, scored.configs[i]
     P = cf.pp
     if objective != "time" or not np.isfinite(cap):
@@ -139,8 +140,7 @@ def mixed_limits(scored: Scored, i: int, objective: str, cap: float, smallest: n
     n = np.arange(L + 1)[None, :]
     floor = w_max * (static[:, None] + n * tau[:, None]) + w_sum * (
         static.sum() + n * tau[:, None] + (L - n) * tau.min()) + float(smallest.max())
-    ok = floor <= cap * (1 + PRUNE_SLACK)
-    return np.where(ok.any(1), L - np.argmax(ok[:, ::-1], axis=1), 0)
+    return size_limits(floor, cap)
 
 
 def best_recompute(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray, objective: str,
