@@ -4,7 +4,9 @@ and the batched functions bounding uses against one configuration at a time."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from autoplace.specs.model import load_model
 from solvers import visit
 from solvers.exhaustive import compositions
 from solvers.problem import Problem
-from solvers.space import Space, enumerate_configs, score_space
+from solvers.space import Scored, Space, enumerate_configs, score_space
 from solvers.tables import (
     PRUNE_SLACK,
     StageTables,
@@ -69,21 +71,33 @@ def test_a_cap_leaves_every_split_within_it_as_it_was() -> None:
     problem = Problem(_model(12, 512, 32), gpu_cluster(8), top_k=1)
     space = score_space(problem, enumerate_configs(problem))
     rows = [i for i in np.argsort(space.lower_bound) if space.memory_lb[i] <= 0 and space.configs[i].pp > 2][:12]
-    scored, L, dropped = space.scored(rows), space.table.blocks, 0
-    for j, cf in enumerate(scored.configs):
-        full = stage_tables(scored, j, "time", None)
-        splits = compositions(L, cf.pp, cf.vpp)
-        values = np.array([split_value(full, sp, cf.vpp, cf.grad_accum, "time") for sp in splits])
-        cap = float(np.min(values)) * 1.05  # a plan 5% above this configuration's best
-        capped = stage_tables(scored, j, "time", None, cap)
-        for sp, value in zip(splits, values, strict=True):
-            now = split_value(capped, sp, cf.vpp, cf.grad_accum, "time")
-            if value <= cap * (1 + PRUNE_SLACK):
-                assert now == value
-            else:
-                assert now == value or now == np.inf
-                dropped += now == np.inf and np.isfinite(value)
+    scored = space.scored(rows)
+    dropped = sum(dropped_by_a_cap(scored, j, stage_tables, split_value) for j in range(len(rows)))
     assert dropped > 0  # the cap did leave sizes out
+
+
+def dropped_by_a_cap(scored: Scored, j: int, build: Callable[..., Any], value: Callable[..., float]) -> int:
+    """How many splits of configuration ``j`` that fit tables built with a cap 5% above its
+    best plan (``build(scored, j, "time", None, cap)``) drop, asserting that every split
+    within the cap keeps the value ``value`` gives it without one and the others keep it or
+    become inf (0 when no split fits)."""
+    cf, L = scored.configs[j], scored.table.blocks
+    full = build(scored, j, "time", None)
+    splits = compositions(L, cf.pp, cf.vpp)
+    values = np.array([value(full, sp, cf.vpp, cf.grad_accum, "time") for sp in splits])
+    if not np.isfinite(values).any():
+        return 0
+    cap = float(np.min(values)) * 1.05  # a plan 5% above this configuration's best
+    capped = build(scored, j, "time", None, cap)
+    dropped = 0
+    for sp, before in zip(splits, values, strict=True):
+        now = value(capped, sp, cf.vpp, cf.grad_accum, "time")
+        if before <= cap * (1 + PRUNE_SLACK):
+            assert now == before
+        else:
+            assert now == before or now == np.inf
+            dropped += now == np.inf and np.isfinite(before)
+    return dropped
 
 
 # -- the batched functions against one configuration at a time (tests/tables_reference.py) --

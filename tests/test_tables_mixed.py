@@ -12,7 +12,7 @@ from autoplace.cost.step import pipeline_weights
 from solvers.exhaustive import _options, compositions
 from solvers.problem import Problem
 from solvers.space import Scored, enumerate_configs, score_space
-from solvers.tables import PRUNE_SLACK, stage_tables
+from solvers.tables import stage_tables
 from solvers.tables_mixed import (
     MixedTables,
     kind_prefix,
@@ -24,6 +24,7 @@ from solvers.tables_mixed import (
 )
 from tests.helpers import gpu_cluster
 from tests.test_solvers import ALL_FEATURES, _model, _moe_model
+from tests.test_tables import dropped_by_a_cap
 
 MODES = ("none", "selective", "full")
 
@@ -153,22 +154,6 @@ def test_a_cap_leaves_every_split_within_it_as_it_was() -> None:
     """Tables built knowing a plan's objective (the cap) drop stage sizes, but every split
     within the cap keeps its value, and the dropped splits were all above it."""
     scored = _scored(_moe_model(6, 512, 32, 1024, dense=1), 8, "a100-sxm4-80gb", "time", None, 200, seed=2)
-    L, dropped = scored.table.blocks, 0
-    for j, cf in enumerate(scored.configs):
-        if cf.pp < 3:
-            continue
-        full = mixed_tables(scored, j, "time", None)
-        splits = compositions(L, cf.pp, cf.vpp)
-        values = np.array([mixed_split_value(full, sp, cf.vpp, cf.grad_accum, "time") for sp in splits])
-        if not np.isfinite(values).any():
-            continue
-        cap = float(np.min(values)) * 1.05  # a plan 5% above this configuration's best
-        capped = mixed_tables(scored, j, "time", None, cap)
-        for sp, value in zip(splits, values, strict=True):
-            now = mixed_split_value(capped, sp, cf.vpp, cf.grad_accum, "time")
-            if value <= cap * (1 + PRUNE_SLACK):
-                assert now == value
-            else:
-                assert now == value or now == np.inf
-                dropped += now == np.inf and np.isfinite(value)
+    dropped = sum(dropped_by_a_cap(scored, j, mixed_tables, mixed_split_value)
+                  for j, cf in enumerate(scored.configs) if cf.pp >= 3)
     assert dropped > 0  # the cap did leave sizes out
