@@ -6,13 +6,14 @@ Exit codes (docs/ARCHITECTURE.md): 0 success, 2 bad input (one line, no tracebac
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -35,9 +36,6 @@ from autoplace.cli_inputs import (
     output_format,
 )
 from autoplace.errors import AutoplaceError, SpecError
-
-if TYPE_CHECKING:
-    from autoplace.specs.cluster import ClusterSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
@@ -106,6 +104,21 @@ def _fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(code)
 
 
+def guarded(command: Callable[..., None]) -> Callable[..., None]:
+    """A command whose every failure becomes one stderr line and its exit code (:func:`_fail`)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
+            _fail(exc)
+
+    return run
+
+
 def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
     """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
 
@@ -123,16 +136,6 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
                         else c.name)
     return m, c
-
-
-def _band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:
-    """The 95% band of a predicted step time: the calibration's when one is given, otherwise
-    from the development-set error of the cluster's least well predicted GPU."""
-    if calibrated is not None:
-        return calibrated, "calibration"
-    sigma = max(p.gpu.throughput_error for p in cluster.pools)
-    gpu = max(cluster.pools, key=lambda p: p.gpu.throughput_error).gpu.name
-    return (math.exp(-1.96 * sigma), math.exp(1.96 * sigma)), f"published runs on {gpu}"
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -271,6 +274,7 @@ class SolverName(StrEnum):
 
 
 @app.command()
+@guarded
 def solve(
     model: ModelArg,
     cluster: OptClusterArg = None,
@@ -311,98 +315,62 @@ def solve(
     noise_scale: NoiseOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
-    import time as _time
+    from autoplace import solving
+    from autoplace.report import SolveProgress, origin_lines, print_solution
 
-    t0 = _time.perf_counter()
-    try:
-        from autoplace import frameworks
-        from autoplace.plan import parse_plan_string
-        from solvers.problem import Budget
-        from solvers.registry import get_solver
-
-        out_fmt = output_format(fmt, as_json)
-        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
+    out_fmt = output_format(fmt, as_json)
+    inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
-        origin = model_origin_of(model, m, seq_len, global_batch)
-        fixed = parse_plan_string(",".join(fix or []), source="--fix")
-        features = _features(allow, deny)
-        # any/none name no framework: the calibration's own is not compared
-        named = None if framework in (frameworks.ANY, frameworks.NONE) else framework
-        assume, band = _calibration(calibration, c, named, force)
-        from autoplace.report import SolveProgress
-
-        progress = None if out_fmt == "json" else SolveProgress(time_limit)
-        budget = Budget(time_limit_s=time_limit, workers=workers, seed=seed, progress=progress)
-        # cost to a token budget on a fixed cluster is GPUs x time: the time ranking
-        search = {"objective": "time" if objective == Objective.cost else objective.value, "assumptions": assume}
-        problem = frameworks.problem_for(framework, m, c, fixed=fixed, features=features, top_k=top, **search)
-        m = problem.model
-        try:
-            if framework == frameworks.NONE:
-                result = get_solver(solver.value).solve(problem, budget)
-            else:
-                result = frameworks.solve_for(framework, get_solver(solver.value), problem, budget, top)
-        finally:
-            if progress is not None:
-                progress.close()
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
-    from autoplace.cost.layers import layer_table
-
-    doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
-           "solve_seconds": round(_time.perf_counter() - t0, 3), "bound": result.bound, "gap": result.gap,
-           "disagreement": result.disagreement, "advice": result.advice, "framework": framework,
-           "phases_s": {k: round(v, 3) for k, v in result.phases.items()}, "cpsat_model": result.model_size,
-           "model": {"name": m.name, "params": int(layer_table(m).params), **origin}, "cluster": c.summary(),
-           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": frameworks.runnable_by(ev.plan, m, c)}
-                     for i, ev in enumerate(result.plans)], "notes": result.notes}
-    if framework == frameworks.NONE:
-        doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
-                        "'frameworks' lists who can run each plan", *result.notes]
-    # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
-    band, band_source = _band(c, band)
-    for plan_doc in doc["plans"]:
-        plan_doc["step_time_band_95_s"] = [plan_doc["step_time_s"] * band[0], plan_doc["step_time_s"] * band[1]]
-        plan_doc["step_time_band_source"] = band_source
-    if result.nearest is not None:
-        doc["nearest"] = result.nearest.to_dict()
-    hint = _compression_hint(problem, result)
-    if hint:
-        doc["notes"] = [*doc["notes"], hint]
+    request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
+                       workers, seed, calibration, force)
+    problem = solving.build_problem(inputs, request)
+    progress = None if out_fmt == "json" else SolveProgress(time_limit)
     try:
-        view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
-                        noise_scale)
-        doc.update(view.to_dict())
-        advice_lines = view.lines() + (_advised_solve(view, m, c, problem, budget, solver.value, framework)
-                                       if out_fmt != "json" else [])
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
-    per_framework: dict[str, Any] = {}
-    if out is not None and result.plans:
-        try:
-            from autoplace.hook import write_bundle, write_framework_bundles
-
-            inputs = {"model": model_ref(model), "cluster": cluster_ref(cluster, c)}
-            files = write_bundle(result.plans[0], m, c, out, inputs=inputs)
-            doc["bundle"] = {k: str(v) for k, v in files.items()}
-            if framework in (frameworks.ANY, frameworks.NONE):
-                per_framework = write_framework_bundles(
-                    result.plans[0], problem.model, c, out, get_solver(solver.value), budget, fixed=fixed,
-                    features=features, inputs=inputs, **search)
-                doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-            _fail(exc)
+        result = solving.run_search(problem, request, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    doc = solving.annotate(result, problem, inputs, request)
+    m, c = problem.model, inputs.cluster
+    view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
+                    noise_scale)
+    doc.update(view.to_dict())
+    per_framework = solving.write_bundles(doc, result, problem, inputs, request, out) if out and result.plans else {}
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:
-        from autoplace.report import origin_lines, print_solution
-
-        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], origin, c))
-        _print_lines(advice_lines, out_fmt)
+        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], inputs.origin, c))
+        _print_lines(view.lines() + _advised_solve(view, m, c, problem, request), out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None) -> Any:
+    """Load the model and cluster and record where they came from (solving.Inputs)."""
+    from autoplace.solving import Inputs
+
+    m, c = _load(model, cluster, seq_len, global_batch)
+    refs = {"model": model_ref(model), "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
+    return Inputs(m, c, model_origin_of(model, m, seq_len, global_batch), refs)
+
+
+def _request(cluster: Any, framework: str, top: int, objective: str, time_limit: float, solver: str,
+             fix: list[str] | None, allow: list[str] | None, deny: list[str] | None, workers: int, seed: int,
+             calibration: Path | None, force: bool) -> Any:
+    """solve's options as a validated solving.Request (the calibration checked against the cluster)."""
+    from autoplace.frameworks import ANY, NONE, check_name
+    from autoplace.plan import parse_plan_string
+    from autoplace.solving import Request
+
+    check_name(framework)
+    fixed = parse_plan_string(",".join(fix or []), source="--fix")
+    # any/none name no framework: the calibration's own is not compared
+    assume, band = _calibration(calibration, cluster, None if framework in (ANY, NONE) else framework, force)
+    return Request(framework=framework, top=top, objective=objective, time_limit_s=time_limit, solver=solver,
+                   fixed=fixed, features=frozenset(_features(allow, deny)), workers=workers, seed=seed,
+                   assumptions=assume, band=band)
 
 
 def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
@@ -419,23 +387,14 @@ def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
     return (set(DEFAULT_FEATURES) | set(allow or [])) - set(deny or [])
 
 
-def _compression_hint(problem: Any, result: Any) -> str | None:
-    """What compression would buy the best plan when the search left it out (cheap: a few evaluations)."""
-    if "compress" in problem.features or not result.plans:
-        return None
-    from autoplace.explain import compression_hint
-
-    return compression_hint(problem.model, problem.cluster, result.plans[0], problem.assumptions)
-
-
-def _advised_solve(view: Any, m: Any, c: Any, problem: Any, budget: Any, solver: str, framework: str) -> list[str]:
+def _advised_solve(view: Any, m: Any, c: Any, problem: Any, request: Any) -> list[str]:
     """Past the critical batch: the best plan at the advised batch (one more solve, top 1)."""
     if view.advice is None or not view.advice.over:
         return []
     from autoplace.sweep import SweepOptions, advised_plan_lines
 
-    opts = SweepOptions(framework=framework, features=frozenset(problem.features), time_limit_s=budget.time_limit_s,
-                        workers=budget.workers, seed=budget.seed,
+    opts = SweepOptions(framework=request.framework, features=frozenset(problem.features),
+                        time_limit_s=request.time_limit_s, workers=request.workers, seed=request.seed,
                         price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
     return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
                               view.advice.batch_tokens, view.advice.critical_tokens)
@@ -501,8 +460,9 @@ def scale(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds of search per size.")] = 2.0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
-    framework: Annotated[str, typer.Option("--framework", help="none (default): the theoretical optimum, with who "
-                                           "can run each plan; any or a framework name: as solve.")] = "none",
+    framework: Annotated[str, typer.Option("--framework", help="as solve: any (default): plans at least one "
+                                           "supported framework can run; none: the theoretical optimum; or a "
+                                           "framework name.")] = "any",
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature, as solve.")] = None,
     deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature, as solve.")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot throughput and scaling efficiency against GPUs "
@@ -520,9 +480,9 @@ def scale(
         from autoplace.sweep import SweepOptions, choose, cluster_at, plot, sweep
 
         out_fmt = output_format(fmt, as_json)
-        from autoplace import frameworks
+        from autoplace.frameworks import check_name
 
-        frameworks.check(framework)
+        check_name(framework)
         counts = parse_counts(gpus, source="--gpus")
         batches = parse_counts(global_batch, source="--global-batch") if global_batch else None
         if (gpu is None) == (cluster is None):
@@ -625,17 +585,19 @@ def _other_choice(points: list[Any], opts: Any, chosen: Any) -> str | None:
 @app.command()
 def emit(
     plan_json: Annotated[Path, typer.Argument(metavar="PLAN_JSON", help="plan.json written by solve --out")],
-    fmt: Annotated[list[str] | None, typer.Option("--format", help="deepspeed, accelerate, fsdp, torchtitan, "
-                                                   "megatron, torchrun, deepspeed-launch, slurm, k8s (repeatable)")] = None,
+    fmt: Annotated[list[str] | None, typer.Option("--format", help="deepspeed, megatron, torchtitan, fsdp, "
+                                                   "accelerate, torchrun, slurm, k8s (repeatable)")] = None,
     out: Annotated[Path, typer.Option("--out", help="Bundle directory.")] = Path("autoplace-bundle"),
     model: Annotated[Path | None, typer.Option("--model", help="Model file (default: the one plan.json names).")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", help="Cluster file (default: plan.json's).")] = None,
-    script: Annotated[str, typer.Option("--script", help="Training script the launch files run.")] = "train.py",
+    script: Annotated[str | None, typer.Option("--script", help="Training script the launch files run (default: "
+                                                "the framework's entry point: Megatron-LM's pretrain_gpt.py, "
+                                                "torchtitan.train, else train.py).")] = None,
 ) -> None:
     """Write framework configs and launch scripts for a plan."""
     try:
-        from autoplace.emit import Launch
-        from autoplace.emit import emit as write
+        from autoplace.bundle import emit as write
+        from autoplace.emit.launch import Launch
         from autoplace.plan import Plan
         from autoplace.specs._io import read_document
 

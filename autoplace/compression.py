@@ -1,5 +1,5 @@
 """Communication compression as a placement choice: what each option moves, where it applies,
-which frameworks run it, and the accuracy risk every plan that uses it carries.
+and the accuracy risk every plan that uses it carries.
 
 The byte and time terms live in :mod:`autoplace.cost.compress`; this module is the facts a
 report, an emitter or the search needs without numpy.  Every option is opt-in
@@ -23,14 +23,12 @@ class Compression:
         moves: what it changes on the wire, in words.
         risk: its known accuracy risk, as its authors report it.
         source: the paper or documentation behind the numbers.
-        frameworks: the frameworks whose config can run it.
     """
 
     name: str
     moves: str
     risk: str
     source: str
-    frameworks: tuple[str, ...]
 
 
 COMPRESSIONS: dict[str, Compression] = {
@@ -38,26 +36,20 @@ COMPRESSIONS: dict[str, Compression] = {
         "bf16", "gradients reduced in bf16 instead of fp32 (half the reduction bytes)",
         "low: bf16 sums lose precision as the data-parallel group grows; torchtitan and Megatron default to "
         "fp32 reduction for that reason",
-        "PyTorch FSDP2 MixedPrecisionPolicy(reduce_dtype); Megatron-LM --grad-reduce-in-bf16",
-        # not torchtitan: 0.2.2 declares training.mixed_precision_reduce as Literal["float32"] (its
-        # command line refuses "bfloat16"; only the unchecked TOML path would pass it); accelerate's
-        # FSDP2 reduces in its mixed_precision dtype (FullyShardedDataParallelPlugin.set_mixed_precision)
-        ("megatron", "fsdp", "accelerate")),
+        "PyTorch FSDP2 MixedPrecisionPolicy(reduce_dtype); Megatron-LM --grad-reduce-in-bf16"),
     "zeropp": Compression(
         "zeropp", "ZeRO++: int8 weight all-gathers (qwZ), a node-local secondary weight shard so backward "
         "gathers stay inside the node (hpZ), int4 gradient reduce-scatter (qgZ): cross-node volume 3M -> 0.75M",
         "low to moderate: block-quantized weights and gradients; the paper's convergence runs match ZeRO-3's "
         "loss on GPT models (Wang et al. 2023); validate on your own model",
         "Wang et al. 2023, ZeRO++: Extremely Efficient Collective Communication for Giant Model Training; "
-        "DeepSpeed zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients",
-        ("deepspeed",)),
+        "DeepSpeed zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients"),
     "powersgd": Compression(
         "powersgd", "DDP gradients as rank-r factors P (n x r) and Q (m x r) per weight matrix, with error "
         "feedback; vectors (norms, biases) all-reduced as they are",
         "moderate: a lossy low-rank gradient; Vogels et al. match full-precision accuracy on ResNet and LSTM "
         "with error feedback and a warm-up of uncompressed steps (start_powerSGD_iter), not shown for LLMs at scale",
-        "Vogels et al. 2019, PowerSGD (NeurIPS); torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook",
-        ("fsdp",)),
+        "Vogels et al. 2019, PowerSGD (NeurIPS); torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook"),
 }
 
 

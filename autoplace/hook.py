@@ -27,7 +27,7 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 if TYPE_CHECKING:
-    from autoplace.emit.read import ReadConfig
+    from autoplace.frameworks.base import ReadConfig
 
 GiB = 2**30
 
@@ -57,12 +57,12 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
         built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
-    from autoplace import frameworks
+    from autoplace.frameworks import ANY, search
     from solvers.problem import Budget
     from solvers.registry import get_solver
 
-    problem = frameworks.problem_for(frameworks.ANY, model, cluster, fixed={}, features=_default_features(), top_k=1)
-    result = frameworks.solve_for(frameworks.ANY, get_solver("cpsat"), problem, Budget(time_limit_s=time_limit_s), 1)
+    problem = search.problem_for(ANY, model, cluster, fixed={}, features=_default_features(), top_k=1)
+    result = search.solve(ANY, get_solver("cpsat"), problem, Budget(time_limit_s=time_limit_s), 1)
     if not result.plans:
         near = result.nearest
         detail = "; ".join(result.advice) if result.advice else "no plan fits"
@@ -71,9 +71,9 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
 
 
 def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
-    """What a plan.json (``solve --out``), DeepSpeed JSON, accelerate YAML or torchtitan TOML runs."""
-    from autoplace.emit.read import ReadConfig
-    from autoplace.emit.read import read_config as read_framework_config
+    """What a plan.json (``solve --out``) or a framework's config (by its suffix) runs."""
+    from autoplace.frameworks import read_config as read_framework_config
+    from autoplace.frameworks.base import ReadConfig
 
     p = Path(path)
     if p.suffix.lower() == ".json":
@@ -129,102 +129,7 @@ def check(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> tuple[b
     return checked.ok, checked.evaluation, checked.reasons
 
 
-def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
-                 script: str = "train.py", args: tuple[str, ...] = (), inputs: dict[str, str] | None = None
-                 ) -> dict[str, Path]:
-    """plan.json plus every framework file that can express the plan (README.txt lists them)."""
-    from autoplace.emit import Launch, emit
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = ev.to_dict()
-    if inputs:
-        doc["inputs"] = inputs
-    (out / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    written = emit(ev.plan, model, cluster, None, out, launch=Launch(script=script, args=tuple(args)))
-    return {"plan": out / "plan.json", **written}
-
-
-# What each framework's subfolder of a `solve --out` bundle holds: its config and a launcher for it
-# (accelerate's launch script comes with its YAML, torchtitan's overrides and flavor module with its TOML).
-FRAMEWORK_FORMATS = {
-    "deepspeed": ("deepspeed", "deepspeed-launch", "slurm"),
-    "megatron": ("megatron", "torchrun", "slurm"),
-    "torchtitan": ("torchtitan", "torchrun", "slurm"),
-    "fsdp": ("fsdp", "torchrun", "slurm", "k8s"),
-    "accelerate": ("accelerate", "slurm"),
-}
-
-
-@dataclass(frozen=True)
-class FrameworkBundle:
-    """One framework's best plan and the files written for it, or why there are none.
-
-    Attributes:
-        evaluation: its best plan, costed with the framework's own precision recipe.
-        files: format -> path, plan.json included.
-        slowdown: predicted step time over the overall best plan's, minus one (0.05 = 5% slower).
-        reason: why nothing was written (no plan the framework can express fits, or a --fix it cannot run).
-    """
-
-    evaluation: Evaluation | None = None
-    files: dict[str, Path] | None = None
-    slowdown: float | None = None
-    reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.evaluation is None or self.files is None:
-            return {"written": False, "reason": self.reason}
-        return {"written": True, "dir": str(self.files["plan"].parent), "files": {k: str(v) for k, v in self.files.items()},
-                "slowdown": self.slowdown, "plan": self.evaluation.to_dict()}
-
-    def summary(self) -> str:
-        """One console line: the folder, its files and the predicted slowdown, or the reason."""
-        if self.evaluation is None or self.files is None:
-            return f"not written: {self.reason}"
-        names = ", ".join(path.name for key, path in self.files.items() if key != "plan")
-        return (f"{self.files['plan'].parent}/: {names}; step {self.evaluation.step_time_s:.3f} s "
-                f"({self.slowdown:+.1%} vs the best plan)")
-
-
-def write_framework_bundles(best: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
-                            solver: Any, budget: Any, *, fixed: dict[str, Any], features: set[str],
-                            inputs: dict[str, str] | None = None, **options: Any) -> dict[str, FrameworkBundle]:
-    """For each framework, solve for the best plan it can express (costed with its recipe) and
-    write that plan's plan.json and files into ``out_dir/<framework>/``.
-
-    Args:
-        best: the overall best plan, which each framework's step time is compared with.
-        solver, budget: the search back end and its limits.
-        fixed, features, options: the search the user asked for (``--fix``, features, objective...).
-    """
-    from autoplace import frameworks
-    from autoplace.emit import emit
-
-    out: dict[str, FrameworkBundle] = {}
-    for name in frameworks.FRAMEWORKS:
-        try:
-            problem = frameworks.problem_for(name, model, cluster, fixed=dict(fixed), features=set(features),
-                                             top_k=1, **options)
-            result = frameworks.solve_for(name, solver, problem, budget, 1)
-        except AutoplaceError as exc:
-            out[name] = FrameworkBundle(reason=str(exc))
-            continue
-        if not result.plans:
-            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
-            out[name] = FrameworkBundle(reason=f"no plan {name} can express fits ({detail})")
-            continue
-        ev, folder = result.plans[0], Path(out_dir) / name
-        folder.mkdir(parents=True, exist_ok=True)
-        doc = {**ev.to_dict(), "framework": name, **({"inputs": inputs} if inputs else {})}
-        (folder / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        files = emit(ev.plan, problem.model, cluster, FRAMEWORK_FORMATS[name], folder, strict=False)
-        out[name] = FrameworkBundle(ev, {"plan": folder / "plan.json", **files},
-                                    ev.step_time_s / best.step_time_s - 1.0)
-    return out
-
-
-def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str, ...] = (), *,
+def submit(model: ModelSpec, cluster: ClusterSpec, script: str | None, args: tuple[str, ...] = (), *,
            scheduler: str = "slurm", out_dir: str | Path = "autoplace-job", plan: str | Plan | None = None,
            dry_run: bool = False, time_limit_s: float = 10.0) -> Submission:
     """Plan, refuse a job that will not fit, write the bundle, and submit it.
@@ -233,14 +138,17 @@ def submit(model: ModelSpec, cluster: ClusterSpec, script: str, args: tuple[str,
         Infeasible: no plan fits, or the given plan breaks a rule (reasons in the message).
         AutoplaceError: the scheduler refused the job or is missing.
     """
+    from autoplace.bundle import LAUNCHERS, write_bundle
+    from autoplace.emit.launch import Launch
+
     ev = plan_for(model, cluster, plan, time_limit_s)
     if not ev.ok:
         raise Infeasible("refusing to submit: " + "; ".join(reasons(ev)))
-    files = write_bundle(ev, model, cluster, out_dir, script, args)
+    files = write_bundle(ev, model, cluster, out_dir, Launch(script=script, args=tuple(args)))
     if scheduler == "slurm":  # absolute: the command runs in the bundle directory
-        command = ["sbatch", "--parsable", str(files["slurm"].resolve())]
+        command = ["sbatch", "--parsable", str(files[LAUNCHERS["slurm"][0]].resolve())]
     elif scheduler == "local":
-        command = ["bash", str(files["torchrun"].resolve())]
+        command = ["bash", str(files[LAUNCHERS["torchrun"][0]].resolve())]
     else:
         raise SpecError(f"unknown scheduler {scheduler!r}; valid: slurm, local", field="scheduler")
     if dry_run:

@@ -17,6 +17,7 @@ over dp_shard x cp (context-parallel ranks hold identical weights).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -89,6 +90,9 @@ class Config:
     compress: str = "none"
     powersgd_rank: int = 0
 
+    def __post_init__(self) -> None:
+        check_config(self)
+
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
@@ -105,8 +109,7 @@ class Config:
     def from_fields(cls, values: dict[str, Any]) -> Self:
         """``cls(**values)`` for ``values`` naming every field: the same object without the
         frozen dataclass's field-by-field ``object.__setattr__`` (several times faster; the
-        solver builds tens of thousands).  ``__init__`` checks nothing this skips: there is no
-        ``__post_init__``.
+        solver builds tens of thousands), checked as ``__init__`` checks it (:func:`check_config`).
 
         Raises:
             TypeError: ``values`` does not name every field exactly once.
@@ -114,7 +117,9 @@ class Config:
         names = cls.__dataclass_fields__.keys()  # Config and Plan have no ClassVar pseudo-fields
         if values.keys() != names:
             raise TypeError(f"{cls.__name__} needs the fields {', '.join(names)}, got {', '.join(values)}")
-        return _instance(cls, values)
+        out = _instance(cls, values)
+        check_config(out)
+        return out
 
     def with_micro_batching(self, mbs: int, grad_accum: int) -> Self:
         """This configuration with micro-batches of ``mbs`` sequences, ``grad_accum`` per step:
@@ -131,6 +136,31 @@ class Config:
         # vars(self) names every Config field (and on a Plan the three below): each Plan field once
         return _instance(Plan, vars(self), recompute=tuple(recompute), layers_per_stage=tuple(layers_per_stage),
                          extra={})
+
+
+_DEGREES = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "mbs", "grad_accum")
+_CHOICES = {"schedule": SCHEDULES, "offload_optimizer": OFFLOAD, "offload_params": OFFLOAD, "compress": COMPRESS}
+
+
+def check_config(config: Config) -> None:
+    """The invariants every Config holds, named with their values (as torchtitan's ParallelDims does).
+
+    Raises:
+        SpecError: a degree or batch count below 1, a ZeRO level outside 0-3, an unknown choice,
+            a PowerSGD rank without PowerSGD (or PowerSGD without a rank).
+    """
+    for name in _DEGREES:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise SpecError(f"{name} must be a whole number >= 1, got {value!r}", field=name)
+    if config.zero not in (0, 1, 2, 3):
+        raise SpecError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}", field="zero")
+    for name, valid in _CHOICES.items():
+        if getattr(config, name) not in valid:
+            raise SpecError(f"{name} must be one of {', '.join(valid)}, got {getattr(config, name)!r}", field=name)
+    if (config.compress == "powersgd") != (config.powersgd_rank > 0):
+        raise SpecError(f"powersgd_rank={config.powersgd_rank} with compress={config.compress}: a rank > 0 goes "
+                        "with compress=powersgd and only with it", field="powersgd_rank")
 
 
 _C = TypeVar("_C", bound=Config)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autoplace import frameworks
 from autoplace.errors import Infeasible, SpecError
 from autoplace.evaluation import Evaluation
+from autoplace.frameworks import ANY, search
 from autoplace.planning import TrainingCost, tokens_at_batch, training_cost
 from autoplace.specs.cluster import ClusterSpec, cluster_from_flags
 from autoplace.specs.model import ModelSpec, with_overrides
@@ -48,7 +48,7 @@ class SweepOptions:
             compared by throughput alone).
     """
 
-    framework: str = frameworks.NONE
+    framework: str = ANY
     features: frozenset[str] | None = None
     time_limit_s: float = 2.0
     workers: int = 2
@@ -147,11 +147,9 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> tup
     budget = Budget(time_limit_s=opts.time_limit_s, workers=opts.workers, seed=opts.seed)
     try:
         features = set(opts.features) if opts.features is not None else _features()
-        problem = frameworks.problem_for(opts.framework, model, cluster, fixed={}, features=features,
-                                         objective="time", top_k=1)
-        solver = get_solver("cpsat")
-        result = (solver.solve(problem, budget) if opts.framework == frameworks.NONE
-                  else frameworks.solve_for(opts.framework, solver, problem, budget, 1))
+        problem = search.problem_for(opts.framework, model, cluster, fixed={}, features=features,
+                                     objective="time", top_k=1)
+        result = search.solve(opts.framework, get_solver("cpsat"), problem, budget, 1)
     except Infeasible:
         return None, "infeasible", time.perf_counter() - t0
     return (result.plans[0] if result.plans else None), result.status, time.perf_counter() - t0
@@ -178,8 +176,8 @@ def sweep(model: ModelSpec, counts: list[int], opts: SweepOptions, *, gpu: str |
         if best is not None and best.effective_tokens_per_s > point.effective_tokens_per_s:
             point = _keep_smaller(point, best)
         elif point.evaluation is not None:
-            point = replace(point, frameworks=frameworks.runnable_by(point.evaluation.plan,
-                                                                     _batched(model, point.global_batch), cluster))
+            point = replace(point, frameworks=search.runnable_by(point.evaluation.plan,
+                                                                 _batched(model, point.global_batch)))
         points.append(point)
         if point.evaluation is not None:
             best = point

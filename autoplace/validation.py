@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from autoplace.capabilities import FSDP2_FRAMEWORKS
+from autoplace import frameworks
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SpecError
 from autoplace.evaluation import Evaluation, evaluate
@@ -59,8 +59,13 @@ def gpu_family(profile: str) -> str:
     return profile.split("-")[0]
 
 
+def _declared(framework: str, what: str, default: Any) -> Any:
+    """What a registered framework declares (``what``), else ``default`` (plain DDP runs)."""
+    return getattr(frameworks.get(framework), what) if framework in frameworks.FRAMEWORKS else default
+
+
 def _precision(row: dict[str, Any]) -> str | Precision:
-    fsdp = row["framework"] in FSDP2_FRAMEWORKS
+    fsdp = _declared(row["framework"], "bf16_recipe", "bf16") == "bf16-fsdp2"
     if row["precision"] == "fp8":
         return FP8_FSDP2 if fsdp else "fp8"
     if row["precision"] == "fp16":
@@ -73,7 +78,7 @@ def _metric(row: dict[str, Any]) -> tuple[str, float]:
     for key in METRICS[:3]:
         if measured.get(key):
             # DeepSpeed's and Megatron's TFLOP/s count the recompute forward (hardware FLOPs)
-            hardware = key == "tflops_per_gpu" and row["framework"] in ("deepspeed", "megatron")
+            hardware = key == "tflops_per_gpu" and _declared(row["framework"], "reports_hardware_flops", False)
             return ("hw_tflops_per_gpu" if hardware else key), float(measured[key])
     raise SpecError("no measured throughput", source=row["id"])
 
@@ -155,7 +160,7 @@ def _run(row: dict[str, Any]) -> PublishedRun:
     plan = _plan(row, model.layers, cluster.gpus)  # type: ignore[union-attr]
     model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": plan.global_batch})})
     options = row.get("options") or {}
-    assume = DEFAULT.for_framework(row["framework"]).replace(compiled=bool(options.get("compile")),
+    assume = DEFAULT.replace(**_declared(row["framework"], "behaviour", {}), compiled=bool(options.get("compile")),
                                                              fused_kernels=bool(options.get("fused_kernels")),
                                                              tp_comm_overlap=bool(options.get("async_tp")),
                                                              fp8_rowwise="rowwise" in str(options.get("ac_detail")))
@@ -197,7 +202,8 @@ def megatron_runs(path: str | Path) -> list[PublishedRun]:
                   "vpp": vpp, "zero": 0}
         plan = build_plan(values, world=gpus, blocks=m["layers"], global_batch=batch, source=case["id"])
         runs.append(PublishedRun(id=case["id"], source=case["source"], framework="megatron", model=model,
-                                 cluster=cluster, plan=plan, assumptions=DEFAULT.for_framework("megatron"),
+                                 cluster=cluster, plan=plan, assumptions=DEFAULT.replace(**_declared(
+                                     "megatron", "behaviour", {})),
                                  metric="hw_tflops_per_gpu", measured=float(case["measured"]["tflops_per_gpu"]),
                                  family="a100", raw=case))
     return runs

@@ -81,17 +81,18 @@ def test_solve_as_a_process_prints_a_table_and_imports_no_torch() -> None:
 
 
 def _plans_for(framework: str, *extra: str) -> tuple[dict, list]:
-    from autoplace.frameworks import costed_model, unexpressible
+    from autoplace.cost.assumptions import DEFAULT
+    from autoplace.frameworks import get
+    from autoplace.frameworks.search import refusal
     from autoplace.plan import Plan
-    from autoplace.specs.cluster import load_cluster
     from autoplace.specs.model import load_model
 
     result = invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "3", "--framework", framework, *extra)
     assert result.exit_code == 0, result.output
     doc = strict_json(result.stdout)
-    model = costed_model(load_model(LLAMA_8B), framework)
+    model = get(framework).costing(load_model(LLAMA_8B), DEFAULT)[0]
     plans = [Plan.from_dict(p) for p in doc["plans"]]
-    assert plans and all(unexpressible(p, model, load_cluster(A100_8), framework) is None for p in plans)
+    assert plans and all(refusal(p, model, framework) is None for p in plans)
     return doc, plans
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from autoplace.emit import emit_deepspeed
-from autoplace.emit.read import plan_from_deepspeed
-from autoplace.emit.schema import (
+from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks.deepspeed import emit_deepspeed
+from autoplace.frameworks.readers import plan_from_deepspeed
+from autoplace.frameworks.schema import (
     DEEPSPEED_ACTIVATION_CHECKPOINTING,
     DEEPSPEED_OFFLOAD_OPTIMIZER,
     DEEPSPEED_OFFLOAD_PARAM,
@@ -28,7 +29,6 @@ from autoplace.emit.schema import (
     DEEPSPEED_TOP_LEVEL,
     DEEPSPEED_ZERO,
 )
-from autoplace.errors import EmitError, SpecError
 from autoplace.plan import Plan
 from tests.test_emit_plans import CLUSTER16, MODEL, build, cpu_cluster, make_plan, plan_values, small_model
 
@@ -141,7 +141,7 @@ def test_zeropp_is_refused_where_deepspeed_cannot_run_it_as_costed() -> None:
                                                                        "needs zero=3 over the whole"),
                           ("tp=2,sp=false,zero=3,compress=zeropp", "consecutive global ranks"),
                           ("zero=3,compress=bf16", "deepspeed has no configuration for bf16 gradient reduction"),
-                          ("dp_replicate=16,zero=0,compress=powersgd", "fsdp can run it")]:
+                          ("dp_replicate=16,zero=0,compress=powersgd", "plan with compress=none")]:
         with pytest.raises(EmitError, match=message):
             emit_deepspeed(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16)
 
@@ -186,9 +186,9 @@ def test_per_layer_recompute_is_refused_not_approximated() -> None:
         emit_deepspeed(make_plan("zero=2,recompute_layers=f:f:n:n:n:n:n:n", MODEL, CLUSTER16), MODEL, CLUSTER16)
     cfg = emit_deepspeed(make_plan("zero=2,recompute=full", MODEL, CLUSTER16), MODEL, CLUSTER16)
     assert cfg["activation_checkpointing"]["number_checkpoints"] == 8  # every layer
-    from autoplace.capabilities import UNIFORM_RECOMPUTE
+    from autoplace.frameworks import get
 
-    assert UNIFORM_RECOMPUTE["deepspeed"] == ("none", "selective", "full")  # searched one uniform mode at a time
+    assert get("deepspeed").uniform_recompute == ("none", "selective", "full")  # searched one uniform mode at a time
 
 
 def test_zero_and_offload_key_lists_match_deepspeed() -> None:

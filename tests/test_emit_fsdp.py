@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from autoplace.emit import emit_fsdp_module
 from autoplace.errors import EmitError
+from autoplace.frameworks.fsdp import emit_fsdp_module
 from tests.test_emit_plans import CLUSTER16, MODEL, cpu_cluster, make_plan, small_model
 
 MODULE_PLANS_2 = ["zero=3,recompute_layers=f:s:n:f", "tp=2,zero=0", "tp=2,sp=false,zero=0,recompute=selective",

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from autoplace.emit import emit_fsdp_module
+from autoplace.frameworks.fsdp import emit_fsdp_module
 from tests.test_emit_fsdp import _free_port
 from tests.test_emit_plans import cpu_cluster, make_plan, small_model
 

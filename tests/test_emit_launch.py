@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoplace.emit import Launch, emit_deepspeed_launch, emit_k8s, emit_slurm, emit_torchrun
+from autoplace.bundle import render
+from autoplace.emit.launch import Launch, emit_k8s, emit_slurm, emit_torchrun
 from autoplace.errors import EmitError
 from autoplace.specs.cluster import cluster_from_dict
 from tests.test_emit_plans import CLUSTER16, cpu_cluster, make_plan, small_model
@@ -93,8 +94,9 @@ def test_deepspeed_launcher_script_passes_the_bundles_config(tmp_path) -> None:
     pwned_existed = Path("/tmp/pwned").exists()
     model = small_model(name=EVIL)
     launch = evil_launch(tmp_path)
-    text = emit_deepspeed_launch(make_plan("zero=2", model, CLUSTER16), model, CLUSTER16, launch)
-    (call,) = run_script(text, tmp_path)
+    files = {f.name: f.text for f in render("deepspeed", make_plan("zero=2", model, CLUSTER16), model, CLUSTER16,
+                                            launch)}
+    (call,) = run_script(files["launch_deepspeed.sh"], tmp_path)
     assert call["argv"] == ["--num_nodes", "2", "--num_gpus", "8", "--hostfile", "/job/hostfile",
                             "--master_addr", "127.0.0.1", "--master_port", "29511", launch.script, "--deepspeed",
                             "--deepspeed_config", f"{launch.bundle_dir}/ds_config.json", *launch.args]
@@ -112,8 +114,8 @@ def test_slurm_script_rendezvous_at_the_first_allocated_node(tmp_path) -> None:
                           "#SBATCH --output=x-touch-tmp-pwned-%j.out"]
     env = {"SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77"}
     (call,) = run_script(text, tmp_path, env=env)
-    assert call["argv"] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-id", "77",
-                            "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29511", launch.script, *launch.args]
+    assert call["argv"] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", "node-a:29511", "--rdzv-id", "77", launch.script, *launch.args]
     assert_nothing_ran(tmp_path, pwned_existed)
 
 

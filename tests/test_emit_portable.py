@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoplace.emit import Launch, emit, emit_k8s, emit_slurm
-from autoplace.emit.launch import K8S_BUNDLE_MOUNT
+from autoplace.bundle import emit
+from autoplace.emit.launch import K8S_BUNDLE_MOUNT, Launch, emit_k8s, emit_slurm
 from autoplace.errors import SpecError
 from tests.helpers import gpu_cluster
 from tests.test_emit_launch import RECORDER as _RECORDER
@@ -55,7 +55,7 @@ def _run(script: Path, tmp_path: Path, cwd: Path, env: dict[str, str]) -> dict:
 def test_a_moved_bundle_runs_from_any_directory(tmp_path: Path) -> None:
     plan = make_plan("zero=3", MODEL, CLUSTER16)
     first = tmp_path / "written"
-    emit(plan, MODEL, CLUSTER16, ["deepspeed", "accelerate", "torchrun", "deepspeed-launch", "slurm"], first)
+    emit(plan, MODEL, CLUSTER16, ["deepspeed", "accelerate", "torchrun", "slurm"], first)
     for path in first.iterdir():  # nothing in the bundle names where it was written
         assert str(first) not in path.read_text(), path.name
     moved = tmp_path / "moved here" / "bundle"

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from autoplace.emit import emit_deepspeed
-from autoplace.emit.read import plan_from_accelerate, plan_from_deepspeed, plan_from_file, plan_from_torchtitan
 from autoplace.errors import SpecError
+from autoplace.frameworks import plan_from_file
+from autoplace.frameworks.deepspeed import emit_deepspeed
+from autoplace.frameworks.readers import plan_from_accelerate, plan_from_deepspeed
+from autoplace.frameworks.torchtitan import plan_from_torchtitan
 from tests.test_emit_plans import CLUSTER16, MODEL, make_plan, small_model
 
 

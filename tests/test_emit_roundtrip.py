@@ -12,10 +12,12 @@ import tomllib
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 
-from autoplace.emit import emit_accelerate, emit_deepspeed, emit_torchtitan
-from autoplace.emit.read import plan_from_accelerate, plan_from_deepspeed, plan_from_file, plan_from_torchtitan
-from autoplace.emit.torchtitan import torchtitan_toml
 from autoplace.errors import EmitError
+from autoplace.frameworks import plan_from_file
+from autoplace.frameworks.accelerate import emit_accelerate
+from autoplace.frameworks.deepspeed import emit_deepspeed
+from autoplace.frameworks.readers import plan_from_accelerate, plan_from_deepspeed
+from autoplace.frameworks.torchtitan import emit_torchtitan, plan_from_torchtitan, torchtitan_toml
 from autoplace.plan import Plan, even_split
 from tests.test_emit_plans import CLUSTER16, LAYERS, MODEL, build, make_plan, plan_values
 

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from autoplace import frameworks
-from autoplace.emit import render
+from autoplace.bundle import render
 from autoplace.errors import EmitError
+from autoplace.frameworks import search
 from autoplace.plan import Plan
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
@@ -35,9 +36,9 @@ NOBODY = ["--fix", "cp=2,zero=3,offload_optimizer=cpu,offload_params=none", "--a
 def test_the_default_search_space_is_what_some_framework_can_express() -> None:
     model, cluster = load_model(TINY), load_cluster(A100_8)
     features = set(DEFAULT_FEATURES) | {"cp", "offload", "hsdp"}
-    every = enumerate_configs(frameworks.problem_for("none", model, cluster, fixed={}, features=features))
-    admitted = enumerate_configs(frameworks.problem_for("any", model, cluster, fixed={}, features=features))
-    each = {f: frameworks.admissible(f, model) for f in frameworks.FRAMEWORKS}
+    every = enumerate_configs(search.problem_for("none", model, cluster, fixed={}, features=features))
+    admitted = enumerate_configs(search.problem_for("any", model, cluster, fixed={}, features=features))
+    each = {f: search.admissible([frameworks.get(f)], model) for f in frameworks.FRAMEWORKS}
     assert admitted == [c for c in every if any(ok(c) for ok in each.values())]
     assert 0 < len(admitted) < len(every)  # the filter is part of the search and excludes something
 
@@ -46,10 +47,10 @@ def test_admissibility_does_not_depend_on_the_micro_batching() -> None:
     """Enumeration judges each shape once, at mbs=1, for every (mbs, grad_accum) (solvers.space._micro):
     the emitters' own checks must give every configuration its shape's verdict."""
     model, cluster = load_model(TINY), load_cluster(A100_8)
-    problem = frameworks.problem_for("none", model, cluster, fixed={}, features=set(DEFAULT_FEATURES) | {"offload"})
+    problem = search.problem_for("none", model, cluster, fixed={}, features=set(DEFAULT_FEATURES) | {"offload"})
     configs = enumerate_configs(problem)
     for framework in frameworks.FRAMEWORKS:
-        ok = frameworks.admissible(framework, model)
+        ok = search.admissible([frameworks.get(framework)], model)
         verdicts = [ok(c) for c in configs]
         assert verdicts == [ok(c.with_micro_batching(1, 1)) for c in configs]
         assert len({c.mbs for c in configs}) > 1 and any(verdicts) and not all(verdicts)

@@ -19,6 +19,7 @@ import yaml
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import evaluate
+from autoplace.frameworks import get
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
 from tests.test_runtime import CLUSTER, MODEL, _plan
@@ -54,7 +55,7 @@ def _ring_bytes(result: dict[str, Any], dim: str, collective: str) -> int:
 
 def _predicted(text: str, framework: str | None = None) -> dict[str, float]:
     """The cost model's bytes for ``text``, as ``framework`` runs it (None: ZeRO's paper, FSDP2)."""
-    return evaluate(load_model(MODEL), load_cluster(CLUSTER), _plan(text), DEFAULT.for_framework(framework)).comm
+    return evaluate(load_model(MODEL), load_cluster(CLUSTER), _plan(text), DEFAULT.replace(**(get(framework).behaviour if framework else {}))).comm
 
 
 def _assert_same_losses(result: dict[str, Any], reference: dict[str, Any]) -> None:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplace import frameworks
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.errors import Infeasible
+from autoplace.frameworks import search
 from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
 from autoplace.specs.model import ModelSpec, model_from_dict
 from solvers.problem import FEATURES, Problem
@@ -65,7 +65,7 @@ def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int,
                                                           features: set[str], fix: dict[str, Any],
                                                           max_mbs: int | None, mode: int, seed: int) -> None:
     model = _model(layers, batch, moe)
-    problem = frameworks.problem_for(framework, model, gpu_cluster(gpus), fixed=fix, features=features)
+    problem = search.problem_for(framework, model, gpu_cluster(gpus), fixed=fix, features=features)
     problem = dataclasses.replace(problem, max_mbs=max_mbs)
     try:
         configs = enumerate_configs(problem)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from autoplace.cost.compute import Kernels
 from autoplace.cost.hardware import kernels_of
 from autoplace.cost.step import bubble_time, exposed_reduction, hidden, pipeline_time
+from autoplace.frameworks import get
 from autoplace.specs.cluster import cluster_from_dict, load_profile
 from autoplace.specs.model import model_from_dict
 from autoplace.validation import load_runs, predict
@@ -155,7 +156,7 @@ def test_deepspeed_costs_zero12_as_it_runs_it() -> None:
     for zero, factor in ((1, 1.5), (2, 5 / 3)):
         plan = build_plan(parse_plan_string(f"dp=8,zero={zero},mbs=4"), world=8, blocks=16, global_batch=64)
         ideal = evaluate(model, cluster, plan, DEFAULT).comm["dp"]
-        ds = evaluate(model, cluster, plan, DEFAULT.for_framework("deepspeed")).comm["dp"]
+        ds = evaluate(model, cluster, plan, DEFAULT.replace(**get("deepspeed").behaviour)).comm["dp"]
         assert ds == pytest.approx(factor * ideal, rel=1e-9)
 
 

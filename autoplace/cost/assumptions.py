@@ -42,6 +42,10 @@ class Assumptions:
             staging buffers when states are offloaded (assumption).  Default 0.15.
         offload_grad_bytes: bytes per offloaded parameter the host keeps for its gradient
             (DeepSpeed ZeRO-Offload accumulates fp32 gradients in pinned host memory).
+        nvme_GBps_per_gpu: NVMe bandwidth per GPU for states offloaded to NVMe (ZeRO-Infinity):
+            a DGX A100 holds 4 PCIe Gen4 U.2 NVMe drives for 8 GPUs (NVIDIA DGX A100 user guide)
+            at about 7 GB/s sequential read and 4 GB/s write each (Samsung PM1733 data sheet);
+            an even mix over 8 GPUs is ~2.75 GB/s.  Default 2.75 (assumption for other nodes).
         elementwise_traffic: HBM passes over a block's stored activations made by its
             memory-bound kernels per micro-batch (norms, activation functions, dropout,
             softmax, residual adds, casts), a third in forward and two in backward; full
@@ -103,6 +107,7 @@ class Assumptions:
     cpu_adam_params_per_s: float = 1.5e9
     host_reserve_fraction: float = 0.15
     offload_grad_bytes: float = 4.0
+    nvme_GBps_per_gpu: float = 2.75
     elementwise_traffic: float = 5.5
     elementwise_traffic_compiled: float = 1.1
     kernels_per_block: float = 20.0
@@ -140,15 +145,5 @@ class Assumptions:
         """Kernels one block launches in its forward (eager or compiled)."""
         return self.kernels_per_block_compiled if self.compiled else self.kernels_per_block
 
-    def for_framework(self, framework: str | None) -> Assumptions:
-        """These assumptions with the behaviour of ``framework`` where it differs (None: as ZeRO's
-        paper and FSDP2 run it)."""
-        return self.replace(**FRAMEWORK_BEHAVIOUR.get(framework or "", {}))
-
-
-# How each framework runs what the plan names, where that changes bytes or seconds.
-FRAMEWORK_BEHAVIOUR: dict[str, dict[str, Any]] = {
-    "deepspeed": {"zero12_grad_reduce": "all-reduce"},
-}
 
 DEFAULT = Assumptions()

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.memory import SCHEDULE_CODES
-from autoplace.plan import COMPRESS, Config, Plan, stage_mode_counts
+from autoplace.plan import COMPRESS, CONFIG_FIELDS, OFFLOAD, Config, Plan, stage_mode_counts
 
 Array = np.ndarray
 
@@ -37,8 +38,8 @@ class Candidates:
     mbs: Array
     ga: Array
     schedule: Array
-    off_opt: Array
-    off_par: Array
+    offload_optimizer: Array  # index into plan.OFFLOAD: none, cpu, nvme
+    offload_params: Array
     counts: Array
     compress: Array  # index into plan.COMPRESS
     powersgd_rank: Array
@@ -46,6 +47,16 @@ class Candidates:
     @property
     def size(self) -> int:
         return int(self.tp.shape[0])
+
+    @property
+    def off_opt(self) -> Array:
+        """Whether the optimizer step (and its states) is offloaded, to the host or NVMe."""
+        return self.offload_optimizer > 0
+
+    @property
+    def off_par(self) -> Array:
+        """Whether the parameters are offloaded, to the host or NVMe."""
+        return self.offload_params > 0
 
     @property
     def dp(self) -> Array:
@@ -60,25 +71,34 @@ class Candidates:
         return Candidates(**{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)})
 
 
-_FIELDS = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "sp", "zero", "mbs", "grad_accum", "schedule",
-           "offload_optimizer", "offload_params", "compress", "powersgd_rank")
+# Every Config field packed: (the Candidates attribute, how its values become numbers).  Taken from
+# Config's own fields (a test holds the two equal), so the packed copy cannot drift from the type.
+def _codes(values: Sequence[str]) -> Callable[[Sequence[Any]], Array]:
+    index = {v: i for i, v in enumerate(values)}
+    return lambda column: np.array([index[x] for x in column], dtype=np.int64)
+
+
+def _ints(column: Sequence[Any]) -> Array:
+    return np.array(column, dtype=np.int64)
+
+
+PACKED: dict[str, tuple[str, Callable[[Sequence[Any]], Array]]] = {
+    "tp": ("tp", _ints), "pp": ("pp", _ints), "cp": ("cp", _ints), "ep": ("ep", _ints),
+    "dp_replicate": ("dp_rep", _ints), "dp_shard": ("dp_shard", _ints), "vpp": ("vpp", _ints),
+    "sp": ("sp", lambda column: np.array(column, dtype=bool)), "zero": ("zero", _ints), "mbs": ("mbs", _ints),
+    "grad_accum": ("ga", _ints),
+    "schedule": ("schedule", lambda column: np.array([SCHEDULE_CODES[x] for x in column], dtype=np.int64)),
+    "offload_optimizer": ("offload_optimizer", _codes(OFFLOAD)), "offload_params": ("offload_params", _codes(OFFLOAD)),
+    "compress": ("compress", _codes(COMPRESS)), "powersgd_rank": ("powersgd_rank", _ints),
+}
 
 
 def pack(configs: Sequence[Config], counts: Array) -> Candidates:
     """Configurations (or plans) as arrays, with their per-stage block counts ``[C, S, K, 3]``."""
-    cols = dict(zip(_FIELDS, zip(*map(operator.attrgetter(*_FIELDS), configs), strict=True), strict=True))
-
-    def ints(name: str) -> Array:
-        return np.array(cols[name], dtype=np.int64)
-
-    tp = ints("tp")
-    return Candidates(
-        tp=tp, pp=ints("pp"), cp=ints("cp"), ep=ints("ep"), dp_rep=ints("dp_replicate"), dp_shard=ints("dp_shard"),
-        vpp=ints("vpp"), sp=np.array(cols["sp"], dtype=bool) & (tp > 1), zero=ints("zero"), mbs=ints("mbs"),
-        ga=ints("grad_accum"), schedule=np.array([SCHEDULE_CODES[x] for x in cols["schedule"]], dtype=np.int64),
-        off_opt=np.array([x != "none" for x in cols["offload_optimizer"]]),
-        off_par=np.array([x != "none" for x in cols["offload_params"]]), counts=counts,
-        compress=np.array([COMPRESS.index(x) for x in cols["compress"]], dtype=np.int64), powersgd_rank=ints("powersgd_rank"))
+    columns = zip(*map(operator.attrgetter(*CONFIG_FIELDS), configs), strict=True)
+    arrays = {PACKED[name][0]: PACKED[name][1](column) for name, column in zip(CONFIG_FIELDS, columns, strict=True)}
+    arrays["sp"] = arrays["sp"] & (arrays["tp"] > 1)  # sequence parallelism exists only with TP
+    return Candidates(**arrays, counts=counts)
 
 
 def candidates_from_plans(plans: Sequence[Plan], table: LayerTable) -> Candidates:

@@ -20,6 +20,7 @@ from autoplace.cost.memory import (
     reserve_bytes,
     state_bytes,
 )
+from autoplace.plan import OFFLOAD
 
 Array = np.ndarray
 
@@ -137,10 +138,13 @@ def host_bytes(ctx: Context) -> tuple[Array, Array]:
     An offloaded optimizer keeps its states (fp32 master and moments, ``optimizer_bytes``) and
     fp32 gradients (``offload_grad_bytes``, DeepSpeed ZeRO-Offload's pinned gradient
     partitions) for the parameters this GPU updates; offloaded parameters keep their 16-bit copy.
+    States offloaded to NVMe (ZeRO-Infinity) leave only the gradient partitions on the host.
     """
     c, recipe = ctx.cand, ctx.recipe
-    opt_per = np.where(c.off_opt, recipe.optimizer_bytes + ctx.assume.offload_grad_bytes, 0.0)
-    par_per = np.where(c.off_par, recipe.param_bytes, 0.0)
+    on_host = OFFLOAD.index("cpu")
+    opt_per = (np.where(c.offload_optimizer == on_host, recipe.optimizer_bytes, 0.0)
+               + np.where(c.off_opt, ctx.assume.offload_grad_bytes, 0.0))
+    par_per = np.where(c.offload_params == on_host, recipe.param_bytes, 0.0)
     z_opt, ez_opt = np.where(c.zero >= 1, ctx.size["zero"], 1), np.where(c.zero >= 1, ctx.size["ezero"], 1)
     z_par, ez_par = np.where(c.zero >= 3, ctx.size["zero"], 1), np.where(c.zero >= 3, ctx.size["ezero"], 1)
     dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]  # [C, K]

@@ -32,6 +32,7 @@ from autoplace.cost import comm, compress
 from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
 from autoplace.cost.step import hidden
+from autoplace.plan import OFFLOAD
 
 Array = np.ndarray
 MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
@@ -187,7 +188,7 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
 
     # offloaded parameters stream in over PCIe for forward and again for backward
     shard_params = dense_local / np.where(z >= 3, col(size["zero"]), 1) + exp_local / np.where(z >= 3, col(size["ezero"]), 1)
-    host_bps = ctx.hw.host_Bps[..., None, None] / ctx.assume.bandwidth_scale
+    host_bps = offload_Bps(ctx, c.offload_params)[..., None, None]
     off_bytes_mb = col(c.off_par) * 2 * shard_params * recipe.param_bytes
     off_time = hidden(off_bytes_mb / 2 / host_bps, fwd, 0.0) + hidden(off_bytes_mb / 2 / host_bps, bwd, 0.0)
 
@@ -299,7 +300,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     z3, z2 = (zero >= 3)[:, None], (zero == 2)[:, None]
     t_zero = np.select([z3, z2], [eag + ers + unit_ag + unit_rs, (ear if all_reduce_12 else ers) + unit_rs], 0.0)
     edge_shard = edge_dense / np.where(z3, size["zero"][:, None], 1)
-    t_off = c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes / (ctx.hw.host_Bps / assume.bandwidth_scale)
+    t_off = c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes / offload_Bps(ctx, c.offload_params)
     zs = np.zeros((C, S))
     t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
     zfrac = ((size["zero"] - 1) / size["zero"])[:, None]
@@ -387,7 +388,9 @@ def _step_terms(ctx: Context) -> StepTerms:
     # PowerSGD's hook makes ``powersgd_hbm_passes`` passes over each gradient it compresses
     psgd = np.where(ctx.wire.rank > 0, assume.powersgd_hbm_passes * ctx.wire.reduce, 0.0)[:, None]
     gpu_opt = ctx.hw.slowest([(2 * ob + gb + pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
-    cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps
+    # ZeRO-Infinity reads and writes the optimizer states of NVMe offload every step
+    nvme = (c.offload_optimizer == OFFLOAD.index("nvme"))[:, None] * 2 * ob / offload_Bps(ctx, c.offload_optimizer)
+    cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps + nvme
     off = c.off_opt[:, None]
     per_param = np.where(off, cpu_opt, gpu_opt) * assume.compute_scale  # [C, S]
     opt_block = opt_params_blk[:, None, :] * per_param[..., None]
@@ -415,3 +418,11 @@ def _bcast(links: comm.Links, like: Array) -> comm.Links:
 
     return comm.Links(f(links.intra_Bps), f(links.intra_latency_s), f(links.inter_Bps), f(links.inter_latency_s),
                       links.gpus_per_node)
+
+
+def offload_Bps(ctx: Context, codes: np.ndarray) -> np.ndarray:
+    """Bytes/s an offloaded state streams at per GPU, ``[C, S]``: the host link (PCIe), or for
+    NVMe the slower of it and the GPU's share of the node's drives (``nvme_GBps_per_gpu``)."""
+    host = ctx.hw.host_Bps / ctx.assume.bandwidth_scale
+    nvme = ctx.assume.nvme_GBps_per_gpu * 1e9 / ctx.assume.bandwidth_scale
+    return np.where((codes == OFFLOAD.index("nvme"))[:, None], np.minimum(host, nvme), host)

@@ -8,9 +8,8 @@ format) when the plan cannot be put that way.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from autoplace.compression import COMPRESSIONS
 from autoplace.cost.layers import layer_table
 from autoplace.errors import EmitError
 from autoplace.plan import Plan
@@ -125,7 +124,8 @@ def check_cpu_offload_together(plan: Plan, fmt: str, knob: str) -> None:
         EmitError: NVMe offload, or parameters and optimizer offloaded differently.
     """
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
-        raise fail(fmt, f"{knob} offloads to CPU memory only, not NVMe")
+        raise fail(fmt, f"offload_optimizer={plan.offload_optimizer}, offload_params={plan.offload_params}: {knob} "
+                        "offloads to CPU memory only, not NVMe")
     if plan.offload_params != plan.offload_optimizer:
         raise fail(fmt, f"{knob} moves parameters, gradients and the optimizer step to the host together; "
                         f"offload_params={plan.offload_params} and offload_optimizer={plan.offload_optimizer} "
@@ -138,19 +138,16 @@ _COMPRESSION_NAMES = {"bf16": "bf16 gradient reduction", "zeropp": "ZeRO++ (int8
                       "powersgd": "PowerSGD low-rank gradient compression"}
 
 
-def check_compression(plan: Plan, fmt: str) -> None:
-    """Refuse a ``compress`` option the framework of ``fmt`` cannot run.
-
-    One rule for every emitter, read from :data:`autoplace.compression.COMPRESSIONS`
-    (``frameworks``), so the search (``frameworks.admissible``, which calls the emitters'
-    checks) and the emitters agree on which framework runs which option.
+def check_compression(plan: Plan, fmt: str, supported: Collection[str]) -> None:
+    """Refuse a ``compress`` option the framework of ``fmt`` cannot run: one rule for every
+    framework, given the options it declares (``Framework.compressions``), so the search and
+    the emitters agree on which framework runs which option.
 
     Raises:
-        EmitError: naming the option, the frameworks that do run it, and compress=none.
+        EmitError: naming the option, and compress=none.
     """
-    option = COMPRESSIONS.get(plan.compress)
-    if option is None or fmt in option.frameworks:
+    if plan.compress == "none" or plan.compress in supported:
         return
     what = _COMPRESSION_NAMES.get(plan.compress, plan.compress)
-    raise fail(fmt, f"compress={plan.compress}: {fmt} has no configuration for {what}; "
-                    f"{' or '.join(option.frameworks)} can run it, or plan with compress=none")
+    raise fail(fmt, f"compress={plan.compress}: {fmt} has no configuration for {what}; plan with compress=none "
+                    "(solve --allow compress finds the frameworks that run it)")

@@ -1,5 +1,6 @@
 """Launch scripts for a plan: torchrun, the deepspeed and accelerate launchers, Slurm sbatch, a
-Kubernetes PyTorchJob.
+Kubernetes PyTorchJob -- each running the framework's own program (:class:`~autoplace.frameworks.base.Program`:
+its entry point, the config it takes, the environment it requires).
 
 Bundles are portable: a script finds the bundle as its own directory (``$(dirname "$0")``; under
 Slurm, the submitted script's path as ``scontrol show job`` reports it, since sbatch runs a copy),
@@ -16,7 +17,8 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplace.emit._common import comment_safe, job_slug, launch_geometry
@@ -31,7 +33,8 @@ class Launch:
     """How the job starts.
 
     Attributes:
-        script: the training script every rank runs.
+        script: the training script every rank runs; None: the framework's own entry point
+            (Megatron-LM's pretrain_gpt.py, torchtitan.train, else train.py).
         args: its arguments (each passed as one word).
         job_name: names the job (Slurm, Kubernetes, rendezvous id); default: the model's name.
         bundle_dir: where the emitted configs live on the nodes, exported as AUTOPLACE_BUNDLE;
@@ -43,7 +46,7 @@ class Launch:
         exclusive: whole nodes for the Slurm job (``--exclusive``); training shares no node.
     """
 
-    script: str = "train.py"
+    script: str | None = None
     args: tuple[str, ...] = ()
     job_name: str | None = None
     bundle_dir: str = "."
@@ -64,6 +67,31 @@ class Launch:
 
 
 DEFAULT_LAUNCH = Launch()
+
+
+@dataclass(frozen=True)
+class Program:
+    """How a framework's job starts on every node, after the launcher (torchrun, accelerate, deepspeed).
+
+    Attributes:
+        launcher: ``torchrun``, ``accelerate`` or ``deepspeed``: the command each node runs.
+        words: the program and its arguments as shell words, already quoted (``"${ARGS[@]}"`` stays
+            unquoted so bash expands the array); ``module`` words start with ``-m``.
+        prelude: shell lines run before the launch (``source`` of an argument file).
+        env: environment the framework requires, exported with these values (not defaults).
+        config: the bundle file the launcher itself takes (accelerate's --config_file), if any.
+    """
+
+    launcher: str
+    words: tuple[str, ...]
+    prelude: tuple[str, ...] = ()
+    env: Mapping[str, str | None] = field(default_factory=dict)
+    config: str | None = None
+
+
+def user_program(launch: Launch) -> tuple[str, ...]:
+    """The user's training script and its arguments, quoted, then the script's own ``"$@"``."""
+    return (*(shlex.quote(w) for w in (launch.script or "train.py", *launch.args)), '"$@"')
 K8S_BUNDLE_MOUNT = "/autoplace/bundle"  # where the PyTorchJob mounts the bundle's ConfigMap
 
 
@@ -119,55 +147,67 @@ def _exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[s
     return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
 
 
-def _program(launch: Launch) -> str:
-    """The training script and its arguments, each one quoted word, then the script's own "$@"."""
-    return " ".join(shlex.quote(w) for w in (launch.script, *launch.args)) + ' "$@"'
+def _environment(program: Program) -> list[str]:
+    """``export`` (or ``unset``) lines for what the framework requires, then the bundle's prelude."""
+    lines = [f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}" for k, v in program.env.items()]
+    return lines + list(program.prelude)
 
 
-def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH) -> str:
-    """A bash script that starts the job with torchrun (c10d rendezvous); run it on every node.
+def _command(program: Program, nodes: int, per_node: int, job_id: str, head: str, port: str,
+             node_rank: str) -> list[str]:
+    """The launcher line and the program's words, continued over lines.
 
-    Other nodes find the head through ``MASTER_ADDR`` (default 127.0.0.1 for one node).
+    Args:
+        job_id, head, port, node_rank: shell text (quoted as needed) for the rendezvous id, the
+            head node's address and port, and this node's rank (accelerate's launcher asks for it).
+    """
+    words = " ".join(program.words)
+    if program.launcher == "accelerate":
+        return [f'accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{shlex.quote(program.config or "")} \\',
+                f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
+                f"  --main_process_ip {head} --main_process_port {port} \\", f"  {words}"]
+    return [f"torchrun --nnodes {nodes} --nproc-per-node {per_node} \\",
+            f'  --rdzv-backend c10d --rdzv-endpoint {head}:{port} --rdzv-id {job_id} \\', f"  {words}"]
+
+
+def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
+                  program: Program | None = None) -> str:
+    """A bash script that starts the job (torchrun, c10d rendezvous, or accelerate launch); run it
+    on every node.  Other nodes find the head through ``MASTER_ADDR`` (default 127.0.0.1 for one node).
     """
     nodes, per_node = launch_geometry(plan, cluster, "torchrun")
-    q = shlex.quote
-    lines = _header("torchrun", plan, model, launch)
-    lines += ["# run on every node; set MASTER_ADDR to the first node's address", *_exports(model, launch)]
-    lines += [
-        f'exec torchrun --nnodes {nodes} --nproc-per-node {per_node} \\',
-        f'  --rdzv-backend c10d --rdzv-endpoint "${{MASTER_ADDR:-127.0.0.1}}:${{MASTER_PORT:-{launch.master_port}}}" \\',
-        f"  --rdzv-id {q(job_slug(_job(model, launch)))} \\",
-        f"  {_program(launch)}",
-    ]
-    return "\n".join(lines) + "\n"
+    program = program or Program("torchrun", user_program(launch))
+    lines = _header(program.launcher, plan, model, launch)
+    lines += ["# run on every node; set MASTER_ADDR to the first node's address", *_exports(model, launch),
+              *_environment(program)]
+    command = _command(program, nodes, per_node, shlex.quote(job_slug(_job(model, launch))),
+                       '"${MASTER_ADDR:-127.0.0.1}"', f'"${{MASTER_PORT:-{launch.master_port}}}"',
+                       '"${NODE_RANK:-${SLURM_NODEID:-0}}"')
+    return "\n".join([*lines, "exec " + command[0], *command[1:]]) + "\n"
 
 
-def emit_deepspeed_launch(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
-                          config_name: str = "ds_config.json") -> str:
-    """A bash script for the ``deepspeed`` launcher, passing the bundle's DeepSpeed config.
-
-    The script receives ``--deepspeed --deepspeed_config PATH`` (the arguments
-    ``deepspeed.add_config_arguments`` defines).  Several nodes need a hostfile (DS_HOSTFILE).
-    """
+def deepspeed_launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch,
+                            program: Program) -> str:
+    """A bash script for the ``deepspeed`` launcher running the program (which passes the bundle's
+    config through ``--deepspeed --deepspeed_config``).  Several nodes need a hostfile (DS_HOSTFILE)."""
     nodes, per_node = launch_geometry(plan, cluster, "deepspeed-launch")
-    q = shlex.quote
-    lines = _header("deepspeed", plan, model, launch) + _exports(model, launch)
+    lines = _header("deepspeed", plan, model, launch) + _exports(model, launch) + _environment(program)
     hostfile = ' --hostfile "${DS_HOSTFILE:-/job/hostfile}"' if nodes > 1 else ""
     lines += [
         f"exec deepspeed --num_nodes {nodes} --num_gpus {per_node}{hostfile} \\",
         f'  --master_addr "${{MASTER_ADDR:-127.0.0.1}}" --master_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
-        f"  {q(launch.script)} --deepspeed --deepspeed_config \"$AUTOPLACE_BUNDLE\"/{q(config_name)} \\",
-        "  " + " ".join([*(q(a) for a in launch.args), '"$@"']),
+        "  " + " ".join(program.words),
     ]
     return "\n".join(lines) + "\n"
 
 
-def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH) -> str:
-    """An sbatch script: one task per node, srun + torchrun with c10d rendezvous at the first node.
-
-    The head node is the first name of ``scontrol show hostnames "$SLURM_JOB_NODELIST"``.
+def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
+               program: Program | None = None) -> str:
+    """An sbatch script: one task per node, srun + the framework's launcher with the head node as
+    rendezvous (the first name of ``scontrol show hostnames "$SLURM_JOB_NODELIST"``).
     """
     nodes, per_node = launch_geometry(plan, cluster, "slurm")
+    program = program or Program("torchrun", user_program(launch))
     slug = job_slug(_job(model, launch))
     lines = _header("Slurm", plan, model, launch)
     lines += [f"#SBATCH --job-name={slug}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
@@ -180,14 +220,19 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
     lines += [f"#SBATCH --output={slug}-%j.out", *_exports(model, launch, slurm=True)]
     if gpus:
         lines += nccl_environment(cluster)
+    lines += _environment(program)
     lines += [
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}  # the first name (no `| head`: pipefail would see scontrol's SIGPIPE)",
-        f"srun torchrun --nnodes \"$SLURM_NNODES\" --nproc-per-node {per_node} \\",
-        f'  --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$head_node:{launch.master_port}" \\',
-        f"  {_program(launch)}",
     ]
-    return "\n".join(lines) + "\n"
+    if program.launcher == "accelerate":  # its launcher takes the node's rank: each task expands its own
+        lines.append(f'export MASTER_ADDR="$head_node" MASTER_PORT={launch.master_port}')
+        command = _command(program, nodes, per_node, '"$SLURM_JOB_ID"', '"$MASTER_ADDR"', '"$MASTER_PORT"',
+                           '"$SLURM_NODEID"')
+        return "\n".join([*lines, "srun bash -c " + shlex.quote("\n".join(command))]) + "\n"
+    command = _command(program, nodes, per_node, '"$SLURM_JOB_ID"', '"$head_node"', str(launch.master_port),
+                       '"$SLURM_NODEID"')
+    return "\n".join([*lines, "srun " + command[0], *command[1:]]) + "\n"
 
 
 # NCCL settings by the inter-node fabric the cluster file names (its inter_node profile).  Each is a
@@ -210,27 +255,8 @@ def nccl_environment(cluster: ClusterSpec) -> list[str]:
     return lines + [f'export {k}="${{{k}:-{v}}}"' for k, v in env.items()]
 
 
-def emit_accelerate_launch(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
-                           config_name: str = "accelerate_config.yaml") -> str:
-    """A bash script for ``accelerate launch`` with the bundle's config; run it on every node.
-
-    The machine rank and the head's address come from the launcher's environment (NODE_RANK,
-    else Slurm's SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one
-    ``machine_rank`` cannot differ per node.  Command-line values win over the config file.
-    """
-    nodes, _ = launch_geometry(plan, cluster, "accelerate-launch")
-    q = shlex.quote
-    lines = _header("accelerate", plan, model, launch) + _exports(model, launch)
-    lines += [
-        f'exec accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{q(config_name)} \\',
-        f'  --num_machines {nodes} --machine_rank "${{NODE_RANK:-${{SLURM_NODEID:-0}}}}" \\',
-        f'  --main_process_ip "${{MASTER_ADDR:-127.0.0.1}}" --main_process_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
-        f"  {_program(launch)}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH) -> dict[str, Any]:
+def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
+             program: Program | None = None) -> dict[str, Any]:
     """A Kubeflow PyTorchJob (kubeflow.org/v1): one Master pod and nodes - 1 Worker pods.
 
     The training operator passes nnodes, node rank and the master address to torchrun through
@@ -238,13 +264,14 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
     ever sees the user's words.
     """
     nodes, per_node = launch_geometry(plan, cluster, "k8s")
+    program = program or Program("torchrun", user_program(launch))
     name = job_slug(_job(model, launch))
     configmap = job_slug(f"{name}-bundle")
     mount = K8S_BUNDLE_MOUNT if launch.bundle_dir == Launch.bundle_dir else launch.bundle_dir
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator looks for this container name
         "image": launch.image,
-        "command": ["torchrun", launch.script, *launch.args],
+        "command": _k8s_command(program),
         "env": [{"name": "AUTOPLACE_BUNDLE", "value": mount},
                 {"name": "AUTOPLACE_JOB", "value": _job(model, launch)}],
         "volumeMounts": [{"name": "autoplace-bundle", "mountPath": mount, "readOnly": True},
@@ -268,3 +295,42 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
             "metadata": {"name": name, "labels": {"app.kubernetes.io/created-by": "autoplace"},
                          "annotations": {"autoplace/bundle": f"kubectl create configmap {configmap} --from-file=."}},
             "spec": {"nprocPerNode": str(per_node), "pytorchReplicaSpecs": specs}}
+
+
+def bash_array(name: str, words: list[str], what: str) -> str:
+    """A sourceable bash array of ``words``, one flag and its values per line, every word quoted.
+
+    An array, not a plain list: ``$(cat file)`` would glob-expand values such as Megatron's
+    layout ``Et*9|t*11`` or ``[0,1,1]``.
+    """
+    lines = [f"# {what} generated by autoplace", f"{name}=("]
+    current: list[str] = []
+    for word in words:
+        if word.startswith("--") and current:
+            lines.append("  " + " ".join(current))
+            current = []
+        current.append(shlex.quote(word))
+    if current:
+        lines.append("  " + " ".join(current))
+    return "\n".join([*lines, ")"]) + "\n"
+
+
+def _k8s_command(program: Program) -> list[str]:
+    """The pod's command (the training operator passes nnodes, node rank and the master address to
+    torchrun through ``PET_*`` variables): torchrun and the program's words as an argument list, so
+    no shell sees the user's words, unless the program needs one (a prelude, a bundle path)."""
+    words = [w for w in program.words if w != '"$@"']
+    if not program.prelude and not any(w.startswith('"$') for w in words):
+        return ["torchrun", *(shlex.split(w)[0] for w in words)]
+    return ["bash", "-c", "\n".join(["set -euo pipefail", *_environment(program), "exec torchrun " + " ".join(words)])]
+
+
+def accelerate_launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch,
+                             program: Program) -> str:
+    """A bash script for ``accelerate launch`` with the bundle's config; run it on every node.
+
+    The machine rank and the head's address come from the launcher's environment (NODE_RANK,
+    else Slurm's SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one
+    ``machine_rank`` cannot differ per node.  Command-line values win over the config file.
+    """
+    return emit_torchrun(plan, model, cluster, launch, program)

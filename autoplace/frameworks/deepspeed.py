@@ -1,4 +1,4 @@
-"""DeepSpeed JSON config from a plan (DeepSpeed 0.19 schema, see ECOSYSTEM.md).
+"""DeepSpeed: its JSON config from a plan (DeepSpeed 0.19 schema, see ECOSYSTEM.md), and its declaration.
 
 Every key written here is one DeepSpeed's own parser reads; the tests feed the result to
 ``deepspeed.runtime.config.DeepSpeedConfig`` with the plan's data-parallel size and train a
@@ -8,6 +8,9 @@ pipelines, ZeRO-2/3 under its pipeline engine) raises :class:`EmitError`.
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,9 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
+from autoplace.emit.launch import Launch, deepspeed_launch_script
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.readers import plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -67,7 +73,7 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for the parts of ``plan`` DeepSpeed 0.19 has no configuration for."""
-    check_compression(plan, FMT)
+    check_compression(plan, FMT, DeepSpeed.compressions)
     if plan.compress == "zeropp":
         _check_zeropp(plan)
     if plan.cp > 1:
@@ -214,3 +220,50 @@ def pipeline_section(plan: Plan) -> dict[str, Any]:
         # PipelineModule checkpoints every `interval` layers; 1 = every layer when all recompute fully.
         "activation_checkpoint_interval": 1 if uniform_recompute(plan) == "full" else 0,
     }
+
+
+class DeepSpeed(Framework):
+    """DeepSpeed 0.19: ZeRO 0-3 with offload and ZeRO++, AutoTP, AutoEP, its 1F1B pipeline engine.
+
+    It keeps 16-bit weights and an fp32 master copy (the ZeRO paper's recipe) and all-reduces
+    ZeRO-1/2 gradients (stage_1_and_2.py), where the cost model's default reduce-scatters them.
+    Its activation checkpointing is the model code's, alike for every layer.
+    """
+
+    name = FMT
+    title = "DeepSpeed"
+    bf16_recipe = "bf16"
+    behaviour = {"zero12_grad_reduce": "all-reduce"}
+    denied_features = frozenset({"cp", "interleave"})
+    uniform_recompute = ("none", "selective", "full")
+    compressions = frozenset({"zeropp"})
+    config_suffixes = (".json",)
+    reports_hardware_flops = True
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        del model
+        return checked(check_expressible)
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        cfg = json.dumps(emit_deepspeed(plan, model, cluster), indent=2) + "\n"
+        return [BundleFile(CONFIG, "DeepSpeed config (the launch scripts pass it as --deepspeed_config)", cfg),
+                BundleFile("launch_deepspeed.sh", "the deepspeed launcher with ds_config.json, run on the first node",
+                           deepspeed_launch_script(plan, model, cluster, launch, self.program(plan, model, launch)),
+                           executable=True)]
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """The user's script with the config through DeepSpeed's own arguments
+        (``deepspeed.add_config_arguments``: ``--deepspeed --deepspeed_config PATH``)."""
+        del plan, model
+        q = shlex.quote
+        return Program("torchrun", (q(launch.script or "train.py"), "--deepspeed", "--deepspeed_config",
+                                    f'"$AUTOPLACE_BUNDLE"/{CONFIG}', *(q(a) for a in launch.args), '"$@"'))
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        notes: list[str] = []
+        plan = plan_from_deepspeed(path, model, cluster, notes=notes)
+        return ReadConfig(plan, self.name, True, tuple(notes))
+
+
+CONFIG = "ds_config.json"
+

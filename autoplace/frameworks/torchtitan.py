@@ -1,4 +1,4 @@
-"""torchtitan 0.2.2 job config from a plan: the TOML, the same job as command-line overrides,
+"""torchtitan 0.2.2: its job config from a plan -- the TOML, the same job as command-line overrides,
 and, for a model that is none of torchtitan's own flavors, a module that registers its shapes.
 
 torchtitan 0.2.2 reads ``--job.config_file x.toml`` (sections ``[model]``, ``[parallelism]``,
@@ -13,8 +13,10 @@ are those of ``torchtitan/config/job_config.py`` (0.2.2).
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autoplace.emit._common import (
@@ -26,7 +28,11 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE
+from autoplace.emit.launch import Launch, bash_array
+from autoplace.errors import EmitError
+from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
@@ -34,7 +40,6 @@ from autoplace.specs.model import ModelSpec, TransformerSpec
 FMT = "torchtitan"
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 CUSTOM_MODULE = "autoplace_torchtitan_model"  # the bundle file registering a custom flavor (custom_import)
-CUSTOM_FLAVOR = "autoplace"
 # torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py) as the shapes they build:
 # (dim, n_layers, n_heads, n_kv_heads, SwiGLU hidden, vocab, rope_theta); tests compare with torchtitan.
 LLAMA3_FLAVORS = {
@@ -156,10 +161,12 @@ def expressible_check(model: ModelSpec) -> Callable[[Plan], None]:
     fp16 = training_dtype(model) == "fp16"
 
     def check(plan: Plan) -> None:
-        check_compression(plan, FMT)
+        check_compression(plan, FMT, Torchtitan.compressions)
         if fp16:
-            raise fail(FMT, "torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16")
+            raise fail(FMT, "training.precision fp16: torchtitan trains in bf16 or fp32 (mixed_precision_param), "
+                            "not fp16")
         _check_plan(plan)
+        activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
 
     return check
 
@@ -260,24 +267,6 @@ def module_fqns(parts: list[int]) -> list[list[str]]:
     return out
 
 
-def layer_sac_pattern(parts: list[int], pp: int, every: int) -> tuple[str, ...]:
-    """Which blocks torchtitan's layer-level SAC (``selective_ac_option = N``) recomputes.
-
-    torchtitan 0.2.2 counts blocks per process in the order its model chunks are wrapped
-    (chunk v * pp + r for v = 0, 1, ...) and checkpoints every N-th one in full.
-    """
-    starts = [sum(parts[:i]) for i in range(len(parts))]
-    modes = ["none"] * sum(parts)
-    for r in range(pp):
-        count = 0
-        for chunk in range(r, len(parts), pp):
-            for j in range(starts[chunk], starts[chunk] + parts[chunk]):
-                count += 1
-                if count % every == 0:
-                    modes[j] = "full"
-    return tuple(modes)
-
-
 def activation_checkpoint_section(plan: Plan, fmt: str) -> dict[str, Any]:
     """``[activation_checkpoint]``: none, full, op-level selective, or full on every N-th block."""
     mode = uniform_recompute(plan)
@@ -336,3 +325,73 @@ def _cli_words(section: str, key: str, value: Any) -> list[str]:
     if isinstance(value, list):
         return [f"--{section}.{key}", *map(str, value)]
     return [f"--{section}.{key}", str(value)]
+
+
+CONFIG = "torchtitan.toml"
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """Why torchtitan 0.2.2 has no model for ``model`` (one line naming the feature), or None."""
+    try:
+        _llama_shaped(model)
+    except EmitError as exc:
+        return str(exc)
+    return None
+
+
+class Torchtitan(Framework):
+    """torchtitan 0.2.2 (TOML-configured): FSDP2/HSDP, TP with SP, CP, EP, pipelines with its
+    schedules, full / op-selective / every-N-th-block recompute.  FSDP2 keeps fp32 shards and
+    reduces in fp32 (training.mixed_precision_reduce is Literal["float32"] in 0.2.2)."""
+
+    name = FMT
+    title = "torchtitan"
+    bf16_recipe = "bf16-fsdp2"
+    config_suffixes = (".toml",)
+
+    def model_refusal(self, model: ModelSpec) -> str | None:
+        return model_refusal(model)
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        if model_refusal(model) is not None:
+            return checked(lambda plan: check_expressible(plan, model))
+        return checked(expressible_check(model))
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        toml = torchtitan_toml(emit_torchtitan(plan, model, cluster),
+                               f"torchtitan job config generated by autoplace\nplan: {plan.to_string()}")
+        files = [BundleFile(CONFIG, "torchtitan 0.2.2 job config (the launch scripts pass it as --job.config_file; "
+                            "add --model.hf_assets_path YOUR_TOKENIZER_DIR to their command line)", toml)]
+        module = torchtitan_model_module(plan, model, cluster)
+        if module:
+            files.append(BundleFile(f"{CUSTOM_MODULE}.py", f"torchtitan model flavor {CUSTOM_FLAVOR!r} with this model's "
+                                    "shapes, imported by torchtitan.toml (the launch scripts put the bundle on "
+                                    "PYTHONPATH)", module))
+        overrides = bash_array("TORCHTITAN_OVERRIDES", torchtitan_overrides(plan, model, cluster),
+                               "torchtitan 0.2.2 command-line overrides")
+        files.append(BundleFile("torchtitan_overrides.sh", "the same job as torchtitan 0.2.2 overrides in a bash "
+                                'array: source it, then pass "${TORCHTITAN_OVERRIDES[@]}"', overrides))
+        return files
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``); a
+        ``--script`` other than the default runs in its place."""
+        del plan, model
+        q = shlex.quote
+        entry = ("-m", "torchtitan.train") if launch.script is None else (q(launch.script),)
+        return Program("torchrun", (*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
+                                    *(q(a) for a in launch.args), '"$@"'))
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        return ReadConfig(plan_from_torchtitan(path, model, cluster), self.name, True)
+
+
+def plan_from_torchtitan(cfg: Any, model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """A torchtitan 0.2 job config (a TOML path or its parsed dict, + model + cluster) as a Plan;
+    the job must train the model file's model (:func:`torchtitan_model`).
+
+    Raises:
+        SpecError: unknown sections or keys, invalid choices, degrees whose product is not the
+            cluster's GPU count, a schedule or split a Plan cannot state, another model.
+    """
+    return read_torchtitan(cfg, model, cluster, torchtitan_model)

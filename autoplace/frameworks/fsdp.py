@@ -1,4 +1,4 @@
-"""A self-contained Python module that applies a plan with PyTorch's own parallel APIs.
+"""PyTorch FSDP2: a self-contained Python module that applies a plan with PyTorch's own parallel APIs.
 
 The emitted module builds a DeviceMesh from the plan's degrees and, in torchtitan's order,
 applies DTensor tensor parallelism (``parallelize_module``, with sequence parallelism when
@@ -13,7 +13,15 @@ real on 2 gloo ranks.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from autoplace.emit._common import check_compression, fail, training_dtype
+from autoplace.emit.launch import Launch, Program, user_program
+from autoplace.errors import SpecError
+from autoplace.frameworks._fsdp_read import fsdp_plan_values
+from autoplace.frameworks._fsdp_train import fsdp_train_script
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, ReadConfig, checked
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -280,7 +288,7 @@ def _reduce_dtype(plan: Plan, model: ModelSpec) -> str:
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what the emitted FSDP2 module does not apply."""
-    check_compression(plan, FMT)
+    check_compression(plan, FMT, Fsdp.compressions)
     if plan.compress == "powersgd":
         _check_powersgd(plan)
     for name, degree in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)):
@@ -292,7 +300,8 @@ def check_expressible(plan: Plan) -> None:
     if plan.zero == 0 and plan.dp_shard > 1:
         raise fail(FMT, f"dp_shard={plan.dp_shard} with zero=0 shards nothing; use dp_replicate")
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
-        raise fail(FMT, "FSDP2 offloads to CPU memory only, not NVMe")
+        raise fail(FMT, f"offload_optimizer={plan.offload_optimizer}, offload_params={plan.offload_params}: FSDP2 "
+                        "offloads to CPU memory only, not NVMe")
     if plan.offload_params != plan.offload_optimizer:
         raise fail(FMT, "FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step to the host "
                         "together; offload_params and offload_optimizer must be equal")
@@ -308,3 +317,55 @@ def _check_powersgd(plan: Plan) -> None:
     if plan.tp > 1:
         raise fail(FMT, f"compress=powersgd with tp={plan.tp}: the module's DDP path runs on plain tensors, not "
                         "DTensor tensor parallelism; use tp=1 or compress=bf16")
+
+
+MODULE_FILE = "fsdp2_parallelize.py"
+TRAIN_FILE = "train_fsdp2.py"
+
+
+class Fsdp(Framework):
+    """The emitted FSDP2 module: DeviceMesh, DTensor TP/SP, per-block checkpointing, FSDP2 (HSDP,
+    CPU offload), bf16 reduction or DDP with PowerSGD.  FSDP2 keeps fp32 shards and casts on
+    all-gather (MixedPrecisionPolicy), reducing in fp32 unless compress=bf16."""
+
+    name = FMT
+    title = "PyTorch FSDP2"
+    bf16_recipe = "bf16-fsdp2"
+    denied_features = frozenset({"cp", "ep", "interleave"})
+    pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
+    compressions = frozenset({"bf16", "powersgd"})
+    config_suffixes = (".py",)
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        del model
+        return checked(check_expressible)
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        return [BundleFile(MODULE_FILE, "PyTorch module applying the plan (DeviceMesh, DTensor TP, AC, FSDP2): a "
+                           "training script calls `from fsdp2_parallelize import parallelize; model = parallelize(model)` "
+                           "(the launch scripts put the bundle on PYTHONPATH)", emit_fsdp_module(plan, model, cluster)),
+                BundleFile(TRAIN_FILE, "training script for a Hugging Face causal LM with that module and the plan's "
+                           "batch, which the launch scripts run (--model PATH_OR_HUB_ID; --script runs yours instead)",
+                           fsdp_train_script(plan, model))]
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """The bundle's train_fsdp2.py (which imports the module), or the user's ``--script``."""
+        del plan, model
+        if launch.script is not None:
+            return Program("torchrun", user_program(launch))
+        q = shlex.quote
+        return Program("torchrun", (f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', *(q(a) for a in launch.args), '"$@"'))
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        """The module's plan; it states no batch, so the model file's global batch is taken in
+        micro-batches of one sequence."""
+        values = fsdp_plan_values(path, model, cluster)
+        dp = values["dp_replicate"] * values["dp_shard"]
+        batch = model.training.global_batch
+        if batch % dp:
+            raise SpecError(f"the model's global batch {batch} is not a multiple of data parallel {dp}",
+                            source=str(path), field="DP_SHARD")
+        n = len(values["recompute"])
+        plan = Plan(**values, mbs=1, grad_accum=batch // dp, layers_per_stage=(n,))
+        return ReadConfig(plan, self.name, False, (f"the FSDP2 module states no batch: took the model's global batch "
+                                                   f"{batch} with micro-batch 1",))

@@ -1,4 +1,4 @@
-"""accelerate config YAML (FSDP2) from a plan (accelerate 1.15, see ECOSYSTEM.md).
+"""Hugging Face accelerate: its config YAML (FSDP2) from a plan (accelerate 1.15, see ECOSYSTEM.md), its declaration.
 
 accelerate starts FSDP2 through ``fsdp_config`` (``fsdp_version: 2``) and, for HSDP, tensor
 and context parallelism, through ``parallelism_config``.  The tests check the result with
@@ -7,7 +7,10 @@ accelerate's own loader, launch validation and ``FullyShardedDataParallelPlugin`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from autoplace.emit._common import (
     check_compression,
@@ -17,6 +20,9 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
+from autoplace.emit.launch import Launch, accelerate_launch_script
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked, user_program
+from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -65,7 +71,7 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
-    check_compression(plan, FMT)
+    check_compression(plan, FMT, Accelerate.compressions)
     if plan.compress == "bf16" and _distributed_type(plan) != "FSDP":
         raise fail(FMT, "compress=bf16: accelerate reduces in bf16 only under FSDP (its MixedPrecisionPolicy takes "
                         "reduce_dtype from mixed_precision); its DDP all-reduces the fp32 gradients autocast leaves: "
@@ -133,3 +139,51 @@ def parallelism_section(plan: Plan) -> dict[str, Any]:
         "parallelism_config_tp_size": plan.tp,
         "parallelism_config_cp_size": plan.cp,
     }
+
+
+CONFIG = "accelerate_config.yaml"
+
+
+class Accelerate(Framework):
+    """accelerate 1.15 with FSDP2 (``fsdp_version: 2``) or DDP, and its ``parallelism_config``
+    (HSDP, TP, CP).  Its activation checkpointing is all blocks in full or none; its FSDP2 keeps
+    fp32 shards and reduces in the mixed-precision dtype."""
+
+    name = FMT
+    title = "accelerate"
+    bf16_recipe = "bf16-fsdp2"
+    denied_features = frozenset({"interleave", "ep"})
+    pinned_degrees = {"pp": 1, "ep": 1}
+    uniform_recompute = ("none", "full")
+    compressions = frozenset({"bf16"})
+    config_suffixes = (".yaml", ".yml")
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        mixed = training_dtype(model)
+
+        def check(plan: Plan) -> None:  # the rules emit_accelerate applies, without writing the config
+            check_expressible(plan)
+            parallelism_section(plan)
+            if plan.compress == "bf16" and mixed != "bf16":
+                raise fail(FMT, f"compress=bf16: accelerate's FSDP reduces in its mixed_precision dtype, {mixed} here")
+
+        return checked(check)
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        cfg = yaml.safe_dump(emit_accelerate(plan, model, cluster), sort_keys=False)
+        program = self.program(plan, model, launch)
+        return [BundleFile(CONFIG, "accelerate config, FSDP2 (the launch scripts pass it as accelerate launch "
+                           "--config_file)", cfg),
+                BundleFile("launch_accelerate.sh", "accelerate launch with accelerate_config.yaml, run on every node "
+                           "(NODE_RANK or SLURM_NODEID, MASTER_ADDR)",
+                           accelerate_launch_script(plan, model, cluster, launch, program), executable=True)]
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        del plan, model
+        return Program("accelerate", user_program(launch), config=CONFIG)
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        plan = plan_from_accelerate(path, model, cluster)
+        note = (f"accelerate configs state no batch size: took the model's global batch "
+                f"{model.training.global_batch} with micro-batch {plan.mbs}")
+        return ReadConfig(plan, self.name, False, (note,))

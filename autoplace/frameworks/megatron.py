@@ -1,4 +1,4 @@
-"""Megatron-LM / Megatron-Core command-line arguments from a plan.
+"""Megatron-LM: its command-line arguments from a plan, its launch line, and its declaration.
 
 Flag names are those of ``megatron/training/arguments.py`` (many generated from the
 ``ModelParallelConfig`` / ``TransformerConfig`` dataclasses).  ZeRO maps onto Megatron's own
@@ -10,6 +10,8 @@ for HSDP-like replication), ZeRO-2/3 are Megatron-FSDP's ``optim_grads`` /
 from __future__ import annotations
 
 import math
+import shlex
+from pathlib import Path
 
 from autoplace.emit._common import (
     check_compression,
@@ -20,6 +22,9 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
+from autoplace.emit.launch import Launch, bash_array
+from autoplace.frameworks._megatron_read import plan_from_megatron
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, MoE, TransformerSpec
@@ -48,13 +53,13 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
 
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what Megatron has no argument for."""
-    check_compression(plan, FMT)
+    check_compression(plan, FMT, Megatron.compressions)
     if plan.pp > 1 and plan.schedule == "gpipe":
-        raise fail(FMT, "Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
+        raise fail(FMT, "schedule=gpipe: Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
     if plan.offload_params != "none":
         raise fail(FMT, f"offload_params={plan.offload_params}: Megatron has no parameter offload")
     if plan.offload_optimizer == "nvme":
-        raise fail(FMT, "Megatron offloads optimizer state to CPU memory only, not NVMe")
+        raise fail(FMT, "offload_optimizer=nvme: Megatron offloads optimizer state to CPU memory only, not NVMe")
     if plan.offload_optimizer == "cpu" and plan.zero != 1:
         raise fail(FMT, "--optimizer-cpu-offload works with the distributed optimizer (zero=1)")
     if plan.zero == 0 and plan.dp_shard > 1:
@@ -227,3 +232,82 @@ def moe_args(moe: MoE, layers: int) -> list[str]:
     if 0 in pattern:
         args += ["--moe-layer-freq", f"[{','.join(map(str, pattern))}]"]
     return args
+
+
+ARGS_FILE = "megatron_args.sh"
+ENTRY = "pretrain_gpt.py"  # Megatron-LM's GPT pre-training entry point (the default --script)
+# What the plan cannot know: each a required environment variable, so a job started without it
+# stops at once with the variable's name (bash ${VAR:?message}).
+PLACEHOLDERS = (
+    ("--data-path", "DATA_PATH", "your Megatron-indexed dataset prefix"),
+    ("--tokenizer-model", "TOKENIZER_MODEL", "your Hugging Face tokenizer name or directory"),
+    ("--save", "CHECKPOINT_DIR", "where checkpoints go"),
+    ("--load", "CHECKPOINT_DIR", "where checkpoints go"),
+    ("--train-iters", "TRAIN_ITERS", "how many steps to train"),
+)
+
+
+class Megatron(Framework):
+    """Megatron-LM (core_v0.16): TP with sequence parallelism, CP, EP, 1F1B and interleaved
+    pipelines with uneven first/last stages, the distributed optimizer (ZeRO-1) and Megatron-FSDP
+    (ZeRO-2/3), full/selective/block recompute.  Under ``--bf16`` it accumulates and all-reduces
+    gradients in fp32 (validate_args sets accumulate_allreduce_grads_in_fp32 unless
+    ``--grad-reduce-in-bf16``, which is compress=bf16)."""
+
+    name = FMT
+    title = "Megatron-LM"
+    bf16_recipe = "bf16-fp32-grads"
+    compressions = frozenset({"bf16"})
+    reports_hardware_flops = True
+    config_suffixes = (".sh",)
+
+    def model_refusal(self, model: ModelSpec) -> str | None:
+        if isinstance(model, TransformerSpec) and model.position == "rope":
+            theta = model.rope_theta or DEFAULT_ROTARY_BASE
+            if not float(theta).is_integer():
+                return f"{FMT}: rope_theta {theta} is not a whole number; Megatron's --rotary-base is an integer"
+        return None
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        dtype = training_dtype(model)
+
+        def check(plan: Plan) -> None:  # the rules emit_megatron applies, without writing the arguments
+            check_expressible(plan)
+            pipeline_args(plan)
+            recompute_args(plan)
+            if plan.compress == "bf16" and dtype != "bf16":
+                raise fail(FMT, f"compress=bf16: Megatron's --grad-reduce-in-bf16 acts only with --bf16 training, "
+                                f"and this model trains in {dtype}")
+
+        return checked(check)
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        args = bash_array("MEGATRON_ARGS", emit_megatron(plan, model, cluster), "Megatron-LM arguments")
+        return [BundleFile(ARGS_FILE, 'Megatron-LM arguments as a bash array: the launch scripts source it and pass '
+                           '"${MEGATRON_ARGS[@]}" to pretrain_gpt.py (set DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, '
+                           "TRAIN_ITERS first)", args)]
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        return ReadConfig(plan_from_megatron(path, model, cluster), self.name, True)
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
+        placeholders, and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        del model
+        q = shlex.quote
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', "--tokenizer-type", "HuggingFaceTokenizer"]
+        for flag, var, what in PLACEHOLDERS:
+            words += [flag, f'"${{{var}:?set {var} to {what}}}"']
+        return Program("torchrun", (*words, *(q(a) for a in launch.args), '"$@"'),
+                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
+
+
+def megatron_environment(plan: Plan) -> dict[str, str | None]:
+    """CUDA_DEVICE_MAX_CONNECTIONS by Megatron-LM's own rules (arguments.py validate_args): 1 when
+    tensor or context parallelism overlaps its communication with compute on one stream (before
+    Blackwell), and not 1 under Megatron-FSDP (zero >= 2), which refuses that value (None = unset)."""
+    if plan.zero >= 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    if plan.tp > 1 or plan.cp > 1:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}

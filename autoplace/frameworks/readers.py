@@ -1,7 +1,8 @@
-"""Read the configs users already have back into a Plan, so ``evaluate`` and ``check`` work on them.
+"""Read DeepSpeed and accelerate configs users already have back into a Plan (``check``, ``evaluate``).
 
-A DeepSpeed JSON, an accelerate YAML or a torchtitan 0.2 TOML, together with the model and
-the cluster, becomes a :class:`~autoplace.plan.Plan`.  Unlike the frameworks, the readers
+A DeepSpeed JSON or an accelerate YAML, together with the model and the cluster, becomes a
+:class:`~autoplace.plan.Plan` (the frameworks' ``read`` methods call these; torchtitan's reader
+is ``_torchtitan_read``).  Unlike the frameworks, the readers
 reject what would be silently ignored (unknown top-level DeepSpeed keys, unknown
 ``fsdp_config`` keys) and contradictory values (a batch identity that does not hold, NVMe
 offload without a path, partial optimizer offload below ZeRO-3), naming the file and the key.
@@ -13,7 +14,6 @@ the user's code; accelerate has no batch size), with the defaults ``build_plan``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import numpy as np
 from autoplace.cost.comm import members_per_domain
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, training_dtype
-from autoplace.emit._read_torchtitan import plan_from_torchtitan
-from autoplace.emit.schema import (
+from autoplace.errors import SpecError
+from autoplace.frameworks.schema import (
     ACCELERATE_FSDP,
     ACCELERATE_PARALLELISM,
     ACCELERATE_TOP_LEVEL,
@@ -35,53 +35,11 @@ from autoplace.emit.schema import (
     DEEPSPEED_TOP_LEVEL,
     DEEPSPEED_ZERO,
 )
-from autoplace.errors import SpecError
 from autoplace.plan import RECOMPUTE, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
-__all__ = ["ReadConfig", "plan_from_accelerate", "plan_from_deepspeed", "plan_from_file", "plan_from_torchtitan",
-           "read_config"]
-
-
-@dataclass(frozen=True)
-class ReadConfig:
-    """What a framework config says, as a Plan.
-
-    Attributes:
-        plan: the placement the config runs.
-        framework: ``deepspeed``, ``accelerate`` or ``torchtitan``.
-        batch_stated: whether the config itself fixes the global batch (accelerate's does not).
-        notes: what was filled in from the model or cluster, or left unresolved ("auto" values).
-    """
-
-    plan: Plan
-    framework: str
-    batch_stated: bool
-    notes: tuple[str, ...] = ()
-
-
-def plan_from_file(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    """Read ``path`` by its extension: .json DeepSpeed, .yaml/.yml accelerate, .toml torchtitan."""
-    return read_config(path, model, cluster).plan
-
-
-def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
-    """Read ``path`` by its extension (.json DeepSpeed, .yaml/.yml accelerate, .toml torchtitan),
-    with the notes a pre-submit check shows: values taken from the model, "auto" values resolved."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".json":
-        notes: list[str] = []
-        plan = plan_from_deepspeed(path, model, cluster, notes=notes)
-        return ReadConfig(plan, "deepspeed", True, tuple(notes))
-    if suffix in (".yaml", ".yml"):
-        plan = plan_from_accelerate(path, model, cluster)
-        note = (f"accelerate configs state no batch size: took the model's global batch "
-                f"{model.training.global_batch} with micro-batch {plan.mbs}")
-        return ReadConfig(plan, "accelerate", False, (note,))
-    if suffix == ".toml":
-        return ReadConfig(plan_from_torchtitan(path, model, cluster), "torchtitan", True)
-    raise SpecError("expected a DeepSpeed .json, an accelerate .yaml or a torchtitan .toml", source=str(path))
+__all__ = ["plan_from_accelerate", "plan_from_deepspeed"]
 
 
 # ---------------------------------------------------------------------------------------

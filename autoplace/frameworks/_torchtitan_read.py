@@ -10,23 +10,32 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, stage_counts_from_parts, training_dtype
-from autoplace.emit.schema import PLAN_TO_TORCH_SCHEDULE, TORCH_PP_SCHEDULES, TORCHTITAN_FIELDS, TORCHTITAN_SECTIONS
-from autoplace.emit.torchtitan import layer_sac_pattern
 from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks.schema import (
+    PLAN_TO_TORCH_SCHEDULE,
+    TORCH_PP_SCHEDULES,
+    TORCHTITAN_FIELDS,
+    TORCHTITAN_SECTIONS,
+)
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
+CUSTOM_FLAVOR = "autoplace"  # the flavor name a bundle registers for a model none of torchtitan's own fit
 _SCHEDULES = {name: plan for plan, name in PLAN_TO_TORCH_SCHEDULE.items()}
 _SINGLE_STAGE = {"1F1B", "GPipe"}  # torch's PipelineScheduleSingle subclasses among the plan's schedules
 
 
-def plan_from_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    """A torchtitan 0.2 job config (+ model + cluster) as a Plan.
+def read_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: ClusterSpec,
+                    titan_model: Callable[[ModelSpec], Any]) -> Plan:
+    """A torchtitan 0.2 job config (+ model + cluster) as a Plan (``autoplace.frameworks.torchtitan.
+    plan_from_torchtitan``; ``titan_model`` maps the model file to torchtitan's name and flavor).
 
     Raises:
         SpecError: unknown sections or keys, invalid choices, degrees whose product is not
@@ -37,7 +46,7 @@ def plan_from_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: C
     par, train, ac = (kit.section(doc, name, src) for name in ("parallelism", "training", "activation_checkpoint"))
     for name, table in (("parallelism", par), ("training", train), ("activation_checkpoint", ac)):
         kit.check_keys(table, TORCHTITAN_FIELDS[name], src, f"{name}.")
-    _check_model(kit.section(doc, "model", src), doc, model, src)
+    _check_model(kit.section(doc, "model", src), doc, titan_model, model, src)
     rep, shard, tp, cp, pp, ep = _degrees(par, cluster.gpus, src)
     zero = _zero(par, shard * cp, pp, src)
     _check_training(train, model, src)
@@ -52,14 +61,13 @@ def plan_from_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: C
                 layers_per_stage=stage_counts_from_parts(parts, pp))
 
 
-def _check_model(section: kit.Doc, doc: kit.Doc, model: ModelSpec, src: str) -> None:
+def _check_model(section: kit.Doc, doc: kit.Doc, titan_model: Callable[[ModelSpec], Any], model: ModelSpec,
+                 src: str) -> None:
     """The job must train the model file's model: torchtitan's own flavor with its shapes, or the
     bundle's registered flavor.  Without ``[model]`` torchtitan 0.2.2 trains llama3 debugmodel."""
-    from autoplace.emit.torchtitan import CUSTOM_FLAVOR, torchtitan_model
-
     name, flavor = section.get("name", "llama3"), section.get("flavor", "debugmodel")
     try:
-        want = torchtitan_model(model)
+        want = titan_model(model)
     except EmitError as exc:
         raise SpecError(str(exc), source=src, field="model.name") from None
     custom = flavor == CUSTOM_FLAVOR and kit.section(doc, "experimental", src).get("custom_import")
@@ -205,3 +213,21 @@ def _recompute(ac: kit.Doc, parts: list[int], pp: int, src: str) -> tuple[str, .
                         field="activation_checkpoint.selective_ac_option")
     every = int(option)
     return ("full",) * n if every <= 1 else layer_sac_pattern(parts, pp, every)
+
+
+def layer_sac_pattern(parts: list[int], pp: int, every: int) -> tuple[str, ...]:
+    """Which blocks torchtitan's layer-level SAC (``selective_ac_option = N``) recomputes.
+
+    torchtitan 0.2.2 counts blocks per process in the order its model chunks are wrapped
+    (chunk v * pp + r for v = 0, 1, ...) and checkpoints every N-th one in full.
+    """
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    modes = ["none"] * sum(parts)
+    for r in range(pp):
+        count = 0
+        for chunk in range(r, len(parts), pp):
+            for j in range(starts[chunk], starts[chunk] + parts[chunk]):
+                count += 1
+                if count % every == 0:
+                    modes[j] = "full"
+    return tuple(modes)

@@ -1,0 +1,167 @@
+"""The one small base class every supported training framework implements.
+
+A framework module (``autoplace/frameworks/<name>.py``) declares, in one place, everything
+autoplace knows about the framework: how it stores and moves the training states (its precision
+recipe and its costing overrides), what it can express (search features, pinned degrees,
+recompute rules, compression options), what it refuses and why, how a plan becomes its files
+and how its files become a plan again, and how its job starts.  The registry
+(:mod:`autoplace.frameworks`) finds it by name.
+
+The call sequence, as ``autoplace solve`` makes it:
+
+1. :meth:`Framework.model_refusal` once per model: ``None``, or one line naming the model
+   feature the framework cannot train (the framework is then inadmissible for the model);
+2. :meth:`Framework.costing` and :meth:`Framework.search_limits` to build its search problem;
+3. :meth:`Framework.plan_check` once per model, then the returned check once per configuration
+   the search enumerates and once per plan it returns: ``None``, or why the framework's config
+   cannot express the plan -- decided from these declarations, never by rendering;
+4. :meth:`Framework.render` for the plans written to a bundle (which raises
+   :class:`~autoplace.errors.EmitError` exactly when the check refuses: a contract test holds
+   every framework to it), :meth:`Framework.program` for its launch line and environment;
+5. :meth:`Framework.read` when ``autoplace check`` reads one of its files back into a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from autoplace.emit.launch import Launch, Program, user_program
+from autoplace.errors import EmitError
+
+if TYPE_CHECKING:
+    from autoplace.cost.assumptions import Assumptions
+    from autoplace.plan import Plan
+    from autoplace.specs.cluster import ClusterSpec
+    from autoplace.specs.model import ModelSpec
+
+BF16_RECIPES = ("bf16", "bf16-fsdp2", "bf16-fp32-grads")  # specs.model recipe names a framework may swap in
+
+PlanCheck = Callable[["Plan"], "str | None"]
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """What a framework config says, as a Plan.
+
+    Attributes:
+        plan: the placement the config runs.
+        framework: the registered name of the framework whose file it is (or ``plan.json``).
+        batch_stated: whether the config itself fixes the global batch (accelerate's does not).
+        notes: what was filled in from the model or cluster, or left unresolved ("auto" values).
+    """
+
+    plan: Plan
+    framework: str
+    batch_stated: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """One file a framework writes: its name in the bundle, the README line, the text."""
+
+    name: str
+    what: str
+    text: str
+    executable: bool = False
+
+
+class Framework:
+    """A training framework autoplace plans for, configures and reads back.
+
+    Subclasses set the class attributes and implement :meth:`plan_check` and :meth:`render`;
+    the rest has defaults that say "nothing special".
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # as people write it: "DeepSpeed"
+    # the specs.model recipe this framework implements under bf16 mixed precision
+    bf16_recipe: ClassVar[str] = "bf16"
+    # Assumptions fields that differ in how this framework runs what the plan names
+    behaviour: ClassVar[Mapping[str, Any]] = {}
+    denied_features: ClassVar[frozenset[str]] = frozenset()  # solvers.problem.FEATURES it never has
+    pinned_degrees: ClassVar[Mapping[str, int]] = {}  # degrees it runs only at this value
+    # recompute modes it can apply to all blocks alike, when it cannot choose per layer (None: per layer)
+    uniform_recompute: ClassVar[tuple[str, ...] | None] = None
+    compressions: ClassVar[frozenset[str]] = frozenset()  # compress options it configures (besides none)
+    config_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes :meth:`read` takes
+    # whether the TFLOP/s it logs count the recompute forward (hardware FLOPs, not model FLOPs)
+    reports_hardware_flops: ClassVar[bool] = False
+
+    # --- what it can train -------------------------------------------------------------------
+
+    def model_refusal(self, model: ModelSpec) -> str | None:
+        """Why this framework cannot train ``model`` whatever the plan (one line naming the
+        feature), or None."""
+        del model
+        return None
+
+    def plan_check(self, model: ModelSpec) -> PlanCheck:
+        """A check for plans of ``model``: ``check(plan)`` is None when this framework's config
+        expresses ``plan``, else one line naming what it cannot.  The model's own rules are
+        judged once here, the plan's per call (the search judges thousands)."""
+        raise NotImplementedError
+
+    def refusal(self, plan: Plan, model: ModelSpec) -> str | None:
+        """Why this framework cannot run ``plan`` of ``model`` (model or plan), or None."""
+        return self.model_refusal(model) or self.plan_check(model)(plan)
+
+    # --- how it is costed ---------------------------------------------------------------------
+
+    def costing(self, model: ModelSpec, assumptions: Assumptions) -> tuple[ModelSpec, Assumptions]:
+        """``model`` with the bf16 recipe this framework implements (other recipes are left as
+        they are) and ``assumptions`` with its behaviour."""
+        precision = model.training.precision
+        if precision in BF16_RECIPES and precision != self.bf16_recipe:
+            training = model.training.model_copy(update={"precision": self.bf16_recipe})
+            model = model.model_copy(update={"training": training})
+        return model, assumptions.replace(**self.behaviour) if self.behaviour else assumptions
+
+    def costing_key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        """Frameworks with equal keys cost every plan alike (one search can serve them all)."""
+        return self.bf16_recipe, tuple(sorted(self.behaviour.items()))
+
+    # --- its files ----------------------------------------------------------------------------
+
+    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        """The framework's own files for ``plan`` (configs, argument files, modules; not the
+        generic launch scripts, which take :meth:`program`).
+
+        Raises:
+            EmitError: the framework cannot express the plan (exactly when :meth:`refusal` says so).
+        """
+        raise NotImplementedError
+
+    def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """The launch line every node runs: by default the user's script under torchrun."""
+        del plan, model
+        return Program("torchrun", user_program(launch))
+
+    def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
+        """One of this framework's config files as the plan it runs.
+
+        Raises:
+            SpecError: unknown or contradictory keys, naming the file and the key.
+        """
+        raise EmitError(f"{self.name}: autoplace reads no {self.title} config back")
+
+    def refuse(self, reason: str | None) -> None:
+        """Raise the EmitError of ``reason`` (its render's guard), or nothing for None."""
+        if reason is not None:
+            raise EmitError(reason)
+
+
+def checked(check: Callable[[Plan], None]) -> PlanCheck:
+    """A check that raises EmitError (an emitter's guard) as a :data:`PlanCheck`: None, or the line."""
+
+    def plan_check(plan: Plan) -> str | None:
+        try:
+            check(plan)
+        except EmitError as exc:
+            return str(exc)
+        return None
+
+    return plan_check

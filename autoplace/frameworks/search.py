@@ -1,0 +1,285 @@
+"""Searching for frameworks: their costing, their admissible configurations, their best plans.
+
+``autoplace solve --framework F`` answers "the best plan I can run with F": the model is costed
+with the recipe F really uses (FSDP2 keeps fp32 shards and reduces in fp32; DeepSpeed and
+Megatron keep 16-bit weights and an fp32 master copy), the search leaves out what F can never
+express, and every returned plan is one F's config expresses.  ``--framework any`` (the default)
+searches the configurations at least one framework can express and keeps the plans one can run;
+``none`` is the theoretical optimum, unfiltered.  Every verdict comes from the frameworks'
+declarations (:meth:`~autoplace.frameworks.base.Framework.plan_check`), never from rendering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autoplace.cost.assumptions import DEFAULT
+from autoplace.errors import AutoplaceError, Infeasible, SpecError
+from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
+from autoplace.frameworks.base import Framework, PlanCheck
+from autoplace.plan import RECOMPUTE, Config, Plan, even_split
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+UNIFORM_MODES = ("none", "selective", "full")
+
+
+def members(framework: str) -> list[Framework]:
+    """The frameworks ``framework`` stands for: one, or every registered one for ``any``."""
+    return [get(f) for f in FRAMEWORKS] if framework == ANY else [get(framework)]
+
+
+def search_limits(framework: Framework, fixed: dict[str, Any], features: set[str]) -> tuple[dict[str, Any], set[str]]:
+    """The user's ``--fix`` values with the framework's pinned degrees added, and the features left.
+
+    Raises:
+        SpecError: the user pinned a degree the framework cannot run.
+    """
+    for key, value in framework.pinned_degrees.items():
+        if key in fixed and int(fixed[key]) != value:
+            raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} (it supports only {key}={value})",
+                            field="--fix")
+    return {**framework.pinned_degrees, **fixed}, features - framework.denied_features
+
+
+def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
+                features: set[str], **options: Any) -> Any:
+    """The solver Problem for ``framework`` (``any``, ``none`` or a registered name): the model
+    costed as the framework runs it, its pinned degrees and features, its admissible configurations.
+
+    Args:
+        options: the other Problem fields (objective, top_k, assumptions, ...).
+
+    Raises:
+        SpecError: an unknown framework, or a ``--fix`` the framework cannot run.
+        Infeasible: a model the framework cannot train (the line names the feature).
+    """
+    check_name(framework)
+    if framework not in (ANY, NONE):
+        return group_problem([get(framework)], model, cluster, fixed=fixed, features=features, **options)
+    from solvers.problem import Problem
+
+    test = None if framework == NONE else admissible(members(ANY), model)
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, **options)
+
+
+def group_problem(group: Sequence[Framework], model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
+                  features: set[str], **options: Any) -> Any:
+    """One Problem for frameworks that cost every plan alike (equal ``costing_key``): the plans
+    at least one of them expresses, within the limits they all share.
+
+    Raises:
+        Infeasible: no framework of the group can train the model (every refusal named).
+    """
+    from solvers.problem import Problem
+
+    refusals = [f.model_refusal(model) for f in group]
+    group = [f for f, why in zip(group, refusals, strict=True) if why is None]
+    if not group:
+        raise Infeasible("; ".join(why for why in refusals if why))
+    pinned = [search_limits(f, fixed, features) for f in group]
+    fixed = {k: v for k, v in pinned[0][0].items() if all(p[0].get(k) == v for p in pinned)}
+    features = set().union(*(p[1] for p in pinned))
+    model, assumptions = group[0].costing(model, options.pop("assumptions", DEFAULT))
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible(group, model),
+                   assumptions=assumptions, **options)
+
+
+def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config], bool]:
+    """A solver configuration filter (``Problem.admissible``): whether at least one framework of
+    ``group`` can express the configuration (its degrees, ZeRO level, schedule and offload),
+    judged on the configuration's plan with an even split and no recompute.  Per-layer recompute
+    and uneven splits are judged on the final plans (:func:`refusal`)."""
+    from autoplace.cost.layers import layer_table
+
+    # Megatron-LM first: it expresses nearly every configuration some framework can in the default space
+    ordered = sorted((f for f in group if f.model_refusal(model) is None), key=lambda f: f.name != "megatron")
+    checks = [f.plan_check(model) for f in ordered]
+    table = layer_table(model)
+    no_recompute = (RECOMPUTE[0],) * table.blocks
+    layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
+
+    def ok(config: Config) -> bool:
+        key = (config.pp, config.vpp)
+        if key not in layouts:
+            split = even_split(table.blocks, config.pp * config.vpp)
+            layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp, ...
+        plan = config.to_plan(layouts[key], no_recompute)
+        return any(check(plan) is None for check in checks)
+
+    return ok
+
+
+def refusal(plan: Plan, model: ModelSpec, framework: str) -> str | None:
+    """Why ``framework`` cannot run ``plan`` (its declaration's reason), or None.
+    For ``any``: None when at least one framework can, else every framework's reason."""
+    reasons = [f.refusal(plan, model) for f in members(framework)]
+    return None if None in reasons else "; ".join(_clip(r) for r in reasons if r)
+
+
+def _clip(reason: str, limit: int = 100) -> str:
+    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
+
+
+def runnable_by(plan: Plan, model: ModelSpec, checks: dict[str, PlanCheck] | None = None) -> list[str]:
+    """The frameworks whose config can express ``plan`` (``checks``: each framework's plan check
+    for ``model``, when the caller judges many plans)."""
+    if checks is None:
+        return [f.name for f in members(ANY) if f.refusal(plan, model) is None]
+    return [name for name, check in checks.items() if check(plan) is None]
+
+
+def plan_checks(model: ModelSpec) -> dict[str, PlanCheck]:
+    """Each framework that can train ``model``, with its plan check (the model judged once)."""
+    return {f.name: f.plan_check(model) for f in members(ANY) if f.model_refusal(model) is None}
+
+
+RESOLVE_SHARE = 0.25  # of --time-limit, kept from the wide search for the uniform re-solves it may need
+
+
+def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any, top: int,
+              framework: str | None = None) -> Any:
+    """Solve ``problem`` (from :func:`problem_for` or :func:`group_problem`) and keep the ``top``
+    plans at least one framework of ``group`` can express.
+
+    The search asks for ``4 * top`` plans (at most 20) because a plan's per-layer choices may
+    still be something no framework of the group can say; a note counts those left out.  A group
+    whose frameworks all recompute every block alike is searched once per mode they offer and
+    the plans merged by the objective; other groups run those uniform searches only when none
+    of the wide search's per-layer plans can be expressed.
+
+    Args:
+        framework: the name the user gave (``any`` or one framework), for messages.
+    """
+    who = framework or ", ".join(f.name for f in group)
+    wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
+    modes = _uniform_modes(group) if "recompute" not in problem.fixed else None
+    deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
+    uniform_later = modes is None and "recompute" not in problem.fixed  # may be needed after the wide search
+    reserve = RESOLVE_SHARE * budget.time_limit_s if uniform_later else 0.0
+    results = _solve_runs(solver, wide, budget, modes, who, deadline - reserve)
+    kept, reasons, plans = _keep(results, problem, group)
+    if not kept and uniform_later:  # every plan found recomputes per layer in a way no one can say
+        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, who, deadline)
+        kept, reasons, plans = _keep(results, problem, group)
+    notes = [note for r in results for note in r.notes]
+    if reasons:
+        nobody = "no supported framework can" if framework == ANY else f"{who} cannot"
+        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {nobody} express them "
+                     f"(e.g. {reasons[0]})")
+    proven = all(r.status in ("optimal", "infeasible") for r in results)
+    status = ("optimal" if proven else "feasible") if kept else "infeasible"
+    phases: dict[str, float] = {}
+    for r in results:
+        for name, seconds in r.phases.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+    return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
+                               wall_s=sum(r.wall_s for r in results),
+                               n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
+
+
+def _uniform_modes(group: Sequence[Framework]) -> tuple[str, ...] | None:
+    """The uniform recompute modes to search one at a time: those of a group whose frameworks
+    all recompute every block alike (their union), else None (per-layer plans first)."""
+    if any(f.uniform_recompute is None for f in group):
+        return None
+    return tuple(m for m in UNIFORM_MODES if any(m in (f.uniform_recompute or ()) for f in group))
+
+
+def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, who: str,
+                deadline: float) -> list[Any]:
+    """One solve per uniform recompute mode (or one solve), within the deadline; an empty
+    admissible space says whose."""
+    runs = [dataclasses.replace(problem, fixed={**problem.fixed, "recompute": m}) for m in modes] if modes else [problem]
+    out = []
+    try:
+        for k, run in enumerate(runs):  # the runs share what is left of the time limit
+            left = max(deadline - time.perf_counter(), 0.1) / (len(runs) - k)
+            out.append(solver.solve(run, dataclasses.replace(budget, time_limit_s=left)))
+        return out
+    except Infeasible as exc:
+        whose = "some supported framework" if who == ANY else who
+        raise Infeasible(f"{exc}, among the configurations {whose} can run (--framework none shows the "
+                         "theoretical optimum)") from None
+
+
+def _keep(results: list[Any], problem: Any, group: Sequence[Framework]) -> tuple[list[Any], list[str], list[Any]]:
+    """(plans a framework of ``group`` can express, best first and distinct; reasons for the others; all plans)."""
+    from solvers.problem import objective_key
+
+    checks = [f.plan_check(problem.model) for f in group if f.model_refusal(problem.model) is None]
+    plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
+    kept, reasons, seen = [], [], set()
+    for ev in plans:
+        key = ev.plan.to_string()
+        if key in seen:
+            continue
+        seen.add(key)
+        why = [check(ev.plan) for check in checks]
+        if None in why:
+            kept.append(ev)
+        else:
+            reasons.append("; ".join(_clip(r) for r in why if r))
+    return kept, reasons, plans
+
+
+def solve(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> Any:
+    """The search ``solve --framework`` asks for: unfiltered for ``none``, else the plans the
+    framework (or, for ``any``, at least one framework) can express."""
+    if framework == NONE:
+        return solver.solve(problem, budget)
+    return solve_for(members(framework), solver, problem, budget, top, framework)
+
+
+def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any, *, fixed: dict[str, Any],
+                       features: set[str], **options: Any) -> dict[str, tuple[Any, Any]]:
+    """Each framework's best plan, costed as it runs it: name -> (Evaluation, costed model), or
+    (None, why there is none).
+
+    Frameworks that cost plans alike and recompute alike (equal ``costing_key`` and uniform
+    recompute rules: torchtitan and the FSDP2 module by default) share one search, whose plans
+    each takes its best from; a member left without a plan is searched alone.
+    """
+    groups: dict[Any, list[Framework]] = {}
+    for f in members(ANY):
+        groups.setdefault((f.costing_key(), f.uniform_recompute), []).append(f)
+    out: dict[str, tuple[Any, Any]] = {}
+    deadline = time.perf_counter() + budget.time_limit_s  # the groups share the budget
+    for k, group in enumerate(groups.values()):
+        left = max(deadline - time.perf_counter(), 0.1) / (len(groups) - k)
+        out.update(_group_best(group, model, cluster, solver, dataclasses.replace(budget, time_limit_s=left),
+                               fixed=fixed, features=features, **options))
+    return {f: out[f] for f in FRAMEWORKS}
+
+
+def _group_best(group: list[Framework], model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any,
+                **search: Any) -> dict[str, tuple[Any, Any]]:
+    """Each member's best plan from the group's search (see :func:`best_per_framework`)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    try:
+        problem = group_problem(group, model, cluster, top_k=1, **_copy(search))
+        result = solve_for(group, solver, problem, budget, 5 * len(group))
+    except AutoplaceError as exc:
+        if len(group) == 1:
+            return {group[0].name: (None, exc)}
+        result = None
+    for f in group:
+        check = f.plan_check(problem.model) if result is not None and f.model_refusal(model) is None else None
+        found = next((ev for ev in result.plans if check(ev.plan) is None), None) if check else None
+        if found is not None:
+            out[f.name] = (found, problem.model)
+        elif len(group) > 1:
+            out.update(_group_best([f], model, cluster, solver, budget, **search))
+        else:
+            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits") \
+                if result is not None else "no plan fits"
+            out[f.name] = (None, f"no plan {f.name} can express fits ({detail})")
+    return out
+
+
+def _copy(search: dict[str, Any]) -> dict[str, Any]:
+    """The search options with fresh ``fixed`` and ``features`` (the problem builders take them)."""
+    return {**search, "fixed": dict(search["fixed"]), "features": set(search["features"])}

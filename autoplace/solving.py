@@ -1,0 +1,151 @@
+"""``autoplace solve`` as named, typed steps, each testable alone.
+
+load (:func:`load_inputs`) -> the problem (:func:`build_problem`) -> the search (:func:`search`)
+-> annotate the plans (:func:`annotate`: who runs each, the 95% band, hints) -> each framework's
+best plan and the bundles (:func:`write_bundles`, within what is left of the time limit) -> one
+solution document.  The CLI only calls them in this order and prints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplace.frameworks import ANY, NONE, search
+from autoplace.specs.cluster import ClusterSpec
+from autoplace.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What was loaded: the model and cluster, where the model came from (which of its numbers
+    are defaults), and how plan.json names both."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    origin: dict[str, Any]
+    refs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked the search for (solve's options, validated)."""
+
+    framework: str = ANY
+    top: int = 3
+    objective: str = "time"
+    time_limit_s: float = 10.0
+    solver: str = "cpsat"
+    fixed: dict[str, Any] = field(default_factory=dict)
+    features: frozenset[str] = frozenset()
+    workers: int = 2
+    seed: int = 0
+    assumptions: Any = None
+    band: tuple[float, float] | None = None  # the calibration's 95% band, when it has one
+    started: float = field(default_factory=time.perf_counter)
+
+    def budget(self, progress: Any = None, left: float | None = None) -> Any:
+        """The solver Budget: the time limit (or what is ``left`` of it), workers, seed."""
+        from solvers.problem import Budget
+
+        limit = self.time_limit_s if left is None else max(left, 0.1)
+        return Budget(time_limit_s=limit, workers=self.workers, seed=self.seed, progress=progress)
+
+    def left(self) -> float:
+        """Seconds of the time limit not yet spent (it bounds the whole command)."""
+        return self.time_limit_s - (time.perf_counter() - self.started)
+
+    def search_options(self) -> dict[str, Any]:
+        """The Problem fields besides model, cluster, limits and top-K."""
+        from autoplace.cost.assumptions import DEFAULT
+
+        # cost to a token budget on a fixed cluster is GPUs x time: the time ranking
+        objective = "time" if self.objective == "cost" else self.objective
+        return {"objective": objective, "assumptions": self.assumptions or DEFAULT}
+
+
+def build_problem(inputs: Inputs, request: Request) -> Any:
+    """The solver Problem (the model costed as ``request.framework`` runs it)."""
+    return search.problem_for(request.framework, inputs.model, inputs.cluster, fixed=dict(request.fixed),
+                              features=set(request.features), top_k=request.top, **request.search_options())
+
+
+def run_search(problem: Any, request: Request, progress: Any = None) -> Any:
+    """The ranked plans (a SolveResult) within the time limit."""
+    from solvers.registry import get_solver
+
+    return search.solve(request.framework, get_solver(request.solver), problem, request.budget(progress), request.top)
+
+
+def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dict[str, Any]:
+    """The solution document (``autoplace.solution/v1``): the plans with who runs each and their
+    95% band, notes and the compression hint."""
+    from autoplace.cost.layers import layer_table
+
+    m, c = problem.model, inputs.cluster
+    checks = search.plan_checks(m)
+    doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
+           "solve_seconds": round(time.perf_counter() - request.started, 3), "bound": result.bound, "gap": result.gap,
+           "disagreement": result.disagreement, "advice": result.advice, "framework": request.framework,
+           "phases_s": {k: round(v, 3) for k, v in result.phases.items()}, "cpsat_model": result.model_size,
+           "model": {"name": m.name, "params": int(layer_table(m).params), **inputs.origin}, "cluster": c.summary(),
+           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": search.runnable_by(ev.plan, m, checks)}
+                     for i, ev in enumerate(result.plans)], "notes": list(result.notes)}
+    if request.framework == NONE:
+        doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
+                        "'frameworks' lists who can run each plan", *result.notes]
+    # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
+    band, source = step_band(c, request.band)
+    for plan in doc["plans"]:
+        plan["step_time_band_95_s"] = [plan["step_time_s"] * band[0], plan["step_time_s"] * band[1]]
+        plan["step_time_band_source"] = source
+    if result.nearest is not None:
+        doc["nearest"] = result.nearest.to_dict()
+    hint = compression_hint(problem, result)
+    if hint:
+        doc["notes"].append(hint)
+    return doc
+
+
+def step_band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:
+    """The 95% band of a predicted step time: the calibration's when one is given, otherwise
+    from the development-set error of the cluster's least well predicted GPU."""
+    if calibrated is not None:
+        return calibrated, "calibration"
+    sigma = max(p.gpu.throughput_error for p in cluster.pools)
+    gpu = max(cluster.pools, key=lambda p: p.gpu.throughput_error).gpu.name
+    return (math.exp(-1.96 * sigma), math.exp(1.96 * sigma)), f"published runs on {gpu}"
+
+
+def compression_hint(problem: Any, result: Any) -> str | None:
+    """What compression would buy the best plan when the search left it out (cheap: a few evaluations)."""
+    if "compress" in problem.features or not result.plans:
+        return None
+    from autoplace.explain import compression_hint as hint
+
+    return hint(problem.model, problem.cluster, result.plans[0], problem.assumptions)
+
+
+def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs, request: Request,
+                  out: Path) -> dict[str, Any]:
+    """The best plan's bundle in ``out`` and, unless one framework was asked for, each framework's
+    best plan in ``out/<framework>/`` (searched within what is left of the time limit).
+    Returns framework -> FrameworkBundle and records both in ``doc``."""
+    from autoplace.bundle import write_bundle, write_framework_bundles
+    from solvers.registry import get_solver
+
+    best = result.plans[0]
+    files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs)
+    doc["bundle"] = {k: str(v) for k, v in files.items()}
+    if request.framework not in (ANY, NONE):
+        return {}
+    bests = search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver),
+                                      request.budget(left=request.left()), fixed=dict(request.fixed),
+                                      features=set(request.features), **request.search_options())
+    per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
+    doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
+    return per_framework
+

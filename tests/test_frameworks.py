@@ -1,0 +1,164 @@
+"""One contract, every registered framework (as Optuna runs one suite over every sampler).
+
+For each framework: its refusal and its files agree (a plan is admissible exactly when it renders);
+the verdict does not depend on micro-batching; a refusal is one line naming the feature; what it
+writes it reads back as the same plan; its launch line runs its own entry point with its config.
+The plans are drawn by hypothesis from every degree, ZeRO level, schedule, offload, compression,
+split and per-layer recompute a 16-GPU cluster allows.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplace.bundle import render
+from autoplace.emit.launch import Launch
+from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks import ANY, FRAMEWORKS, NONE, all_frameworks, check_name, get, read_config
+from autoplace.frameworks.base import Framework
+from autoplace.frameworks.search import admissible
+from autoplace.plan import COMPRESS, OFFLOAD, RECOMPUTE, SCHEDULES, Config, Plan
+from tests.test_emit_plans import CLUSTER16, MODEL, small_model
+
+# every plan key a refusal may name, and the words for what is not a key
+KEYS = ("tp", "pp", "cp", "ep", "vpp", "sp", "zero", "dp_shard", "dp_replicate", "schedule", "offload_params",
+        "offload_optimizer", "compress", "powersgd_rank", "recompute", "mbs", "world size", "stage")
+FEATURE = re.compile("|".join([rf"\b{k}\b" for k in KEYS] + [r"per-layer recompute", r"recompute", r"CPU offload",
+                                                          r"HSDP", r"hpZ", r"fsdp_activation_checkpointing",
+                                                          r"middle pipeline stage", r"layers", r"precision"]))
+
+
+@st.composite
+def plans(draw: st.DrawFn, blocks: int = 8, world: int = 16) -> Plan:
+    """Any Plan of ``blocks`` layers on ``world`` GPUs, valid or not for a given framework."""
+    tp, pp, cp = (draw(st.sampled_from([d for d in (1, 2, 4) if world % d == 0])) for _ in range(3))
+    if world % (tp * pp * cp):
+        tp, pp, cp = tp, pp, 1
+    if world % (tp * pp * cp):
+        pp = 1
+    dp = world // (tp * pp * cp)
+    replicate = draw(st.sampled_from([d for d in (1, 2, dp) if dp % d == 0]))
+    ep = draw(st.sampled_from([e for e in (1, 2) if (dp * cp) % e == 0]))
+    vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    stages = draw(st.sampled_from(["even", "uneven"])) if pp > 1 else "even"
+    per = blocks // pp
+    split = [per] * pp if stages == "even" or pp == 1 else [per - vpp, *([per] * (pp - 2)), per + vpp]
+    compress = draw(st.sampled_from(COMPRESS))
+    recompute = draw(st.sampled_from(["uniform", "first", "any"]))
+    if recompute == "uniform":
+        modes = (draw(st.sampled_from(RECOMPUTE)),) * blocks
+    elif recompute == "first":
+        modes = tuple("full" if i < 2 else "none" for i in range(blocks))
+    else:
+        modes = tuple(draw(st.lists(st.sampled_from(RECOMPUTE), min_size=blocks, max_size=blocks)))
+    return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=replicate, dp_shard=dp // replicate, vpp=vpp,
+                sp=draw(st.booleans()) and tp > 1, zero=draw(st.integers(0, 3)), mbs=draw(st.sampled_from([1, 2])),
+                grad_accum=draw(st.sampled_from([1, 4])),
+                schedule=("interleaved" if vpp > 1 else draw(st.sampled_from([s for s in SCHEDULES if s != "interleaved"]))),
+                offload_optimizer=draw(st.sampled_from(OFFLOAD)), offload_params=draw(st.sampled_from(OFFLOAD)),
+                compress=compress, powersgd_rank=2 if compress == "powersgd" else 0, recompute=modes,
+                layers_per_stage=tuple(split))
+
+
+FRAMEWORK = pytest.mark.parametrize("framework", all_frameworks(), ids=FRAMEWORKS)
+MODELS = {"bf16": MODEL, "fp16": small_model("fp16")}
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_registry_finds_each_framework_by_name_and_lists_the_valid_ones() -> None:
+    assert FRAMEWORKS == ("deepspeed", "megatron", "torchtitan", "fsdp", "accelerate")
+    assert all(get(name).name == name for name in FRAMEWORKS)
+    with pytest.raises(SpecError, match="unknown framework 'jax'; valid: deepspeed, megatron, torchtitan, fsdp"):
+        get("jax")
+    check_name(ANY), check_name(NONE)
+    with pytest.raises(SpecError, match="valid: any, none, deepspeed"):
+        check_name("jax")
+
+
+@FRAMEWORK
+@SETTINGS
+@given(plan=plans(), dtype=st.sampled_from(sorted(MODELS)))
+def test_admissible_exactly_when_it_renders(framework: Framework, plan: Plan, dtype: str) -> None:
+    """The search's verdict (the declaration, without rendering) is the files' verdict."""
+    model = MODELS[dtype]
+    why = framework.refusal(plan, model)
+    try:
+        files = framework.render(plan, model, CLUSTER16, Launch())
+    except EmitError as exc:
+        assert why == str(exc)
+        return
+    assert why is None and files
+
+
+@FRAMEWORK
+@SETTINGS
+@given(plan=plans())
+def test_refusals_are_one_line_naming_the_feature(framework: Framework, plan: Plan) -> None:
+    why = framework.refusal(plan, MODEL)
+    if why is not None:
+        assert why.startswith(f"{framework.name}: ") and "\n" not in why
+        assert FEATURE.search(why), why
+
+
+@FRAMEWORK
+@SETTINGS
+@given(plan=plans(), mbs=st.sampled_from([1, 2, 4]), ga=st.sampled_from([1, 3]))
+def test_the_verdict_does_not_depend_on_micro_batching(framework: Framework, plan: Plan, mbs: int, ga: int) -> None:
+    """Enumeration judges each shape once, at one micro-batching (solvers.space)."""
+    check = framework.plan_check(MODEL)
+    assert (check(plan) is None) == (check(plan.replace(mbs=mbs, grad_accum=ga)) is None)
+
+
+@FRAMEWORK
+def test_the_search_filter_is_the_declaration(framework: Framework) -> None:
+    """``admissible`` (the solver's configuration filter) asks the framework's own check."""
+    ok = admissible([framework], MODEL)
+    for config in (Config(dp_shard=16, zero=3), Config(tp=2, pp=2, dp_shard=4, zero=1, sp=True),
+                   Config(cp=2, dp_shard=8, zero=2), Config(pp=4, vpp=2, dp_shard=4, zero=1, schedule="interleaved")):
+        plan = config.to_plan((2,) * config.pp if config.pp > 1 else (8,), ("none",) * 8)
+        assert ok(config) == (framework.refusal(plan, MODEL) is None)
+
+
+ROUND_TRIPS = ["zero=3", "tp=2,zero=3,recompute=full", "dp_replicate=2,dp_shard=8,zero=3", "tp=2,pp=2,zero=1,recompute=selective",
+               "pp=4,zero=1,vpp=2", "pp=2,zero=1,layers=3:5", "dp_replicate=16,zero=0", "cp=2,zero=2",
+               "tp=2,pp=2,zero=1,layers=3:5,recompute_layers=f:n:n:f:n:n:n:n"]
+
+
+@FRAMEWORK
+@pytest.mark.parametrize("text", ROUND_TRIPS)
+def test_what_it_writes_it_reads_back_as_the_same_plan(framework: Framework, text: str, tmp_path) -> None:
+    from tests.test_emit_plans import make_plan
+
+    plan = make_plan(text, MODEL, CLUSTER16)
+    try:
+        files = render(framework.name, plan, MODEL, CLUSTER16)
+    except EmitError:
+        return
+    (config,) = [f for f in files if any(f.name.endswith(s) for s in framework.config_suffixes)]
+    (tmp_path / config.name).write_text(config.text)
+    read = read_config(tmp_path / config.name, MODEL, CLUSTER16)
+    assert read.framework == framework.name
+    if read.batch_stated:
+        assert read.plan == plan
+    else:  # the batch is the model file's: mbs and accumulation may be split differently
+        assert read.plan.replace(mbs=plan.mbs, grad_accum=plan.grad_accum) == plan
+
+
+@FRAMEWORK
+def test_its_launch_line_runs_its_entry_point_with_its_config(framework: Framework) -> None:
+    """torchrun (or accelerate launch) runs the framework's program, which names the bundle's config."""
+    from tests.test_emit_plans import make_plan
+
+    plan = make_plan("zero=3", MODEL, CLUSTER16)
+    program = framework.program(plan, MODEL, Launch())
+    words = " ".join(program.words)
+    files = {f.name for f in framework.render(plan, MODEL, CLUSTER16, Launch())}
+    config = next((name for name in files if name in words or name in (program.config or "")
+                   or any(name in line for line in program.prelude)), None)
+    assert config in files, (framework.name, words, files)
+    assert shlex.split(words.replace('"$@"', "")) or framework.name == "accelerate"
