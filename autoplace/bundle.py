@@ -77,15 +77,15 @@ def render(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch:
     if fmt not in LAUNCHERS:
         raise SpecError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}", field="format")
     framework = framework or primary(plan, model)
-    program = framework.program(plan, model, launch) if framework else Program("torchrun", user_program(launch))
+    program = framework.program(plan, model, launch) if framework else Program(user_program(launch))
     name, what = LAUNCHERS[fmt]
     if fmt == "torchrun":
         return [BundleFile(name, what, emit_torchrun(plan, model, cluster, launch, program), executable=True)]
     if fmt == "slurm":
         return [BundleFile(name, what, emit_slurm(plan, model, cluster, launch, program), executable=True)]
-    if program.launcher != "torchrun":
+    if program.launcher is not None:
         raise EmitError(f"k8s: the PyTorchJob runs torchrun; {framework.title if framework else 'this job'} starts "
-                        f"with {program.launcher} launch")
+                        "with its own launcher")
     return [BundleFile(name, what, yaml.safe_dump(emit_k8s(plan, model, cluster, launch, program), sort_keys=False))]
 
 

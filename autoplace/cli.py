@@ -66,8 +66,14 @@ NoiseOpt = Annotated[str | None, typer.Option("--noise-scale", help="Measured gr
                                               rich_help_panel="Batch advice")]
 
 
-class Allow(StrEnum):
-    tp_across_nodes = "tp-across-nodes"
+AllowOpt = Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature that is off by default: offload, "
+                                                   "cp, ep, interleave, hsdp, tp-across-nodes, compress (repeatable; "
+                                                   "compression changes the numbers the optimizer sees).")]
+DenyOpt = Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature (repeatable).")]
+FrameworkOpt = Annotated[str, typer.Option("--framework", help="any (default): plans at least one supported framework "
+                                           "can run; none: the theoretical optimum, unfiltered; or one of deepspeed, "
+                                           "megatron, torchtitan, fsdp, accelerate: the plans it can run, costed with "
+                                           "its precision recipe.")]
 
 
 def _version(value: bool) -> None:
@@ -124,18 +130,25 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
 
     ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags.
     """
+    m, c, _ = _load_recorded(model, cluster, seq_len, global_batch)
+    return m, c
+
+
+def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None
+                   ) -> tuple[Any, Any, dict[str, Any]]:
+    """:func:`_load`, and where the model came from with which of its numbers are defaults."""
     from autoplace.specs.cluster import check_compute_dtype
     from autoplace.specs.hub import resolve_model
-    from autoplace.specs.model import load_model
+    from autoplace.specs.model import read_model
 
     path, repo = resolve_model(model)
-    m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    m, recorded = read_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
     c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
                         else c.name)
-    return m, c
+    return m, c, model_origin_of(model, m, recorded)
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -162,6 +175,7 @@ def _json(doc: dict[str, Any]) -> str:
 
 
 @app.command()
+@guarded
 def evaluate(
     model: ModelArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "dp=64,tp=8,pp=16,zero=1,mbs=1,recompute=selective"')],
@@ -169,7 +183,7 @@ def evaluate(
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
-    allow: Annotated[list[Allow] | None, typer.Option("--allow", help="Permit a feature off by default.")] = None,
+    allow: AllowOpt = None,
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
     fmt: FormatOpt = None,
@@ -185,34 +199,32 @@ def evaluate(
     noise_scale: NoiseOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
-    try:
-        from autoplace.cost.layers import layer_table
-        from autoplace.evaluation import evaluate as score
-        from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.cost.layers import layer_table
+    from autoplace.evaluation import evaluate as score
+    from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
-        table = layer_table(m)
-        p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
-                       global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
-                   allow_tp_across_nodes=Allow.tp_across_nodes in (allow or []))
-        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
-        view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
-        if out == "json":
-            typer.echo(_json({"schema": "autoplace.evaluation/v1",
-                              "model": {"name": m.name, "params": int(table.params), **origin},
-                              "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
-        else:
-            from autoplace.report import origin_lines, print_evaluation
+    m, c, origin = _load_recorded(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+                                                             inter_node), seq_len, global_batch)
+    table = layer_table(m)
+    p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
+                   global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
+    ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
+               allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
+    out = output_format(fmt, as_json)
+    view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
+    if out == "json":
+        typer.echo(_json({"schema": "autoplace.evaluation/v1",
+                          "model": {"name": m.name, "params": int(table.params), **origin},
+                          "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
+    else:
+        from autoplace.report import origin_lines, print_evaluation
 
-            print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
-            _print_lines(view.lines(), out)
-    except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
-        _fail(exc)
+        print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
+        _print_lines(view.lines(), out)
 
 
 @app.command()
+@guarded
 def explain(
     model: ModelArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=8,pp=4,zero=1,recompute=selective"')],
@@ -221,6 +233,9 @@ def explain(
     as_json: JsonOpt = False,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
+    allow: AllowOpt = None,
+    calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
     fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
@@ -236,15 +251,17 @@ def explain(
         from autoplace.explain import alternatives, plot, print_explanation
         from autoplace.plan import build_plan, parse_plan_string
 
-        m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
+        m, c, origin = _load_recorded(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
+                                                                 intra_node, inter_node), seq_len, global_batch)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        ev = score(m, c, p)
-        alts = alternatives(m, c, p, ev)
+        assume = _calibration(calibration, c, force=force)[0]
+        across = "tp-across-nodes" in _features(allow, None)
+        ev = score(m, c, p, assume, allow_tp_across_nodes=across)
+        alts = alternatives(m, c, p, ev, assumptions=assume, allow_tp_across_nodes=across)
         if png is not None:
             plot(ev, alts, png)
-        out, origin = output_format(fmt, as_json), model_origin_of(model, m, seq_len, global_batch)
+        out = output_format(fmt, as_json)
         params = layer_table(m).params
         if out == "json":
             typer.echo(_json({"schema": "autoplace.explanation/v1",
@@ -256,9 +273,7 @@ def explain(
 
             print_explanation(ev, alts, c, png, fmt=out, header=origin_lines(m.name, params, origin, c))
     except ImportError as exc:
-        _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+        raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
 
 
 class Objective(StrEnum):
@@ -287,8 +302,8 @@ def solve(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
     solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
-    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature: offload, cp, ep, interleave, hsdp, tp-across-nodes, compress (off by default: gradient/weight compression changes the numbers).")] = None,
-    deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature.")] = None,
+    allow: AllowOpt = None,
+    deny: DenyOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's bundle here (plan.json and every "
                                              "framework file that expresses it) and, unless --framework names one, "
                                              "each framework's own best plan in OUT/<framework>/.")] = None,
@@ -298,10 +313,7 @@ def solve(
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
-    framework: Annotated[str, typer.Option("--framework", help="any (default): only plans at least one supported "
-                                           "framework can run; none: the theoretical optimum, unfiltered; or one of "
-                                           "deepspeed, megatron, torchtitan, fsdp, accelerate: the plans it can run, "
-                                           "costed with its precision recipe.")] = "any",
+    framework: FrameworkOpt = "any",
     fmt: FormatOpt = None,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
@@ -351,9 +363,9 @@ def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | 
     """Load the model and cluster and record where they came from (solving.Inputs)."""
     from autoplace.solving import Inputs
 
-    m, c = _load(model, cluster, seq_len, global_batch)
+    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch)
     refs = {"model": model_ref(model), "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
-    return Inputs(m, c, model_origin_of(model, m, seq_len, global_batch), refs)
+    return Inputs(m, c, origin, refs)
 
 
 def _request(cluster: Any, framework: str, top: int, objective: str, time_limit: float, solver: str,
@@ -436,6 +448,7 @@ def _print_lines(lines: list[str], fmt: str) -> None:
 
 
 @app.command()
+@guarded
 def scale(
     model: ModelArg,
     gpus: Annotated[str, typer.Option("--gpus", help="GPU counts: LOW..HIGH doubles from LOW (powers of two from "
@@ -460,11 +473,9 @@ def scale(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds of search per size.")] = 2.0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
-    framework: Annotated[str, typer.Option("--framework", help="as solve: any (default): plans at least one "
-                                           "supported framework can run; none: the theoretical optimum; or a "
-                                           "framework name.")] = "any",
-    allow: Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature, as solve.")] = None,
-    deny: Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature, as solve.")] = None,
+    framework: FrameworkOpt = "any",
+    allow: AllowOpt = None,
+    deny: DenyOpt = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot throughput and scaling efficiency against GPUs "
                                              "here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
@@ -514,9 +525,7 @@ def scale(
             plot(points, png, f"{m.name} on {points[0].cluster.split('x', 2)[2]}")
             doc["png"] = str(png)
     except ImportError as exc:
-        _fail(AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'"))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+        raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
     if out_fmt == "json":
         doc.pop("advice_lines")
         typer.echo(_json(doc))
@@ -583,6 +592,7 @@ def _other_choice(points: list[Any], opts: Any, chosen: Any) -> str | None:
 
 
 @app.command()
+@guarded
 def emit(
     plan_json: Annotated[Path, typer.Argument(metavar="PLAN_JSON", help="plan.json written by solve --out")],
     fmt: Annotated[list[str] | None, typer.Option("--format", help="deepspeed, megatron, torchtitan, fsdp, "
@@ -595,26 +605,24 @@ def emit(
                                                 "torchtitan.train, else train.py).")] = None,
 ) -> None:
     """Write framework configs and launch scripts for a plan."""
-    try:
-        from autoplace.bundle import emit as write
-        from autoplace.emit.launch import Launch
-        from autoplace.plan import Plan
-        from autoplace.specs._io import read_document
+    from autoplace.bundle import emit as write
+    from autoplace.emit.launch import Launch
+    from autoplace.plan import Plan
+    from autoplace.specs._io import read_document
 
-        doc = read_document(plan_json)
-        inputs = doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
-        model_path, cluster_path = model or inputs.get("model"), cluster or inputs.get("cluster")
-        if not model_path or not cluster_path:
-            raise SpecError("names no model/cluster file; pass --model and --cluster", source=str(plan_json))
-        m, c = _load(Path(model_path), Path(cluster_path), None, None)
-        files = write(Plan.from_dict(doc, source=str(plan_json)), m, c, fmt or None, out, launch=Launch(script=script))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    doc = read_document(plan_json)
+    inputs = doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
+    model_path, cluster_path = model or inputs.get("model"), cluster or inputs.get("cluster")
+    if not model_path or not cluster_path:
+        raise SpecError("names no model/cluster file; pass --model and --cluster", source=str(plan_json))
+    m, c = _load(Path(model_path), Path(cluster_path), None, None)
+    files = write(Plan.from_dict(doc, source=str(plan_json)), m, c, fmt or None, out, launch=Launch(script=script))
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
 
 
 @app.command()
+@guarded
 def check(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="plan.json, DeepSpeed .json, accelerate .yaml "
                                             "or torchtitan .toml")],
@@ -627,13 +635,10 @@ def check(
     The config's own batch is the truth; "auto" values (HF Trainer) are resolved from the model
     or listed as unresolved.  The output names the framework, the plan read and those notes.
     """
-    try:
-        from autoplace.hook import check_config
+    from autoplace.hook import check_config
 
-        m, c = _load(model, cluster, None, None)
-        checked = check_config(config, m, c)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    m, c = _load(model, cluster, None, None)
+    checked = check_config(config, m, c)
     ev = checked.evaluation
     if as_json:
         typer.echo(_json({"schema": "autoplace.check/v1", "ok": checked.ok, "framework": checked.framework,
@@ -656,6 +661,7 @@ class Scheduler(StrEnum):
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@guarded
 def submit(
     ctx: typer.Context,
     model: ModelArg,
@@ -668,14 +674,11 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Plan, write the bundle and submit (sbatch) or launch locally (torchrun); args after -- go to the script."""
-    try:
-        from autoplace.hook import submit as run_submit
+    from autoplace.hook import submit as run_submit
 
-        m, c = _load(model, cluster, None, None)
-        sub = run_submit(m, c, script, tuple(ctx.args), scheduler=scheduler.value, out_dir=out, plan=plan,
-                         dry_run=dry_run)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    m, c = _load(model, cluster, None, None)
+    sub = run_submit(m, c, script, tuple(ctx.args), scheduler=scheduler.value, out_dir=out, plan=plan,
+                     dry_run=dry_run)
     if as_json:
         typer.echo(_json({"schema": "autoplace.submission/v1", "job_id": sub.job_id, "bundle": str(sub.bundle),
                           "command": sub.command, "plan": sub.evaluation.to_dict()}))
@@ -688,6 +691,7 @@ def submit(
 
 
 @app.command()
+@guarded
 def tune(
     model: ModelArg,
     cluster: ClusterArg,
@@ -697,8 +701,8 @@ def tune(
                                                  "workers) or journal file (default sqlite:///OUT/study.db).")] = None,
     study: Annotated[str, typer.Option("--study", help="Study name (resumed when it exists).")] = "autoplace",
     launcher: Annotated[str, typer.Option("--launcher", help="local (torchrun here) or slurm (submitit).")] = "local",
-    framework: Annotated[str, typer.Option("--framework", help="native (PyTorch parallelism) or deepspeed "
-                                           "(trials train with the emitted ds_config.json).")] = "native",
+    trainer: Annotated[str, typer.Option("--trainer", help="What runs the trials: native (PyTorch parallelism) or "
+                                         "deepspeed (trials train with the emitted ds_config.json).")] = "native",
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per trial before it is killed.")] = 300.0,
     out: Annotated[Path, typer.Option("--out", help="Trial logs, storage and plots.")] = Path("autoplace-tune"),
     scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
@@ -709,17 +713,14 @@ def tune(
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
     Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once."""
-    try:
-        from autoplace.tune import print_report, run_tune
+    from autoplace.tune import print_report, run_tune
 
-        if launcher not in ("local", "slurm"):
-            raise SpecError(f"unknown launcher {launcher!r}; valid: local, slurm", field="--launcher")
-        if framework not in ("native", "deepspeed"):
-            raise SpecError(f"unknown framework {framework!r}; valid: native, deepspeed", field="--framework")
-        report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
-                          progress=not as_json, framework=framework, seed=seed)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    if launcher not in ("local", "slurm"):
+        raise SpecError(f"unknown launcher {launcher!r}; valid: local, slurm", field="--launcher")
+    if trainer not in ("native", "deepspeed"):
+        raise SpecError(f"unknown trainer {trainer!r}; valid: native, deepspeed", field="--trainer")
+    report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
+                      progress=not as_json, framework=trainer, seed=seed)
     if as_json:
         typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
     else:
@@ -727,6 +728,7 @@ def tune(
 
 
 @app.command()
+@guarded
 def calibrate(
     model: ModelArg,
     cluster: ClusterArg,
@@ -735,17 +737,15 @@ def calibrate(
     out: Annotated[Path, typer.Option("--out", help="Where to write the calibration.")] = Path("calibration.yaml"),
 ) -> None:
     """Fit the cost model's efficiency factors to a tune study's measured trials."""
-    try:
-        from autoplace.calibrate import calibrate_study, print_calibration
+    from autoplace.calibrate import calibrate_study, print_calibration
 
-        cal = calibrate_study(model, cluster, storage, study, out)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    cal = calibrate_study(model, cluster, storage, study, out)
     print_calibration(cal)
     typer.echo(f"written: {out} (use with solve/evaluate --calibration {out})")
 
 
 @app.command()
+@guarded
 def verify(
     model: ModelArg,
     plan: Annotated[str, typer.Option("--plan", help='e.g. "tp=2" or "zero=3" (world = the plan\'s degrees)')],
@@ -754,18 +754,15 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a few steps on one process and under the plan; losses and parameters must match."""
-    try:
-        from autoplace.cost.layers import layer_table
-        from autoplace.plan import build_plan, parse_plan_string
-        from autoplace.specs.model import load_model
-        from autoplace.verify import print_verify, run_verify
+    from autoplace.cost.layers import layer_table
+    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.specs.model import load_model
+    from autoplace.verify import print_verify, run_verify
 
-        m = load_model(model)
-        p = build_plan(parse_plan_string(plan), world=world, blocks=layer_table(m).blocks,
-                       global_batch=m.training.global_batch)
-        report = run_verify(m, p, steps=steps, world=world)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    m = load_model(model)
+    p = build_plan(parse_plan_string(plan), world=world, blocks=layer_table(m).blocks,
+                   global_batch=m.training.global_batch)
+    report = run_verify(m, p, steps=steps, world=world)
     if as_json:
         typer.echo(_json({"schema": "autoplace.verify/v1", **report.to_dict()}))
     else:
@@ -774,6 +771,7 @@ def verify(
 
 
 @app.command()
+@guarded
 def trace(
     factory: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="e.g. transformers:LlamaForCausalLM or "
                                            "mypkg.model:build (called with --args as keyword arguments)")],
@@ -792,19 +790,16 @@ def trace(
 ) -> None:
     """Build a PyTorch model on the meta device and write the layer graph solve reads (needs torch)."""
     try:
-        try:
-            from autoplace.trace import trace_factory
-        except ImportError as exc:
-            raise AutoplaceError(f"{exc.name} is needed for trace: pip install 'autoplace[torch]'") from None
-        doc, measured = trace_factory(factory, args, seq_len=seq_len, batch=batch, dtype=dtype.value,
-                                      inputs=inputs.value, hidden=hidden, global_batch=global_batch, name=name)
-        from autoplace.specs.model import model_from_dict
+        from autoplace.trace import trace_factory
+    except ImportError as exc:
+        raise AutoplaceError(f"{exc.name} is needed for trace: pip install 'autoplace[torch]'") from None
+    doc, measured = trace_factory(factory, args, seq_len=seq_len, batch=batch, dtype=dtype.value,
+                                  inputs=inputs.value, hidden=hidden, global_batch=global_batch, name=name)
+    from autoplace.specs.model import model_from_dict
 
-        model_from_dict(doc, source=str(out))  # what solve will read must load
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2) + "\n")
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
-        _fail(exc)
+    model_from_dict(doc, source=str(out))  # what solve will read must load
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
         typer.echo(_json({"schema": "autoplace.trace/v1", "model": doc, "out": str(out), "notes": measured.notes}))
         return
@@ -820,6 +815,7 @@ def trace(
 
 
 @app.command()
+@guarded
 def profiles() -> None:
     """List the shipped GPU and interconnect profiles."""
     from autoplace.specs.cluster import profile_names

@@ -83,13 +83,14 @@ def output_format(fmt: Format | None, as_json: bool) -> str:
     return "json" if as_json else (fmt or Format.table).value
 
 
-def model_origin_of(model: Path, m: Any, seq_len: int | None, global_batch: int | None) -> dict[str, Any]:
-    """Where the model came from and which of its training numbers are defaults (the header)."""
+def model_origin_of(model: Path, m: Any, origin: Any) -> dict[str, Any]:
+    """Where the model came from and which of its training numbers are defaults (the header),
+    from what the loader recorded (``origin``)."""
     from autoplace.report import model_origin
     from autoplace.specs.hub import resolve_model
 
     path, repo = resolve_model(model)
-    return model_origin(m, path, repo, seq_len_given=seq_len is not None, global_batch_given=global_batch is not None)
+    return model_origin(m, origin, path, repo)
 
 
 def model_ref(model: Path) -> str:

@@ -116,8 +116,10 @@ def compression_hint(model: ModelSpec, cluster: ClusterSpec, best: Evaluation,
 
 
 def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Evaluation,
-                 count: int = 3) -> list[Alternative]:
-    """The ``count`` neighbours whose step time or peak memory differs most from the plan's."""
+                 count: int = 3, assumptions: Assumptions = DEFAULT, *, allow_tp_across_nodes: bool = False
+                 ) -> list[Alternative]:
+    """The ``count`` neighbours whose step time or peak memory differs most from the plan's
+    (scored with the same ``assumptions`` and rules as the plan)."""
     table = layer_table(model)
     scored = []
     for change, values in _neighbours(plan):
@@ -125,7 +127,7 @@ def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Ev
         try:
             alt = build_plan(values, world=cluster.gpus, blocks=table.blocks, global_batch=model.training.global_batch,
                              gpus_per_node=cluster.gpus_per_node)
-            ev = evaluate(model, cluster, alt)
+            ev = evaluate(model, cluster, alt, assumptions, allow_tp_across_nodes=allow_tp_across_nodes)
         except AutoplaceError:
             continue  # the change cannot make a plan here (batch, shapes)
         if any(v.rule != "out-of-memory" for v in ev.violations):

@@ -330,9 +330,9 @@ def print_solution(doc: dict, result: object, console: Console | None = None, *,
 # ---------------------------------------------------------------- where the numbers came from
 
 
-def model_origin(model: Any, path: Any, repo: str | None, *, seq_len_given: bool,
-                 global_batch_given: bool) -> dict[str, Any]:
-    """Where the model came from and which training numbers were assumed rather than given.
+def model_origin(model: Any, origin: Any, path: Any, repo: str | None) -> dict[str, Any]:
+    """Where the model came from and which training numbers were assumed rather than given
+    (``origin``: the loader's :class:`~autoplace.specs.model.ModelOrigin`).
 
     A Hugging Face config carries no training setup: its global batch (1024 sequences) and
     sequence length (the config's context, capped at 8192) are autoplace's defaults, as is a
@@ -341,40 +341,19 @@ def model_origin(model: Any, path: Any, repo: str | None, *, seq_len_given: bool
     Returns:
         {"source", "seq_len", "global_batch", "defaulted": [...], "seq_len_default": how it was derived}
     """
-    from autoplace.specs._io import read_document
-    from autoplace.specs.hf import SEQ_LEN_CAP, hf_key
+    from autoplace.specs.hf import SEQ_LEN_CAP
 
-    try:
-        data = read_document(path)
-    except Exception:  # noqa: BLE001 - the spec loaded already; the header is best effort
-        data = {}
-    hf = "model_type" in data
-    raw_training = data.get("training")
-    training: dict[str, Any] = raw_training if isinstance(raw_training, dict) else {}
-    defaulted = []
-    if not global_batch_given and "global_batch" not in training:
-        defaulted.append("global_batch")
     out: dict[str, Any] = {"seq_len": model.seq_len, "global_batch": model.training.global_batch}
-    if hf:
-        kind = f"Hugging Face config (model_type {data.get('model_type')})"
+    if origin.kind == "hf":
+        kind = f"Hugging Face config (model_type {origin.model_type})"
         out["source"] = f"{kind} of {repo}, {path}" if repo else f"{kind}, {path}"
-        if not seq_len_given:
-            defaulted.append("seq_len")
-            key = hf_key(data, "seq_len")
-            value = _dotted(data, key) if key else None
-            out["seq_len_default"] = (f"{key} {value} capped at {SEQ_LEN_CAP}" if value is not None
-                                      else "the family's training length")
+        if "seq_len" in origin.defaulted:
+            out["seq_len_default"] = (f"{origin.seq_len_key} {origin.seq_len_value} capped at {SEQ_LEN_CAP}"
+                                      if origin.seq_len_value is not None else "the family's training length")
     else:
-        out["source"] = f"{'layer graph' if 'graph' in data else 'model shorthand'}, {path}"
-    out["defaulted"] = defaulted
+        out["source"] = f"{'layer graph' if origin.kind == 'graph' else 'model shorthand'}, {path}"
+    out["defaulted"] = list(origin.defaulted)
     return out
-
-
-def _dotted(data: dict[str, Any], key: str) -> Any:
-    node: Any = data
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: ClusterSpec) -> list[str]:

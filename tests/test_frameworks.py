@@ -139,7 +139,8 @@ def test_what_it_writes_it_reads_back_as_the_same_plan(framework: Framework, tex
         files = render(framework.name, plan, MODEL, CLUSTER16)
     except EmitError:
         return
-    (config,) = [f for f in files if any(f.name.endswith(s) for s in framework.config_suffixes)]
+    config = files[0]  # each framework writes its config first
+    assert any(config.name.endswith(suffix) for suffix in framework.config_suffixes)
     (tmp_path / config.name).write_text(config.text)
     read = read_config(tmp_path / config.name, MODEL, CLUSTER16)
     assert read.framework == framework.name
@@ -150,15 +151,16 @@ def test_what_it_writes_it_reads_back_as_the_same_plan(framework: Framework, tex
 
 
 @FRAMEWORK
-def test_its_launch_line_runs_its_entry_point_with_its_config(framework: Framework) -> None:
-    """torchrun (or accelerate launch) runs the framework's program, which names the bundle's config."""
+def test_its_launch_scripts_run_its_program_with_its_config(framework: Framework) -> None:
+    """launch_torchrun.sh and job.sbatch run the framework's program (torchrun or its own launcher),
+    which names a file of the framework's own bundle: its config, argument file or training script."""
     from tests.test_emit_plans import make_plan
 
     plan = make_plan("zero=3", MODEL, CLUSTER16)
-    program = framework.program(plan, MODEL, Launch())
-    words = " ".join(program.words)
-    files = {f.name for f in framework.render(plan, MODEL, CLUSTER16, Launch())}
-    config = next((name for name in files if name in words or name in (program.config or "")
-                   or any(name in line for line in program.prelude)), None)
-    assert config in files, (framework.name, words, files)
-    assert shlex.split(words.replace('"$@"', "")) or framework.name == "accelerate"
+    own = {f.name for f in framework.render(plan, MODEL, CLUSTER16, Launch())}
+    for fmt in ("torchrun", "slurm"):
+        (script,) = render(fmt, plan, MODEL, CLUSTER16, Launch(), framework)
+        assert any(name in script.text for name in own - {"launch_deepspeed.sh", "launch_accelerate.sh"}), \
+            (framework.name, fmt, own)
+        for word in framework.program(plan, MODEL, Launch()).words:
+            assert word in script.text

@@ -1,4 +1,4 @@
-"""ruff and mypy run with the tests (STYLE.md habit 12), so CI enforces them."""
+"""ruff and mypy run with the tests, so CI enforces them."""
 
 from __future__ import annotations
 

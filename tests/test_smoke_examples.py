@@ -1,4 +1,4 @@
-"""Smoke test (STYLE.md, test tier 9): every shipped example and hardware profile loads and scores.
+"""Smoke test: every shipped example and hardware profile loads and scores.
 
 A new user's first command runs on these files, so each must load cleanly and every model x
 cluster pair must evaluate to finite, sane numbers under a simple default plan.

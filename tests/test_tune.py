@@ -173,7 +173,7 @@ def test_calibration_needs_trials() -> None:
 
 @pytest.mark.slow
 def test_deepspeed_trials_train_with_the_emitted_config(tmp_path: Path) -> None:
-    """--framework deepspeed: the trial runs deepspeed.initialize with the ds_config.json autoplace
+    """--trainer deepspeed: the trial runs deepspeed.initialize with the ds_config.json autoplace
     emits for the plan; plans DeepSpeed cannot express (tp here) are left out of the candidates."""
     pytest.importorskip("deepspeed")
     import optuna

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,24 +69,27 @@ class Launch:
 DEFAULT_LAUNCH = Launch()
 
 
+Launcher = Callable[[int, int, str, str, str, str], list[str]]
+
+
 @dataclass(frozen=True)
 class Program:
     """How a framework's job starts on every node, after the launcher (torchrun, accelerate, deepspeed).
 
     Attributes:
-        launcher: ``torchrun``, ``accelerate`` or ``deepspeed``: the command each node runs.
         words: the program and its arguments as shell words, already quoted (``"${ARGS[@]}"`` stays
             unquoted so bash expands the array); ``module`` words start with ``-m``.
         prelude: shell lines run before the launch (``source`` of an argument file).
-        env: environment the framework requires, exported with these values (not defaults).
-        config: the bundle file the launcher itself takes (accelerate's --config_file), if any.
+        env: environment the framework requires, exported with these values (None: unset).
+        launcher: the framework's own launcher, when torchrun does not start it: the command's
+            lines (continued with ``\\``) for (nodes, GPUs per node, job id, head address, port,
+            this node's rank), each given as shell text.
     """
 
-    launcher: str
     words: tuple[str, ...]
     prelude: tuple[str, ...] = ()
     env: Mapping[str, str | None] = field(default_factory=dict)
-    config: str | None = None
+    launcher: Launcher | None = None
 
 
 def user_program(launch: Launch) -> tuple[str, ...]:
@@ -105,7 +108,7 @@ def _wants_gpus(cluster: ClusterSpec, launch: Launch) -> bool:
     return any(p.gpu.name != "cpu" for p in cluster.pools)
 
 
-def _header(kind: str, plan: Plan, model: ModelSpec, launch: Launch) -> list[str]:
+def header(kind: str, plan: Plan, model: ModelSpec, launch: Launch) -> list[str]:
     """Shebang and comments naming the job (one printable line) and the plan."""
     return [
         "#!/usr/bin/env bash",
@@ -136,7 +139,7 @@ _HERE_SLURM = [
 ]
 
 
-def _exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[str]:
+def exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[str]:
     q = shlex.quote
     if launch.bundle_dir != Launch.bundle_dir:
         bundle = [f"export AUTOPLACE_BUNDLE={q(launch.bundle_dir)}"]
@@ -147,7 +150,7 @@ def _exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[s
     return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
 
 
-def _environment(program: Program) -> list[str]:
+def environment(program: Program) -> list[str]:
     """``export`` (or ``unset``) lines for what the framework requires, then the bundle's prelude."""
     lines = [f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}" for k, v in program.env.items()]
     return lines + list(program.prelude)
@@ -155,19 +158,13 @@ def _environment(program: Program) -> list[str]:
 
 def _command(program: Program, nodes: int, per_node: int, job_id: str, head: str, port: str,
              node_rank: str) -> list[str]:
-    """The launcher line and the program's words, continued over lines.
-
-    Args:
-        job_id, head, port, node_rank: shell text (quoted as needed) for the rendezvous id, the
-            head node's address and port, and this node's rank (accelerate's launcher asks for it).
-    """
-    words = " ".join(program.words)
-    if program.launcher == "accelerate":
-        return [f'accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{shlex.quote(program.config or "")} \\',
-                f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
-                f"  --main_process_ip {head} --main_process_port {port} \\", f"  {words}"]
+    """The launcher's lines and the program's words: torchrun with c10d rendezvous, or the
+    framework's own launcher (``job_id``, ``head``, ``port``, ``node_rank``: shell text)."""
+    words = f"  {' '.join(program.words)}"
+    if program.launcher is not None:
+        return [*program.launcher(nodes, per_node, job_id, head, port, node_rank), words]
     return [f"torchrun --nnodes {nodes} --nproc-per-node {per_node} \\",
-            f'  --rdzv-backend c10d --rdzv-endpoint {head}:{port} --rdzv-id {job_id} \\', f"  {words}"]
+            f"  --rdzv-backend c10d --rdzv-endpoint {head}:{port} --rdzv-id {job_id} \\", words]
 
 
 def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
@@ -176,29 +173,14 @@ def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: La
     on every node.  Other nodes find the head through ``MASTER_ADDR`` (default 127.0.0.1 for one node).
     """
     nodes, per_node = launch_geometry(plan, cluster, "torchrun")
-    program = program or Program("torchrun", user_program(launch))
-    lines = _header(program.launcher, plan, model, launch)
-    lines += ["# run on every node; set MASTER_ADDR to the first node's address", *_exports(model, launch),
-              *_environment(program)]
+    program = program or Program(user_program(launch))
+    lines = header("torchrun" if program.launcher is None else "launcher", plan, model, launch)
+    lines += ["# run on every node; set MASTER_ADDR to the first node's address", *exports(model, launch),
+              *environment(program)]
     command = _command(program, nodes, per_node, shlex.quote(job_slug(_job(model, launch))),
                        '"${MASTER_ADDR:-127.0.0.1}"', f'"${{MASTER_PORT:-{launch.master_port}}}"',
                        '"${NODE_RANK:-${SLURM_NODEID:-0}}"')
     return "\n".join([*lines, "exec " + command[0], *command[1:]]) + "\n"
-
-
-def deepspeed_launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch,
-                            program: Program) -> str:
-    """A bash script for the ``deepspeed`` launcher running the program (which passes the bundle's
-    config through ``--deepspeed --deepspeed_config``).  Several nodes need a hostfile (DS_HOSTFILE)."""
-    nodes, per_node = launch_geometry(plan, cluster, "deepspeed-launch")
-    lines = _header("deepspeed", plan, model, launch) + _exports(model, launch) + _environment(program)
-    hostfile = ' --hostfile "${DS_HOSTFILE:-/job/hostfile}"' if nodes > 1 else ""
-    lines += [
-        f"exec deepspeed --num_nodes {nodes} --num_gpus {per_node}{hostfile} \\",
-        f'  --master_addr "${{MASTER_ADDR:-127.0.0.1}}" --master_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
-        "  " + " ".join(program.words),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
@@ -207,9 +189,9 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
     rendezvous (the first name of ``scontrol show hostnames "$SLURM_JOB_NODELIST"``).
     """
     nodes, per_node = launch_geometry(plan, cluster, "slurm")
-    program = program or Program("torchrun", user_program(launch))
+    program = program or Program(user_program(launch))
     slug = job_slug(_job(model, launch))
-    lines = _header("Slurm", plan, model, launch)
+    lines = header("Slurm", plan, model, launch)
     lines += [f"#SBATCH --job-name={slug}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
               f"#SBATCH --time={launch.time_limit}"]
     if launch.exclusive:
@@ -217,15 +199,15 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
     gpus = _wants_gpus(cluster, launch)
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
-    lines += [f"#SBATCH --output={slug}-%j.out", *_exports(model, launch, slurm=True)]
+    lines += [f"#SBATCH --output={slug}-%j.out", *exports(model, launch, slurm=True)]
     if gpus:
-        lines += nccl_environment(cluster)
-    lines += _environment(program)
+        lines += ncclenvironment(cluster)
+    lines += environment(program)
     lines += [
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}  # the first name (no `| head`: pipefail would see scontrol's SIGPIPE)",
     ]
-    if program.launcher == "accelerate":  # its launcher takes the node's rank: each task expands its own
+    if program.launcher is not None:  # a launcher that takes the node's rank: each task expands its own
         lines.append(f'export MASTER_ADDR="$head_node" MASTER_PORT={launch.master_port}')
         command = _command(program, nodes, per_node, '"$SLURM_JOB_ID"', '"$MASTER_ADDR"', '"$MASTER_PORT"',
                            '"$SLURM_NODEID"')
@@ -245,7 +227,7 @@ _FABRIC_ENV = {
 }
 
 
-def nccl_environment(cluster: ClusterSpec) -> list[str]:
+def ncclenvironment(cluster: ClusterSpec) -> list[str]:
     """``export`` lines for NCCL on the cluster's inter-node fabric (InfiniBand, RoCE, or sockets)."""
     names = {p.inter_node.name for p in cluster.pools}
     fabric = "ib" if all(n.startswith("ib") for n in names) else "roce" if all(
@@ -264,7 +246,7 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
     ever sees the user's words.
     """
     nodes, per_node = launch_geometry(plan, cluster, "k8s")
-    program = program or Program("torchrun", user_program(launch))
+    program = program or Program(user_program(launch))
     name = job_slug(_job(model, launch))
     configmap = job_slug(f"{name}-bundle")
     mount = K8S_BUNDLE_MOUNT if launch.bundle_dir == Launch.bundle_dir else launch.bundle_dir
@@ -322,15 +304,4 @@ def _k8s_command(program: Program) -> list[str]:
     words = [w for w in program.words if w != '"$@"']
     if not program.prelude and not any(w.startswith('"$') for w in words):
         return ["torchrun", *(shlex.split(w)[0] for w in words)]
-    return ["bash", "-c", "\n".join(["set -euo pipefail", *_environment(program), "exec torchrun " + " ".join(words)])]
-
-
-def accelerate_launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch,
-                             program: Program) -> str:
-    """A bash script for ``accelerate launch`` with the bundle's config; run it on every node.
-
-    The machine rank and the head's address come from the launcher's environment (NODE_RANK,
-    else Slurm's SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one
-    ``machine_rank`` cannot differ per node.  Command-line values win over the config file.
-    """
-    return emit_torchrun(plan, model, cluster, launch, program)
+    return ["bash", "-c", "\n".join(["set -euo pipefail", *environment(program), "exec torchrun " + " ".join(words)])]

@@ -20,7 +20,7 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, accelerate_launch_script
+from autoplace.emit.launch import Launch, emit_torchrun
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked, user_program
 from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
@@ -176,14 +176,26 @@ class Accelerate(Framework):
                            "--config_file)", cfg),
                 BundleFile("launch_accelerate.sh", "accelerate launch with accelerate_config.yaml, run on every node "
                            "(NODE_RANK or SLURM_NODEID, MASTER_ADDR)",
-                           accelerate_launch_script(plan, model, cluster, launch, program), executable=True)]
+                           emit_torchrun(plan, model, cluster, launch, program), executable=True)]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
+        """The user's script under ``accelerate launch --config_file`` with the bundle's YAML; the
+        machine rank and head come from the launcher's environment (NODE_RANK, else Slurm's
+        SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one ``machine_rank``
+        cannot differ per node.  Command-line values win over the config file."""
         del plan, model
-        return Program("accelerate", user_program(launch), config=CONFIG)
+        return Program(user_program(launch), launcher=accelerate_launcher)
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         plan = plan_from_accelerate(path, model, cluster)
         note = (f"accelerate configs state no batch size: took the model's global batch "
                 f"{model.training.global_batch} with micro-batch {plan.mbs}")
         return ReadConfig(plan, self.name, False, (note,))
+
+
+def accelerate_launcher(nodes: int, per_node: int, job_id: str, head: str, port: str, node_rank: str) -> list[str]:
+    """``accelerate launch`` with the bundle's config (see :class:`~autoplace.emit.launch.Program`)."""
+    del job_id
+    return [f'accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{CONFIG} \\',
+            f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
+            f"  --main_process_ip {head} --main_process_port {port} \\"]

@@ -138,7 +138,7 @@ class Framework:
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """The launch line every node runs: by default the user's script under torchrun."""
         del plan, model
-        return Program("torchrun", user_program(launch))
+        return Program(user_program(launch))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         """One of this framework's config files as the plan it runs.

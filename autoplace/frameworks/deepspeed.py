@@ -20,11 +20,12 @@ from autoplace.emit._common import (
     check_compression,
     fail,
     fp32_grad_accumulation,
+    launch_geometry,
     recompute_runs,
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, deepspeed_launch_script
+from autoplace.emit.launch import Launch, environment, exports, header
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
 from autoplace.frameworks.readers import plan_from_deepspeed
 from autoplace.plan import Plan
@@ -248,7 +249,7 @@ class DeepSpeed(Framework):
         cfg = json.dumps(emit_deepspeed(plan, model, cluster), indent=2) + "\n"
         return [BundleFile(CONFIG, "DeepSpeed config (the launch scripts pass it as --deepspeed_config)", cfg),
                 BundleFile("launch_deepspeed.sh", "the deepspeed launcher with ds_config.json, run on the first node",
-                           deepspeed_launch_script(plan, model, cluster, launch, self.program(plan, model, launch)),
+                           launch_script(plan, model, cluster, launch, self.program(plan, model, launch)),
                            executable=True)]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
@@ -256,7 +257,7 @@ class DeepSpeed(Framework):
         (``deepspeed.add_config_arguments``: ``--deepspeed --deepspeed_config PATH``)."""
         del plan, model
         q = shlex.quote
-        return Program("torchrun", (q(launch.script or "train.py"), "--deepspeed", "--deepspeed_config",
+        return Program((q(launch.script or "train.py"), "--deepspeed", "--deepspeed_config",
                                     f'"$AUTOPLACE_BUNDLE"/{CONFIG}', *(q(a) for a in launch.args), '"$@"'))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
@@ -267,3 +268,17 @@ class DeepSpeed(Framework):
 
 CONFIG = "ds_config.json"
 
+
+
+def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program) -> str:
+    """A bash script for the ``deepspeed`` launcher running the program (which passes the bundle's
+    config through ``--deepspeed --deepspeed_config``).  Several nodes need a hostfile (DS_HOSTFILE)."""
+    nodes, per_node = launch_geometry(plan, cluster, "deepspeed-launch")
+    lines = header("deepspeed", plan, model, launch) + exports(model, launch) + environment(program)
+    hostfile = ' --hostfile "${DS_HOSTFILE:-/job/hostfile}"' if nodes > 1 else ""
+    lines += [
+        f"exec deepspeed --num_nodes {nodes} --num_gpus {per_node}{hostfile} \\",
+        f'  --master_addr "${{MASTER_ADDR:-127.0.0.1}}" --master_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
+        "  " + " ".join(program.words),
+    ]
+    return "\n".join(lines) + "\n"

@@ -352,9 +352,9 @@ class Fsdp(Framework):
         """The bundle's train_fsdp2.py (which imports the module), or the user's ``--script``."""
         del plan, model
         if launch.script is not None:
-            return Program("torchrun", user_program(launch))
+            return Program(user_program(launch))
         q = shlex.quote
-        return Program("torchrun", (f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', *(q(a) for a in launch.args), '"$@"'))
+        return Program((f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', *(q(a) for a in launch.args), '"$@"'))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         """The module's plan; it states no batch, so the model file's global batch is taken in

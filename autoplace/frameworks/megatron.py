@@ -298,7 +298,7 @@ class Megatron(Framework):
         words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', "--tokenizer-type", "HuggingFaceTokenizer"]
         for flag, var, what in PLACEHOLDERS:
             words += [flag, f'"${{{var}:?set {var} to {what}}}"']
-        return Program("torchrun", (*words, *(q(a) for a in launch.args), '"$@"'),
+        return Program((*words, *(q(a) for a in launch.args), '"$@"'),
                        prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
 
 

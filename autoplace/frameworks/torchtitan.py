@@ -379,7 +379,7 @@ class Torchtitan(Framework):
         del plan, model
         q = shlex.quote
         entry = ("-m", "torchtitan.train") if launch.script is None else (q(launch.script),)
-        return Program("torchrun", (*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
+        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
                                     *(q(a) for a in launch.args), '"$@"'))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:

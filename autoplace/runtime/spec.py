@@ -110,7 +110,7 @@ def compress_reason(plan: Plan, framework: str = "native") -> str | None:
                 "reduce-scatters need DeepSpeed's CUDA quantization kernels (no CPU or PyTorch-native "
                 "implementation); run the emitted DeepSpeed bundle on GPUs instead")
     if framework == "deepspeed":
-        return f"compress={c} is not run by the DeepSpeed path (its config has no such option); use --framework native"
+        return f"compress={c} is not run by the DeepSpeed path (its config has no such option); use --trainer native"
     if c == "powersgd" and (plan.zero != 0 or plan.tp > 1 or plan.pp > 1):
         return (f"compress=powersgd runs as PyTorch's DDP comm hook, so the runtime needs zero=0 and tp=pp=1, "
                 f"but got zero={plan.zero}, tp={plan.tp}, pp={plan.pp}")

@@ -13,6 +13,7 @@ the shorthand by :mod:`autoplace.specs.hf` first, then validated like any other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -344,9 +345,45 @@ def load_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> 
         path: model.json (shorthand or graph) or a Hugging Face config.json.
         overrides: top-level keys to replace, and ``global_batch`` inside ``training``.
     """
+    return read_model(path, overrides=overrides)[0]
+
+
+@dataclass(frozen=True)
+class ModelOrigin:
+    """What the loader read, recorded as it read it (the report's header needs no second read).
+
+    Attributes:
+        kind: ``hf`` (a Hugging Face config.json), ``graph`` or ``shorthand``.
+        model_type: the HF config's ``model_type`` (None for autoplace's own files).
+        defaulted: training fields autoplace assumed because neither the file nor an override gave them.
+        seq_len_key, seq_len_value: the HF config key the default sequence length came from, and its value.
+    """
+
+    kind: str
+    model_type: str | None
+    defaulted: tuple[str, ...]
+    seq_len_key: str | None = None
+    seq_len_value: Any = None
+
+
+def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> tuple[ModelSpec, ModelOrigin]:
+    """:func:`load_model`, with the :class:`ModelOrigin` of what was read."""
+    from autoplace.specs.hf import hf_key
+
     data = read_document(path)
-    spec = model_from_dict(data, source=str(path))
-    return with_overrides(spec, overrides or {}, source=str(path))
+    spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {}, source=str(path))
+    given = {k for k, v in (overrides or {}).items() if v is not None}
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    defaulted = [] if "global_batch" in given or "global_batch" in training else ["global_batch"]
+    if "model_type" not in data:
+        return spec, ModelOrigin("graph" if "graph" in data else "shorthand", None, tuple(defaulted))
+    key = None if "seq_len" in given else hf_key(data, "seq_len")
+    value: Any = data
+    for part in (key or "").split(".") if key else ():
+        value = value.get(part) if isinstance(value, dict) else None
+    if "seq_len" not in given:
+        defaulted.append("seq_len")
+    return spec, ModelOrigin("hf", str(data["model_type"]), tuple(defaulted), key, value if key else None)
 
 
 def with_overrides(spec: ModelSpec, overrides: dict[str, Any], *, source: str) -> ModelSpec:
