@@ -10,7 +10,6 @@ split and per-layer recompute a 16-GPU cluster allows.
 from __future__ import annotations
 
 import re
-import shlex
 
 import pytest
 from hypothesis import HealthCheck, given, settings
