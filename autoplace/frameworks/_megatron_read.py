@@ -138,11 +138,11 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
                             source=src, field="--decoder-first-pipeline-num-layers")
         return [first, *([middle // (pp - 2)] * (pp - 2) if pp > 2 else []), last]
     per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0)
-    chunks = n // per_chunk if per_chunk else pp
-    if per_chunk and (n % per_chunk or chunks % pp):
+    count = n // per_chunk if per_chunk else pp
+    if per_chunk and (n % per_chunk or count % pp):
         raise SpecError(f"{per_chunk} layers per virtual stage do not split {n} layers over {pp} stages", source=src,
                         field="--num-layers-per-virtual-pipeline-stage")
-    return list(even_split(n, chunks)) if not per_chunk else [per_chunk] * chunks
+    return [per_chunk] * count if per_chunk else list(even_split(n, count))
 
 
 def _recompute(flags: dict[str, list[str]], parts: list[int], src: str) -> tuple[str, ...]:

@@ -373,7 +373,7 @@ def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> 
     data = read_document(path)
     spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {}, source=str(path))
     given = {k for k, v in (overrides or {}).items() if v is not None}
-    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    training: dict[str, Any] = data["training"] if isinstance(data.get("training"), dict) else {}
     defaulted = [] if "global_batch" in given or "global_batch" in training else ["global_batch"]
     if "model_type" not in data:
         return spec, ModelOrigin("graph" if "graph" in data else "shorthand", None, tuple(defaulted))
