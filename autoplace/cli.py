@@ -151,6 +151,21 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
     return m, c, model_origin_of(model, m, recorded)
 
 
+def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_batch: int | None,
+            allow: list[str] | None, calibration: Path | None, force: bool) -> tuple[Any, Any, dict[str, Any], Any, Any]:
+    """(model, cluster, origin, the --plan's Evaluation, assumptions): evaluate's and explain's first steps."""
+    from autoplace.cost.layers import layer_table
+    from autoplace.evaluation import evaluate
+    from autoplace.plan import build_plan, parse_plan_string
+
+    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch)
+    p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
+                   global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
+    assume = _calibration(calibration, c, force=force)[0]
+    ev = evaluate(m, c, p, assume, allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
+    return m, c, origin, ev, assume
+
+
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
                  force: bool = False) -> tuple[Any, tuple[float, float] | None]:
     """(assumptions, 95% band or None) from a calibration file, or the defaults.
@@ -200,16 +215,11 @@ def evaluate(
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     from autoplace.cost.layers import layer_table
-    from autoplace.evaluation import evaluate as score
-    from autoplace.plan import build_plan, parse_plan_string
 
-    m, c, origin = _load_recorded(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
-                                                             inter_node), seq_len, global_batch)
+    m, c, origin, ev, _ = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+                                                             inter_node), plan, seq_len, global_batch, allow,
+                                  calibration, force)
     table = layer_table(m)
-    p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
-                   global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-    ev = score(m, c, p, _calibration(calibration, c, force=force)[0],
-               allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
     out = output_format(fmt, as_json)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
     if out == "json":
@@ -247,18 +257,13 @@ def explain(
     """Where every GB and second goes, beside the alternatives that change the most."""
     try:
         from autoplace.cost.layers import layer_table
-        from autoplace.evaluation import evaluate as score
         from autoplace.explain import alternatives, plot, print_explanation
-        from autoplace.plan import build_plan, parse_plan_string
 
-        m, c, origin = _load_recorded(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
-                                                                 intra_node, inter_node), seq_len, global_batch)
-        p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
-                       global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
-        assume = _calibration(calibration, c, force=force)[0]
-        across = "tp-across-nodes" in _features(allow, None)
-        ev = score(m, c, p, assume, allow_tp_across_nodes=across)
-        alts = alternatives(m, c, p, ev, assumptions=assume, allow_tp_across_nodes=across)
+        m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
+                                                                      intra_node, inter_node), plan, seq_len,
+                                           global_batch, allow, calibration, force)
+        alts = alternatives(m, c, ev.plan, ev, assumptions=assume,
+                            allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
         if png is not None:
             plot(ev, alts, png)
         out = output_format(fmt, as_json)
