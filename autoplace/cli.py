@@ -119,6 +119,9 @@ def guarded(command: Callable[..., None]) -> Callable[..., None]:
             command(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:  # `autoplace solve ... | head`: end quietly with 0, as standard tools do
+            _quiet_stdout()
+            raise typer.Exit(0) from None
         except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
             _fail(exc)
 
@@ -836,6 +839,14 @@ def run() -> None:
     except KeyboardInterrupt:
         typer.echo("autoplace: interrupted", err=True)
         sys.exit(130)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

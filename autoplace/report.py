@@ -91,8 +91,21 @@ class Section:
 def make_console() -> Console:
     """The terminal's width on a terminal; unbounded when piped or redirected."""
     if sys.stdout.isatty():
-        return Console()
-    return Console(width=UNBOUNDED_WIDTH, no_color=True, highlight=False)
+        return _Console()
+    return _Console(width=UNBOUNDED_WIDTH, no_color=True, highlight=False)
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe (``autoplace solve | head``) ends the command quietly with 0
+    (rich's own handler exits 1, the code of a failure)."""
+
+    def on_broken_pipe(self) -> None:
+        import os
+        import sys
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0)
 
 
 def fmt_count(n: float) -> str:

@@ -306,3 +306,18 @@ def test_profiles_in_a_real_process() -> None:
     proc = run_cli("profiles")
     assert proc.returncode == 0, proc.stderr
     assert "a100-sxm4-80gb" in proc.stdout and "nvlink4" in proc.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_a_closed_pipe_ends_quietly_with_0(extra: list[str]) -> None:
+    """``autoplace solve ... | head -1``: the reader goes after one line; the command ends with 0 and
+    says nothing (rich and click would exit 1, the code of a failure)."""
+    proc = subprocess.Popen([sys.executable, "-m", "autoplace.cli", "solve", str(MODELS / "tiny-llama.json"),
+                             str(A100_8), "--time-limit", "5", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "error" not in err
