@@ -137,3 +137,19 @@ def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
     assert "fsdp cannot run pp=2" in result.output
     result = invoke("solve", LLAMA_8B, A100_8, "--framework", "jax")
     assert result.exit_code == 2 and "valid: any, none, deepspeed, megatron" in result.output
+
+
+def test_top_k_means_k_runnable_plans_or_says_why_fewer() -> None:
+    """Llama-3-70B on 32 H100, --top 3: the widest search's best plans recompute per layer in ways no
+    framework can say, so the search looks further (uniform recompute, then deeper) until 3 run."""
+    from tests.test_cli import LLAMA_70B
+
+    doc = strict_json(invoke("solve", LLAMA_70B, "--cluster", "4x8xh100", "--json", "--top", "3").stdout)
+    assert doc["status"] == "optimal" and len(doc["plans"]) == 3
+    assert all(p["frameworks"] for p in doc["plans"])
+    # one GPU, everything pinned: fewer plans than asked for exist, and the notes say why
+    tiny = strict_json(invoke("solve", MODELS / "tiny-llama.json", "--cluster", "1x1xa100", "--json", "--top", "5",
+                              "--fix", "mbs=1,zero=0,recompute=none").stdout)
+    assert 0 < len(tiny["plans"]) < 5
+    assert any(n.startswith(f"{len(tiny['plans'])} of the 5 plans asked for: no other configuration")
+               for n in tiny["notes"]), tiny["notes"]

@@ -162,14 +162,22 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     reserve = RESOLVE_SHARE * budget.time_limit_s if uniform_later else 0.0
     results = _solve_runs(solver, wide, budget, modes, who, deadline - reserve)
     kept, reasons, plans = _keep(results, problem, group)
-    if not kept and uniform_later:  # every plan found recomputes per layer in a way no one can say
+    if len(kept) < top and uniform_later:  # plans found recompute per layer in ways no one can say
         results += _solve_runs(solver, wide, budget, UNIFORM_MODES, who, deadline)
+        kept, reasons, plans = _keep(results, problem, group)
+    while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
+        wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
+        results = _solve_runs(solver, wide, budget, modes, who, deadline) + results
         kept, reasons, plans = _keep(results, problem, group)
     notes = [note for r in results for note in r.notes]
     if reasons:
         nobody = "no supported framework can" if framework == ANY else f"{who} cannot"
         notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {nobody} express them "
                      f"(e.g. {reasons[0]})")
+    if 0 < len(kept) < top:
+        why = ("the time limit ended the search for more" if _more_to_find(results, wide)
+               else f"no other configuration that fits can be run by {'any framework' if framework == ANY else who}")
+        notes.append(f"{len(kept)} of the {top} plans asked for: {why}")
     proven = all(r.status in ("optimal", "infeasible") for r in results)
     status = ("optimal" if proven else "feasible") if kept else "infeasible"
     phases: dict[str, float] = {}
@@ -179,6 +187,11 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
+
+
+def _more_to_find(results: list[Any], wide: Any) -> bool:
+    """Whether a deeper search may find more plans: some search returned as many as it was asked for."""
+    return any(len(r.plans) >= wide.top_k for r in results if r.status != "infeasible")
 
 
 def _uniform_modes(group: Sequence[Framework]) -> tuple[str, ...] | None:
@@ -198,7 +211,11 @@ def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] |
     try:
         for k, run in enumerate(runs):  # the runs share what is left of the time limit
             left = max(deadline - time.perf_counter(), 0.1) / (len(runs) - k)
-            out.append(solver.solve(run, dataclasses.replace(budget, time_limit_s=left)))
+            result = solver.solve(run, dataclasses.replace(budget, time_limit_s=left))
+            if modes:  # each search says which it was
+                label = f"recompute={modes[k]}" + (f", top {run.top_k}" if run.top_k > 20 else "")
+                result = dataclasses.replace(result, notes=[f"{label}: {n}" for n in result.notes])
+            out.append(result)
         return out
     except Infeasible as exc:
         whose = "some supported framework" if who == ANY else who
