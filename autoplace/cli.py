@@ -335,14 +335,17 @@ def solve(
     noise_scale: NoiseOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
+    import time
+
     from autoplace import solving
     from autoplace.report import SolveProgress, origin_lines, print_solution
 
+    started = time.perf_counter()  # --time-limit bounds the whole command, loading and bundles included
     out_fmt = output_format(fmt, as_json)
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch)
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
-                       workers, seed, calibration, force)
+                       workers, seed, calibration, force, started)
     problem = solving.build_problem(inputs, request)
     progress = None if out_fmt == "json" else SolveProgress(time_limit)
     try:
@@ -378,7 +381,7 @@ def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | 
 
 def _request(cluster: Any, framework: str, top: int, objective: str, time_limit: float, solver: str,
              fix: list[str] | None, allow: list[str] | None, deny: list[str] | None, workers: int, seed: int,
-             calibration: Path | None, force: bool) -> Any:
+             calibration: Path | None, force: bool, started: float) -> Any:
     """solve's options as a validated solving.Request (the calibration checked against the cluster)."""
     from autoplace.frameworks import ANY, NONE, check_name
     from autoplace.plan import parse_plan_string
@@ -390,7 +393,7 @@ def _request(cluster: Any, framework: str, top: int, objective: str, time_limit:
     assume, band = _calibration(calibration, cluster, None if framework in (ANY, NONE) else framework, force)
     return Request(framework=framework, top=top, objective=objective, time_limit_s=time_limit, solver=solver,
                    fixed=fixed, features=frozenset(_features(allow, deny)), workers=workers, seed=seed,
-                   assumptions=assume, band=band)
+                   assumptions=assume, band=band, started=started)
 
 
 def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:

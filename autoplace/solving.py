@@ -77,7 +77,8 @@ def run_search(problem: Any, request: Request, progress: Any = None) -> Any:
     """The ranked plans (a SolveResult) within the time limit."""
     from solvers.registry import get_solver
 
-    return search.solve(request.framework, get_solver(request.solver), problem, request.budget(progress), request.top)
+    return search.solve(request.framework, get_solver(request.solver), problem,
+                        request.budget(progress, left=request.left()), request.top)
 
 
 def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dict[str, Any]:
