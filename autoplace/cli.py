@@ -24,15 +24,22 @@ from autoplace.cli_inputs import (
     GpuOpt,
     InterOpt,
     IntraOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    MethodOpt,
     NodesOpt,
     OptClusterArg,
+    PagedOpt,
     TraceDtype,
     TraceInput,
+    check_tuning,
     cluster_from_args,
     cluster_ref,
     model_origin_of,
     model_ref,
     output_format,
+    tuning_overrides,
 )
 from autoplace.errors import AutoplaceError, SpecError
 
@@ -106,17 +113,20 @@ def _fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
+def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None,
+          tuning: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
 
-    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags.
+    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags;
+    ``tuning`` the fine-tuning overrides (:func:`autoplace.cli_inputs.tuning_overrides`).
     """
     from autoplace.specs.cluster import check_compute_dtype
     from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import load_model
 
     path, repo = resolve_model(model)
-    m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    m = load_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch, **(tuning or {})})
+    check_tuning(m, tuning or {})
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
     c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
@@ -180,6 +190,11 @@ def evaluate(
     price: PriceOpt = None,
     target_loss: LossOpt = None,
     noise_scale: NoiseOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     try:
@@ -188,7 +203,7 @@ def evaluate(
         from autoplace.plan import build_plan, parse_plan_string
 
         m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
+                     seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         table = layer_table(m)
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=table.blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
@@ -225,6 +240,11 @@ def explain(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
     try:
@@ -234,7 +254,7 @@ def explain(
         from autoplace.plan import build_plan, parse_plan_string
 
         m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
+                     seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                        global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
         ev = score(m, c, p)
@@ -309,6 +329,11 @@ def solve(
     price: PriceOpt = None,
     target_loss: LossOpt = None,
     noise_scale: NoiseOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time as _time
@@ -322,7 +347,7 @@ def solve(
 
         out_fmt = output_format(fmt, as_json)
         m, c = _load(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
+                     seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         origin = model_origin_of(model, m, seq_len, global_batch)
         fixed = parse_plan_string(",".join(fix or []), source="--fix")
         features = _features(allow, deny)
@@ -509,6 +534,11 @@ def scale(
                                              "here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
     fmt: FormatOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """The best plan at every GPU count: tokens/s, MFU, scaling efficiency, time and cost to a token budget."""
     import time as _time
@@ -532,7 +562,8 @@ def scale(
             raise SpecError("--max-days needs --tokens (the budget to finish within the deadline)", source="--max-days")
         budget = parse_amount(tokens, source="--tokens") if tokens is not None else None
         unit = cluster_from_args(cluster) if cluster is not None else None
-        m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None)
+        m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None,
+                     tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         table = layer_table(m)
         advice = _outlook(m, cluster_at(counts[0], gpu=gpu, unit=unit), None, tokens, price, target_loss, noise_scale,
                           advise=True).advice
