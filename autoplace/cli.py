@@ -570,7 +570,8 @@ def scale(
         opts = SweepOptions(framework=framework, features=frozenset(_features(allow, deny)), time_limit_s=time_limit,
                             workers=workers, seed=seed, tokens=budget,
                             price_per_gpu_hour=price, objective=objective.value, max_days=max_days,
-                            critical_tokens=advice.critical_tokens if batches and len(batches) > 1 else None)
+                            critical_tokens=advice.critical_tokens if batches and len(batches) > 1 and advice.applies
+                            else None)
         points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)
         chosen = choose(points, objective.value, max_days)
         doc = _scale_doc(m, table, points, chosen, opts, batches, gpu, unit, counts, advice)
@@ -621,7 +622,9 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
         notes.append(f"batches compared by tokens to the same loss: E grows as 1 + B/B_crit with B_crit = "
                      f"{fmt_count(advice.critical_tokens)} tokens (McCandlish et al. 2018); throughput is scaled to "
                      f"the first batch's data efficiency")
-    lines = advice.lines()
+    from autoplace.sweep import fewest_gpus, fewest_line
+
+    lines = [fewest_line(m, points, pool), *advice.lines()]
     if chosen is not None:
         what = ("fewest GPU-hours per token" + (f" within {opts.max_days:g} days" if opts.max_days else "")
                 if opts.objective == "cost" else "fastest")
@@ -638,7 +641,8 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
             "gpu": pool, "objective": opts.objective, "global_batch": m.training.global_batch,
             "global_batch_text": batch_text.split(" at every")[0], "global_batches": batches or [m.training.global_batch],
             "tokens": opts.tokens, "price_per_gpu_hour": opts.price_per_gpu_hour, "max_days": opts.max_days,
-            "chosen_gpus": chosen.gpus if chosen else None, "points": [p.to_dict() for p in points],
+            "chosen_gpus": chosen.gpus if chosen else None, "method": m.training.method,
+            "fewest_gpus": getattr(fewest_gpus(points), "used_gpus", None), "points": [p.to_dict() for p in points],
             "batch_advice": advice.to_dict(), "notes": notes, "advice_lines": lines, "sweep_seconds": 0.0}
 
 

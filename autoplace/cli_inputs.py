@@ -67,8 +67,14 @@ def tuning_overrides(method: Method | None, rank: int | None, alpha: float | Non
                      paged: bool | None) -> dict[str, Any]:
     """The model overrides --method, --lora-rank, --lora-alpha, --lora-targets and --paged-optimizer ask for."""
     roles = [t.strip() for t in targets.split(",") if t.strip()] if targets is not None else None
+    from autoplace.specs.model import LORA_ROLES
+
     if roles == []:
         raise SpecError("--lora-targets names no projection; give some of q,k,v,o,gate,up,down", source="--lora-targets")
+    unknown = [r for r in roles or [] if r not in LORA_ROLES]
+    if unknown:
+        raise SpecError(f"unknown projection {', '.join(map(repr, unknown))}; valid: {', '.join(LORA_ROLES)}",
+                        source="--lora-targets")
     return {"method": method.value if method else None, "lora_rank": rank, "lora_alpha": alpha,
             "lora_targets": roles, "paged_optimizer": paged}
 
