@@ -12,34 +12,21 @@ Llama-3-8B count is checked once against ECOSYSTEM's 41,943,040 (r = 16 on q,k,v
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoplace.cost.layers import layer_table
-from autoplace.specs.lora import target_modules
 from autoplace.specs.model import TransformerSpec, model_from_dict, with_overrides
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+from autoplace.fidelity.peft_count import cut, peft_trainable  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hf"
 FAMILIES = sorted(p.name for p in DATA.glob("*.json"))
-
-
-def _cut(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with its first dense layers and two more (MoE ones where there are any)."""
-    config = {k: v for k, v in config.items() if k != "quantization_config"}  # GPTQ needs a GPU
-    dense = int(config.get("first_k_dense_replace") or 0)
-    for key in ("num_hidden_layers", "n_layer", "n_layers"):
-        if key in config:
-            config[key] = min(config[key], dense + 2)
-    if isinstance(config.get("text_config"), dict):  # Gemma 3's multimodal config
-        config["text_config"] = {**config["text_config"], "num_hidden_layers": 2}
-    return config
 
 
 def _spec(config: dict[str, Any], name: str, **tuning: Any) -> TransformerSpec:
@@ -50,31 +37,11 @@ def _spec(config: dict[str, Any], name: str, **tuning: Any) -> TransformerSpec:
     return tuned
 
 
-def _peft_trainable(config: dict[str, Any], spec: TransformerSpec) -> int:
-    """PEFT's trainable count for the spec's LoRA on the Hugging Face model of ``config``."""
-    hf = dict(config)
-    if hf["model_type"] in ("RefinedWebModel", "RefinedWeb"):  # the pre-port Falcon is transformers' falcon
-        hf["model_type"] = "falcon"
-        hf["num_hidden_layers"] = hf["n_layer"]  # transformers' FalconConfig no longer reads n_layer
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**hf)
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
-        lora = spec.training.lora
-        wrapped = peft.get_peft_model(model, peft.LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, target_modules=target_modules(spec.family, lora.targets)))
-    if any("language_model" in n for n, _ in wrapped.named_parameters()):  # Gemma 3: its vision tower is not the spec
-        return sum(p.numel() for n, p in wrapped.named_parameters() if p.requires_grad and "language_model" in n)
-    trainable, _ = wrapped.get_nb_trainable_parameters()
-    return int(trainable)
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_trainable_parameters_equal_peft(name: str) -> None:
-    config = _cut(json.loads((DATA / name).read_text()))
+    config = cut(json.loads((DATA / name).read_text()))
     spec = _spec(config, name)
-    assert layer_table(spec).trainable == _peft_trainable(config, spec)
+    assert layer_table(spec).trainable == peft_trainable(config, spec)
 
 
 @pytest.mark.parametrize(("name", "rank", "targets"), [
@@ -84,9 +51,9 @@ def test_trainable_parameters_equal_peft(name: str) -> None:
     ("mistral-7b-v0.1.json", 4, ["q", "v"]),  # Hu et al.'s choice
 ])
 def test_other_ranks_and_targets_equal_peft(name: str, rank: int, targets: list[str]) -> None:
-    config = _cut(json.loads((DATA / name).read_text()))
+    config = cut(json.loads((DATA / name).read_text()))
     spec = _spec(config, name, lora_rank=rank, lora_targets=targets)
-    assert layer_table(spec).trainable == _peft_trainable(config, spec)
+    assert layer_table(spec).trainable == peft_trainable(config, spec)
 
 
 def test_llama3_8b_whole_model() -> None:

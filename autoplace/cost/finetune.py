@@ -6,7 +6,9 @@ Per adapted projection ``W`` (``out x in``) LoRA adds ``B A`` with ``A`` (``r x 
 parallelism the adapter follows its projection: a column-parallel ``W`` splits ``B`` by rows
 and keeps ``A`` whole; a row-parallel one splits ``A`` by columns and keeps ``B`` whole.
 
-Storage of the frozen base: the compute dtype (LoRA), or for QLoRA the linear layers' weights in
+Storage of the frozen base: the precision recipe's weights (``param_bytes``: bf16 for the default
+recipe, the dtype the train script loads the model in; fp32 shards under FSDP2's mixed precision)
+and its all-gathers ``gather_bytes`` (:mod:`autoplace.cost.context`), or for QLoRA the linear layers' weights in
 4-bit NormalFloat with double quantization (QLoRA Sec. 3): 4 bits per weight, one 8-bit absmax
 per block of 64 weights and one fp32 constant per 256 of those blocks, ``8/64 + 32/(64*256)
 = 0.127`` bits per weight of constants; embeddings, the LM head and norms stay in the compute
@@ -28,9 +30,6 @@ NF4_BLOCK2 = 256  # first-level constants per second-level fp32 constant
 def nf4_bytes_per_param(block: int = NF4_BLOCK, block2: int = NF4_BLOCK2) -> float:
     """Bytes per weight of NF4 with double quantization: 4 bits + 8/block + 32/(block*block2) bits."""
     return (NF4_BITS + 8 / block + 32 / (block * block2)) / 8
-
-
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "tf32": 4.0, "fp32": 4.0}
 
 
 @dataclass(frozen=True)
@@ -121,8 +120,3 @@ def adapter_params(m: TransformerSpec, moe: bool) -> tuple[float, float, float]:
     parts = [p.adapter(m.training.lora.rank) for p in adapted_projections(m, moe)]
     return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
-
-def stored_bytes(m: TransformerSpec) -> tuple[float, float]:
-    """Bytes per frozen parameter: (linear-layer weights, everything else)."""
-    dtype = DTYPE_BYTES[m.training.recipe().compute_dtype]
-    return (nf4_bytes_per_param() if m.training.method == "qlora" else dtype), dtype

@@ -96,14 +96,11 @@ class BlockKind:
     head_dim: float = 128.0
     flash: bool = True
     # fine-tuning with a frozen base (LoRA, QLoRA; autoplace.cost.finetune): trainable adapter
-    # parameters, the frozen base's stored bytes and its 4-bit (dequantized) parameters, each
-    # TP-sharded / replicated / routed-expert, and the frozen matmuls (no weight gradients)
+    # parameters and the base's parameters stored in 4 bit (QLoRA), each TP-sharded /
+    # replicated / routed-expert, and the frozen matmuls (no weight gradients)
     adapter_tp: float = 0.0
     adapter_rep: float = 0.0
     adapter_expert: float = 0.0
-    frozen_bytes_tp: float = 0.0
-    frozen_bytes_rep: float = 0.0
-    frozen_bytes_expert: float = 0.0
     quant_tp: float = 0.0
     quant_rep: float = 0.0
     quant_expert: float = 0.0
@@ -144,7 +141,6 @@ class LayerTable:
         params: exact total parameter count (a tied matrix counted once).
         act_bytes: bytes per activation element (the precision recipe's).
         frozen: whether the base weights are frozen (LoRA, QLoRA): only the kinds' adapters train.
-        edge_frozen_bytes: bytes per frozen embedding / head parameter (the compute dtype).
         paged_optimizer: optimizer states in paged memory the driver evicts to the host
             (bitsandbytes' paged optimizers): counted on the host, not the device.
     """
@@ -161,7 +157,6 @@ class LayerTable:
     params: float
     act_bytes: float
     frozen: bool = False
-    edge_frozen_bytes: float = 0.0
     paged_optimizer: bool = False
 
     @property
@@ -369,8 +364,8 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
 
 
 def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
-    """``k`` with a frozen base and LoRA adapters (:mod:`autoplace.cost.finetune`): the frozen
-    weights' stored bytes (4-bit linear weights under QLoRA), the adapters' parameters, matmuls
+    """``k`` with a frozen base and LoRA adapters (:mod:`autoplace.cost.finetune`): which of its
+    weights QLoRA stores in 4 bit (every linear layer's), the adapters' parameters, matmuls
     (``x A`` then ``(x A) B``) and the ``r``-wide ``x A`` each keeps for its backward."""
     rank = m.training.lora.rank
     projections = finetune.adapted_projections(m, k.moe)
@@ -382,14 +377,8 @@ def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
     for g in k.gemms:
         linear["expert" if g.experts else ("tp" if g.split else "rep")] += g.n * g.k * (g.experts or 1)
     quantized = m.training.method == "qlora"
-    lin_bytes, other_bytes = finetune.stored_bytes(m)
-
-    def stored(params: float, part: str) -> float:
-        return linear[part] * lin_bytes + (params - linear[part]) * other_bytes
-
     return dataclasses.replace(
-        k, adapter_tp=adapter_tp, adapter_rep=adapter_rep, adapter_expert=adapter_expert, frozen_bytes_tp=stored(k.params_tp, "tp"),
-        frozen_bytes_rep=stored(k.params_rep, "rep"), frozen_bytes_expert=stored(k.params_expert, "expert"),
+        k, adapter_tp=adapter_tp, adapter_rep=adapter_rep, adapter_expert=adapter_expert,
         quant_tp=linear["tp"] * quantized, quant_rep=linear["rep"] * quantized,
         quant_expert=linear["expert"] * quantized, frozen_flops=sum(g.flops for g in k.gemms),
         frozen_gemms=k.gemms, gemms=(*k.gemms, *adapter_gemms), flops=k.flops + sum(g.flops for g in adapter_gemms),
@@ -435,7 +424,6 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     return LayerTable(name=m.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=embed, head=head,
                       tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b,
                       frozen=m.training.frozen_base,
-                      edge_frozen_bytes=finetune.stored_bytes(m)[1] if m.training.frozen_base else 0.0,
                       paged_optimizer=m.training.paged_optimizer)
 
 

@@ -66,23 +66,25 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
     opt_off = col(c.off_opt) + table.paged_optimizer > 0
 
-    def states(dense: Array, expert: Array, frozen_d: Array, frozen_e: Array) -> Array:
+    def states(dense: Array, expert: Array, frozen: tuple[Array, Array, Array, Array]) -> Array:
         """Params, grads and optimizer bytes of ``dense`` and ``expert`` trainable parameters
-        and ``frozen_*`` stored bytes of frozen ones (no gradient, no optimizer state; ZeRO-3
-        shards them like any parameter, ZeRO-1/2 keep them whole)."""
-        kept = np.where(shard_and_gathered, (dense + expert) * pgb, 0.0)
+        and of a frozen base (``frozen``: dense and expert stored bytes, then their gathered
+        bytes), which has no gradient and no optimizer state: ZeRO-3 shards it like any
+        parameter, ZeRO-1/2 keep it whole, FSDP2's ZeRO-2 keeps it sharded and gathered."""
+        kept = np.where(shard_and_gathered, (dense + expert) * pgb + frozen[2] + frozen[3], 0.0)
         secondary = hpz * (dense / col(ctx.n_in["zero"]) + expert / col(ctx.n_in["ezero"]))
-        frozen = (state_bytes(frozen_d, 1.0, z_sh, z >= 3, col(c.off_par))
-                  + state_bytes(frozen_e, 1.0, ez_sh, z >= 3, col(c.off_par)))
+        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par))
+                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par)))
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
-            + kept + secondary + frozen,
+            + kept + secondary + base,
             state_bytes(dense, gb, z_sh, z >= 2, grads_off) * (1 + error_feedback)
             + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
             state_bytes(dense, ob, z_sh, z >= 1, opt_off) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off),
         ], axis=-1)
 
-    state_block = states(ctx.train_dense, ctx.train_exp, ctx.frozen_dense, ctx.frozen_exp)  # [C,1,K,3]
+    state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
+                                                          ctx.frozen_exp_wire))  # [C,1,K,3]
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
     act_tp = kind("act_tp") - (kind("act_fused") if assume.compiled or assume.fused_kernels else 0.0)
     act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
@@ -102,8 +104,10 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     ones = np.ones((C, S))
     state_live = np.stack([np.stack([ones, live, ones], axis=-1), np.ones((C, S, 3))], axis=2)  # [C,S,2,3]
     e, h = table.embed, table.head
-    edge_states = states(ctx.train_edge[..., None, None], np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 1, 1)),
-                         ctx.frozen_edge[..., None, None])[:, :, None, 0, :] * state_live  # [C,S,2,3]
+    none = np.zeros((1, 1, 1, 1))
+    edge_states = states(ctx.train_edge[..., None, None], none, (ctx.frozen_edge[..., None, None], none,
+                                                                 ctx.frozen_edge_wire[..., None, None], none)
+                         )[:, :, None, 0, :] * state_live  # [C,S,2,3]
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * (table.act_bytes / 4 if assume.fused_kernels else 1.0)
@@ -118,12 +122,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # smaller ones are gathered
     # (a frozen base is gathered in its stored form, 4-bit under QLoRA; only adapters reduce)
     dense_unit, exp_unit = ctx.train_dense.max(axis=(1, 2, 3)), ctx.train_exp.max(axis=(1, 2, 3))
-    dense_gather = (ctx.train_dense * pgb + ctx.frozen_dense).max(axis=(1, 2, 3))
-    exp_gather = (ctx.train_exp * pgb + ctx.frozen_exp).max(axis=(1, 2, 3))
+    dense_gather = (ctx.train_dense * pgb + ctx.frozen_dense_wire).max(axis=(1, 2, 3))
+    exp_gather = (ctx.train_exp * pgb + ctx.frozen_exp_wire).max(axis=(1, 2, 3))
     apart = c.ep > 1
     reduced = np.where(apart, np.where(dense_gather >= exp_gather, dense_unit, exp_unit), dense_unit + exp_unit)
     next_unit = np.where(apart, np.minimum(dense_gather, exp_gather), dense_gather + exp_gather)
-    root = np.where(gathered[:, None], ctx.train_edge * pgb + ctx.frozen_edge, 0.0)
+    root = np.where(gathered[:, None], ctx.train_edge * pgb + ctx.frozen_edge_wire, 0.0)
     working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, 1.0, rgb, assume.zero3_prefetch_units),
                        2 * assume.comm_bucket_MiB * 2**20)[:, None]
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of

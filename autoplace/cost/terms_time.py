@@ -183,7 +183,7 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     # ZeRO-3 gathers every block in forward and again in backward and reduce-scatters its
     # gradient; ZeRO-2 reduce-scatters (DeepSpeed: all-reduces) every micro-batch.  ZeRO++'s
     # (de)quantization kernels run on the compute stream: exposed.
-    sh = _shard_collectives(ctx, ctx.train_dense, ctx.train_exp, ctx.frozen_dense, ctx.frozen_exp)
+    sh = _shard_collectives(ctx, ctx.train_dense, ctx.train_exp, ctx.frozen_dense_wire, ctx.frozen_exp_wire)
     all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
     grad_t = sh.ar if all_reduce_12 else sh.rs
     zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd, kappa) + hidden(sh.ag_bwd + sh.rs, bwd, kappa) + sh.quant,
@@ -232,7 +232,7 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
     over the shard groups, in each candidate's wire format (:mod:`autoplace.cost.compress`):
     ZeRO++ gathers int8 in forward, re-gathers its node-local secondary shard in backward (hpZ:
     the part of the group inside the NVLink domain) and reduce-scatters int4.  A frozen base
-    (``frozen_*`` stored bytes) is gathered as stored and never reduced."""
+    (``frozen_*``: the bytes its gathers move) is gathered and never reduced."""
     col, lk, w = ctx.col, ctx.links, ctx.wire
     zpp = col(w.zeropp) > 0
     groups = (("zero", dense, frozen_d), ("ezero", expert, frozen_e))
@@ -295,7 +295,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     send_bytes = sends * tok * table.act_bytes * table.hidden / sp_div[:, None]
     pp_inter = (size["pp"] > 1)[:, None] & (ctx.n_in["pp"] < size["pp"])[:, None]
     t_pp = comm.p2p(send_bytes, sends, pp_inter, lk)
-    edge_dense, frozen = ctx.train_edge, ctx.frozen_edge  # trainable parameters, frozen stored bytes
+    edge_dense, frozen = ctx.train_edge, ctx.frozen_edge_wire  # trainable parameters, frozen bytes gathered
     pgb, rgb = ctx.wire.gather_fwd[:, None], ctx.wire.reduce[:, None]  # ZeRO-3 gathers the root once
     _, _, eag = comm.allgather(edge_dense * pgb + frozen, size["zero"][:, None], n_in["zero"][:, None], lk)
     _, _, ers = comm.reducescatter(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
@@ -307,7 +307,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     unit_ag, unit_rs = units
     z3, z2 = (zero >= 3)[:, None], (zero == 2)[:, None]
     t_zero = np.select([z3, z2], [eag + ers + unit_ag + unit_rs, (ear if all_reduce_12 else ers) + unit_rs], 0.0)
-    edge_shard = (edge_dense * recipe.param_bytes + frozen) / np.where(z3, size["zero"][:, None], 1)  # bytes
+    edge_shard = (edge_dense * recipe.param_bytes + ctx.frozen_edge) / np.where(z3, size["zero"][:, None], 1)  # bytes
     t_off = c.off_par[:, None] * 2 * edge_shard / (ctx.hw.host_Bps / assume.bandwidth_scale)
     zs = np.zeros((C, S))
     t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
@@ -355,9 +355,11 @@ def _step_terms(ctx: Context) -> StepTerms:
     all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"
     lk = ctx.stage_links
 
-    def one(params: Array, sent: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
+    def one(params: Array, sent: Array, group: str, shard_group: str,
+            frozen: Array | float = 0.0) -> tuple[Array, Array, Array]:
         """(reduce seconds, gather seconds, bytes) of ``params`` ``[C, X]`` (stage-broadcast),
-        whose DDP all-reduce sends ``sent`` elements."""
+        whose DDP all-reduce sends ``sent`` elements; ``frozen`` bytes of a frozen base are
+        gathered with them."""
         L = _bcast(lk, params)
         n, ni = _e(ctx.size[group], params), _e(ctx.n_in[group], params)
         ns, nis = _e(ctx.size[shard_group], params), _e(ctx.n_in[shard_group], params)
@@ -366,7 +368,7 @@ def _step_terms(ctx: Context) -> StepTerms:
         pgb, rgb = _e(ctx.wire.gather_fwd, params), _e(ctx.wire.reduce, params)
         ar = comm.allreduce(sent * rgb, n, ni, L)
         rs = comm.reducescatter(params * rgb, ns, nis, L)
-        ag = comm.allgather(params * pgb, ns, nis, L)
+        ag = comm.allgather(params * pgb + frozen, ns, nis, L)
         rep = comm.allreduce(params * rgb / ns, nr, nir, L)
         z1 = ar if all_reduce_12 else rs
         reduce_t = np.select([zz == 0, zz == 1], [ar[2], z1[2] + rep[2]], rep[2])
@@ -383,10 +385,17 @@ def _step_terms(ctx: Context) -> StepTerms:
     sent_blk = dense if tuned else compress.block_reduce_elements(ctx.table, c, ctx.dense_local)  # [C, K]
     sent_st = ctx.train_edge if tuned else compress.edge_reduce_elements(ctx.table, c, ctx.edge_dense, ctx.first,
                                                                           ctx.last)  # [C, S]
-    r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero")
+    # FSDP2's ZeRO-2 (no master copy: reshard_after_forward=False) stores a frozen base sharded
+    # and gathers it once per step; ZeRO-1/2 with a master copy keep it whole, ZeRO-3 gathers
+    # it per micro-batch (_block_comm)
+    regather = ((zero == 2) & (not recipe.master_copy))[:, None, None]
+    r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero",
+                        regather * ctx.frozen_dense_wire[:, :, :, 0])
     sent_exp = expert if tuned else compress.expert_reduce_elements(ctx.table, c, ctx.exp_local)  # [C, K]
-    r_e, g_e, b_e = one(expert[:, None, :], sent_exp[:, None, :], "edp", "ezero")
-    r_s, g_s, b_s = one(ctx.train_edge[:, :, None], sent_st[:, :, None], "dp", "zero")
+    r_e, g_e, b_e = one(expert[:, None, :], sent_exp[:, None, :], "edp", "ezero",
+                        regather * ctx.frozen_exp_wire[:, :, :, 0])
+    r_s, g_s, b_s = one(ctx.train_edge[:, :, None], sent_st[:, :, None], "dp", "zero",
+                        regather * ctx.frozen_edge_wire[:, :, None])
     # the last bucket: its reduction cannot start before backward ends
     bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20) / ctx.wire.reduce[:, None, None]
     last_bucket = one(bucket, bucket, "dp", "zero")[0][..., 0]  # [C, S]

@@ -121,11 +121,12 @@ class LoRA(Strict):
 
     rank: int = Field(default=16, ge=1, le=MAX_WIDTH)
     alpha: float = Field(default=32.0, gt=0, le=1e6, allow_inf_nan=False)
-    targets: list[LoraRole] = Field(default_factory=lambda: list(LORA_ROLES), min_length=1)
+    # a tuple, so the spec stays hashable; a JSON list is accepted for it (strict=False)
+    targets: tuple[LoraRole, ...] = Field(default=LORA_ROLES, min_length=1, strict=False)
 
     @field_validator("targets")
     @classmethod
-    def _no_repeats(cls, value: list[str]) -> list[str]:
+    def _no_repeats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if len(set(value)) != len(value):
             raise ValueError(f"targets repeat a projection: {value}")
         return value
