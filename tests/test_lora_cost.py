@@ -124,3 +124,27 @@ def test_graph_models_refuse_lora() -> None:
         model_from_dict({"hidden": 64, "seq_len": 32, "graph": [{"name": "x", "params": 10, "flops_per_token": 20,
                                                                  "activation_bytes_per_token": 4}],
                          "training": {"method": "lora"}})
+
+
+@pytest.mark.parametrize(("method", "moe", "gpus", "objective"), [
+    ("lora", False, 8, "time"), ("qlora", False, 4, "memory"), ("lora", True, 8, "time"), ("qlora", True, 4, "comm")])
+def test_cpsat_optimum_equals_exhaustive_for_fine_tuning(method: str, moe: bool, gpus: int, objective: str) -> None:
+    """The search is the same one with the frozen and trainable states' sizes: CP-SAT's optimum is
+    the oracle's, and every plan it returns is the evaluator's (docs/ARCHITECTURE.md)."""
+    from solvers.problem import FEATURES, Budget, Problem, objective_key
+    from solvers.registry import get_solver
+
+    data: dict[str, object] = {"name": "small", "layers": 6, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
+                               "kv_heads": 4, "vocab": 4096, "seq_len": 1024,
+                               "training": {"global_batch": 16, "method": method}}
+    if moe:  # DeepSeek-style: the routed experts carry adapters (PEFT's conversion for this family)
+        data |= {"family": "deepseek_v3", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 512,
+                                                  "first_dense_layers": 1, "shared_experts": 1}}
+    spec = TransformerSpec.model_validate(data)
+    problem = Problem(spec, gpu_cluster(gpus, gpu="a100-sxm4-40gb"), objective=objective, top_k=1,
+                      features=frozenset(FEATURES) - {"tp-across-nodes"})
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
+    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
+    assert a.status == b.status == "optimal"
+    assert a.disagreement is None or a.disagreement <= 1e-5
+    assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0], rel=1e-6)
