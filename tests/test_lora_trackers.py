@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 from autoplace.fidelity.compare import Comparison, compare  # noqa: E402
 from autoplace.fidelity.trackers import Setup  # noqa: E402
 from autoplace.specs.model import TransformerSpec  # noqa: E402
+from tests.test_accuracy_trackers import within  # noqa: E402
 
 # tests/test_accuracy_trackers.py's MINI (Llama-3 proportions at CPU size) with LoRA r = 16 on
 # q, k, v, o, gate, up, down
@@ -32,13 +33,6 @@ SETUPS = [Setup(world=2), Setup(world=8), Setup(world=8, reshard=False), Setup(w
 @cache
 def compared(setup: Setup) -> Comparison:
     return compare(MINI_LORA, setup)
-
-
-def within(c: Comparison, quantity: str, tolerance: float) -> None:
-    row = c.row(quantity)
-    assert abs(row.error) <= tolerance, (
-        f"{c.setup.label()}: {quantity} predicted {row.predicted:.0f} B, measured {row.measured:.0f} B "
-        f"({100 * row.error:+.2f}%, tolerance {100 * tolerance:.0f}%)")
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: s.label())
