@@ -148,3 +148,12 @@ def test_cpsat_optimum_equals_exhaustive_for_fine_tuning(method: str, moe: bool,
     assert a.status == b.status == "optimal"
     assert a.disagreement is None or a.disagreement <= 1e-5
     assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0], rel=1e-6)
+
+
+def test_an_unknown_family_is_refused() -> None:
+    # the family names the modules LoRA adapts: a typo would silently fall back to Llama's names
+    from autoplace.errors import SpecError
+    from autoplace.specs.model import model_from_dict
+
+    with pytest.raises(SpecError, match="family: unknown Hugging Face model_type"):
+        model_from_dict({**SMALL.model_dump(exclude_none=True), "family": "lama"})

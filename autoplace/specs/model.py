@@ -269,6 +269,15 @@ class TransformerSpec(Strict):
     family: str | None = None
     training: Training = Training()
 
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str | None) -> str | None:
+        from autoplace.specs.hf import _FAMILIES
+
+        if value is not None and value not in _FAMILIES:
+            raise ValueError(f"unknown Hugging Face model_type; valid: {', '.join(sorted(_FAMILIES))}")
+        return value
+
     @field_validator("full_attention_every")
     @classmethod
     def _needs_a_window(cls, value: int | None, info: ValidationInfo) -> int | None:
