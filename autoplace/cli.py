@@ -25,15 +25,22 @@ from autoplace.cli_inputs import (
     GpuOpt,
     InterOpt,
     IntraOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    MethodOpt,
     NodesOpt,
     OptClusterArg,
+    PagedOpt,
     TraceDtype,
     TraceInput,
+    check_tuning,
     cluster_from_args,
     cluster_ref,
     model_origin_of,
     model_ref,
     output_format,
+    tuning_overrides,
 )
 from autoplace.errors import AutoplaceError, SpecError
 
@@ -128,24 +135,27 @@ def guarded(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None) -> tuple[Any, Any]:
+def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None,
+          tuning: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """Load both; a GPU without a peak for the model's compute dtype is the cluster's error.
 
-    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags.
+    ``cluster`` is a cluster.yaml (or NODESxGPUSxGPU) path, or a ClusterSpec built from flags;
+    ``tuning`` the fine-tuning overrides (:func:`autoplace.cli_inputs.tuning_overrides`).
     """
-    m, c, _ = _load_recorded(model, cluster, seq_len, global_batch)
+    m, c, _ = _load_recorded(model, cluster, seq_len, global_batch, tuning)
     return m, c
 
 
-def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None
-                   ) -> tuple[Any, Any, dict[str, Any]]:
+def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None,
+                   tuning: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """:func:`_load`, and where the model came from with which of its numbers are defaults."""
     from autoplace.specs.cluster import check_compute_dtype
     from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import read_model
 
     path, repo = resolve_model(model)
-    m, recorded = read_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch})
+    m, recorded = read_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch, **(tuning or {})})
+    check_tuning(m, tuning or {})
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
     c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
@@ -155,13 +165,14 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
 
 
 def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_batch: int | None,
-            allow: list[str] | None, calibration: Path | None, force: bool) -> tuple[Any, Any, dict[str, Any], Any, Any]:
+            allow: list[str] | None, calibration: Path | None, force: bool, tuning: dict[str, Any]
+            ) -> tuple[Any, Any, dict[str, Any], Any, Any]:
     """(model, cluster, origin, the --plan's Evaluation, assumptions): evaluate's and explain's first steps."""
     from autoplace.cost.layers import layer_table
     from autoplace.evaluation import evaluate
     from autoplace.plan import build_plan, parse_plan_string
 
-    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch)
+    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch, tuning)
     p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
                    global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
     assume = _calibration(calibration, c, force=force)[0]
@@ -215,13 +226,19 @@ def evaluate(
     price: PriceOpt = None,
     target_loss: LossOpt = None,
     noise_scale: NoiseOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     from autoplace.cost.layers import layer_table
 
     m, c, origin, ev, _ = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
                                                              inter_node), plan, seq_len, global_batch, allow,
-                                  calibration, force)
+                                  calibration, force, tuning_overrides(method, lora_rank, lora_alpha, lora_targets,
+                                                                       paged_optimizer))
     table = layer_table(m)
     out = output_format(fmt, as_json)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
@@ -256,6 +273,11 @@ def explain(
     gpus_per_node: GpnOpt = None,
     intra_node: IntraOpt = None,
     inter_node: InterOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
     try:
@@ -264,7 +286,8 @@ def explain(
 
         m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
                                                                       intra_node, inter_node), plan, seq_len,
-                                           global_batch, allow, calibration, force)
+                                           global_batch, allow, calibration, force,
+                                           tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         alts = alternatives(m, c, ev.plan, ev, assumptions=assume,
                             allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
         if png is not None:
@@ -333,6 +356,11 @@ def solve(
     price: PriceOpt = None,
     target_loss: LossOpt = None,
     noise_scale: NoiseOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time
@@ -343,7 +371,7 @@ def solve(
     started = time.perf_counter()  # --time-limit bounds the whole command, loading and bundles included
     out_fmt = output_format(fmt, as_json)
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
-                     seq_len, global_batch)
+                     seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
                        workers, seed, calibration, force, started)
     problem = solving.build_problem(inputs, request)
@@ -370,11 +398,12 @@ def solve(
         raise typer.Exit(3)
 
 
-def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None) -> Any:
+def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None,
+            tuning: dict[str, Any]) -> Any:
     """Load the model and cluster and record where they came from (solving.Inputs)."""
     from autoplace.solving import Inputs
 
-    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch)
+    m, c, origin = _load_recorded(model, cluster, seq_len, global_batch, tuning)
     refs = {"model": model_ref(model), "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
     return Inputs(m, c, origin, refs)
 
@@ -491,6 +520,11 @@ def scale(
                                              "here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
     fmt: FormatOpt = None,
+    method: MethodOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    paged_optimizer: PagedOpt = None,
 ) -> None:
     """The best plan at every GPU count: tokens/s, MFU, scaling efficiency, time and cost to a token budget."""
     import time as _time
@@ -514,14 +548,16 @@ def scale(
             raise SpecError("--max-days needs --tokens (the budget to finish within the deadline)", source="--max-days")
         budget = parse_amount(tokens, source="--tokens") if tokens is not None else None
         unit = cluster_from_args(cluster) if cluster is not None else None
-        m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None)
+        m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None,
+                     tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
         table = layer_table(m)
         advice = _outlook(m, cluster_at(counts[0], gpu=gpu, unit=unit), None, tokens, price, target_loss, noise_scale,
                           advise=True).advice
         opts = SweepOptions(framework=framework, features=frozenset(_features(allow, deny)), time_limit_s=time_limit,
                             workers=workers, seed=seed, tokens=budget,
                             price_per_gpu_hour=price, objective=objective.value, max_days=max_days,
-                            critical_tokens=advice.critical_tokens if batches and len(batches) > 1 else None)
+                            critical_tokens=advice.critical_tokens if batches and len(batches) > 1 and advice.applies
+                            else None)
         points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)
         chosen = choose(points, objective.value, max_days)
         doc = _scale_doc(m, table, points, chosen, opts, batches, gpu, unit, counts, advice)
@@ -570,7 +606,9 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
         notes.append(f"batches compared by tokens to the same loss: E grows as 1 + B/B_crit with B_crit = "
                      f"{fmt_count(advice.critical_tokens)} tokens (McCandlish et al. 2018); throughput is scaled to "
                      f"the first batch's data efficiency")
-    lines = advice.lines()
+    from autoplace.sweep import fewest_gpus, fewest_line
+
+    lines = [fewest_line(m, points, pool), *advice.lines()]
     if chosen is not None:
         what = ("fewest GPU-hours per token" + (f" within {opts.max_days:g} days" if opts.max_days else "")
                 if opts.objective == "cost" else "fastest")
@@ -587,7 +625,8 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
             "gpu": pool, "objective": opts.objective, "global_batch": m.training.global_batch,
             "global_batch_text": batch_text.split(" at every")[0], "global_batches": batches or [m.training.global_batch],
             "tokens": opts.tokens, "price_per_gpu_hour": opts.price_per_gpu_hour, "max_days": opts.max_days,
-            "chosen_gpus": chosen.gpus if chosen else None, "points": [p.to_dict() for p in points],
+            "chosen_gpus": chosen.gpus if chosen else None, "method": m.training.method,
+            "fewest_gpus": getattr(fewest_gpus(points), "used_gpus", None), "points": [p.to_dict() for p in points],
             "batch_advice": advice.to_dict(), "notes": notes, "advice_lines": lines, "sweep_seconds": 0.0}
 
 

@@ -40,6 +40,54 @@ class Format(StrEnum):
 
 FormatOpt = Annotated[Format | None, typer.Option(
     "--format", help="table (rich text; never cut when piped), json (as --json), csv (the tables), markdown.")]
+class Method(StrEnum):
+    full = "full"
+    lora = "lora"
+    qlora = "qlora"
+
+
+_TUNE = "Fine-tuning"
+MethodOpt = Annotated[Method | None, typer.Option(
+    "--method", help="full (every weight trains), lora (frozen base in the compute dtype + adapters) or qlora "
+    "(frozen linear weights in 4-bit NF4 + adapters). Default: the model file's training.method, else full.",
+    rich_help_panel=_TUNE)]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", min=1, help="Adapter rank r (default 16).",
+                                                 rich_help_panel=_TUNE)]
+LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha",
+                                                   help="Adapter scale alpha (default 32).", rich_help_panel=_TUNE)]
+LoraTargetsOpt = Annotated[str | None, typer.Option(
+    "--lora-targets", help="Projections to adapt, comma-separated from q,k,v,o,gate,up,down (default: all).",
+    rich_help_panel=_TUNE)]
+PagedOpt = Annotated[bool | None, typer.Option(
+    "--paged-optimizer/--no-paged-optimizer", help="Optimizer states in paged memory the driver evicts to the "
+    "host (bitsandbytes' paged optimizers): not counted on the GPU.", rich_help_panel=_TUNE, show_default=False)]
+
+
+def tuning_overrides(method: Method | None, rank: int | None, alpha: float | None, targets: str | None,
+                     paged: bool | None) -> dict[str, Any]:
+    """The model overrides --method, --lora-rank, --lora-alpha, --lora-targets and --paged-optimizer ask for."""
+    roles = [t.strip() for t in targets.split(",") if t.strip()] if targets is not None else None
+    from autoplace.specs.model import LORA_ROLES
+
+    if roles == []:
+        raise SpecError("--lora-targets names no projection; give some of q,k,v,o,gate,up,down", source="--lora-targets")
+    unknown = [r for r in roles or [] if r not in LORA_ROLES]
+    if unknown:
+        raise SpecError(f"unknown projection {', '.join(map(repr, unknown))}; valid: {', '.join(LORA_ROLES)}",
+                        source="--lora-targets")
+    return {"method": method.value if method else None, "lora_rank": rank, "lora_alpha": alpha,
+            "lora_targets": roles, "paged_optimizer": paged}
+
+
+def check_tuning(model: Any, overrides: dict[str, Any]) -> None:
+    """LoRA options need a frozen-base method (given here or in the model file)."""
+    given = [f"--{k.replace('_', '-')}" for k in ("lora_rank", "lora_alpha", "lora_targets")
+             if overrides.get(k) is not None]
+    if given and not model.training.frozen_base:
+        raise SpecError(f"{', '.join(given)} need --method lora or qlora (the model trains with method full)",
+                        source=given[0])
+
+
 class TraceInput(StrEnum):
     tokens = "tokens"
     hidden = "hidden"

@@ -177,6 +177,8 @@ class BatchAdvice:
         steps_factor, tokens_factor: S/S_min and E/E_min at this batch.
         advised_batch: the largest global batch (sequences) at or under B_crit: a power of two,
             or the user's list's, when ``candidates`` were given.
+        applies: False for fine-tuning without a measured noise scale: no B_crit is estimated
+            (``critical_tokens`` is then the batch itself, and nothing is advised).
     """
 
     batch_tokens: float
@@ -187,16 +189,19 @@ class BatchAdvice:
     steps_factor: float
     tokens_factor: float
     advised_batch: int
+    applies: bool = True
 
     @property
     def over(self) -> bool:
-        return self.batch_tokens > self.critical_tokens
+        return self.applies and self.batch_tokens > self.critical_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "over_critical": self.over}
 
     def lines(self) -> list[str]:
         """What the CLI prints: the verdict, the trade-off, the source and the assumption."""
+        if not self.applies:
+            return [f"batch: {self.source}", f"  {self.assumption}"]
         ratio = self.batch_tokens / self.critical_tokens
         verdict = ("[yellow]warning[/yellow]: the global batch is past the critical batch"
                    if self.over else "the global batch is within the critical batch")
@@ -207,9 +212,20 @@ class BatchAdvice:
 
 
 def advise_batch(global_batch: int, seq_len: int, *, non_embedding_params: float, tokens: float | None = None,
-                 target_loss: float | None = None, noise_scale_tokens: float | None = None) -> BatchAdvice:
+                 target_loss: float | None = None, noise_scale_tokens: float | None = None,
+                 method: str = "full") -> BatchAdvice:
     """B_crit from a measured noise scale, else Kaplan's B_crit(L) at the target loss, else at
-    Kaplan's L(N, D) for the token budget (20 tokens per parameter without one)."""
+    Kaplan's L(N, D) for the token budget (20 tokens per parameter without one).
+
+    Fine-tuning (``method`` lora or qlora) gets no B_crit without a measured noise scale: Kaplan's
+    B_crit(L) and L(N, D) are fits to pre-training from scratch on WebText2, and a fine-tuning
+    loss on another corpus, starting from a trained model, is not on those curves.
+    """
+    batch_tokens = float(global_batch * seq_len)
+    if method != "full" and noise_scale_tokens is None:
+        return BatchAdvice(batch_tokens, batch_tokens, _FINE_TUNING_SOURCE.format(method=method),
+                           _FINE_TUNING_ASSUMPTION.format(batch=global_batch), None, 1.0, 1.0, global_batch,
+                           applies=False)
     if noise_scale_tokens is not None:
         b_crit, loss = noise_scale_tokens, None
         source = "the measured gradient noise scale (McCandlish et al. 2018 Sec. 2.2: B_crit ~ B_noise)"
@@ -226,10 +242,16 @@ def advise_batch(global_batch: int, seq_len: int, *, non_embedding_params: float
                           f"{_short(non_embedding_params)} non-embedding parameters and D = {_short(d)} tokens ({how}); "
                           f"WebText2 nats, so --target-loss or --noise-scale is better")
         b_crit = kaplan_critical_batch(loss)
-    batch_tokens = float(global_batch * seq_len)
     steps, examples = steps_examples(batch_tokens, b_crit)
     advised = 2 ** max(0, int(math.floor(math.log2(max(1.0, b_crit / seq_len)))))
     return BatchAdvice(batch_tokens, b_crit, source, assumption, loss, steps, examples, advised)
+
+
+_FINE_TUNING_SOURCE = ("fine-tuning ({method}): no critical batch is estimated; Kaplan et al. 2020's B_crit(L) "
+                       "and L(N, D) describe pre-training from scratch, not a trained model on a new corpus")
+_FINE_TUNING_ASSUMPTION = ("the global batch of {batch:,} sequences is taken as given (the QLoRA recipes use 16 to 64 "
+                           "sequences, Dettmers et al. 2023 App. B); a measured gradient noise scale (--noise-scale, "
+                           "McCandlish et al. 2018) is compared against it")
 
 
 def tokens_at_batch(tokens: float, batch_tokens: float, reference_batch_tokens: float, b_crit: float) -> float:
@@ -268,5 +290,6 @@ def outlook(model: Any, table: Any, gpus: int, tokens_per_s: float | None, *, to
     """Time and cost to ``tokens`` (when given and a plan ran) and, when ``advise``, the batch advice."""
     cost = training_cost(tokens, tokens_per_s, gpus, price) if tokens and tokens_per_s else None
     advice = (advise_batch(model.training.global_batch, model.seq_len, non_embedding_params=non_embedding_params(table),
-                           tokens=tokens, target_loss=target_loss, noise_scale_tokens=noise_scale) if advise else None)
+                           tokens=tokens, target_loss=target_loss, noise_scale_tokens=noise_scale,
+                           method=model.training.method) if advise else None)
     return Outlook(cost, advice)

@@ -238,6 +238,21 @@ def choose(points: list[SweepPoint], objective: str, max_days: float | None = No
     return max(ok, key=lambda p: (p.effective_tokens_per_s, -p.gpus))
 
 
+def fewest_gpus(points: list[SweepPoint]) -> SweepPoint | None:
+    """The smallest size with a plan that fits: the fewest GPUs of the kind that train (or
+    fine-tune, with the model's method) the model at its batch."""
+    return min((p for p in points if p.evaluation is not None), key=lambda p: p.used_gpus, default=None)
+
+
+def fewest_line(model: ModelSpec, points: list[SweepPoint], gpu: str) -> str:
+    """The answer to "how few GPUs of this kind can train it", naming the training method."""
+    how = {"full": "train", "lora": "fine-tune with LoRA", "qlora": "fine-tune with QLoRA"}[model.training.method]
+    low = fewest_gpus(points)
+    if low is None:
+        return f"fewest {gpu} GPUs that {how} {model.name}: none of the sizes swept ({points[-1].gpus:,} at most)"
+    return f"fewest {gpu} GPUs that {how} {model.name}: {low.used_gpus:,} (of the sizes swept)"
+
+
 def plot(points: list[SweepPoint], path: Path, title: str) -> None:
     """Throughput (with the ideal line from the first row) and scaling efficiency against GPUs, as a PNG.
 

@@ -163,3 +163,23 @@ def test_its_launch_scripts_run_its_program_with_its_config(framework: Framework
             (framework.name, fmt, own)
         for word in framework.program(plan, MODEL, Launch()).words:
             assert word in script.text
+
+
+@FRAMEWORK
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_a_training_method_it_has_no_path_for_is_refused_by_name(framework: Framework, method: str, tmp_path) -> None:
+    """Fine-tuning: a framework runs PEFT's script (its bundle holds peft_train.py) or refuses the model
+    in one line naming training.method; the advice names exactly the frameworks that do run it."""
+    from tests.test_emit_plans import make_plan
+
+    model = MODEL.model_copy(update={"training": MODEL.training.model_copy(update={"method": method})})
+    assert set(framework.peft_runners) == {f.name for f in all_frameworks() if method in f.methods}
+    why = framework.model_refusal(model)
+    if method not in framework.methods:
+        assert why is not None and why.startswith(f"{framework.name}: training.method {method}: ")
+        return
+    plan = make_plan("zero=3", model, CLUSTER16)
+    names = {f.name for f in framework.render(plan, model, CLUSTER16, Launch())}
+    assert "peft_train.py" in names
+    (script,) = render("torchrun", plan, model, CLUSTER16, Launch(), framework)
+    assert "peft_train.py" in script.text and "accelerate launch" in script.text

@@ -95,6 +95,10 @@ class Assumptions:
             step (PyTorch ``powerSGD_hook``): add the error (read 2, write 1), P = MQ and
             Q = M^T P (a read each: rank-r matmuls are memory-bound), M = PQ^T (a write), the new
             error (read 2, write 1), and the copy into one flat buffer (read 1, write 1): 11.
+        nf4_dequant_bytes: HBM bytes per 4-bit weight that QLoRA's dequantization moves before
+            each use of the weight (forward, backward's input gradient, a recompute):
+            bitsandbytes' ``dequantize_4bit`` reads the packed weight (0.5) and writes it in the
+            compute dtype (2); its absmax constants are 1/64 of that.  Default 2.5.
         compute_scale, bandwidth_scale: calibration factors (measured / predicted compute
             time; predicted / measured link time); 1 when uncalibrated.
     """
@@ -125,6 +129,7 @@ class Assumptions:
     qwz_dequant_bytes: float = 3.0
     qgz_quant_bytes: float = 5.0
     powersgd_hbm_passes: float = 11.0
+    nf4_dequant_bytes: float = 2.5
     compute_scale: float = 1.0
     bandwidth_scale: float = 1.0
 

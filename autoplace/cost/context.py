@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplace.cost import comm
+from autoplace.cost import comm, finetune
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.compress import Wire, wire
@@ -65,6 +65,18 @@ class Context:
     links: comm.Links  # [C, S, 1, 1], calibrated
     stage_links: comm.Links  # [C, S]
     wire: Wire  # bytes per element on the wire under each candidate's compression [C]
+    # what trains and what is frozen (LoRA, QLoRA): trainable parameters of one block / the
+    # edges on one device (all of them in full training), and the frozen base's stored bytes
+    train_dense: Array  # [C, 1, K, 1]
+    train_exp: Array  # [C, 1, K, 1]
+    train_edge: Array  # [C, S]
+    frozen_dense: Array  # stored bytes [C, 1, K, 1]
+    frozen_exp: Array  # stored bytes [C, 1, K, 1]
+    frozen_edge: Array  # stored bytes [C, S]
+    frozen_dense_wire: Array  # bytes an all-gather moves (and an unsharded copy holds) [C, 1, K, 1]
+    frozen_exp_wire: Array  # [C, 1, K, 1]
+    frozen_edge_wire: Array  # [C, S]
+    quantized: Array  # 4-bit parameters of one block on one device (QLoRA) [C, 1, K, 1]
 
     @property
     def C(self) -> int:
@@ -120,10 +132,45 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
     links = comm.Links(lk.intra_Bps[..., None, None] / scale, lk.intra_latency_s[..., None, None],
                        lk.inter_Bps[..., None, None] / scale, lk.inter_latency_s[..., None, None], G)
     stage_links = comm.Links(lk.intra_Bps / scale, lk.intra_latency_s, lk.inter_Bps / scale, lk.inter_latency_s, G)
+    dense_local, exp_local = kind[0] / tp + kind[1], kind[2] / (ep * tp)
+    tuned = _frozen_split(table, recipe, tp, ep, dense_local, exp_local, edge_dense)
     return Context(
-        table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
+        **tuned, table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
         size={k: v[0].astype(float) for k, v in groups.items()},
         n_in={k: comm.members_per_domain(size, stride, cluster.nvlink_domain) for k, (size, stride) in groups.items()},
         tokens=cand.mbs * table.seq_len / cand.cp.astype(float),
-        dense_local=kind[0] / tp + kind[1], exp_local=kind[2] / (ep * tp), edge_dense=edge_dense,
+        dense_local=dense_local, exp_local=exp_local, edge_dense=edge_dense,
         links=links, stage_links=stage_links, wire=wire(recipe, cand))
+
+
+def _frozen_split(table: LayerTable, recipe: Precision, tp: Array, ep: Array, dense_local: Array, exp_local: Array,
+                  edge_dense: Array) -> dict[str, Array]:
+    """Trainable parameters per device and the frozen base's bytes (the fields ``train_*``,
+    ``frozen_*`` and ``quantized`` of :class:`Context`).  Full training: everything trains.
+
+    A frozen weight is stored as the recipe stores weights (``param_bytes``) and gathered as it
+    gathers them (``gather_bytes``); under QLoRA the linear layers' are NF4 in both
+    (:func:`autoplace.cost.finetune.nf4_bytes_per_param`; FSDP gathers the packed storage).
+    """
+    zero = np.zeros_like(dense_local + exp_local)
+    if not table.frozen:
+        edge0 = np.zeros_like(edge_dense)
+        return {"train_dense": dense_local, "train_exp": exp_local, "train_edge": edge_dense, "frozen_dense": zero,
+                "frozen_exp": zero, "frozen_edge": edge0, "frozen_dense_wire": zero, "frozen_exp_wire": zero,
+                "frozen_edge_wire": edge0, "quantized": zero}
+
+    def per_device(fmt: str) -> tuple[Array, Array]:
+        k = np.array([[getattr(b, fmt % p) for p in ("tp", "rep", "expert")] for b in table.kinds], dtype=float)
+        k = k.T.reshape(3, 1, 1, -1, 1)
+        return k[0] / tp + k[1] + zero, k[2] / (ep * tp) + zero
+
+    train_dense, train_exp = per_device("adapter_%s")
+    quant_dense, quant_exp = per_device("quant_%s")
+    nf4 = finetune.nf4_bytes_per_param()
+    pb, pgb = recipe.param_bytes, recipe.gather_bytes
+    return {"train_dense": train_dense, "train_exp": train_exp, "train_edge": np.zeros_like(edge_dense),
+            "frozen_dense": (dense_local - quant_dense) * pb + quant_dense * nf4,
+            "frozen_exp": (exp_local - quant_exp) * pb + quant_exp * nf4, "frozen_edge": edge_dense * pb,
+            "frozen_dense_wire": (dense_local - quant_dense) * pgb + quant_dense * nf4,
+            "frozen_exp_wire": (exp_local - quant_exp) * pgb + quant_exp * nf4, "frozen_edge_wire": edge_dense * pgb,
+            "quantized": quant_dense + quant_exp}

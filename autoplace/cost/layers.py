@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.cost import finetune
 from autoplace.specs.model import GraphSpec, ModelSpec, TransformerSpec
 
 
@@ -94,10 +95,25 @@ class BlockKind:
     gemms: tuple[Gemm, ...] = ()
     head_dim: float = 128.0
     flash: bool = True
+    # fine-tuning with a frozen base (LoRA, QLoRA; autoplace.cost.finetune): trainable adapter
+    # parameters and the base's parameters stored in 4 bit (QLoRA), each TP-sharded /
+    # replicated / routed-expert, and the frozen matmuls (no weight gradients)
+    adapter_tp: float = 0.0
+    adapter_rep: float = 0.0
+    adapter_expert: float = 0.0
+    quant_tp: float = 0.0
+    quant_rep: float = 0.0
+    quant_expert: float = 0.0
+    frozen_flops: float = 0.0
+    frozen_gemms: tuple[Gemm, ...] = ()
 
     @property
     def params(self) -> float:
         return self.params_tp + self.params_rep + self.params_expert
+
+    @property
+    def adapters(self) -> float:
+        return self.adapter_tp + self.adapter_rep + self.adapter_expert
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,9 @@ class LayerTable:
         hidden, seq_len, vocab, heads: shapes used for buffer and communication sizes.
         params: exact total parameter count (a tied matrix counted once).
         act_bytes: bytes per activation element (the precision recipe's).
+        frozen: whether the base weights are frozen (LoRA, QLoRA): only the kinds' adapters train.
+        paged_optimizer: optimizer states in paged memory the driver evicts to the host
+            (bitsandbytes' paged optimizers): counted on the host, not the device.
     """
 
     name: str
@@ -137,10 +156,20 @@ class LayerTable:
     vocab: int
     params: float
     act_bytes: float
+    frozen: bool = False
+    paged_optimizer: bool = False
 
     @property
     def blocks(self) -> int:
         return len(self.sequence)
+
+    @property
+    def trainable(self) -> float:
+        """Parameters that get gradients: the adapters when the base is frozen, else all."""
+        if not self.frozen:
+            return self.params
+        counts = np.bincount(np.asarray(self.sequence, dtype=int), minlength=len(self.kinds))
+        return float(sum(int(c) * k.adapters for c, k in zip(counts, self.kinds, strict=True)))
 
     def kind_counts(self, start: int, stop: int) -> np.ndarray:
         """How many blocks of each kind lie in ``sequence[start:stop]``."""
@@ -327,9 +356,33 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                      if e.shared_experts else ())),
             **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
+    if m.training.frozen_base:
+        kinds = [_tuned(m, k, b) for k in kinds]
     kinds, sequence = _windowed(m, kinds, sequence)
     used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
     return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
+
+
+def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
+    """``k`` with a frozen base and LoRA adapters (:mod:`autoplace.cost.finetune`): which of its
+    weights QLoRA stores in 4 bit (every linear layer's), the adapters' parameters, matmuls
+    (``x A`` then ``(x A) B``) and the ``r``-wide ``x A`` each keeps for its backward."""
+    rank = m.training.lora.rank
+    projections = finetune.adapted_projections(m, k.moe)
+    adapter_tp, adapter_rep, adapter_expert = finetune.adapter_params(m, k.moe)
+    adapter_gemms = tuple(g for p in projections for r in (rank * p.rank_factor,)
+                          for g in (Gemm(r, p.inp, "k" if p.split == "k" else "", p.experts, p.top_k),
+                                    Gemm(p.out, r, "n" if p.split == "n" else "", p.experts, p.top_k)))
+    linear = {"tp": 0.0, "rep": 0.0, "expert": 0.0}
+    for g in k.gemms:
+        linear["expert" if g.experts else ("tp" if g.split else "rep")] += g.n * g.k * (g.experts or 1)
+    quantized = m.training.method == "qlora"
+    return dataclasses.replace(
+        k, adapter_tp=adapter_tp, adapter_rep=adapter_rep, adapter_expert=adapter_expert,
+        quant_tp=linear["tp"] * quantized, quant_rep=linear["rep"] * quantized,
+        quant_expert=linear["expert"] * quantized, frozen_flops=sum(g.flops for g in k.gemms),
+        frozen_gemms=k.gemms, gemms=(*k.gemms, *adapter_gemms), flops=k.flops + sum(g.flops for g in adapter_gemms),
+        act_rep=k.act_rep + sum(rank * p.rank_factor * (p.top_k or 1) for p in projections) * b)
 
 
 def _windowed(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int]) -> tuple[list[BlockKind], list[int]]:
@@ -369,7 +422,9 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
     return LayerTable(name=m.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=embed, head=head,
-                      tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b)
+                      tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b,
+                      frozen=m.training.frozen_base,
+                      paged_optimizer=m.training.paged_optimizer)
 
 
 def _graph_table(g: GraphSpec) -> LayerTable:

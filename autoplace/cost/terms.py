@@ -150,16 +150,19 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recip
     sel = np.array([0.0, 1.0, 0.0]).reshape(1, 1, 1, 3)
     col, kind = ctx.col, ctx.kind
     mb_total = ga * world / (tp * pp * cp)  # micro-batches per step on all pipelines
-    flops_mb = col(ctx.tokens) * (3 * kind("flops") + sel * kind("flops_score") + full * kind("flops")) / col(tp)
+    # forward, backward (a frozen matmul computes its input gradient only) and recompute
+    trained = 3 * kind("flops") - kind("frozen_flops")
+    flops_mb = col(ctx.tokens) * (trained + sel * kind("flops_score") + full * kind("flops")) / col(tp)
     flops_block = flops_mb * col(mb_total * tp * cp)  # per step, over all devices of the stage
     h = table.head
-    head_flops = ctx.last * (ctx.tokens[:, None] * 3 * h.flops / tp[:, None])
+    head_passes = 2.0 if table.frozen else 3.0
+    head_flops = ctx.last * (ctx.tokens[:, None] * head_passes * h.flops / tp[:, None])
     n_blocks = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
-    fwd_tok = float((n_blocks * kind("flops").ravel()).sum() + h.flops)
+    step_tok = float((n_blocks * trained.ravel()).sum() + head_passes * h.flops)  # model FLOPs per token
     tokens_step = c.mbs * ga * c.dp * table.seq_len
     pools_peak = sum(p.gpus * p.gpu.peak_TFLOPS.for_dtype(recipe.compute_dtype) * 1e12 for p in cluster.pools)
     parts = {f.name: getattr(mem, f.name) for f in fields(MemoryTerms)} | {f.name: getattr(tim, f.name) for f in fields(TimeTerms)}
     return StageTerms(
         **parts, flops_block=flops_block, flops_static=ctx.stage(head_flops * (mb_total * tp * cp)[:, None]),
         slowdown=assume.overlap_slowdown, capacity=ctx.stage(ctx.hw.capacity),
-        model_flops=3 * fwd_tok * tokens_step, peak_total=world * pools_peak / cluster.gpus, tokens_per_step=tokens_step)
+        model_flops=step_tok * tokens_step, peak_total=world * pools_peak / cluster.gpus, tokens_per_step=tokens_step)

@@ -47,7 +47,6 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     tp = c.tp.astype(float)
     sp_div = np.where(c.sp, tp, 1.0)
     zero = c.zero
-    dense_local, exp_local = ctx.dense_local, ctx.exp_local
     z_sh, ez_sh = col(ctx.size["zero"]), col(ctx.size["ezero"])
     z = col(zero)
 
@@ -65,18 +64,28 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
     error_feedback = col(ctx.wire.rank > 0)
 
-    def states(dense: Array, expert: Array) -> Array:
-        kept = np.where(shard_and_gathered, (dense + expert) * pgb, 0.0)
+    # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
+    opt_off = col(c.off_opt) + table.paged_optimizer > 0
+
+    def states(dense: Array, expert: Array, frozen: tuple[Array, Array, Array, Array]) -> Array:
+        """Params, grads and optimizer bytes of ``dense`` and ``expert`` trainable parameters
+        and of a frozen base (``frozen``: dense and expert stored bytes, then their gathered
+        bytes), which has no gradient and no optimizer state: ZeRO-3 shards it like any
+        parameter, ZeRO-1/2 keep it whole, FSDP2's ZeRO-2 keeps it sharded and gathered."""
+        kept = np.where(shard_and_gathered, (dense + expert) * pgb + frozen[2] + frozen[3], 0.0)
         secondary = hpz * (dense / col(ctx.n_in["zero"]) + expert / col(ctx.n_in["ezero"]))
+        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par))
+                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par)))
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
-            + kept + secondary,
+            + kept + secondary + base,
             state_bytes(dense, gb, z_sh, z >= 2, grads_off) * (1 + error_feedback)
             + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
-            state_bytes(dense, ob, z_sh, z >= 1, col(c.off_opt)) + state_bytes(expert, ob, ez_sh, z >= 1, col(c.off_opt)),
+            state_bytes(dense, ob, z_sh, z >= 1, opt_off) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off),
         ], axis=-1)
 
-    state_block = states(dense_local, exp_local)  # [C,1,K,3]
+    state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
+                                                          ctx.frozen_exp_wire))  # [C,1,K,3]
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
     act_tp = kind("act_tp") - (kind("act_fused") if assume.compiled or assume.fused_kernels else 0.0)
     act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
@@ -96,8 +105,10 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     ones = np.ones((C, S))
     state_live = np.stack([np.stack([ones, live, ones], axis=-1), np.ones((C, S, 3))], axis=2)  # [C,S,2,3]
     e, h = table.embed, table.head
-    edge_dense = ctx.edge_dense
-    edge_states = states(edge_dense[..., None, None], np.zeros((1, 1, 1, 1)))[:, :, None, 0, :] * state_live  # [C,S,2,3]
+    none = np.zeros((1, 1, 1, 1))
+    edge_states = states(ctx.train_edge[..., None, None], none, (ctx.frozen_edge[..., None, None], none,
+                                                                 ctx.frozen_edge_wire[..., None, None], none)
+                         )[:, :, None, 0, :] * state_live  # [C,S,2,3]
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * (table.act_bytes / 4 if assume.fused_kernels else 1.0)
@@ -110,12 +121,15 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # FSDP units: a block, experts included; with ep > 1 its local experts are a unit of their own
     # over the expert-data-parallel group (torchtitan), so the largest unit is reduced while the
     # smaller ones are gathered
-    dense_unit, exp_unit = dense_local.max(axis=(1, 2, 3)), exp_local.max(axis=(1, 2, 3))
+    # (a frozen base is gathered in its stored form, 4-bit under QLoRA; only adapters reduce)
+    dense_unit, exp_unit = ctx.train_dense.max(axis=(1, 2, 3)), ctx.train_exp.max(axis=(1, 2, 3))
+    dense_gather = (ctx.train_dense * pgb + ctx.frozen_dense_wire).max(axis=(1, 2, 3))
+    exp_gather = (ctx.train_exp * pgb + ctx.frozen_exp_wire).max(axis=(1, 2, 3))
     apart = c.ep > 1
-    reduced = np.where(apart, np.maximum(dense_unit, exp_unit), dense_unit + exp_unit)
-    next_unit = np.where(apart, np.minimum(dense_unit, exp_unit), dense_unit + exp_unit)
-    root = np.where(gathered[:, None], edge_dense * pgb, 0.0)
-    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, pgb, rgb, assume.zero3_prefetch_units),
+    reduced = np.where(apart, np.where(dense_gather >= exp_gather, dense_unit, exp_unit), dense_unit + exp_unit)
+    next_unit = np.where(apart, np.minimum(dense_gather, exp_gather), dense_gather + exp_gather)
+    root = np.where(gathered[:, None], ctx.train_edge * pgb + ctx.frozen_edge_wire, 0.0)
+    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, 1.0, rgb, assume.zero3_prefetch_units),
                        2 * assume.comm_bucket_MiB * 2**20)[:, None]
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
     # the fp32 logits) are freed by the head's backward, before the first block's buffers
@@ -142,13 +156,18 @@ def host_bytes(ctx: Context) -> tuple[Array, Array]:
     """
     c, recipe = ctx.cand, ctx.recipe
     on_host = OFFLOAD.index("cpu")
-    opt_per = (np.where(c.offload_optimizer == on_host, recipe.optimizer_bytes, 0.0)
-               + np.where(c.off_opt, ctx.assume.offload_grad_bytes, 0.0))
+    paged = np.where(ctx.table.paged_optimizer, recipe.optimizer_bytes, 0.0)  # paged states: evicted here
+    opt_per = np.where(c.off_opt, np.where(c.offload_optimizer == on_host, recipe.optimizer_bytes, 0.0)
+                       + ctx.assume.offload_grad_bytes, paged)  # NVMe-offloaded states leave the host free
     par_per = np.where(c.offload_params == on_host, recipe.param_bytes, 0.0)
+    frozen_par = (c.offload_params == on_host).astype(float)  # frozen weights offload in their stored form
     z_opt, ez_opt = np.where(c.zero >= 1, ctx.size["zero"], 1), np.where(c.zero >= 1, ctx.size["ezero"], 1)
     z_par, ez_par = np.where(c.zero >= 3, ctx.size["zero"], 1), np.where(c.zero >= 3, ctx.size["ezero"], 1)
-    dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]  # [C, K]
+    dense, expert = ctx.train_dense[:, 0, :, 0], ctx.train_exp[:, 0, :, 0]  # [C, K]
+    f_dense, f_exp = ctx.frozen_dense[:, 0, :, 0], ctx.frozen_exp[:, 0, :, 0]
     block = ((dense / z_opt[:, None] + expert / ez_opt[:, None]) * opt_per[:, None]
-             + (dense / z_par[:, None] + expert / ez_par[:, None]) * par_per[:, None])
-    edges = ctx.edge_dense * (opt_per / z_opt + par_per / z_par)[:, None]
+             + (dense / z_par[:, None] + expert / ez_par[:, None]) * par_per[:, None]
+             + (f_dense / z_par[:, None] + f_exp / ez_par[:, None]) * frozen_par[:, None])
+    edges = (ctx.train_edge * (opt_per / z_opt + par_per / z_par)[:, None]
+             + ctx.frozen_edge * (frozen_par / z_par)[:, None])
     return ctx.stage(block[:, None, :]), edges

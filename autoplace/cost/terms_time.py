@@ -86,10 +86,11 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     seq = np.full_like(tokens, float(table.seq_len))
     seq_local = seq / c.cp[:, None]
 
-    def per_kind(kern: Kernels) -> tuple[Array, Array, Array, Array]:
-        fwd, afwd, abwd, gemms = [], [], [], []
+    def per_kind(kern: Kernels) -> tuple[Array, Array, Array, Array, Array]:
+        fwd, afwd, abwd, gemms, frozen = [], [], [], [], []
         for k in table.kinds:
             gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
+            frozen.append(gemms_forward(kern, k.frozen_gemms, tokens, tp, ep, elem))
             if ctx.recipe.compute_dtype == "fp8":
                 gemm = (gemm * (assume.fp8_rowwise_gemm_time if assume.fp8_rowwise else 1.0)
                         + kern.stream(fp8_cast_bytes(k.gemms, tokens, tp, ep, assume.fp8_cast_bytes)))
@@ -104,7 +105,7 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
             afwd.append(a_f)
             abwd.append(a_b)
             gemms.append(gemm)
-        return np.stack(fwd, -1), np.stack(afwd, -1), np.stack(abwd, -1), np.stack(gemms, -1)
+        return np.stack(fwd, -1), np.stack(afwd, -1), np.stack(abwd, -1), np.stack(gemms, -1), np.stack(frozen, -1)
 
     per_pool = [per_kind(k) for k in ctx.hw.kernels]
     gemm_attn = ctx.hw.slowest([p[0] for p in per_pool])  # [C, S, K]
@@ -117,6 +118,11 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     fwd = (gemm_attn + stream + overhead) * scale
     attn_f, attn_b = attn_f * scale, attn_b * scale
     bwd_none = 2 * (fwd - attn_f) + attn_b  # two GEMMs per forward GEMM, twice the streams and kernels
+    # a frozen weight needs no weight-gradient GEMM, only the input gradient's (LoRA); QLoRA
+    # dequantizes its 4-bit weights before each use: forward, backward and a recompute
+    bwd_none = bwd_none - ctx.hw.slowest([p[4] for p in per_pool]) * scale
+    dequant = ctx.hw.slowest([ctx.quantized[..., 0] * assume.nf4_dequant_bytes / k.hbm_Bps for k in ctx.hw.kernels])
+    fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
     backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
 
@@ -152,7 +158,6 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     full = np.array([0.0, 0.0, 1.0]).reshape(1, 1, 1, 3)
     fwd, bwd = blk.forward[..., None], blk.backward  # [C,S,K,1], [C,S,K,3]
     tokens = col(ctx.tokens)
-    dense_local, exp_local = ctx.dense_local, ctx.exp_local
     ga = col(c.ga)
 
     # tensor parallelism: 2 forward, 2 backward, 2 more when recomputed (all-reduces, or
@@ -179,7 +184,7 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     # ZeRO-3 gathers every block in forward and again in backward and reduce-scatters its
     # gradient; ZeRO-2 reduce-scatters (DeepSpeed: all-reduces) every micro-batch.  ZeRO++'s
     # (de)quantization kernels run on the compute stream: exposed.
-    sh = _shard_collectives(ctx, dense_local, exp_local)
+    sh = _shard_collectives(ctx, ctx.train_dense, ctx.train_exp, ctx.frozen_dense_wire, ctx.frozen_exp_wire)
     all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
     grad_t = sh.ar if all_reduce_12 else sh.rs
     zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd, kappa) + hidden(sh.ag_bwd + sh.rs, bwd, kappa) + sh.quant,
@@ -187,9 +192,10 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
 
     # offloaded parameters stream in over PCIe for forward and again for backward
-    shard_params = dense_local / np.where(z >= 3, col(size["zero"]), 1) + exp_local / np.where(z >= 3, col(size["ezero"]), 1)
+    shard_bytes = ((ctx.train_dense * recipe.param_bytes + ctx.frozen_dense) / np.where(z >= 3, col(size["zero"]), 1)
+                   + (ctx.train_exp * recipe.param_bytes + ctx.frozen_exp) / np.where(z >= 3, col(size["ezero"]), 1))
     host_bps = offload_Bps(ctx, c.offload_params)[..., None, None]
-    off_bytes_mb = col(c.off_par) * 2 * shard_params * recipe.param_bytes
+    off_bytes_mb = col(c.off_par) * 2 * shard_bytes
     off_time = hidden(off_bytes_mb / 2 / host_bps, fwd, 0.0) + hidden(off_bytes_mb / 2 / host_bps, bwd, 0.0)
 
     zeros = np.zeros_like(bwd)
@@ -221,20 +227,22 @@ class ShardCollectives(NamedTuple):
     ar_bytes: Array
 
 
-def _shard_collectives(ctx: Context, dense: Array, expert: Array) -> ShardCollectives:
+def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Array | float = 0.0,
+                       frozen_e: Array | float = 0.0) -> ShardCollectives:
     """Gathering, reduce-scattering and all-reducing ``dense`` and ``expert`` local parameters
     over the shard groups, in each candidate's wire format (:mod:`autoplace.cost.compress`):
     ZeRO++ gathers int8 in forward, re-gathers its node-local secondary shard in backward (hpZ:
-    the part of the group inside the NVLink domain) and reduce-scatters int4."""
+    the part of the group inside the NVLink domain) and reduce-scatters int4.  A frozen base
+    (``frozen_*``: the bytes its gathers move) is gathered and never reduced."""
     col, lk, w = ctx.col, ctx.links, ctx.wire
     zpp = col(w.zeropp) > 0
-    groups = (("zero", dense), ("ezero", expert))
+    groups = (("zero", dense, frozen_d), ("ezero", expert, frozen_e))
     parts: dict[str, list[tuple[Array, Array, Array]]] = {"ag_fwd": [], "ag_bwd": [], "rs": [], "ar": []}
-    for g, p in groups:
+    for g, p, f in groups:
         n, n_in = col(ctx.size[g]), col(ctx.n_in[g])
         n_bwd = np.where(zpp, n_in, n)
-        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd), n, n_in, lk))
-        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd), n_bwd, np.minimum(n_in, n_bwd), lk))
+        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk))
+        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk))
         parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk))
         parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk))
 
@@ -272,7 +280,8 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
                                + k.stream(tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None] * assume.traffic / 3)
                                for k in ctx.hw.kernels]) * assume.compute_scale
     head_fwd = last * head_fwd
-    t_compute = 3 * head_fwd
+    head_passes = 2.0 if table.frozen else 3.0  # a frozen head computes no weight gradient
+    t_compute = head_passes * head_fwd
     # the vocab-parallel embedding all-reduces its output; the head its input's gradient and the
     # loss's per-token statistics (three small all-reduces)
     lk = ctx.stage_links
@@ -287,9 +296,9 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     send_bytes = sends * tok * table.act_bytes * table.hidden / sp_div[:, None]
     pp_inter = (size["pp"] > 1)[:, None] & (ctx.n_in["pp"] < size["pp"])[:, None]
     t_pp = comm.p2p(send_bytes, sends, pp_inter, lk)
-    edge_dense = ctx.edge_dense
+    edge_dense, frozen = ctx.train_edge, ctx.frozen_edge_wire  # trainable parameters, frozen bytes gathered
     pgb, rgb = ctx.wire.gather_fwd[:, None], ctx.wire.reduce[:, None]  # ZeRO-3 gathers the root once
-    _, _, eag = comm.allgather(edge_dense * pgb, size["zero"][:, None], n_in["zero"][:, None], lk)
+    _, _, eag = comm.allgather(edge_dense * pgb + frozen, size["zero"][:, None], n_in["zero"][:, None], lk)
     _, _, ers = comm.reducescatter(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
     _, _, ear = comm.allreduce(edge_dense * rgb, size["zero"][:, None], n_in["zero"][:, None], lk)
     all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"  # ZeRO-2's per-micro-batch reduction
@@ -299,16 +308,17 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     unit_ag, unit_rs = units
     z3, z2 = (zero >= 3)[:, None], (zero == 2)[:, None]
     t_zero = np.select([z3, z2], [eag + ers + unit_ag + unit_rs, (ear if all_reduce_12 else ers) + unit_rs], 0.0)
-    edge_shard = edge_dense / np.where(z3, size["zero"][:, None], 1)
-    t_off = c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes / offload_Bps(ctx, c.offload_params)
+    edge_shard = (edge_dense * recipe.param_bytes + ctx.frozen_edge) / np.where(z3, size["zero"][:, None], 1)  # bytes
+    t_off = c.off_par[:, None] * 2 * edge_shard / offload_Bps(ctx, c.offload_params)
     zs = np.zeros((C, S))
     t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
     zfrac = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack(np.broadcast_arrays(
-        ga * edge_dense * zfrac * np.select([z3, z2], [pgb + rgb, (2.0 if all_reduce_12 else 1.0) * rgb], 0.0),
+        ga * zfrac * np.select([z3, z2], [edge_dense * (pgb + rgb) + frozen,
+                                          edge_dense * (2.0 if all_reduce_12 else 1.0) * rgb], 0.0),
         ga * tp_on * (emb_i + emb_x), ga * send_bytes, zs, zs,
-        ga * c.off_par[:, None] * 2 * edge_shard * recipe.param_bytes), axis=-1)
-    return t_static, bytes_static.copy(), 2 * head_fwd
+        ga * c.off_par[:, None] * 2 * edge_shard), axis=-1)
+    return t_static, bytes_static.copy(), (head_passes - 1) * head_fwd
 
 
 @dataclass(frozen=True)
@@ -346,9 +356,11 @@ def _step_terms(ctx: Context) -> StepTerms:
     all_reduce_12 = assume.zero12_grad_reduce == "all-reduce"
     lk = ctx.stage_links
 
-    def one(params: Array, sent: Array, group: str, shard_group: str) -> tuple[Array, Array, Array]:
+    def one(params: Array, sent: Array, group: str, shard_group: str,
+            frozen: Array | float = 0.0) -> tuple[Array, Array, Array]:
         """(reduce seconds, gather seconds, bytes) of ``params`` ``[C, X]`` (stage-broadcast),
-        whose DDP all-reduce sends ``sent`` elements."""
+        whose DDP all-reduce sends ``sent`` elements; ``frozen`` bytes of a frozen base are
+        gathered with them."""
         L = _bcast(lk, params)
         n, ni = _e(ctx.size[group], params), _e(ctx.n_in[group], params)
         ns, nis = _e(ctx.size[shard_group], params), _e(ctx.n_in[shard_group], params)
@@ -357,7 +369,7 @@ def _step_terms(ctx: Context) -> StepTerms:
         pgb, rgb = _e(ctx.wire.gather_fwd, params), _e(ctx.wire.reduce, params)
         ar = comm.allreduce(sent * rgb, n, ni, L)
         rs = comm.reducescatter(params * rgb, ns, nis, L)
-        ag = comm.allgather(params * pgb, ns, nis, L)
+        ag = comm.allgather(params * pgb + frozen, ns, nis, L)
         rep = comm.allreduce(params * rgb / ns, nr, nir, L)
         z1 = ar if all_reduce_12 else rs
         reduce_t = np.select([zz == 0, zz == 1], [ar[2], z1[2] + rep[2]], rep[2])
@@ -367,13 +379,24 @@ def _step_terms(ctx: Context) -> StepTerms:
                             ag[0] + ag[1] + rep[0] + rep[1]], rep[0] + rep[1])
         return reduce_t, gather_t, nbytes
 
-    dense, expert = ctx.dense_local[:, 0, :, 0], ctx.exp_local[:, 0, :, 0]
-    sent_blk = compress.block_reduce_elements(ctx.table, c, ctx.dense_local)  # [C, K]
-    sent_st = compress.edge_reduce_elements(ctx.table, c, ctx.edge_dense, ctx.first, ctx.last)  # [C, S]
-    r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero")
-    sent_exp = compress.expert_reduce_elements(ctx.table, c, ctx.exp_local)  # [C, K]
-    r_e, g_e, b_e = one(expert[:, None, :], sent_exp[:, None, :], "edp", "ezero")
-    r_s, g_s, b_s = one(ctx.edge_dense[:, :, None], sent_st[:, :, None], "dp", "zero")
+    # only trainable parameters are reduced, gathered after the step and updated (a frozen
+    # base: its adapters, whose small matrices PowerSGD is not given)
+    dense, expert = ctx.train_dense[:, 0, :, 0], ctx.train_exp[:, 0, :, 0]
+    tuned = ctx.table.frozen
+    sent_blk = dense if tuned else compress.block_reduce_elements(ctx.table, c, ctx.dense_local)  # [C, K]
+    sent_st = ctx.train_edge if tuned else compress.edge_reduce_elements(ctx.table, c, ctx.edge_dense, ctx.first,
+                                                                          ctx.last)  # [C, S]
+    # FSDP2's ZeRO-2 (no master copy: reshard_after_forward=False) stores a frozen base sharded
+    # and gathers it once per step; ZeRO-1/2 with a master copy keep it whole, ZeRO-3 gathers
+    # it per micro-batch (_block_comm)
+    regather = ((zero == 2) & (not recipe.master_copy))[:, None, None]
+    r_d, g_d, b_d = one(dense[:, None, :], sent_blk[:, None, :], "dp", "zero",
+                        regather * ctx.frozen_dense_wire[:, :, :, 0])
+    sent_exp = expert if tuned else compress.expert_reduce_elements(ctx.table, c, ctx.exp_local)  # [C, K]
+    r_e, g_e, b_e = one(expert[:, None, :], sent_exp[:, None, :], "edp", "ezero",
+                        regather * ctx.frozen_exp_wire[:, :, :, 0])
+    r_s, g_s, b_s = one(ctx.train_edge[:, :, None], sent_st[:, :, None], "dp", "zero",
+                        regather * ctx.frozen_edge_wire[:, :, None])
     # the last bucket: its reduction cannot start before backward ends
     bucket = np.full((ctx.C, 1, 1), assume.comm_bucket_MiB * 2**20) / ctx.wire.reduce[:, None, None]
     last_bucket = one(bucket, bucket, "dp", "zero")[0][..., 0]  # [C, S]
@@ -383,7 +406,7 @@ def _step_terms(ctx: Context) -> StepTerms:
     # node's GPUs) and the updated parameters come back over PCIe
     z_opt, ez_opt = np.where(zero >= 1, ctx.size["zero"], 1), np.where(zero >= 1, ctx.size["ezero"], 1)
     opt_params_blk = dense / z_opt[:, None] + expert / ez_opt[:, None]  # [C, K]
-    opt_params_st = ctx.edge_dense / z_opt[:, None]  # [C, S]
+    opt_params_st = ctx.train_edge / z_opt[:, None]  # [C, S]
     host_bps = ctx.hw.host_Bps / assume.bandwidth_scale  # [C, S]
     # PowerSGD's hook makes ``powersgd_hbm_passes`` passes over each gradient it compresses
     psgd = np.where(ctx.wire.rank > 0, assume.powersgd_hbm_passes * ctx.wire.reduce, 0.0)[:, None]

@@ -18,7 +18,8 @@ def tracker_spec(spec: TransformerSpec, setup: Setup) -> TransformerSpec:
     """``spec`` with the training settings of ``setup``: precision, AdamW, one micro-batch per rank."""
     data = spec.model_dump(exclude_none=True)
     data["training"] = {"global_batch": setup.mbs * setup.world // setup.tp, "precision": setup.precision,
-                        "optimizer": "adamw"}
+                        "optimizer": "adamw", "method": spec.training.method,
+                        "lora": spec.training.lora.model_dump()}
     return TransformerSpec.model_validate(data)
 
 
@@ -86,11 +87,17 @@ def predicted_dp_collectives(spec: TransformerSpec, setup: Setup) -> dict[str, f
     psi = tp_local / setup.tp + (t.params - tp_local) - experts
     n, r = setup.dp_shard, setup.dp_replicate
     root = (t.embed.params_tp + head_tp) / setup.tp + t.embed.params_rep + t.head.params_rep
-    gathered = (2 * psi - (0.0 if setup.root_reshard else root)) if setup.reshard else psi
+    adapters = t.trainable / setup.tp if t.frozen else 0.0  # gathered with the base they sit beside
+    gathered = (2 * (psi + adapters) - (0.0 if setup.root_reshard else root)) if setup.reshard else psi + adapters
+    # a frozen base is gathered like any weight but only the adapters' gradients are reduced
+    # (their count over TP taken as its split of the whole: the adapters of one rank, tp = 1)
+    reduced = t.trainable / setup.tp if t.frozen else psi
+    if t.frozen and spec.training.method == "qlora":
+        log.warning("the collective split counts a QLoRA base's gathers at the recipe's bytes, not NF4's")
     out = {"dp all_gather": gathered * recipe.gather_bytes * (n - 1) / n,
-           "dp reduce_scatter": psi * recipe.reduce_bytes * (n - 1) / n}
+           "dp reduce_scatter": reduced * recipe.reduce_bytes * (n - 1) / n}
     if r > 1:
-        out["dp all_reduce"] = 2 * (r - 1) / r * psi * recipe.reduce_bytes / n
+        out["dp all_reduce"] = 2 * (r - 1) / r * reduced * recipe.reduce_bytes / n
     if setup.ep > 1:
         m, local = n // setup.ep, experts / setup.ep
         out["edp all_gather"] = (2 if setup.reshard else 1) * local * recipe.gather_bytes * (m - 1) / m

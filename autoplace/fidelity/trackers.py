@@ -191,13 +191,51 @@ def measure(spec: TransformerSpec, setup: Setup) -> Measurement:
         fake = FakeTensorMode()
         with fake:
             model = build_model(spec, routing="balanced")
+            params = sum(p.numel() for p in model.parameters())
+            if spec.training.frozen_base:
+                add_lora(model, spec)
         # parallelize outside the mode: the fake parameters carry it with them, while the
         # mesh arithmetic FSDP2 does for a 2-D (dp, tp) mesh needs real rank tensors
-        params = sum(p.numel() for p in model.parameters())
         par.parallelize(model, plan, layout, precision=setup.precision, root_reshard=setup.root_reshard,
                         loss_parallel=setup.tp > 1)
         with fake, _separate_propagation_mode():
             return _step(model, params, spec, setup, group_roles(layout))
+
+
+# LoRA roles -> the runtime model's (torchtitan's) module names: w1 is SwiGLU's gate (GeLU's up),
+# w3 its up, w2 the down projection
+_RUNTIME_MODULES = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w1", "up": "w3", "down": "w2"}
+
+
+class LoRALinear(nn.Module):
+    """PEFT's LoRA ``Linear`` as it computes without dropout: ``base(x) + scale * B(A(x))``
+    with ``A`` (``r x in``) and ``B`` (``out x r``); the base stays frozen.  (PEFT itself
+    cannot wrap fake-tensor modules: its ``.to()`` swaps parameters that fake mode references.)"""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_B.weight)
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scale
+
+
+def add_lora(model: nn.Module, spec: TransformerSpec) -> None:
+    """LoRA on the spec's targets (:class:`LoRALinear` in place of each targeted ``nn.Linear``,
+    so the model keeps its class and is parallelized as before); every other parameter is frozen."""
+    lora = spec.training.lora
+    names = dict(_RUNTIME_MODULES, up="w1" if spec.ffn != "swiglu" else "w3")
+    targets = {names[r] for r in lora.targets if spec.ffn == "swiglu" or r != "gate"}
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if name in targets and isinstance(child, nn.Linear):
+                setattr(module, name, LoRALinear(child, lora.rank, lora.alpha))
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
 
 
 def group_roles(layout: par.Layout) -> dict[str, str]:

@@ -7,6 +7,7 @@ accelerate's own loader, launch validation and ``FullyShardedDataParallelPlugin`
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, emit_torchrun
+from autoplace.emit.peft_train import render_peft_train
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked, user_program
 from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
@@ -157,6 +159,7 @@ class Accelerate(Framework):
     uniform_recompute = ("none", "full")
     compressions = frozenset({"bf16"})
     config_suffixes = (".yaml", ".yml")
+    methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         mixed = training_dtype(model)
@@ -176,15 +179,16 @@ class Accelerate(Framework):
                            "--config_file)", cfg),
                 BundleFile("launch_accelerate.sh", "accelerate launch with accelerate_config.yaml, run on every node "
                            "(NODE_RANK or SLURM_NODEID, MASTER_ADDR)",
-                           emit_torchrun(plan, model, cluster, launch, program), executable=True)]
+                           emit_torchrun(plan, model, cluster, launch, program), executable=True),
+                *peft_files(plan, model, cluster)]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """The user's script under ``accelerate launch --config_file`` with the bundle's YAML; the
         machine rank and head come from the launcher's environment (NODE_RANK, else Slurm's
         SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one ``machine_rank``
         cannot differ per node.  Command-line values win over the config file."""
-        del plan, model
-        return Program(user_program(launch), launcher=accelerate_launcher)
+        del plan
+        return Program(peft_program(model, launch) or user_program(launch), launcher=accelerate_launcher)
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         plan = plan_from_accelerate(path, model, cluster)
@@ -199,3 +203,22 @@ def accelerate_launcher(nodes: int, per_node: int, job_id: str, head: str, port:
     return [f'accelerate launch --config_file "$AUTOPLACE_BUNDLE"/{CONFIG} \\',
             f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
             f"  --main_process_ip {head} --main_process_port {port} \\"]
+
+
+PEFT_SCRIPT = "peft_train.py"
+
+
+def peft_files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[BundleFile]:
+    """The PEFT fine-tuning script, for a model trained with LoRA or QLoRA (none for full training)."""
+    if not model.training.frozen_base:
+        return []
+    return [BundleFile(PEFT_SCRIPT, f"{model.training.method.upper()} fine-tuning script (PEFT LoraConfig"
+                       f"{', bitsandbytes NF4' if model.training.method == 'qlora' else ''}) the launch scripts run "
+                       "under accelerate (--script runs yours instead)", render_peft_train(plan, model, cluster))]
+
+
+def peft_program(model: ModelSpec, launch: Launch) -> tuple[str, ...] | None:
+    """The bundle's PEFT script and the launch's arguments, for LoRA / QLoRA without a --script."""
+    if not model.training.frozen_base or launch.script is not None:
+        return None
+    return (f'"$AUTOPLACE_BUNDLE"/{PEFT_SCRIPT}', *(shlex.quote(a) for a in launch.args), '"$@"')

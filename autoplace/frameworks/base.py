@@ -72,6 +72,8 @@ class BundleFile:
 class Framework:
     """A training framework autoplace plans for, configures and reads back.
 
+    ``peft_runners`` names the frameworks whose bundles fine-tune with PEFT (for refusals' advice).
+
     Subclasses set the class attributes and implement :meth:`plan_check` and :meth:`render`;
     the rest has defaults that say "nothing special".
     """
@@ -90,12 +92,24 @@ class Framework:
     config_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes :meth:`read` takes
     # whether the TFLOP/s it logs count the recompute forward (hardware FLOPs, not model FLOPs)
     reports_hardware_flops: ClassVar[bool] = False
+    # training methods (specs.model Training.method) its files can run: full, lora, qlora
+    methods: ClassVar[frozenset[str]] = frozenset({"full"})
+    peft_runners: ClassVar[tuple[str, ...]] = ("accelerate", "deepspeed")
 
     # --- what it can train -------------------------------------------------------------------
 
     def model_refusal(self, model: ModelSpec) -> str | None:
         """Why this framework cannot train ``model`` whatever the plan (one line naming the
-        feature), or None."""
+        feature: its training method or its architecture), or None."""
+        method = model.training.method
+        if method not in self.methods:
+            label = {"lora": "LoRA", "qlora": "QLoRA"}.get(method, method)
+            return (f"{self.name}: training.method {method}: {self.title} has no {label} path here "
+                    f"(fine-tune with {' or '.join(sorted(self.peft_runners))} and PEFT)")
+        return self.architecture_refusal(model)
+
+    def architecture_refusal(self, model: ModelSpec) -> str | None:
+        """Why this framework cannot build ``model``'s architecture (one line naming the feature), or None."""
         del model
         return None
 

@@ -26,6 +26,7 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, environment, exports, header
+from autoplace.frameworks.accelerate import peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
 from autoplace.frameworks.readers import plan_from_deepspeed
 from autoplace.plan import Plan
@@ -239,6 +240,7 @@ class DeepSpeed(Framework):
     uniform_recompute = ("none", "selective", "full")
     compressions = frozenset({"zeropp"})
     config_suffixes = (".json",)
+    methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model, under accelerate + this config
     reports_hardware_flops = True
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
@@ -250,12 +252,15 @@ class DeepSpeed(Framework):
         return [BundleFile(CONFIG, "DeepSpeed config (the launch scripts pass it as --deepspeed_config)", cfg),
                 BundleFile("launch_deepspeed.sh", "the deepspeed launcher with ds_config.json, run on the first node",
                            launch_script(plan, model, cluster, launch, self.program(plan, model, launch)),
-                           executable=True)]
+                           executable=True), *peft_files(plan, model, cluster)]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """The user's script with the config through DeepSpeed's own arguments
         (``deepspeed.add_config_arguments``: ``--deepspeed --deepspeed_config PATH``)."""
-        del plan, model
+        del plan
+        peft = peft_program(model, launch)
+        if peft is not None:  # the PEFT script runs under accelerate, which takes DeepSpeed's config
+            return Program(peft, launcher=deepspeed_via_accelerate)
         q = shlex.quote
         return Program((q(launch.script or "train.py"), "--deepspeed", "--deepspeed_config",
                                     f'"$AUTOPLACE_BUNDLE"/{CONFIG}', *(q(a) for a in launch.args), '"$@"'))
@@ -282,3 +287,12 @@ def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: La
         "  " + " ".join(program.words),
     ]
     return "\n".join(lines) + "\n"
+
+
+def deepspeed_via_accelerate(nodes: int, per_node: int, job_id: str, head: str, port: str, node_rank: str) -> list[str]:
+    """``accelerate launch`` with the bundle's DeepSpeed config (``--use_deepspeed
+    --deepspeed_config_file``), for the PEFT script (see :class:`~autoplace.emit.launch.Program`)."""
+    del job_id
+    return [f'accelerate launch --use_deepspeed --deepspeed_config_file "$AUTOPLACE_BUNDLE"/{CONFIG} \\',
+            f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
+            f"  --main_process_ip {head} --main_process_port {port} \\"]

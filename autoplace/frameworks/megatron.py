@@ -261,7 +261,7 @@ class Megatron(Framework):
     reports_hardware_flops = True
     config_suffixes = (".sh",)
 
-    def model_refusal(self, model: ModelSpec) -> str | None:
+    def architecture_refusal(self, model: ModelSpec) -> str | None:
         if isinstance(model, TransformerSpec) and model.position == "rope":
             theta = model.rope_theta or DEFAULT_ROTARY_BASE
             if not float(theta).is_integer():

@@ -349,7 +349,7 @@ class Torchtitan(Framework):
     bf16_recipe = "bf16-fsdp2"
     config_suffixes = (".toml",)
 
-    def model_refusal(self, model: ModelSpec) -> str | None:
+    def architecture_refusal(self, model: ModelSpec) -> str | None:
         return model_refusal(model)
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:

@@ -103,12 +103,58 @@ OPTIMIZER_STATE_BYTES: dict[str, float] = {
 }
 
 
+# LoRA targets: the projections of a block, by role.  "q", "k", "v", "o" are attention's (with
+# DeepSeek's MLA, "q" is its query projection(s), "k"/"v" its shared key-value projections);
+# "gate", "up", "down" the MLP's (dense layers and shared experts; routed experts, which Hugging
+# Face stores as fused 3-D parameters, are not adapted).  Which Hugging Face module each role is
+# (and which roles one fused module serves) comes from the model's family: autoplace.specs.lora.
+LoraRole = Literal["q", "k", "v", "o", "gate", "up", "down"]
+LORA_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class LoRA(Strict):
+    """Low-rank adapters (Hu et al. 2021): ``W + (alpha / rank) B A`` on each targeted projection.
+
+    Defaults: rank 16, alpha 32 and every attention and MLP projection, the QLoRA paper's
+    finding that adapting all linear layers is what matches full fine-tuning (Dettmers et al.
+    2023, Sec. 4); PEFT's own ``LoraConfig`` defaults are r = 8 on q and v only.
+    """
+
+    rank: int = Field(default=16, ge=1, le=MAX_WIDTH)
+    alpha: float = Field(default=32.0, gt=0, le=1e6, allow_inf_nan=False)
+    # a tuple, so the spec stays hashable; a JSON list is accepted for it (strict=False)
+    targets: tuple[LoraRole, ...] = Field(default=LORA_ROLES, min_length=1, strict=False)
+
+    @field_validator("targets")
+    @classmethod
+    def _no_repeats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"targets repeat a projection: {value}")
+        return value
+
+
 class Training(Strict):
-    """How the model is trained: batch, precision and optimizer."""
+    """How the model is trained: batch, precision, optimizer and method.
+
+    ``method``: ``full`` trains every weight; ``lora`` freezes the base weights (stored in the
+    compute dtype) and trains ``lora`` adapters; ``qlora`` stores the frozen weights of the
+    linear layers in 4-bit NF4 with double-quantized constants (Dettmers et al. 2023).
+    ``paged_optimizer``: the optimizer's states live in paged (unified) memory that the driver
+    evicts to the host under pressure (bitsandbytes' paged optimizers; QLoRA Sec. 3), so they
+    are not counted on the device.
+    """
 
     global_batch: int = Field(default=1024, ge=1, le=MAX_GLOBAL_BATCH)
     precision: str | Precision = "bf16"
     optimizer: str = "adam"
+    method: Literal["full", "lora", "qlora"] = "full"
+    lora: LoRA = LoRA()
+    paged_optimizer: bool = False
+
+    @property
+    def frozen_base(self) -> bool:
+        """Whether the base weights are frozen (LoRA and QLoRA)."""
+        return self.method != "full"
 
     @field_validator("precision")
     @classmethod
@@ -219,7 +265,19 @@ class TransformerSpec(Strict):
     full_attention_every: Layers | None = None
     final_logit_softcap: float | None = Field(None, gt=0, allow_inf_nan=False)  # Gemma 2: cap*tanh(z/cap)
     mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS)  # DeepSeek-V3 multi-token-prediction modules
+    # the Hugging Face model_type it was read from (None: a shorthand file); names the modules
+    # LoRA adapts (autoplace.specs.lora)
+    family: str | None = None
     training: Training = Training()
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str | None) -> str | None:
+        from autoplace.specs.hf import _FAMILIES
+
+        if value is not None and value not in _FAMILIES:
+            raise ValueError(f"unknown Hugging Face model_type; valid: {', '.join(sorted(_FAMILIES))}")
+        return value
 
     @field_validator("full_attention_every")
     @classmethod
@@ -303,6 +361,15 @@ class GraphSpec(Strict):
             raise ValueError("every layer has params 0 and flops_per_token 0: there is nothing to train")
         return graph
 
+    @field_validator("training")
+    @classmethod
+    def _full_training(cls, value: Training) -> Training:
+        # a graph names no projections, so there is nothing to put adapters on
+        if value.frozen_base:
+            raise ValueError(f"method {value.method!r} needs the transformer shorthand (a layer graph names no "
+                             "projections to adapt); use method 'full'")
+        return value
+
 
 ModelSpec = TransformerSpec | GraphSpec
 
@@ -328,7 +395,7 @@ def _from_hf(config: dict[str, Any], *, source: str) -> TransformerSpec:
     """
     from autoplace.specs.hf import hf_key, shorthand_from_hf
 
-    shorthand = shorthand_from_hf(config, source=source)
+    shorthand = {**shorthand_from_hf(config, source=source), "family": config["model_type"]}
     try:
         return validate(TransformerSpec, shorthand, source=source)
     except SpecError as exc:
@@ -387,17 +454,25 @@ def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> 
 
 
 def with_overrides(spec: ModelSpec, overrides: dict[str, Any], *, source: str) -> ModelSpec:
-    """Return ``spec`` with ``seq_len`` / ``global_batch`` replaced (validated like the file)."""
+    """Return ``spec`` with ``seq_len``, ``global_batch``, the training ``method``, ``paged_optimizer``
+    or a LoRA field (``lora_rank``, ``lora_alpha``, ``lora_targets``) replaced, validated like the file."""
     if not overrides:
         return spec
     data = spec.model_dump(exclude_none=True)
     for key, value in overrides.items():
         if value is None:
             continue
-        if key == "global_batch":
-            data.setdefault("training", {})["global_batch"] = value
+        if key in ("global_batch", "method", "paged_optimizer"):
+            data.setdefault("training", {})[key] = value
+        elif key in _LORA_OVERRIDES:
+            data.setdefault("training", {}).setdefault("lora", {})[_LORA_OVERRIDES[key]] = value
         elif key == "seq_len":
             data["seq_len"] = value
         else:
-            raise SpecError(f"cannot override {key!r}; valid: seq_len, global_batch", source=source)
+            raise SpecError(f"cannot override {key!r}; valid: seq_len, global_batch, method, paged_optimizer, "
+                            f"{', '.join(_LORA_OVERRIDES)}", source=source)
     return validate(type(spec), data, source=source)
+
+
+# override key -> field of training.lora (the CLI's --lora-rank, --lora-alpha, --lora-targets)
+_LORA_OVERRIDES = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targets"}

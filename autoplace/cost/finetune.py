@@ -1,0 +1,122 @@
+"""Fine-tuning with frozen base weights: LoRA (Hu et al. 2021) and QLoRA (Dettmers et al. 2023).
+
+The base weights are a state with no gradient and no optimizer state; only the adapters train.
+Per adapted projection ``W`` (``out x in``) LoRA adds ``B A`` with ``A`` (``r x in``) and ``B``
+(``out x r``): ``r (in + out)`` trainable parameters (Hu et al. Sec. 4).  Under tensor
+parallelism the adapter follows its projection: a column-parallel ``W`` splits ``B`` by rows
+and keeps ``A`` whole; a row-parallel one splits ``A`` by columns and keeps ``B`` whole.
+
+Storage of the frozen base: the precision recipe's weights (``param_bytes``: bf16 for the default
+recipe, the dtype the train script loads the model in; fp32 shards under FSDP2's mixed precision)
+and its all-gathers ``gather_bytes`` (:mod:`autoplace.cost.context`), or for QLoRA the linear layers' weights in
+4-bit NormalFloat with double quantization (QLoRA Sec. 3): 4 bits per weight, one 8-bit absmax
+per block of 64 weights and one fp32 constant per 256 of those blocks, ``8/64 + 32/(64*256)
+= 0.127`` bits per weight of constants; embeddings, the LM head and norms stay in the compute
+dtype (transformers keeps the output layer unquantized; bitsandbytes quantizes ``nn.Linear``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplace.specs.lora import PEFT_EXPERT_FAMILIES, adapted, role_modules
+from autoplace.specs.model import TransformerSpec
+
+NF4_BITS = 4.0
+NF4_BLOCK = 64  # weights per first-level absmax (QLoRA Sec. 3, bitsandbytes' default blocksize)
+NF4_BLOCK2 = 256  # first-level constants per second-level fp32 constant
+
+
+def nf4_bytes_per_param(block: int = NF4_BLOCK, block2: int = NF4_BLOCK2) -> float:
+    """Bytes per weight of NF4 with double quantization: 4 bits + 8/block + 32/(block*block2) bits."""
+    return (NF4_BITS + 8 / block + 32 / (block * block2)) / 8
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One linear layer of a block: ``out x in`` weights, the dimension TP splits, its HF role."""
+
+    role: str
+    out: float
+    inp: float
+    split: str  # "n" column-parallel, "k" row-parallel, "" replicated across TP
+    experts: int = 0  # a routed expert's projection: one adapter per expert
+    top_k: int = 0
+    rank_factor: int = 1  # PEFT doubles the rank of a fused gate_up expert adapter
+
+    def adapter(self, rank: int) -> tuple[float, float, float]:
+        """(TP-sharded, replicated, routed-expert) adapter parameters of rank ``rank``."""
+        a, b = rank * self.rank_factor * self.inp, rank * self.rank_factor * self.out
+        if self.experts:
+            return 0.0, 0.0, self.experts * (a + b)
+        if self.split == "n":
+            return b, a, 0.0
+        if self.split == "k":
+            return a, b, 0.0
+        return 0.0, a + b, 0.0
+
+
+def _attention(m: TransformerSpec) -> list[Projection]:
+    h = m.hidden
+    if m.attention is not None:  # DeepSeek MLA, the projections of layers._attention_gemms
+        a = m.attention
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        query = ([Projection("q", a.q_lora_rank, h, ""), Projection("q", m.heads * qk, a.q_lora_rank, "n")]
+             if a.q_lora_rank else [Projection("q", m.heads * qk, h, "n")])
+        return [*query, Projection("k", a.kv_lora_rank + a.qk_rope_head_dim, h, ""),
+                Projection("k", m.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "n"),
+                Projection("o", h, m.heads * a.v_head_dim, "k")]
+    q, kv = m.heads * m.dim_head, m.n_kv_heads * m.dim_head
+    names = role_modules(m.family)
+    fused = names["q"] == names["k"] == names["v"]
+    qkv = ([Projection("q", q + 2 * kv, h, "n")] if fused else
+           [Projection("q", q, h, "n"), Projection("k", kv, h, "n"), Projection("v", kv, h, "n")])
+    return [*qkv, Projection("o", h, q, "k")]
+
+
+def _mlp(m: TransformerSpec, f: float) -> list[Projection]:
+    h = m.hidden
+    down = Projection("down", h, f, "k")
+    if m.ffn != "swiglu":
+        return [Projection("up", f, h, "n"), down]
+    names = role_modules(m.family)
+    if names.get("gate") == names.get("up"):
+        return [Projection("up", 2 * f, h, "n"), down]
+    return [Projection("gate", f, h, "n"), Projection("up", f, h, "n"), down]
+
+
+def _routed(m: TransformerSpec) -> list[Projection]:
+    """Routed experts as PEFT adapts them in :data:`~autoplace.specs.lora.PEFT_EXPERT_FAMILIES`."""
+    e = m.moe
+    if e is None:
+        return []
+    h, f = m.hidden, e.expert_ffn_hidden
+    fused = len({"gate", "up"} & set(m.training.lora.targets))
+    gate_up = [Projection("up", 2 * f, h, "n", e.experts, e.top_k, fused)] if fused else []
+    return [*gate_up, Projection("down", h, f, "k", e.experts, e.top_k)]
+
+
+def block_projections(m: TransformerSpec, moe: bool) -> list[Projection]:
+    """The projections LoRA can adapt in a block: attention's, and the dense MLP's (a MoE
+    block's shared experts, one MLP of their summed width as Hugging Face builds it); in
+    :data:`~autoplace.specs.lora.PEFT_EXPERT_FAMILIES` the MLP roles name the routed experts instead."""
+    if m.family in PEFT_EXPERT_FAMILIES:
+        return _attention(m) + (_routed(m) if moe else [])
+    if not moe:
+        return _attention(m) + _mlp(m, m.ffn_hidden)
+    e = m.moe
+    shared = e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden) if e is not None else 0
+    return _attention(m) + (_mlp(m, shared) if shared else [])
+
+
+def adapted_projections(m: TransformerSpec, moe: bool) -> list[Projection]:
+    """The block's projections whose module the targets name (:mod:`autoplace.specs.lora`)."""
+    targets = m.training.lora.targets
+    return [p for p in block_projections(m, moe) if adapted(m.family, targets, p.role)]
+
+
+def adapter_params(m: TransformerSpec, moe: bool) -> tuple[float, float, float]:
+    """(TP-sharded, replicated, routed-expert) trainable adapter parameters of one block."""
+    parts = [p.adapter(m.training.lora.rank) for p in adapted_projections(m, moe)]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
+
