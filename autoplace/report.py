@@ -366,6 +366,12 @@ def model_origin(model: Any, origin: Any, path: Any, repo: str | None) -> dict[s
     else:
         out["source"] = f"{'layer graph' if origin.kind == 'graph' else 'model shorthand'}, {path}"
     out["defaulted"] = list(origin.defaulted)
+    method = getattr(model.training, "method", "full")
+    if method != "full":  # fine-tuning: what trains
+        from autoplace.cost.layers import layer_table
+
+        out["method"] = method
+        out["trainable_params"] = int(layer_table(model).trainable)
     return out
 
 
@@ -381,7 +387,9 @@ def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: Clus
     links = f"{pool.intra_node.name} / {pool.inter_node.name}" if len(cluster.pools) == 1 else "mixed pools"
     if cluster.nvlink_domain > cluster.gpus_per_node:
         links = f"NVLink domains of {cluster.nvlink_domain}, {links}"
-    return [f"model {name}: {fmt_count(params)} params · {batch} · {seq} · from {origin['source']}",
+    tuned = (f" ({origin['method']}: {fmt_count(origin['trainable_params'])} trainable)"
+             if origin.get("method") else "")
+    return [f"model {name}: {fmt_count(params)} params{tuned} · {batch} · {seq} · from {origin['source']}",
             f"cluster {cluster.name}: {cluster.gpus} x {cluster.gpu_label} "
             f"({_nodes(sum(p.nodes for p in cluster.pools))} x {cluster.gpus_per_node}, {links})"]
 
