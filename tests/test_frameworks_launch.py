@@ -4,6 +4,7 @@ Hugging Face Llama (from its saved config) for two steps of the plan's batch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,3 +36,127 @@ def test_the_fsdp2_bundle_launches_and_trains(tmp_path) -> None:
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1: done" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Each bundle's launch line, as bash runs it, handed to the framework's own argument parser
+
+RECORDER = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["RECORD_TO"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}) + "\\n")
+"""
+PLACEHOLDERS = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta-llama/Meta-Llama-3-8B",
+                "CHECKPOINT_DIR": "/ckpt", "TRAIN_ITERS": "1000"}
+
+
+def launched(framework: str, text: str, tmp_path, script: str = "launch_torchrun.sh") -> dict:
+    """Write ``framework``'s bundle for the plan ``text`` (16 A100s), run its launch script with recording
+    stand-ins for the launchers (and CUDA_DEVICE_MAX_CONNECTIONS=1 already set by the site); what the
+    launcher received, with the bundle's directory."""
+    from tests.test_emit_plans import CLUSTER16, MODEL
+
+    bundle = tmp_path / "bundle"
+    emit(make_plan(text, MODEL, CLUSTER16), MODEL, CLUSTER16, [framework, "torchrun"], bundle)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("torchrun", "accelerate", "deepspeed"):
+        (bin_dir / name).write_text(RECORDER)
+        (bin_dir / name).chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    env = {**os.environ, **PLACEHOLDERS, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_TO": str(record),
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    done = subprocess.run(["bash", str(bundle / script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (call,) = [json.loads(line) for line in record.read_text().splitlines()]
+    return {**call, "bundle": bundle}
+
+
+@pytest.mark.parametrize(("text", "connections"), [("tp=2,pp=2,zero=1", "1"), ("pp=2,zero=1", "1"),
+                                                   ("tp=2,zero=3", None)])
+def test_megatron_launch_line_is_megatrons_arguments(text: str, connections: str | None, tmp_path) -> None:
+    """pretrain_gpt.py receives MEGATRON_ARGS and the placeholders: megatron-core's TransformerConfig and
+    the restated validate_args accept them (tests/test_emit_megatron.py); CUDA_DEVICE_MAX_CONNECTIONS is 1
+    under tensor parallelism (kept as the site set it otherwise) and unset under Megatron-FSDP."""
+    from tests.test_emit_megatron import _OTHER_FLAGS, megatron_core_config
+
+    call = launched("megatron", text, tmp_path)
+    argv = call["argv"]
+    args = argv[argv.index("pretrain_gpt.py") + 1:]
+    for flag, var, _ in (("--data-path", "DATA_PATH", ""), ("--tokenizer-model", "TOKENIZER_MODEL", ""),
+                         ("--save", "CHECKPOINT_DIR", ""), ("--train-iters", "TRAIN_ITERS", "")):
+        assert args[args.index(flag) + 1] == PLACEHOLDERS[var]
+    placeholders = {"data_path", "tokenizer_model", "tokenizer_type", "save", "load", "train_iters"}
+    kept = [w for i, w in enumerate(args) if not (w.lstrip("-").replace("-", "_") in placeholders
+                                                   or (i and args[i - 1].lstrip("-").replace("-", "_") in placeholders))]
+    config, _ = megatron_core_config(kept, world=16)
+    assert config.tensor_model_parallel_size == make_plan(text, *_model_cluster()).tp
+    assert call["max_connections"] == connections
+    assert _OTHER_FLAGS  # the restated checks know every flag but the placeholders'
+
+
+def _model_cluster():
+    from tests.test_emit_plans import CLUSTER16, MODEL
+
+    return MODEL, CLUSTER16
+
+
+def test_torchtitan_launch_line_is_torchtitans_job(tmp_path) -> None:
+    """torchrun runs ``-m torchtitan.train --job.config_file``: torchtitan's ConfigManager parses those very
+    words into the job (degrees, model) the plan says."""
+    from tests.test_emit_torchtitan import titan as titan_fixture
+
+    call = launched("torchtitan", "tp=2,pp=2,zero=3", tmp_path)
+    argv = call["argv"]
+    assert argv[argv.index("-m") + 1] == "torchtitan.train"
+    words = argv[argv.index("torchtitan.train") + 1:]
+    with _fixture(titan_fixture) as titan:
+        job = titan.ConfigManager().parse_args(words)
+    assert (job.parallelism.tensor_parallel_degree, job.parallelism.pipeline_parallel_degree) == (2, 2)
+    assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")
+
+
+def test_deepspeed_launch_line_passes_deepspeeds_config(tmp_path, monkeypatch) -> None:
+    """The script gets ``--deepspeed --deepspeed_config PATH`` (deepspeed.add_config_arguments) and that
+    file is the config DeepSpeedConfig accepts for the plan."""
+    import argparse
+
+    import deepspeed
+
+    from tests.test_emit_deepspeed import check_parsed, deepspeed_accepts
+
+    call = launched("deepspeed", "zero=3", tmp_path)
+    argv = call["argv"]
+    parsed = deepspeed.add_config_arguments(argparse.ArgumentParser()).parse_known_args(argv[argv.index("train.py") + 1:])[0]
+    assert parsed.deepspeed and parsed.deepspeed_config == str(call["bundle"] / "ds_config.json")
+    model, cluster = _model_cluster()
+    plan = make_plan("zero=3", model, cluster)
+    cfg = json.loads((call["bundle"] / "ds_config.json").read_text())
+    check_parsed(deepspeed_accepts(cfg, plan, monkeypatch), cfg, plan)
+
+
+def test_accelerate_launch_line_is_accelerates_command(tmp_path, monkeypatch) -> None:
+    """``accelerate launch`` receives the bundle's config and the node geometry; accelerate's own launch
+    parser and validation accept the words, and read the plan's FSDP2 settings from the config."""
+    from accelerate.commands import launch
+
+    call = launched("accelerate", "zero=3", tmp_path)
+    assert call["argv"][0] == "launch"
+    args = launch.launch_command_parser().parse_args(call["argv"][1:])
+    assert args.config_file == str(call["bundle"] / "accelerate_config.yaml")
+    args, _, _ = launch._validate_launch_command(args)
+    assert (args.num_machines, args.num_processes, int(args.fsdp_version)) == (2, 16, 2)
+    assert args.training_script == "train.py"
+
+
+class _fixture:
+    """A generator fixture used as a context manager (the torchtitan import shim)."""
+
+    def __init__(self, fixture) -> None:
+        self.gen = fixture.__wrapped__()
+
+    def __enter__(self):
+        return next(self.gen)
+
+    def __exit__(self, *exc) -> None:
+        next(self.gen, None)
