@@ -115,12 +115,23 @@ def test_the_verdict_does_not_depend_on_micro_batching(framework: Framework, pla
 
 @FRAMEWORK
 def test_the_search_filter_is_the_declaration(framework: Framework) -> None:
-    """``admissible`` (the solver's configuration filter) asks the framework's own check."""
+    """``admissible`` (the solver's configuration filter) asks the framework's own configuration check."""
     ok = admissible([framework], MODEL)
+    check = framework.config_check(MODEL)
     for config in (Config(dp_shard=16, zero=3), Config(tp=2, pp=2, dp_shard=4, zero=1, sp=True),
                    Config(cp=2, dp_shard=8, zero=2), Config(pp=4, vpp=2, dp_shard=4, zero=1, schedule="interleaved")):
         plan = config.to_plan((2,) * config.pp if config.pp > 1 else (8,), ("none",) * 8)
-        assert ok(config) == (framework.refusal(plan, MODEL) is None)
+        assert ok(config) == (check(plan) is None)
+
+
+@FRAMEWORK
+@SETTINGS
+@given(plan=plans())
+def test_the_configuration_check_admits_every_plan_the_plan_check_admits(framework: Framework, plan: Plan) -> None:
+    """The search filters configurations before it chooses splits and recompute: it must never drop a
+    configuration one of whose plans the framework runs."""
+    if framework.plan_check(MODEL)(plan) is None:
+        assert framework.config_check(MODEL)(plan) is None
 
 
 ROUND_TRIPS = ["zero=3", "tp=2,zero=3,recompute=full", "dp_replicate=2,dp_shard=8,zero=3", "tp=2,pp=2,zero=1,recompute=selective",

@@ -119,6 +119,13 @@ class Framework:
         judged once here, the plan's per call (the search judges thousands)."""
         raise NotImplementedError
 
+    def config_check(self, model: ModelSpec) -> PlanCheck:
+        """:meth:`plan_check` without the rules that read the layer split or per-layer recompute:
+        the search judges a configuration before it has chosen those (on an even split with no
+        recompute), and judges the final plans with :meth:`plan_check`.  It must admit every plan
+        :meth:`plan_check` admits (a contract test checks it)."""
+        return self.plan_check(model)
+
     def refusal(self, plan: Plan, model: ModelSpec) -> str | None:
         """Why this framework cannot run ``plan`` of ``model`` (model or plan), or None."""
         return self.model_refusal(model) or self.plan_check(model)(plan)

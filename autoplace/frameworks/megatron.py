@@ -269,12 +269,20 @@ class Megatron(Framework):
         return None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
-        dtype = training_dtype(model)
+        config = self.config_check(model)
 
         def check(plan: Plan) -> None:  # the rules emit_megatron applies, without writing the arguments
-            check_expressible(plan)
             pipeline_args(plan)
             recompute_args(plan)
+
+        split = checked(check)
+        return lambda plan: config(plan) or split(plan)
+
+    def config_check(self, model: ModelSpec) -> PlanCheck:
+        dtype = training_dtype(model)
+
+        def check(plan: Plan) -> None:
+            check_expressible(plan)
             if plan.compress == "bf16" and dtype != "bf16":
                 raise fail(FMT, f"compress=bf16: Megatron's --grad-reduce-in-bf16 acts only with --bf16 training, "
                                 f"and this model trains in {dtype}")

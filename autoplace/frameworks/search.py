@@ -97,7 +97,7 @@ def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config
 
     # Megatron-LM first: it expresses nearly every configuration some framework can in the default space
     ordered = sorted((f for f in group if f.model_refusal(model) is None), key=lambda f: f.name != "megatron")
-    checks = [f.plan_check(model) for f in ordered]
+    checks = [f.config_check(model) for f in ordered]
     table = layer_table(model)
     no_recompute = (RECOMPUTE[0],) * table.blocks
     layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage: one split per depth

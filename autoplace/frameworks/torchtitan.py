@@ -150,7 +150,7 @@ def check_expressible(plan: Plan, model: ModelSpec) -> None:
     expressible_check(model)(plan)
 
 
-def expressible_check(model: ModelSpec) -> Callable[[Plan], None]:
+def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable[[Plan], None]:
     """:func:`check_expressible` for one model, whose own rules are judged once: ``check(plan)``
     raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans).
 
@@ -166,7 +166,8 @@ def expressible_check(model: ModelSpec) -> Callable[[Plan], None]:
             raise fail(FMT, "training.precision fp16: torchtitan trains in bf16 or fp32 (mixed_precision_param), "
                             "not fp16")
         _check_plan(plan)
-        activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
+        if with_recompute:
+            activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
 
     return check
 
@@ -356,6 +357,11 @@ class Torchtitan(Framework):
         if model_refusal(model) is not None:
             return checked(lambda plan: check_expressible(plan, model))
         return checked(expressible_check(model))
+
+    def config_check(self, model: ModelSpec) -> PlanCheck:
+        if model_refusal(model) is not None:
+            return self.plan_check(model)
+        return checked(expressible_check(model, with_recompute=False))
 
     def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         toml = torchtitan_toml(emit_torchtitan(plan, model, cluster),
