@@ -211,9 +211,12 @@ def dataclasses_replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
-@pytest.mark.parametrize("name, flavor", [("llama-3-8b", "8B"), ("llama-3-70b", "70B"), ("llama-3-405b", "405B")])
-def test_llama3_examples_train_torchtitans_own_flavor(name: str, flavor: str, titan, tmp_path) -> None:
-    model, cluster = load_model(REPO / f"examples/models/{name}.json"), gpu_cluster(64)
+@pytest.mark.parametrize("path, flavor", [("tests/data/hf/llama-3.1-8b.json", "8B"),
+                                          ("tests/data/hf/llama-3.1-70b.json", "70B"),
+                                          ("examples/models/llama-3-405b.json", "405B")])
+def test_llama31_models_train_torchtitans_own_flavor(path: str, flavor: str, titan, tmp_path) -> None:
+    """torchtitan's llama3 flavors are Llama 3.1: same shapes and its RoPE scaling (factor 8)."""
+    model, cluster = load_model(REPO / path), gpu_cluster(64)
     plan = make_plan("tp=8,pp=2,zero=3", model, cluster)
     job = parse(titan, plan, tmp_path, model, cluster)
     assert (job.model.name, job.model.flavor, job.experimental.custom_import) == ("llama3", flavor, "")
@@ -223,6 +226,25 @@ def test_llama3_examples_train_torchtitans_own_flavor(name: str, flavor: str, ti
     assert torchtitan_model_module(plan, model, cluster) == ""
     if flavor == "8B":  # building the others on the meta device takes longer and proves nothing more
         assert trained_model_params(titan, job) == layer_table(model).params
+
+
+def test_llama3_without_rope_scaling_gets_a_flavor_without_it(titan) -> None:
+    """Llama 3 8B has Llama 3.1 8B's shapes but no RoPE scaling: a custom flavor with factor 1
+    (torchtitan's llama3 always applies RoPEScalingArgs; its 8B flavor would scale by 8)."""
+    model, cluster = load_model(REPO / "examples/models/llama-3-8b.json"), gpu_cluster(64)
+    assert model.rope_scaling is None
+    plan = make_plan("tp=8,zero=3", model, cluster)
+    source = torchtitan_model_module(plan, model, cluster)
+    scope: dict[str, Any] = {}
+    saved = dict(titan.llama3.llama3_args)
+    try:
+        exec(compile(source, "flavor", "exec"), scope)
+        args = titan.llama3.llama3_args["autoplace"]
+    finally:
+        titan.llama3.llama3_args.clear()
+        titan.llama3.llama3_args.update(saved)
+    assert args.rope_scaling_args.scaling_factor == 1.0 and titan.llama3.llama3_args["8B"].rope_scaling_args.scaling_factor == 8.0
+    assert (args.dim, args.n_layers, args.rope_theta) == (4096, 32, 500000.0)
 
 
 @pytest.mark.parametrize("extra", [{}, {"kv_heads": 8, "ffn_hidden": 688, "rope_theta": 500000}])
@@ -237,18 +259,17 @@ def test_a_custom_model_is_registered_with_its_exact_shapes(extra: dict[str, Any
     assert titan.llama3.llama3_args.get("autoplace") is None  # the registry was restored
 
 
-@pytest.mark.parametrize("path, arch", [("examples/models/hf/mixtral-8x7b/config.json", "mixture-of-experts"),
+@pytest.mark.parametrize("path, arch", [("tests/data/hf/mistral-7b-v0.1.json", "sliding-window attention"),
                                         ("tests/data/hf/qwen2.5-0.5b.json", "q/k/v biases"),
                                         ("tests/data/hf/gpt2.json", "linear-layer biases")])
 def test_architectures_torchtitan_lacks_are_not_written(path: str, arch: str, tmp_path) -> None:
     model, cluster = load_model(REPO / path), gpu_cluster(16)
-    with pytest.raises(EmitError, match=f"not written: torchtitan 0.2.2 has no model with {arch}"):
+    with pytest.raises(EmitError, match=f"not written: {arch}"):
         torchtitan_model(model)
     plan = make_plan("zero=3", model, cluster)
     emit(plan, model, cluster, None, tmp_path)
     assert not (tmp_path / "torchtitan.toml").exists()
-    assert "(not written) torchtitan.toml: torchtitan: not written: torchtitan 0.2.2 has no model with" in (
-        tmp_path / "README.txt").read_text()
+    assert f"(not written) torchtitan.toml: torchtitan: not written: {arch}" in (tmp_path / "README.txt").read_text()
 
 
 def test_key_lists_match_torchtitan(titan) -> None:
