@@ -26,6 +26,10 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 FMT = "deepspeed"
+# PipelineModule(partition_method=...) that balances the transformer blocks: one unit of weight per
+# layer whose class name matches (Hugging Face's <Family>DecoderLayer, GPT2Block, BloomBlock,
+# GPTNeoXLayer), none for the embedding, norm and head.  The split it makes is deepspeed_split's.
+PARTITION_METHOD = "type:(DecoderLayer|Block|Layer)$"
 DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points it at a real NVMe mount
 
 
@@ -42,7 +46,15 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     Raises:
         EmitError: the plan needs something DeepSpeed cannot configure.
     """
+    why = model_refusal(model)
+    if why:
+        raise fail(FMT, why)
     check_expressible(plan)
+    if plan.pp > 1 and tuple(plan.layers_per_stage) != deepspeed_split(sum(plan.layers_per_stage), plan.pp):
+        split = ":".join(map(str, deepspeed_split(sum(plan.layers_per_stage), plan.pp)))
+        raise fail(FMT, f"layers {':'.join(map(str, plan.layers_per_stage))}: DeepSpeed's PipelineModule "
+                        f"(partition_method {PARTITION_METHOD!r}) balances the blocks as {split} and takes no "
+                        "explicit split")
     cfg: dict[str, Any] = {
         # DeepSpeed's identity: train_batch_size = micro * accumulation * data-parallel size,
         # with data-parallel size = world / (tp * pp) (runtime/config.py:_batch_assertion).
@@ -63,6 +75,14 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     if plan.pp > 1:
         cfg["pipeline"] = pipeline_section(plan)
     return cfg
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """None: the bundle trains the user's own model code (a Hugging Face model or any nn.Module), so
+    every architecture feature is the model code's and transformers implements each one autoplace
+    reads from a config.json; the emitted config states parallelism and precision only."""
+    del model
+    return None
 
 
 def check_expressible(plan: Plan) -> None:
@@ -201,16 +221,26 @@ def activation_checkpointing_section(plan: Plan) -> dict[str, Any]:
     }
 
 
+def deepspeed_split(blocks: int, stages: int) -> tuple[int, ...]:
+    """Blocks per stage of ``PipelineModule(partition_method=PARTITION_METHOD)``: DeepSpeed's
+    ``partition_balanced`` over one unit per block (runtime/utils.py), which gives the first
+    ``blocks % stages`` stages one block more, as its ``partition_uniform`` does (checked against
+    DeepSpeed 0.19 for up to 129 blocks on 16 stages, with and without the zero-weight embedding,
+    norm and head around them)."""
+    base, extra = divmod(blocks, stages)
+    return tuple(base + 1 if s < extra else base for s in range(stages))
+
+
 def pipeline_section(plan: Plan) -> dict[str, Any]:
     """``pipeline`` with keys DeepSpeed reads (get_pipeline_config, PipelineEngine).
 
     The stage count and split themselves are arguments of ``PipelineModule(num_stages=...,
-    partition_method=...)`` in the user's code; ``stages`` and ``partition`` record them.
+    partition_method=...)`` in the user's code; ``stages`` and ``partition`` record them, and the
+    plan's split is the one that partition method makes (:func:`emit_deepspeed` refuses others).
     """
-    even = len(set(plan.layers_per_stage)) == 1
     return {
         "stages": plan.pp,
-        "partition": "uniform" if even else "parameters",
+        "partition": PARTITION_METHOD,
         # PipelineModule checkpoints every `interval` layers; 1 = every layer when all recompute fully.
         "activation_checkpoint_interval": 1 if uniform_recompute(plan) == "full" else 0,
     }

@@ -23,6 +23,7 @@ from autoplace.cost.comm import members_per_domain
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, training_dtype
 from autoplace.emit._read_torchtitan import plan_from_torchtitan
+from autoplace.emit.deepspeed import PARTITION_METHOD, deepspeed_split
 from autoplace.emit.schema import (
     ACCELERATE_FSDP,
     ACCELERATE_PARALLELISM,
@@ -36,7 +37,7 @@ from autoplace.emit.schema import (
     DEEPSPEED_ZERO,
 )
 from autoplace.errors import SpecError
-from autoplace.plan import RECOMPUTE, Plan, even_split
+from autoplace.plan import RECOMPUTE, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -141,7 +142,7 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
     n = blocks(model)
     return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
                 offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
-                layers_per_stage=even_split(n, stages), compress="zeropp" if zeropp else "none")
+                layers_per_stage=deepspeed_split(n, stages), compress="zeropp" if zeropp else "none")
 
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -223,6 +224,11 @@ def _deepspeed_pipeline(doc: kit.Doc, src: str, pp: int | None) -> int:
             raise SpecError("the pipeline degree comes from PipelineModule(num_stages=...); give it as an integer "
                             "here or pass pp", source=src, field="pipeline.stages")
         return pp or 1
+    partition = pipe.get("partition", PARTITION_METHOD)
+    if not isinstance(partition, str) or not (partition == "uniform" or partition.startswith("type:")):
+        raise SpecError(f"{partition!r}: the split would follow each layer's parameter count in your code; autoplace "
+                        f"reads the block-balanced split of partition {PARTITION_METHOD!r}", source=src,
+                        field="pipeline.partition")
     found = kit.integer(pipe, "stages", src, "pipeline.") or 1
     if pp is not None and pp != found:
         raise SpecError(f"pipeline.stages is {found} but pp={pp} was given", source=src, field="pipeline.stages")
