@@ -92,16 +92,15 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
 
 
 def unsupported_model(framework: str, model: ModelSpec) -> str | None:
-    """Why ``framework`` cannot train ``model`` whatever the plan (its emitter's reason), or None."""
-    if framework != "torchtitan":
-        return None
-    from autoplace.emit.torchtitan import torchtitan_model
+    """Why ``framework`` cannot train ``model`` whatever the plan (its emitter's ``model_refusal``:
+    an architecture feature its files cannot state), or None."""
+    from autoplace.emit import accelerate, deepspeed, fsdp, megatron, torchtitan
 
-    try:
-        torchtitan_model(model)
-    except EmitError as exc:
-        return str(exc)
-    return None
+    refusal = {"megatron": megatron.model_refusal, "torchtitan": torchtitan.model_refusal,
+               "deepspeed": deepspeed.model_refusal, "fsdp": fsdp.model_refusal,
+               "accelerate": accelerate.model_refusal}[framework]
+    why = refusal(model)
+    return f"{framework}: {why}" if why else None
 
 
 def _checks(model: ModelSpec) -> dict[str, Callable[[Plan], None]]:
@@ -115,7 +114,7 @@ def _checks(model: ModelSpec) -> dict[str, Callable[[Plan], None]]:
         "fsdp": fsdp.check_expressible, "accelerate": accelerate.check_expressible}
     if unsupported_model("torchtitan", model) is None:
         checks["torchtitan"] = torchtitan.expressible_check(model)  # the model's own rules judged once
-    return checks
+    return {name: check for name, check in checks.items() if unsupported_model(name, model) is None}
 
 
 def admissible(framework: str, model: ModelSpec) -> Callable[[Config], bool]:
