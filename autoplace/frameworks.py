@@ -197,6 +197,14 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     if not kept and uniform_later:  # every plan found recomputes per layer in a way no one can say
         results += _solve_runs(solver, wide, budget, UNIFORM_MODES, framework, deadline)
         kept, reasons, plans = _keep(results, problem, framework)
+    pinned = _deepspeed_splits(wide, plans) if framework == "deepspeed" else []
+    for run in pinned:  # the pipeline depths whose best split DeepSpeed cannot pin, searched at its own split
+        try:
+            results += _solve_runs(solver, run, budget, modes, framework, deadline)
+        except Infeasible:  # nothing fits at that split
+            continue
+    if pinned:
+        kept, reasons, plans = _keep(results, problem, framework)
     notes = [note for r in results for note in r.notes]
     if reasons:
         who = "no supported framework can" if framework == ANY else f"{framework} cannot"
@@ -211,6 +219,25 @@ def solve_for(framework: str, solver: Any, problem: Any, budget: Any, top: int) 
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
+
+
+def _deepspeed_splits(problem: Any, plans: list[Any]) -> list[Any]:
+    """``problem`` pinned, per pipeline depth among ``plans`` whose split is not the one DeepSpeed's
+    PipelineModule makes (emit.deepspeed.deepspeed_split), to that depth and that split: DeepSpeed
+    takes no explicit split, so its pipelines are searched at the split it will make."""
+    import dataclasses
+
+    from autoplace.emit.deepspeed import deepspeed_split
+
+    if "layers" in problem.fixed:
+        return []
+    depths = sorted({ev.plan.pp for ev in plans if ev.plan.pp > 1 and tuple(ev.plan.layers_per_stage)
+                     != deepspeed_split(sum(ev.plan.layers_per_stage), ev.plan.pp)})
+    runs = []
+    for pp in depths:
+        split = deepspeed_split(sum(plans[0].plan.layers_per_stage), pp)
+        runs.append(dataclasses.replace(problem, fixed={**problem.fixed, "pp": pp, "layers": ":".join(map(str, split))}))
+    return runs
 
 
 def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, framework: str,

@@ -335,3 +335,21 @@ def test_the_pipeline_split_is_the_one_deepspeeds_partition_method_makes() -> No
     assert plan_from_deepspeed(cfg, model, CLUSTER16).layers_per_stage == (3, 3, 2, 2)
     with pytest.raises(SpecError, match="parameter count"):
         plan_from_deepspeed({**cfg, "pipeline": {**cfg["pipeline"], "partition": "parameters"}}, model, CLUSTER16)
+
+
+def test_check_accepts_the_deepspeed_pipeline_bundle_it_came_from(tmp_path: Path) -> None:
+    """Issue 23: Qwen3-30B-A3B's DeepSpeed bundle was costed at 10:13:13:12 and read back as 12:12:12:12.
+    DeepSpeed's pipelines are now searched at the split its PipelineModule makes, and check agrees."""
+    from tests.helpers import REPO
+    from tests.test_cli import invoke
+
+    model, cluster = REPO / "tests/data/hf/qwen3-30b-a3b.json", REPO / "examples/clusters/8x8-h100.yaml"
+    out = tmp_path / "b"
+    solved = invoke("solve", model, cluster, "--framework", "deepspeed", "--fix", "pp=4", "--out", out,
+                    "--time-limit", "10", "--top", "1", "--json")
+    assert solved.exit_code == 0, solved.output
+    plan = Plan.from_dict(json.loads((out / "plan.json").read_text()))
+    assert (plan.pp, plan.layers_per_stage) == (4, (12, 12, 12, 12))
+    checked = invoke("check", out / "ds_config.json", model, cluster)
+    assert checked.exit_code == 0, checked.output
+    assert "layers=12:12:12:12" in checked.output
