@@ -343,3 +343,113 @@ if __name__ == "__main__":  # print the table: python -m tests.test_architecture
         print(family)
         for framework, cell in cells.items():
             print(f"    {framework:11} {cell}")
+
+
+# ---------------------------------------------------------------- every feature field, every emitter
+
+BASE: dict[str, Any] = {"name": "base", "layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 8, "kv_heads": 4,
+                        "vocab": 1024, "seq_len": 512, "rope_theta": 10000.0}
+MOE: dict[str, Any] = {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256}
+SHARED: dict[str, Any] = {**MOE, "shared_experts": 1, "shared_ffn_hidden": 256}
+LLAMA31 = {"type": "llama3", "factor": 8.0, "original_max_position": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+# spec fields that size the model or say where it came from, not how it computes
+SIZE_FIELDS = {"name", "source", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len", "max_position",
+               "training", "flash_attention"}
+MOE_SIZE_FIELDS = {"experts", "top_k", "expert_ffn_hidden"}
+# feature field -> (the model without it, the model with it), as overrides of BASE
+FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "head_dim": ({}, {"head_dim": 64}),
+    "attention": ({}, {"attention": {"type": "mla", "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+                                     "v_head_dim": 32}, "kv_heads": 8}),
+    "kv_heads": ({}, {"kv_heads": 1}),
+    "ffn": ({}, {"ffn": "gelu"}),
+    "norm": ({}, {"norm": "layernorm"}),
+    "bias": ({"qkv_bias": True}, {"bias": True, "qkv_bias": True}),
+    "qkv_bias": ({}, {"qkv_bias": True}),
+    "tied_embeddings": ({}, {"tied_embeddings": True}),
+    "position": ({}, {"position": "learned", "max_position": 512}),
+    "rope_theta": ({}, {"rope_theta": 500000.0}),
+    "dropout": ({}, {"dropout": True}),
+    "moe": ({}, {"moe": MOE}),
+    "qk_norm": ({}, {"qk_norm": "head"}),
+    "block_norms": ({}, {"block_norms": 4, "norm_position": "sandwich"}),
+    "embedding_norm": ({}, {"embedding_norm": True}),
+    "sliding_window": ({}, {"sliding_window": 128}),
+    "full_attention_every": ({"sliding_window": 128}, {"sliding_window": 128, "full_attention_every": 2}),
+    "final_logit_softcap": ({}, {"final_logit_softcap": 30.0}),
+    "mtp_layers": ({}, {"mtp_layers": 1}),
+    "activation": ({}, {"activation": "gelu_tanh"}),
+    "rotary_fraction": ({}, {"rotary_fraction": 0.5}),
+    "rope_scaling": ({}, {"rope_scaling": LLAMA31}),
+    "attn_softcap": ({}, {"attn_softcap": 50.0}),
+    "norm_position": ({}, {"norm_position": "post"}),
+    "parallel_block": ({}, {"parallel_block": True}),
+    "scaled_embeddings": ({}, {"scaled_embeddings": True}),
+}
+MOE_FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "shared_experts": (MOE, SHARED),
+    "shared_ffn_hidden": (SHARED, {**SHARED, "shared_ffn_hidden": 512}),
+    "first_dense_layers": (MOE, {**MOE, "first_dense_layers": 1}),
+    "layer_freq": (MOE, {**MOE, "layer_freq": 2}),
+    "score_function": (MOE, {**MOE, "score_function": "sigmoid"}),
+    "normalize_top_k": (MOE, {**MOE, "normalize_top_k": False}),
+    "topk_scaling": (MOE, {**MOE, "topk_scaling": 2.5}),
+    "groups": (MOE, {**MOE, "groups": 4}),
+    "group_top_k": ({**MOE, "groups": 4}, {**MOE, "groups": 4, "group_top_k": 2}),
+    "group_score": ({**MOE, "groups": 4, "group_top_k": 2},
+                    {**MOE, "groups": 4, "group_top_k": 2, "group_score": "max"}),
+    "expert_bias": ({**MOE, "score_function": "sigmoid"}, {**MOE, "score_function": "sigmoid", "expert_bias": True}),
+    "shared_expert_gate": (SHARED, {**SHARED, "shared_expert_gate": True}),
+}
+# RoPE scaling values beyond Llama 3.1's: each framework states them or refuses
+ROPE_VARIANTS = [{**LLAMA31, "factor": 4.0}, {"type": "linear", "factor": 2.0}, {"type": "yarn", "factor": 4.0},
+                 {"type": "dynamic", "factor": 2.0}, {"type": "longrope", "original_max_position": 4096}]
+
+
+def feature_pairs() -> list[tuple[str, Any, Any]]:
+    pairs = [(name, model_from_dict({**BASE, **off}), model_from_dict({**BASE, **on}))
+             for name, (off, on) in FEATURES.items()]
+    pairs += [(f"moe.{name}", model_from_dict({**BASE, "moe": off}), model_from_dict({**BASE, "moe": on}))
+              for name, (off, on) in MOE_FEATURES.items()]
+    pairs += [(f"rope_scaling {r}", model_from_dict({**BASE, "rope_scaling": LLAMA31}),
+               model_from_dict({**BASE, "rope_scaling": r})) for r in ROPE_VARIANTS]
+    return pairs
+
+
+def test_every_spec_field_is_a_size_or_a_listed_feature() -> None:
+    """A new field of the spec fails here until it is listed: then every emitter must handle or refuse it."""
+    from autoplace.specs.model import MoE, TransformerSpec
+
+    assert set(TransformerSpec.model_fields) == SIZE_FIELDS | set(FEATURES)
+    assert set(MoE.model_fields) == MOE_SIZE_FIELDS | set(MOE_FEATURES)
+
+
+def emitted(framework: str, model: Any) -> Any:
+    """What the framework's files say about ``model`` (raises EmitError for a refused model)."""
+    if framework == "megatron":
+        return emitted_megatron_args(model)
+    plan = make_plan("zero=3", model, CLUSTER)
+    return torchtitan.emit_torchtitan(plan, model, CLUSTER), torchtitan.torchtitan_model_module(plan, model, CLUSTER)
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_each_feature_is_stated_or_refused_by_name(framework: str) -> None:
+    """For every feature: either the emitted files change when the model has it (it is stated), or
+    the framework refuses the model and the emitter raises that one line.  The HF-code bundles
+    (DeepSpeed, accelerate, FSDP2) train the user's model code, so they refuse none."""
+    refusal = REFUSALS[framework]
+    stated, refused = [], []
+    for name, off, on in feature_pairs():
+        for other in ("deepspeed", "accelerate", "fsdp"):
+            assert REFUSALS[other](on) is None
+        why = refusal(on)
+        if why is not None:
+            with pytest.raises(EmitError, match=f"^{framework}: (not written: )?"):
+                emitted(framework, on)
+            refused.append(name)
+            continue
+        if refusal(off) is not None:  # the model without the feature is itself refused: nothing to compare
+            continue
+        assert emitted(framework, on) != emitted(framework, off), f"{framework} drops {name} silently"
+        stated.append(name)
+    assert stated and refused

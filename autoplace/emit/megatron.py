@@ -110,16 +110,20 @@ def _rope_refusal(m: TransformerSpec) -> str | None:
     if r is None or m.position != "rope":
         return None
     if m.attention is not None:
-        fixed = {k: v for k, v in _MLA_YARN_FIXED.items() if getattr(r, k) not in (None, v)}
+        fixed = [f"{k} {getattr(r, k)}" for k, v in _MLA_YARN_FIXED.items() if getattr(r, k) not in (None, v)]
         if r.type != "yarn" or fixed:
-            return (f"{r.type} RoPE scaling {fixed or ''} under MLA: Megatron-LM's MLA takes YaRN with "
-                    f"{_MLA_YARN_FIXED} (no flags for others)")
+            return (f"{r.type} RoPE scaling{' with ' + ', '.join(fixed) if fixed else ''} under MLA: Megatron-LM's "
+                    f"MLA takes YaRN with {_said(_MLA_YARN_FIXED)} only")
         return None
     if r.type == "llama3":
-        fixed = {k: getattr(r, k) for k, v in _LLAMA3_FIXED.items() if getattr(r, k) not in (None, v)}
-        return (f"llama3 RoPE scaling with {fixed}: Megatron-LM's GPT applies it with {_LLAMA3_FIXED} "
-                "only") if fixed else None
+        fixed = [f"{k} {getattr(r, k)}" for k, v in _LLAMA3_FIXED.items() if getattr(r, k) not in (None, v)]
+        return (f"llama3 RoPE scaling with {', '.join(fixed)}: Megatron-LM's GPT applies it with "
+                f"{_said(_LLAMA3_FIXED)} only") if fixed else None
     return f"{r.type} RoPE scaling: Megatron-LM's GPT has a flag for Llama 3.1's scaling only"
+
+
+def _said(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in values.items())
 
 
 def _moe_refusal(moe: MoE) -> str | None:

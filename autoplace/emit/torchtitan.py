@@ -129,6 +129,7 @@ def model_refusal(model: ModelSpec) -> str | None:
         (m.embedding_norm, "an embedding LayerNorm: torchtitan has none"),
         (m.scaled_embeddings, "embeddings scaled by sqrt(hidden): torchtitan has no embedding multiplier"),
         (m.mtp_layers > 0, "multi-token-prediction modules: torchtitan 0.2.2's deepseek_v3 has none"),
+        (m.dropout, "dropout: torchtitan's models have no dropout layers"),
         (m.moe is not None and m.moe.shared_expert_gate, "a gated shared expert (Qwen-MoE): torchtitan's "
                                                          "shared experts are ungated"),
         (m.moe is not None and m.moe.groups > 1 and m.moe.group_score == "max",
