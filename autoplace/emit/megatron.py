@@ -83,8 +83,8 @@ def model_refusal(model: ModelSpec) -> str | None:
         (m.bias and not m.qkv_bias, "biases on every linear layer but q/k/v: --add-qkv-bias goes with "
                                     "--disable-bias-linear only"),
     ]
-    why = next((reason for refused, reason in reasons if refused), None)
-    return why or _activation_refusal(m) or _rope_refusal(m) or (_moe_refusal(m.moe) if m.moe else None)
+    why = _activation_refusal(m) or next((reason for refused, reason in reasons if refused), None)
+    return why or _rope_refusal(m) or (_moe_refusal(m.moe) if m.moe else None)
 
 
 def _activation_refusal(m: TransformerSpec) -> str | None:
