@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-import types
 import warnings
 from typing import Any
 from unittest import mock
@@ -40,7 +38,7 @@ from autoplace.specs.model import model_from_dict
 from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_megatron import megatron_core_config
 from tests.test_emit_plans import make_plan
-from tests.test_emit_torchtitan import TITAN
+from tests.test_emit_torchtitan import without_triton
 
 HF = REPO / "tests/data/hf"
 FAMILIES = sorted(p.name for p in HF.glob("*.json"))
@@ -197,22 +195,10 @@ def test_megatron_trains_the_same_model(family: str, hf, mcore_world) -> None:
 @pytest.fixture(scope="module")
 def titan_models() -> Any:
     """torchtitan's model packages, imported without the package's triton import (ECOSYSTEM.md)."""
-    saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
-    package = types.ModuleType("torchtitan")
-    package.__path__ = [str(TITAN)]
-    sys.modules["torchtitan"] = package
-    kernels = types.ModuleType("torchtitan.models.moe.kernels")  # the one module that imports triton
-    kernels.generate_permute_indices = None  # type: ignore[attr-defined]
-    sys.modules[kernels.__name__] = kernels
-    try:
-        import importlib
+    import importlib
 
-        yield {name: importlib.import_module(f"torchtitan.models.{name}") for name in ("llama3", "qwen3",
-                                                                                     "deepseek_v3")}
-    finally:
-        for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
-            del sys.modules[key]
-        sys.modules.update(saved)
+    with without_triton():
+        yield {name: importlib.import_module(f"torchtitan.models.{name}") for name in ("llama3", "qwen3", "deepseek_v3")}
 
 
 def titan_model(spec: Any, packages: dict[str, Any]) -> Any:

@@ -10,9 +10,11 @@ package imports triton only through the MoE kernels module, which a stand-in rep
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +41,10 @@ if _SPEC is None or not _SPEC.submodule_search_locations:
 TITAN = Path(list(_SPEC.submodule_search_locations)[0])
 
 
-@pytest.fixture(scope="module")
-def titan() -> Any:
-    """torchtitan's config and ParallelDims modules, imported without the package's triton import."""
+@contextlib.contextmanager
+def without_triton() -> Iterator[None]:
+    """torchtitan importable without its package __init__'s triton import (ECOSYSTEM.md): a bare
+    package and a stub for the one module that imports triton; sys.modules restored after."""
     saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
     package = types.ModuleType("torchtitan")
     package.__path__ = [str(TITAN)]
@@ -50,6 +53,17 @@ def titan() -> Any:
     kernels.generate_permute_indices = None  # type: ignore[attr-defined]
     sys.modules[kernels.__name__] = kernels
     try:
+        yield
+    finally:
+        for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def titan() -> Any:
+    """torchtitan's config and ParallelDims modules, imported without the package's triton import."""
+    with without_triton():
         from torchtitan.config.job_config import JobConfig
         from torchtitan.config.manager import ConfigManager
         from torchtitan.distributed.parallel_dims import ParallelDims
@@ -57,10 +71,6 @@ def titan() -> Any:
 
         yield types.SimpleNamespace(ConfigManager=ConfigManager, JobConfig=JobConfig, ParallelDims=ParallelDims,
                                     llama3=llama3)
-    finally:
-        for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
-            del sys.modules[key]
-        sys.modules.update(saved)
 
 
 def parse(titan: Any, plan: Plan, tmp_path: Path, model=MODEL, cluster=CLUSTER16) -> Any:

@@ -36,14 +36,15 @@ BLOOM_SEQ_LEN = 2048
 FALCON_MAX_POSITIONS = 2048
 
 
-def _softcap(r: _Reader) -> dict[str, float]:
-    """final_logit_softcapping when set: the head keeps a tanh output for backward."""
-    cap = r.config.get("final_logit_softcapping")
+def _softcap(r: _Reader, key: str = "final_logit_softcapping", field: str = "final_logit_softcap") -> dict[str, float]:
+    """A soft-cap (cap * tanh(x / cap)) when set: final_logit_softcapping (the head keeps a tanh
+    output for backward), or attn_logit_softcapping -> attn_softcap (Gemma 2's attention scores)."""
+    cap = r.config.get(key)
     if cap is None:
         return {}
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
-        raise r.error("final_logit_softcapping", f"must be a positive number or null, got {cap!r}")
-    return {"final_logit_softcap": float(cap)}
+        raise r.error(key, f"must be a positive number or null, got {cap!r}")
+    return {field: float(cap)}
 
 
 def _rope_window(r: _Reader, out: dict[str, Any], *, pattern: int | None = None) -> dict[str, Any]:
@@ -70,17 +71,8 @@ def _gemma(r: _Reader, *, pattern: int) -> dict[str, Any]:
            "scaled_embeddings": True, "tied_embeddings": r.flag("tie_word_embeddings", True)}
     out.pop("activation", None)
     out.update(_activation(r, "swiglu", ("hidden_activation", "hidden_act"), default="gelu_pytorch_tanh"))
-    return {**_rope_window(r, out, pattern=pattern), **_softcap(r), **_attn_softcap(r)}
-
-
-def _attn_softcap(r: _Reader) -> dict[str, float]:
-    """attn_logit_softcapping when set (Gemma 2): attention scores capped as cap * tanh(s / cap)."""
-    cap = r.config.get("attn_logit_softcapping")
-    if cap is None:
-        return {}
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
-        raise r.error("attn_logit_softcapping", f"must be a positive number or null, got {cap!r}")
-    return {"attn_softcap": float(cap)}
+    return {**_rope_window(r, out, pattern=pattern), **_softcap(r),
+            **_softcap(r, "attn_logit_softcapping", "attn_softcap")}
 
 
 def gemma2(r: _Reader) -> dict[str, Any]:
