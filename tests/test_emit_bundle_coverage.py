@@ -66,7 +66,7 @@ def test_default_bundle_runs_the_top_plan_and_every_framework_its_best(model_fil
     _accelerate(out / "accelerate", tmp_path, monkeypatch)
     _megatron(out / "megatron")
     if flavor is None:
-        assert not per["torchtitan"]["written"] and "not written: q/k/v biases" in per["torchtitan"]["reason"]
+        assert not per["torchtitan"]["written"] and "torchtitan: q/k/v biases" in per["torchtitan"]["reason"]
     else:
         _torchtitan(out / "torchtitan", flavor, titan)
 
