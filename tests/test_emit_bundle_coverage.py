@@ -25,12 +25,13 @@ from tests.test_emit_torchtitan import titan  # noqa: F401 - a fixture
 
 H100_4X8 = {"name": "h100-4x8", "nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm5-80gb", "intra_node": "nvlink4",
             "inter_node": "ib-ndr", "host_memory_GB": 2048}
-CASES = [  # (model file, cluster, torchtitan flavor or None when torchtitan has no such model)
-    ("examples/models/tiny-llama.json", "examples/clusters/cpu-2.yaml", "autoplace"),
-    ("examples/models/llama-3-8b.json", "examples/clusters/1x8-a100-80gb.yaml", "8B"),
-    ("tests/data/hf/llama-3.1-70b.json", "examples/clusters/8x8-h100.yaml", "70B"),
+CASES = [  # (model file, cluster, torchtitan (model, flavor) or None when torchtitan has no such model)
+    ("examples/models/tiny-llama.json", "examples/clusters/cpu-2.yaml", ("llama3", "autoplace")),
+    # Llama 3 8B has Llama 3.1 8B's shapes but no RoPE scaling: a custom flavor without it
+    ("examples/models/llama-3-8b.json", "examples/clusters/1x8-a100-80gb.yaml", ("llama3", "autoplace")),
+    ("tests/data/hf/llama-3.1-70b.json", "examples/clusters/8x8-h100.yaml", ("llama3", "70B")),
     ("tests/data/hf/qwen2.5-32b.json", H100_4X8, None),
-    ("tests/data/hf/mixtral-8x22b.json", "examples/clusters/8x8-h100.yaml", None),
+    ("tests/data/hf/mixtral-8x22b.json", "examples/clusters/8x8-h100.yaml", ("qwen3", "autoplace")),
 ]
 CONFIG_FILES = {"deepspeed": "ds_config.json", "megatron": "megatron_args.sh", "torchtitan": "torchtitan.toml",
                 "fsdp": "fsdp2_parallelize.py", "accelerate": "accelerate_config.yaml"}
@@ -47,7 +48,7 @@ def _cluster_file(cluster: Any, tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("model_file, cluster, flavor", CASES, ids=[Path(c[0]).stem for c in CASES])
 def test_default_bundle_runs_the_top_plan_and_every_framework_its_best(model_file: str, cluster: Any,
-                                                                       flavor: str | None, titan, mcore,  # noqa: F811
+                                                                       flavor: tuple[str, str] | None, titan, mcore,  # noqa: F811
                                                                        tmp_path: Path, monkeypatch) -> None:
     cluster_path = _cluster_file(cluster, tmp_path)
     out = tmp_path / "bundle"
@@ -65,7 +66,7 @@ def test_default_bundle_runs_the_top_plan_and_every_framework_its_best(model_fil
     _accelerate(out / "accelerate", tmp_path, monkeypatch)
     _megatron(out / "megatron")
     if flavor is None:
-        assert not per["torchtitan"]["written"] and "has no model with" in per["torchtitan"]["reason"]
+        assert not per["torchtitan"]["written"] and "torchtitan: q/k/v biases" in per["torchtitan"]["reason"]
     else:
         _torchtitan(out / "torchtitan", flavor, titan)
 
@@ -97,10 +98,10 @@ def _megatron(folder: Path) -> None:
     assert (opts["micro_batch_size"], opts["global_batch_size"]) == (plan.mbs, plan.global_batch)
 
 
-def _torchtitan(folder: Path, flavor: str, tt: Any) -> None:
+def _torchtitan(folder: Path, flavor: tuple[str, str], tt: Any) -> None:
     plan = _plan(folder)
     job = tt.ConfigManager().parse_args(["--job.config_file", str(folder / "torchtitan.toml")])
-    assert (job.model.name, job.model.flavor) == ("llama3", flavor)
+    assert (job.model.name, job.model.flavor) == flavor
     p = job.parallelism
     tt.ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,

@@ -38,7 +38,7 @@ PLANS = ["zero=0", "zero=1,mbs=2", "zero=2,recompute=selective", "zero=3,recompu
          "zero=3,preset=hsdp", "zero=3,offload_optimizer=cpu,offload_params=cpu",
          "zero=3,offload_optimizer=nvme,offload_params=nvme", "zero=2,offload_optimizer=cpu",
          "tp=2,sp=false,zero=1", "tp=4,sp=false,zero=2,mbs=2", "pp=2,zero=1,recompute=full", "pp=4,zero=0",
-         "tp=2,pp=2,sp=false,zero=1,layers=3:5"]
+         "tp=2,pp=2,sp=false,zero=1"]
 
 
 class _Dist:
@@ -311,3 +311,45 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_pipeline_split_is_the_one_deepspeeds_partition_method_makes() -> None:
+    """PipelineModule takes no explicit split: the bundle names the block-balanced partition method,
+    refuses any other split, and the reader reads back the split that method makes."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split
+
+    for blocks, stages in [(8, 3), (30, 4), (48, 4), (61, 8), (126, 16)]:
+        weights = [0] + [1] * blocks + [0, 0]  # embedding, the blocks, norm and head
+        parts = partition_balanced(weights, stages)
+        assert deepspeed_split(blocks, stages) == tuple(sum(weights[a:b]) for a, b in zip(parts[:-1], parts[1:], strict=True))
+    model = small_model(layers=10)  # on 4 stages: 3:3:2:2 from DeepSpeed, 2:3:3:2 from autoplace's even split
+    plan = make_plan("pp=4,zero=1", model, CLUSTER16)
+    assert plan.layers_per_stage != deepspeed_split(10, 4)
+    with pytest.raises(EmitError, match=r"layers 2:3:3:2: DeepSpeed's PipelineModule .* balances the blocks as 3:3:2:2"):
+        emit_deepspeed(plan, model, CLUSTER16)
+    pinned = make_plan("pp=4,zero=1,layers=3:3:2:2", model, CLUSTER16)
+    cfg = emit_deepspeed(pinned, model, CLUSTER16)
+    assert cfg["pipeline"]["partition"] == PARTITION_METHOD
+    assert plan_from_deepspeed(cfg, model, CLUSTER16).layers_per_stage == (3, 3, 2, 2)
+    with pytest.raises(SpecError, match="parameter count"):
+        plan_from_deepspeed({**cfg, "pipeline": {**cfg["pipeline"], "partition": "parameters"}}, model, CLUSTER16)
+
+
+def test_check_accepts_the_deepspeed_pipeline_bundle_it_came_from(tmp_path: Path) -> None:
+    """Issue 23: Qwen3-30B-A3B's DeepSpeed bundle was costed at 10:13:13:12 and read back as 12:12:12:12.
+    DeepSpeed's pipelines are now searched at the split its PipelineModule makes, and check agrees."""
+    from tests.helpers import REPO
+    from tests.test_cli import invoke
+
+    model, cluster = REPO / "tests/data/hf/qwen3-30b-a3b.json", REPO / "examples/clusters/8x8-h100.yaml"
+    out = tmp_path / "b"
+    solved = invoke("solve", model, cluster, "--framework", "deepspeed", "--fix", "pp=4", "--out", out,
+                    "--time-limit", "10", "--top", "1", "--json")
+    assert solved.exit_code == 0, solved.output
+    plan = Plan.from_dict(json.loads((out / "plan.json").read_text()))
+    assert (plan.pp, plan.layers_per_stage) == (4, (12, 12, 12, 12))
+    checked = invoke("check", out / "ds_config.json", model, cluster)
+    assert checked.exit_code == 0, checked.output
+    assert "layers=12:12:12:12" in checked.output

@@ -141,7 +141,16 @@ _OTHER_FLAGS = {"use_distributed_optimizer", "num_distributed_optimizer_instance
                 "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by", "position_embedding_type",
                 "rotary_base", "group_query_attention", "swiglu", "untie_embeddings_and_output_weights",
                 "disable_bias_linear", "num_experts", "fp16", "bf16", "accumulate_allreduce_grads_in_fp32",
-                "fp8_format", "grad_reduce_in_bf16"}
+                "fp8_format", "grad_reduce_in_bf16",
+                # GPTModel arguments (gpt_builders.py): partial rotary, Llama 3.1 RoPE scaling
+                "rotary_percent", "use_rope_scaling", "rope_scaling_factor"}
+
+
+# Megatron-LM core_v0.16.1 arguments.py defaults of the MLA flags and of the RoPE flags MLATransformerConfig
+# shares (restated): core_transformer_config_from_args copies them into the config whether given or not
+_MLA_ARG_DEFAULTS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+                     "v_head_dim": 128, "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0,
+                     "rotary_base": 10000, "rotary_percent": 1.0}
 
 
 def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, Any]]:
@@ -149,15 +158,20 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     opts = words_to_options(args)
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    config_class = MLATransformerConfig if opts.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM
+    fields = {f.name for f in dataclasses.fields(config_class)}
     unknown = set(opts) - fields - _OTHER_FLAGS
     assert not unknown, f"flags Megatron-LM does not define: {unknown}"
     kw = {k: v for k, v in opts.items() if k in fields}
+    if config_class is MLATransformerConfig:  # arguments.py's defaults reach the MLA config's fields by name
+        kw = {**_MLA_ARG_DEFAULTS, **kw}
     if "moe_layer_freq" in kw:  # Megatron's parser evaluates the list string
         kw["moe_layer_freq"] = [int(x) for x in str(kw["moe_layer_freq"]).strip("[]").split(",")]
+    if "window_size" in kw:  # arguments.py tuple_type: "(4095,0)" -> (4095, 0)
+        kw["window_size"] = tuple(int(x) for x in str(kw["window_size"]).strip("()").split(","))
     # core_transformer_config_from_args's own mappings
     dtype = torch.bfloat16 if opts.get("bf16") else torch.float16 if opts.get("fp16") else torch.float32
     kw.update(params_dtype=dtype, pipeline_dtype=dtype, bf16=bool(opts.get("bf16")), fp16=bool(opts.get("fp16")),
@@ -173,7 +187,7 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
         per = opts["num_layers_per_virtual_pipeline_stage"]
         assert opts["num_layers"] % (pp * per) == 0
         kw["virtual_pipeline_model_parallel_size"] = opts["num_layers"] // (pp * per)
-    config = TransformerConfig(**kw)  # megatron-core's __post_init__ validation
+    config = config_class(**kw)  # megatron-core's __post_init__ validation
     # validate_args (restated): the degrees fill the world, the batch splits into micro-batches
     model_parallel = config.tensor_model_parallel_size * pp * config.context_parallel_size
     assert world % model_parallel == 0
@@ -235,11 +249,12 @@ def test_megatron_core_accepts_the_llama3_arguments_and_reads_the_plan(text: str
 
 @pytest.mark.parametrize("name, checks", [
     ("qwen2.5-0.5b.json", {"add_qkv_bias": True, "add_bias_linear": False}),
-    ("gpt2.json", {"add_bias_linear": True, "gated_linear_unit": False, "normalization": "LayerNorm"}),
+    ("deepseek-v2-lite.json", {"multi_latent_attention": True, "kv_lora_rank": 512, "q_lora_rank": None,
+                               "num_moe_experts": 64, "moe_router_pre_softmax": True}),
     ("mixtral-8x7b-v0.1.json", {"num_moe_experts": 8, "moe_router_topk": 2})])
 def test_megatron_core_accepts_other_architectures(name: str, checks: dict[str, Any], mcore) -> None:
     model, cluster = load_model(HF / name), gpu_cluster(16)
-    plan = make_plan("tp=2,zero=1" + (",ep=4" if "mixtral" in name else ""), model, cluster)
+    plan = make_plan("tp=2,zero=1" + (",ep=4" if "mixtral" in name or "deepseek" in name else ""), model, cluster)
     config, opts = megatron_core_config(emit_megatron(plan, model, cluster), 16)
     assert {k: getattr(config, k) for k in checks} == checks
     assert opts["position_embedding_type"] == ("learned_absolute" if name == "gpt2.json" else "rope")

@@ -158,13 +158,17 @@ def test_torchtitan_reader_checks_the_job_trains_the_model_file() -> None:
     base = {"training": {"seq_len": 512}, "parallelism": {"data_parallel_shard_degree": 16}}
     with pytest.raises(SpecError, match=r"has no \[model\] section, so torchtitan trains llama3 debugmodel"):
         plan_from_torchtitan(base, MODEL, CLUSTER16)
-    llama8 = load_model(REPO / "examples/models/llama-3-8b.json")
+    llama8 = load_model(REPO / "tests/data/hf/llama-3.1-8b.json")
     job = {"model": {"name": "llama3", "flavor": "70B"}, "training": {"seq_len": 8192},
            "parallelism": {"data_parallel_shard_degree": 8}}
-    with pytest.raises(SpecError, match=r"says torchtitan trains llama3 70B, but the model file is llama-3-8b "
+    with pytest.raises(SpecError, match=r"says torchtitan trains llama3 70B, but the model file is llama-3.1-8b "
                                         r"\(torchtitan llama3 flavor 8B\)"):
         plan_from_torchtitan(job, llama8, gpu_cluster(8))
     assert plan_from_torchtitan({**job, "model": {"name": "llama3", "flavor": "8B"}}, llama8, gpu_cluster(8)).zero == 3
+    # Llama 3 8B (no RoPE scaling) is not torchtitan's 8B flavor (Llama 3.1's, scaled by 8)
+    llama3 = load_model(REPO / "examples/models/llama-3-8b.json")
+    with pytest.raises(SpecError, match=r"model file is llama-3-8b \(torchtitan llama3 flavor autoplace\)"):
+        plan_from_torchtitan({**job, "model": {"name": "llama3", "flavor": "8B"}}, llama3, gpu_cluster(8))
 
 
 def test_reader_by_extension_rejects_other_files(tmp_path) -> None:

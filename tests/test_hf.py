@@ -38,9 +38,14 @@ SCHEMA_KEYS = {
     "ffn", "norm", "bias", "qkv_bias", "tied_embeddings", "position", "rope_theta", "max_position", "dropout",
     "flash_attention", "moe", "attention", "source", "qk_norm", "block_norms", "embedding_norm",
     "sliding_window", "full_attention_every", "final_logit_softcap", "mtp_layers",
+    "activation", "rotary_fraction", "rope_scaling", "attn_softcap", "norm_position", "parallel_block",
+    "scaled_embeddings",
 }
 MOE_KEYS = {"experts", "top_k", "expert_ffn_hidden", "shared_experts", "shared_ffn_hidden",
             "first_dense_layers", "layer_freq"}
+# routing keys a family states when its router is not Mixtral's (the shorthand's defaults)
+MOE_ROUTING_KEYS = {"score_function", "normalize_top_k", "topk_scaling", "groups", "group_top_k", "group_score",
+                    "expert_bias", "shared_expert_gate"}
 MLA_KEYS = {"type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
             "v_head_dim"}
 
@@ -195,7 +200,8 @@ def test_qwen2_moe_block() -> None:
     m = translate("qwen1.5-moe-a2.7b-chat-gptq-int4.json")
     assert (m["layers"], m["hidden"], m["heads"], m["kv_heads"], m["qkv_bias"]) == (24, 2048, 16, 16, True)
     assert m["moe"] == {"experts": 60, "top_k": 4, "expert_ffn_hidden": 1408, "shared_experts": 1,
-                        "shared_ffn_hidden": 5632, "first_dense_layers": 0, "layer_freq": 1}
+                        "shared_ffn_hidden": 5632, "first_dense_layers": 0, "layer_freq": 1,
+                        "normalize_top_k": False, "shared_expert_gate": True}  # routing: Qwen2MoeConfig's
 
 
 def test_gpt2_fields() -> None:
@@ -204,7 +210,7 @@ def test_gpt2_fields() -> None:
         "name": "gpt2", "layers": 12, "hidden": 768, "ffn_hidden": 3072, "heads": 12, "kv_heads": 12,
         "vocab": 50257, "seq_len": 1024, "ffn": "gelu", "norm": "layernorm", "bias": True,
         "qkv_bias": True, "tied_embeddings": True, "position": "learned", "max_position": 1024,
-        "dropout": True, "flash_attention": True,
+        "dropout": True, "flash_attention": True, "activation": "gelu_tanh",  # activation_function gelu_new
         "source": "tests/data/hf/gpt2.json (Hugging Face config, model_type=gpt2)",
     }
 
@@ -224,7 +230,10 @@ def test_deepseek_v2_lite_mla_and_moe() -> None:
     assert m["attention"] == {"type": "mla", "q_lora_rank": 0, "kv_lora_rank": 512,
                               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
     assert m["moe"] == {"experts": 64, "top_k": 6, "expert_ffn_hidden": 1408, "shared_experts": 2,
-                        "shared_ffn_hidden": 1408, "first_dense_layers": 1, "layer_freq": 1}
+                        "shared_ffn_hidden": 1408, "first_dense_layers": 1, "layer_freq": 1,
+                        # V2-Lite's router: softmax, greedy top-6 kept as they are, no groups, no bias
+                        "score_function": "softmax", "normalize_top_k": False, "topk_scaling": 1.0,
+                        "expert_bias": False}
 
 
 def test_deepseek_v3_shape() -> None:
@@ -247,7 +256,7 @@ def test_deepseek_v3_shape() -> None:
 def test_every_fixture_fits_the_schema(fixture: str) -> None:
     m = translate(fixture)
     assert set(m) <= SCHEMA_KEYS and "training" not in m
-    assert set(m.get("moe", MOE_KEYS)) == MOE_KEYS
+    assert MOE_KEYS <= set(m.get("moe", MOE_KEYS)) <= MOE_KEYS | MOE_ROUTING_KEYS
     assert set(m.get("attention", MLA_KEYS)) == MLA_KEYS
     assert m["flash_attention"] is True and m["seq_len"] <= SEQ_LEN_CAP
     assert ("max_position" in m) == (m["position"] == "learned")

@@ -114,7 +114,8 @@ def test_qwen3_moe_block() -> None:
     m = translate("qwen3-30b-a3b.json")
     assert m["head_dim"] == 128 and m["qk_norm"] == "head"
     assert m["moe"] == {"experts": 128, "top_k": 8, "expert_ffn_hidden": 768, "shared_experts": 0,
-                        "shared_ffn_hidden": 0, "first_dense_layers": 0, "layer_freq": 1}
+                        "shared_ffn_hidden": 0, "first_dense_layers": 0, "layer_freq": 1,
+                        "normalize_top_k": True, "shared_expert_gate": False}  # norm_topk_prob: true
 
 
 def test_gemma2_window_softcap_and_sandwich_norms() -> None:

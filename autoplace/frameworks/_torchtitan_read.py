@@ -1,4 +1,4 @@
-"""Read a torchtitan 0.2 job TOML back into a Plan (re-exported by :mod:`autoplace.emit.read`).
+"""Read a torchtitan 0.2 job TOML back into a Plan (:func:`autoplace.frameworks.torchtitan.plan_from_torchtitan`).
 
 torchtitan's ConfigManager rejects unknown keys but not bad Literal values inside the TOML,
 and only ``ParallelDims`` checks the degree product; both are checked here, with the

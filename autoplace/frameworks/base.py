@@ -126,6 +126,12 @@ class Framework:
         :meth:`plan_check` admits (a contract test checks it)."""
         return self.plan_check(model)
 
+    def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
+        """The layer split this framework always makes for ``pp`` stages (it takes no explicit one),
+        or None when the plan's split is written into its files."""
+        del blocks, pp
+        return None
+
     def refusal(self, plan: Plan, model: ModelSpec) -> str | None:
         """Why this framework cannot run ``plan`` of ``model`` (model or plan), or None."""
         return self.model_refusal(model) or self.plan_check(model)(plan)

@@ -28,7 +28,7 @@ from autoplace.emit._common import (
 from autoplace.emit.launch import Launch, environment, exports, header
 from autoplace.frameworks.accelerate import peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
-from autoplace.frameworks.readers import plan_from_deepspeed
+from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -50,7 +50,11 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     Raises:
         EmitError: the plan needs something DeepSpeed cannot configure.
     """
+    why = model_refusal(model)
+    if why:
+        raise fail(FMT, why)
     check_expressible(plan)
+    check_split(plan)
     cfg: dict[str, Any] = {
         # DeepSpeed's identity: train_batch_size = micro * accumulation * data-parallel size,
         # with data-parallel size = world / (tp * pp) (runtime/config.py:_batch_assertion).
@@ -71,6 +75,29 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     if plan.pp > 1:
         cfg["pipeline"] = pipeline_section(plan)
     return cfg
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """None: the bundle trains the user's own model code (a Hugging Face model or any nn.Module), so
+    every architecture feature is the model code's and transformers implements each one autoplace
+    reads from a config.json; the emitted config states parallelism and precision only."""
+    del model
+    return None
+
+
+def check_split(plan: Plan) -> None:
+    """Raise EmitError for a pipeline split other than the one DeepSpeed's PipelineModule makes."""
+    if plan.pp > 1 and tuple(plan.layers_per_stage) != deepspeed_split(sum(plan.layers_per_stage), plan.pp):
+        split = ":".join(map(str, deepspeed_split(sum(plan.layers_per_stage), plan.pp)))
+        raise fail(FMT, f"layers {':'.join(map(str, plan.layers_per_stage))}: DeepSpeed's PipelineModule "
+                        f"(partition_method {PARTITION_METHOD!r}) balances the blocks as {split} and takes no "
+                        "explicit split")
+
+
+def check_plan(plan: Plan) -> None:
+    """Everything DeepSpeed refuses in a plan: :func:`check_expressible` and :func:`check_split`."""
+    check_expressible(plan)
+    check_split(plan)
 
 
 def check_expressible(plan: Plan) -> None:
@@ -213,12 +240,12 @@ def pipeline_section(plan: Plan) -> dict[str, Any]:
     """``pipeline`` with keys DeepSpeed reads (get_pipeline_config, PipelineEngine).
 
     The stage count and split themselves are arguments of ``PipelineModule(num_stages=...,
-    partition_method=...)`` in the user's code; ``stages`` and ``partition`` record them.
+    partition_method=...)`` in the user's code; ``stages`` and ``partition`` record them, and the
+    plan's split is the one that partition method makes (:func:`emit_deepspeed` refuses others).
     """
-    even = len(set(plan.layers_per_stage)) == 1
     return {
         "stages": plan.pp,
-        "partition": "uniform" if even else "parameters",
+        "partition": PARTITION_METHOD,
         # PipelineModule checkpoints every `interval` layers; 1 = every layer when all recompute fully.
         "activation_checkpoint_interval": 1 if uniform_recompute(plan) == "full" else 0,
     }
@@ -243,9 +270,20 @@ class DeepSpeed(Framework):
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model, under accelerate + this config
     reports_hardware_flops = True
 
+    def architecture_refusal(self, model: ModelSpec) -> str | None:
+        why = model_refusal(model)
+        return f"{FMT}: {why}" if why else None
+
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         del model
+        return checked(check_plan)
+
+    def config_check(self, model: ModelSpec) -> PlanCheck:
+        del model
         return checked(check_expressible)
+
+    def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
+        return deepspeed_split(blocks, pp)
 
     def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         cfg = json.dumps(emit_deepspeed(plan, model, cluster), indent=2) + "\n"

@@ -27,7 +27,7 @@ from autoplace.frameworks._megatron_read import plan_from_megatron
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
-from autoplace.specs.model import ModelSpec, MoE, TransformerSpec
+from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
 
 FMT = "megatron"
 DEFAULT_ROTARY_BASE = 10000  # Megatron's --rotary-base default, and Hugging Face's rope_theta default
@@ -42,6 +42,9 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
             uniform / block methods cannot produce.
     """
     del cluster
+    why = model_refusal(model)
+    if why:
+        raise fail(FMT, why)
     check_expressible(plan)
     args = parallel_args(plan) + sharding_args(plan) + pipeline_args(plan)
     args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
@@ -49,6 +52,103 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
     if isinstance(model, TransformerSpec):
         args += shape_args(model) + vocab_args(model, plan.tp)
     return args
+
+
+# Megatron-Core's RotaryEmbedding._apply_scaling (--use-rope-scaling) takes only the factor, and
+# Megatron-LM core_v0.16.1's gpt_builders.py passes GPTModel rope_scaling but not
+# --rope-scaling-factor: Llama 3.1's scaling is fixed at factor 8, low/high_freq_factor 1/4, 8192
+_LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8192}
+# MLATransformerConfig's YaRN fields Megatron-LM has no flag for (its defaults, DeepSeek's values)
+_MLA_YARN_FIXED = {"original_max_position": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """Why Megatron-LM's ``pretrain_gpt.py`` with these arguments would not train ``model``'s
+    architecture, as one line "feature: why"; None when every feature has its flag.
+
+    Checked against megatron-core 0.16's TransformerConfig / MLATransformerConfig and
+    Megatron-LM core_v0.16.1's ``arguments.py``.
+    """
+    if not isinstance(model, TransformerSpec):
+        return ("layer-graph model: pretrain_gpt.py builds its own GPT from shape arguments; "
+                "a graph of layers has none")
+    m = model
+    reasons = [
+        (m.position == "alibi", "ALiBi positions: Megatron-LM has no ALiBi (--position-embedding-type "
+                                "learned_absolute, rope, mrope, relative, none)"),
+        (m.embedding_norm, "embedding LayerNorm (BLOOM): GPTModel has no norm after the embedding"),
+        (m.scaled_embeddings, "embeddings scaled by sqrt(hidden) (Gemma): GPTModel has no embedding multiplier"),
+        (m.norm_position != "pre", f"{m.norm_position}-norm blocks: Megatron-Core's TransformerLayer normalises "
+                                   "only before attention and MLP"),
+        (m.parallel_block, "parallel attention + MLP blocks: Megatron-Core's TransformerLayer runs them one "
+                           "after the other"),
+        (m.qk_norm == "layer", "QK-norm over all heads at once (OLMo 2): --qk-layernorm normalises each head"),
+        (m.attn_softcap is not None, "attention logit soft-capping: megatron-core 0.16 has no soft-cap option"),
+        (m.final_logit_softcap is not None, "final logit soft-capping: megatron-core 0.16's output layer has none"),
+        (m.bias and not m.qkv_bias, "biases on every linear layer but q/k/v: --add-qkv-bias goes with "
+                                    "--disable-bias-linear only"),
+    ]
+    why = _activation_refusal(m) or next((reason for refused, reason in reasons if refused), None)
+    return why or _rope_refusal(m) or (_moe_refusal(m.moe) if m.moe else None)
+
+
+def _activation_refusal(m: TransformerSpec) -> str | None:
+    """Megatron-Core's MLPs from Megatron-LM's flags (core_transformer_config_from_args): --swiglu
+    (SiLU gate), --quick-geglu (quick-GeLU gate), --squared-relu, else exact GeLU.  --openai-gelu
+    (tanh GeLU) reaches only the legacy models, not Megatron-Core's GPT."""
+    gated = m.ffn == "swiglu"
+    if gated and m.act != "silu":
+        return (f"gated {m.act} MLP: Megatron-LM gates with SiLU (--swiglu) or quick-GeLU (--quick-geglu) "
+                "only")
+    if m.act == "gelu_tanh":
+        return "tanh-approximated GeLU: Megatron-Core's GPT uses exact GeLU (--openai-gelu reaches legacy models only)"
+    if not gated and m.act == "silu":
+        return "non-gated SiLU MLP: Megatron-LM has no flag for it"
+    return None
+
+
+def _rope_refusal(m: TransformerSpec) -> str | None:
+    theta = m.rope_theta or DEFAULT_ROTARY_BASE
+    if m.position == "rope" and not float(theta).is_integer():
+        return f"rope_theta {theta} is not a whole number: Megatron's --rotary-base is an integer"
+    return _rope_scaling_refusal(m)
+
+
+def _rope_scaling_refusal(m: TransformerSpec) -> str | None:
+    """RoPE scaling Megatron-LM can state: Llama 3.1's (--use-rope-scaling) with its fixed constants,
+    YaRN under MLA (MLATransformerConfig's fields).  gpt_builders.py passes GPTModel neither
+    --rope-scaling-factor nor --rotary-seq-len-interpolation-factor."""
+    r = m.rope_scaling
+    if r is None or m.position != "rope":
+        return None
+    if m.attention is not None:
+        fixed = [f"{k} {getattr(r, k)}" for k, v in _MLA_YARN_FIXED.items() if getattr(r, k) not in (None, v)]
+        if r.type != "yarn" or fixed:
+            return (f"{r.type} RoPE scaling{' with ' + ', '.join(fixed) if fixed else ''} under MLA: Megatron-LM's "
+                    f"MLA takes YaRN with {_said(_MLA_YARN_FIXED)} only")
+        return None
+    if r.type == "llama3":
+        fixed = [f"{k} {getattr(r, k)}" for k, v in _LLAMA3_FIXED.items() if getattr(r, k) not in (None, v)]
+        return (f"llama3 RoPE scaling with {', '.join(fixed)}: Megatron-LM's GPT applies it with "
+                f"{_said(_LLAMA3_FIXED)} only") if fixed else None
+    return f"{r.type} RoPE scaling: Megatron-LM's GPT has a flag for Llama 3.1's scaling only"
+
+
+def _said(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in values.items())
+
+
+def _moe_refusal(moe: MoE) -> str | None:
+    """Router features Megatron-Core's TopKRouter cannot reproduce."""
+    if moe.score_function == "sigmoid" and moe.normalize_top_k != (moe.top_k > 1):
+        return (f"sigmoid routing {'with' if moe.normalize_top_k else 'without'} top-k renormalisation at "
+                f"top_k={moe.top_k}: Megatron-Core renormalises sigmoid top-k weights exactly when top_k > 1")
+    if moe.expert_bias and moe.score_function != "sigmoid":
+        return "expert bias with softmax routing: Megatron-Core's expert bias needs sigmoid scores"
+    if moe.groups > 1 and moe.group_score == "max":
+        return ("group-limited routing scored by each group's best expert (DeepSeek-V2): Megatron-Core scores a "
+                "group by the sum of its top top_k/group_top_k experts")
+    return None
 
 
 def check_expressible(plan: Plan) -> None:
@@ -178,20 +278,28 @@ def shape_args(m: TransformerSpec) -> list[str]:
     every one of them is stated.  ``--rotary-base`` is an integer flag; RoPE bases are whole numbers.
     """
     args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
-            "--num-attention-heads", str(m.heads), "--kv-channels", str(m.dim_head),
-            "--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
-            "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+            "--num-attention-heads", str(m.heads)]
+    if m.attention is None:  # MLA's head sizes are its own flags
+        args += ["--kv-channels", str(m.dim_head)]
+    args += ["--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
+             "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
     if m.position == "rope":
         theta = m.rope_theta or DEFAULT_ROTARY_BASE
         if not float(theta).is_integer():
             raise fail(FMT, f"rope_theta {theta} is not a whole number; Megatron's --rotary-base is an integer")
         args += ["--position-embedding-type", "rope", "--rotary-base", str(int(theta))]
+        args += rope_args(m)
     else:
         args += ["--position-embedding-type", "learned_absolute"]
-    if m.n_kv_heads != m.heads:
+    if m.attention is not None:
+        args += mla_args(m.attention, m.rope_scaling)
+    elif m.n_kv_heads != m.heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
-    if m.ffn == "swiglu":
-        args.append("--swiglu")
+    if m.qk_norm == "head":
+        args.append("--qk-layernorm")
+    if m.sliding_window is not None:
+        args += window_args(m.sliding_window, m.full_attention_every)
+    args += activation_args(m)
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not m.bias:
@@ -202,7 +310,54 @@ def shape_args(m: TransformerSpec) -> list[str]:
         args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
     if m.moe is not None:
         args += moe_args(m.moe, m.layers)
+    if m.mtp_layers:
+        args += ["--mtp-num-layers", str(m.mtp_layers)]
     return args
+
+
+def activation_args(m: TransformerSpec) -> list[str]:
+    """The MLP: --swiglu (SiLU-gated), --squared-relu; exact GeLU is the default."""
+    if m.ffn == "swiglu":
+        return ["--swiglu"]
+    return ["--squared-relu"] if m.act == "relu2" else []
+
+
+def rope_args(m: TransformerSpec) -> list[str]:
+    """Partial rotary (--rotary-percent) and, outside MLA, Llama 3.1's RoPE scaling (its factor is
+    stated though gpt_builders.py applies GPTModel's default, the same 8)."""
+    args = ["--rotary-percent", repr(m.rotary_fraction)] if m.rotary_fraction < 1 else []
+    r = m.rope_scaling
+    if r is None or m.attention is not None:
+        return args
+    return args + ["--use-rope-scaling", "--rope-scaling-factor", repr(r.factor)]  # llama3 (model_refusal)
+
+
+def mla_args(mla: MLA, scaling: RopeScaling | None) -> list[str]:
+    """Multi-latent attention (MLATransformerConfig): ranks and head dims, and its RoPE.
+
+    ``--q-lora-rank`` is left out when queries are not compressed (Megatron-LM's default None);
+    MLA defaults to YaRN RoPE, so a model without scaling says ``--rope-type rope``.  DeepSeek's
+    RMSNorms on the q and kv latents are MLA's q/kv_layernorm, built only with ``--qk-layernorm``
+    (megatron-core's layer specs: IdentityOp otherwise).
+    """
+    args = ["--multi-latent-attention", "--qk-layernorm", "--kv-lora-rank", str(mla.kv_lora_rank),
+            "--qk-head-dim", str(mla.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim),
+            "--v-head-dim", str(mla.v_head_dim)]
+    if mla.q_lora_rank:
+        args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    if scaling is None:
+        return args + ["--rope-type", "rope"]
+    return args + ["--rope-type", "yarn", "--rotary-scaling-factor", repr(scaling.factor),
+                   "--mscale", repr(scaling.mscale if scaling.mscale is not None else 1.0),
+                   "--mscale-all-dim", repr(scaling.mscale_all_dim if scaling.mscale_all_dim is not None else 0.0)]
+
+
+def window_args(window: int, full_every: int | None) -> list[str]:
+    """Sliding-window attention: ``--window-size (left,right)``.  A Hugging Face window of W keys
+    includes the query's own position (transformers ``sliding_window_overlay``: kv > q - W), so
+    W - 1 keys to the left; every k-th layer global is ``--window-attn-skip-freq k``."""
+    args = ["--window-size", f"({window - 1},0)"]
+    return args + (["--window-attn-skip-freq", str(full_every)] if full_every else [])
 
 
 def vocab_args(m: TransformerSpec, tp: int) -> list[str]:
@@ -228,9 +383,30 @@ def moe_args(moe: MoE, layers: int) -> list[str]:
             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden)]
     if moe.shared_experts:
         args += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn_hidden)]
+        if moe.shared_expert_gate:
+            args.append("--moe-shared-expert-gate")
+    args += router_args(moe)
     pattern = [1 if moe.is_moe_layer(i) else 0 for i in range(layers)]
     if 0 in pattern:
         args += ["--moe-layer-freq", f"[{','.join(map(str, pattern))}]"]
+    return args
+
+
+def router_args(moe: MoE) -> list[str]:
+    """The router (Megatron-Core TopKRouter).  Softmax without renormalised top-k weights is
+    ``--moe-router-pre-softmax`` (softmax over all experts, then top-k); Megatron's default
+    (top-k logits, then softmax) renormalises.  Sigmoid scores are renormalised for top_k > 1."""
+    args = []
+    if moe.score_function == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+    elif not moe.normalize_top_k:
+        args.append("--moe-router-pre-softmax")
+    if moe.topk_scaling != 1.0:
+        args += ["--moe-router-topk-scaling-factor", repr(moe.topk_scaling)]
+    if moe.groups > 1:
+        args += ["--moe-router-num-groups", str(moe.groups), "--moe-router-group-topk", str(moe.group_top_k)]
+    if moe.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
     return args
 
 
@@ -262,11 +438,8 @@ class Megatron(Framework):
     config_suffixes = (".sh",)
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:
-        if isinstance(model, TransformerSpec) and model.position == "rope":
-            theta = model.rope_theta or DEFAULT_ROTARY_BASE
-            if not float(theta).is_integer():
-                return f"{FMT}: rope_theta {theta} is not a whole number; Megatron's --rotary-base is an integer"
-        return None
+        why = model_refusal(model)
+        return f"{FMT}: {why}" if why else None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         config = self.config_check(model)

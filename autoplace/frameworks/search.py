@@ -165,6 +165,14 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     if len(kept) < top and uniform_later:  # plans found recompute per layer in ways no one can say
         results += _solve_runs(solver, wide, budget, UNIFORM_MODES, who, deadline)
         kept, reasons, plans = _keep(results, problem, group)
+    pinned = _forced_splits(group, wide, plans)
+    for run in pinned:  # the pipeline depths whose best split the group cannot make, searched at its own split
+        try:
+            results += _solve_runs(solver, run, budget, modes, who, deadline)
+        except Infeasible:  # nothing fits at that split
+            continue
+    if pinned:
+        kept, reasons, plans = _keep(results, problem, group)
     while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
         wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
         results = _solve_runs(solver, wide, budget, modes, who, deadline) + results
@@ -187,6 +195,22 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
+
+
+def _forced_splits(group: Sequence[Framework], problem: Any, plans: list[Any]) -> list[Any]:
+    """``problem`` pinned, for each pipeline depth among ``plans`` whose split is not the one every
+    framework of ``group`` makes (DeepSpeed takes no explicit split), to that depth and that split."""
+    if "layers" in problem.fixed or not plans:
+        return []
+    blocks = sum(plans[0].plan.layers_per_stage)
+    runs = []
+    for pp in sorted({ev.plan.pp for ev in plans if ev.plan.pp > 1}):
+        splits = {f.forced_split(blocks, pp) for f in group}
+        split = splits.pop() if len(splits) == 1 else None
+        if split is not None and any(ev.plan.pp == pp and tuple(ev.plan.layers_per_stage) != split for ev in plans):
+            runs.append(dataclasses.replace(problem, fixed={**problem.fixed, "pp": pp,
+                                                            "layers": ":".join(map(str, split))}))
+    return runs
 
 
 def _more_to_find(results: list[Any], wide: Any) -> bool:

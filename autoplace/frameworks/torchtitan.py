@@ -3,11 +3,14 @@ and, for a model that is none of torchtitan's own flavors, a module that registe
 
 torchtitan 0.2.2 reads ``--job.config_file x.toml`` (sections ``[model]``, ``[parallelism]``,
 ``[training]``, ``[activation_checkpoint]``) and takes every field as ``--section.option`` on
-the command line.  The model is chosen by name and flavor (``torchtitan/models/llama3``); a
-TOML without ``[model]`` trains llama3 ``debugmodel``, so every config names both.  torchtitan
-implements the Llama architecture (RMSNorm, SwiGLU, RoPE, GQA, no biases, an untied head);
-other architectures (q/k/v biases as in Qwen2, Mixtral's experts, GPT-2) are refused.  Names
-are those of ``torchtitan/config/job_config.py`` (0.2.2).
+the command line.  The model is chosen by name and flavor (``torchtitan/models/<name>``); a
+TOML without ``[model]`` trains llama3 ``debugmodel``, so every config names both.  Three of
+torchtitan's model families are used: ``llama3`` (RMSNorm, SwiGLU, RoPE with Llama 3.1's
+scaling or none, GQA, no biases, untied head), ``qwen3`` (adds per-head QK-norm, an explicit
+head_dim, a tied head and mixture-of-experts layers) and ``deepseek_v3`` (MLA, YaRN RoPE, dense
+first layers, routed and shared experts).  Whatever none of them implements (biases, LayerNorm,
+GeLU, post-norms, windows, soft-capping, ...) is refused by :func:`model_refusal`, naming it.
+Names are those of ``torchtitan/config/job_config.py`` (0.2.2).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, bash_array
-from autoplace.errors import EmitError
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
 from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
@@ -42,12 +44,40 @@ _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 CUSTOM_MODULE = "autoplace_torchtitan_model"  # the bundle file registering a custom flavor (custom_import)
 # torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py) as the shapes they build:
 # (dim, n_layers, n_heads, n_kv_heads, SwiGLU hidden, vocab, rope_theta); tests compare with torchtitan.
+# All three keep RoPEScalingArgs' defaults: Llama 3.1's scaling (factor 8, low 1, high 4, 8192).
 LLAMA3_FLAVORS = {
     "8B": (4096, 32, 32, 8, 14336, 128256, 500000.0),
     "70B": (8192, 80, 64, 8, 28672, 128256, 500000.0),
     "405B": (16384, 126, 128, 8, 53248, 128256, 500000.0),
 }
+LLAMA31_SCALING = {"scaling_factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}  # RoPEScalingArgs' defaults
+# RoPEScalingArgs that leave every frequency as it is (torchtitan's llama3 always applies its scaling:
+# with factor 1 both the scaled and the interpolated frequencies equal the unscaled ones)
+NO_SCALING = {**LLAMA31_SCALING, "scaling_factor": 1.0}
+# torchtitan 0.2.2's dense qwen3 flavors (torchtitan/models/qwen3/__init__.py): (dim, n_layers, n_heads,
+# n_kv_heads, head_dim, hidden_dim, vocab, rope_theta, tied); every one has qk_norm and no RoPE scaling.
+# Its MoE flavors are not listed: MoEArgs' default load_balance_coeff adds an expert bias (aux-loss-free
+# balancing) that Qwen3-MoE's router does not have, so a MoE model gets a custom flavor without it.
+QWEN3_FLAVORS = {
+    "0.6B": (1024, 28, 16, 8, 128, 3072, 151936, 1000000.0, True),
+    "1.7B": (2048, 28, 16, 8, 128, 6144, 151936, 1000000.0, True),
+    "4B": (2560, 36, 32, 8, 128, 9728, 151936, 1000000.0, True),
+    "8B": (4096, 36, 32, 8, 128, 12288, 151936, 1000000.0, False),
+    "14B": (5120, 40, 40, 8, 128, 17408, 151936, 1000000.0, False),
+    "32B": (5120, 64, 64, 8, 128, 25600, 151936, 1000000.0, False),
+}
 DEFAULT_ROPE_THETA = 10000.0  # TransformerModelArgs.rope_theta, and Hugging Face's default
+# model name -> (the module's import lines, the args class, the flavor registry)
+_FAMILY_CODE = {
+    "llama3": ("from torchtitan.models.llama3 import TransformerModelArgs, llama3_args\n"
+               "from torchtitan.models.llama3.model.args import RoPEScalingArgs\n", "TransformerModelArgs", "llama3_args"),
+    "qwen3": ("from torchtitan.models.moe import MoEArgs\nfrom torchtitan.models.qwen3 import Qwen3ModelArgs, qwen3_args\n",
+              "Qwen3ModelArgs", "qwen3_args"),
+    "deepseek_v3": ("from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs, deepseekv3_args\n"
+                    "from torchtitan.models.moe import MoEArgs\n", "DeepSeekV3ModelArgs", "deepseekv3_args"),
+}
+_NESTED = {"rope_scaling_args": "RoPEScalingArgs", "moe_args": "MoEArgs"}  # args fields holding a dataclass
 
 
 @dataclass(frozen=True)
@@ -61,46 +91,165 @@ class TitanModel:
 
 
 def torchtitan_model(model: ModelSpec) -> TitanModel:
-    """torchtitan's model for ``model``: a llama3 flavor with the same shapes, or a custom one.
+    """torchtitan's model for ``model``: one of its own flavors with the same architecture, or a
+    custom flavor of the same family with the model's exact args.
 
     Raises:
-        EmitError: an architecture torchtitan 0.2.2 does not implement (the message names it).
+        EmitError: an architecture torchtitan 0.2.2 does not implement (:func:`model_refusal`).
     """
-    m = _llama_shaped(model)
+    why = model_refusal(model)
+    if why:
+        raise fail(FMT, f"not written: {why}")
+    assert isinstance(model, TransformerSpec)  # model_refusal refuses layer graphs
+    if model.attention is not None:
+        return TitanModel("deepseek_v3", CUSTOM_FLAVOR, _deepseek_args(model))
+    if _needs_qwen3(model):
+        return _qwen3_model(model)
+    return _llama3_model(model)
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """Why no torchtitan 0.2.2 model (llama3, qwen3, deepseek_v3) trains ``model``'s architecture,
+    as one line "feature: why", or None."""
+    if not isinstance(model, TransformerSpec):
+        return "layer-graph model: torchtitan trains its own model code; a graph of layers has none"
+    m = model
+    common = [
+        (m.qkv_bias and not m.bias, "q/k/v biases (Qwen2 style): torchtitan's attention has no biases"),
+        (m.bias, "linear-layer biases: torchtitan's models have none"),
+        (m.ffn != "swiglu", "a non-gated (GeLU) MLP: torchtitan's models use SwiGLU"),
+        (m.ffn == "swiglu" and m.act != "silu", f"a {m.act}-gated MLP: torchtitan's models gate with SiLU"),
+        (m.norm != "rmsnorm", "LayerNorm: torchtitan's models use RMSNorm"),
+        (m.position != "rope", f"{m.position} position embeddings: torchtitan's models use RoPE"),
+        (m.norm_position != "pre", f"{m.norm_position}-norm blocks (norms on the attention and MLP outputs): "
+                                   "torchtitan's blocks are pre-norm"),
+        (m.parallel_block, "parallel attention + MLP blocks: torchtitan's blocks are sequential"),
+        (m.qk_norm == "layer", "QK-norm over all heads at once (OLMo 2): torchtitan's qwen3 normalises each head"),
+        (m.sliding_window is not None, "sliding-window attention: torchtitan 0.2.2's models attend causally "
+                                       "to the whole sequence"),
+        (m.attn_softcap is not None, "attention logit soft-capping: torchtitan has none"),
+        (m.final_logit_softcap is not None, "final logit soft-capping: torchtitan has none"),
+        (m.rotary_fraction < 1, f"partial rotary ({m.rotary_fraction} of each head): torchtitan rotates whole heads"),
+        (m.embedding_norm, "an embedding LayerNorm: torchtitan has none"),
+        (m.scaled_embeddings, "embeddings scaled by sqrt(hidden): torchtitan has no embedding multiplier"),
+        (m.mtp_layers > 0, "multi-token-prediction modules: torchtitan 0.2.2's deepseek_v3 has none"),
+        (m.dropout, "dropout: torchtitan's models have no dropout layers"),
+        (m.moe is not None and m.moe.shared_expert_gate, "a gated shared expert (Qwen-MoE): torchtitan's "
+                                                         "shared experts are ungated"),
+        (m.moe is not None and m.moe.groups > 1 and m.moe.group_score == "max",
+         "group-limited routing scored by each group's best expert: torchtitan scores a group by its top-2 sum"),
+        (m.moe is not None and m.moe.layer_freq > 1, "MoE on every k-th layer: torchtitan's MoE layers are "
+                                                     "consecutive"),
+        (m.moe is not None and m.moe.shared_experts > 0 and m.moe.shared_ffn_hidden != m.moe.expert_ffn_hidden,
+         "shared experts wider than a routed expert: torchtitan sizes them as num_shared_experts x moe_inter_dim"),
+    ]
+    why = next((reason for refused, reason in common if refused), None)
+    if why:
+        return why
+    if m.attention is not None:
+        return _deepseek_refusal(m)
+    if _needs_qwen3(m):
+        return _qwen3_refusal(m)
+    return _llama3_refusal(m)
+
+
+def _needs_qwen3(m: TransformerSpec) -> bool:
+    """What llama3 lacks and qwen3 has: QK-norm, head_dim != hidden/heads, a tied head, experts."""
+    odd_head = m.hidden % m.heads != 0 or m.dim_head != m.hidden // m.heads
+    return m.qk_norm is not None or odd_head or m.tied_embeddings or m.moe is not None
+
+
+def _llama3_refusal(m: TransformerSpec) -> str | None:
+    r = m.rope_scaling
+    if r is not None and r.type != "llama3":
+        return f"{r.type} RoPE scaling: torchtitan's llama3 implements Llama 3.1's scaling only"
+    return None
+
+
+def _qwen3_refusal(m: TransformerSpec) -> str | None:
+    if m.rope_scaling is not None:
+        return f"{m.rope_scaling.type} RoPE scaling: torchtitan's qwen3 has no RoPE scaling"
+    if m.moe is not None and m.moe.first_dense_layers:
+        return "dense first layers before the MoE layers: torchtitan's qwen3 makes every layer MoE"
+    return None
+
+
+def _deepseek_refusal(m: TransformerSpec) -> str | None:
+    """torchtitan's deepseek_v3: YaRN (applied only beyond original_seq_len), one mscale, MoE layers."""
+    r = m.rope_scaling
+    if m.moe is None:
+        return "dense MLA model: torchtitan's deepseek_v3 has mixture-of-experts layers"
+    if r is None or r.type != "yarn":
+        return "MLA without YaRN RoPE: torchtitan's deepseek_v3 always scales RoPE with YaRN"
+    if m.seq_len <= (r.original_max_position or 4096):
+        return (f"YaRN RoPE at seq_len {m.seq_len}: torchtitan's deepseek_v3 scales only sequences longer than "
+                f"original_seq_len ({r.original_max_position or 4096}), Hugging Face's model always")
+    if (r.mscale or 1.0) != (r.mscale_all_dim if r.mscale_all_dim is not None else r.mscale or 1.0):
+        return "YaRN with mscale != mscale_all_dim: torchtitan's deepseek_v3 has one mscale"
+    return None
+
+
+def _moe_args(m: TransformerSpec) -> dict[str, Any]:
+    """torchtitan MoEArgs for the model's experts; expert bias (load_balance_coeff) only if it has one."""
+    moe = m.moe
+    assert moe is not None
+    out: dict[str, Any] = {"num_experts": moe.experts, "num_shared_experts": moe.shared_experts,
+                           "top_k": moe.top_k, "score_func": moe.score_function, "route_norm": moe.normalize_top_k,
+                           "route_scale": moe.topk_scaling, "score_before_experts": False}
+    if moe.groups > 1:
+        out.update(num_expert_groups=moe.groups, num_limited_groups=moe.group_top_k)
+    out["load_balance_coeff"] = 1e-3 if moe.expert_bias else None  # MoEArgs' default coefficient
+    return out
+
+
+def _llama3_model(m: TransformerSpec) -> TitanModel:
     theta = m.rope_theta or DEFAULT_ROPE_THETA
+    r = m.rope_scaling
+    scaling = NO_SCALING if r is None else {
+        "scaling_factor": r.factor, "low_freq_factor": r.low_freq_factor or 1.0,
+        "high_freq_factor": r.high_freq_factor or 4.0,
+        "original_max_position_embeddings": r.original_max_position or 8192}
     shape = (m.hidden, m.layers, m.heads, m.n_kv_heads, m.ffn_hidden, m.vocab, theta)
     for flavor, known in LLAMA3_FLAVORS.items():
-        if shape == known:
+        if shape == known and scaling == LLAMA31_SCALING:
             return TitanModel("llama3", flavor)
     # torchtitan sizes the SwiGLU hidden layer as multiple_of * ceil(int(mult * int(8 * dim / 3)) / multiple_of)
     # (llama3 FeedForward); multiple_of = ffn_hidden with mult = ffn_hidden / int(8 * dim / 3) gives it exactly.
     base = int(2 * 4 * m.hidden / 3)
     args = {"dim": m.hidden, "n_layers": m.layers, "n_heads": m.heads, "n_kv_heads": m.n_kv_heads,
             "vocab_size": m.vocab, "multiple_of": m.ffn_hidden, "ffn_dim_multiplier": m.ffn_hidden / base,
-            "rope_theta": theta}
+            "rope_theta": theta, "rope_scaling_args": scaling}
     return TitanModel("llama3", CUSTOM_FLAVOR, args)
 
 
-def _llama_shaped(model: ModelSpec) -> TransformerSpec:
-    """``model`` when torchtitan's llama3 implements its architecture, else EmitError naming what differs."""
-    if not isinstance(model, TransformerSpec):
-        raise fail(FMT, "not written: torchtitan trains its own model code; a layer-graph model has none")
-    m = model
-    missing = [what for what, differs in (
-        ("MLA attention (DeepSeek; torchtitan's deepseek_v3 is not mapped by autoplace)", m.attention is not None),
-        ("mixture-of-experts layers (Mixtral/Qwen-MoE style)", m.moe is not None),
-        ("q/k/v biases (Qwen2 style)", m.qkv_bias and not m.bias),
-        ("linear-layer biases", m.bias),
-        ("a GeLU MLP", m.ffn != "swiglu"),
-        ("LayerNorm", m.norm != "rmsnorm"),
-        ("learned position embeddings", m.position != "rope"),
-        ("tied input and output embeddings", m.tied_embeddings),
-        (f"head_dim {m.dim_head} != hidden/heads", m.hidden % m.heads or m.dim_head != m.hidden // m.heads),
-    ) if differs]
-    if missing:
-        raise fail(FMT, f"not written: torchtitan 0.2.2 has no model with {missing[0]} (it implements Llama: "
-                        "RMSNorm, SwiGLU, RoPE, GQA, no biases, untied head)")
-    return m
+def _qwen3_model(m: TransformerSpec) -> TitanModel:
+    theta = m.rope_theta or DEFAULT_ROPE_THETA
+    shape = (m.hidden, m.layers, m.heads, m.n_kv_heads, m.dim_head, m.ffn_hidden, m.vocab, theta, m.tied_embeddings)
+    if m.moe is None and m.qk_norm == "head":
+        for flavor, known in QWEN3_FLAVORS.items():
+            if shape == known:
+                return TitanModel("qwen3", flavor)
+    args: dict[str, Any] = {"dim": m.hidden, "n_layers": m.layers, "n_heads": m.heads, "n_kv_heads": m.n_kv_heads,
+                            "vocab_size": m.vocab, "head_dim": m.dim_head, "hidden_dim": m.ffn_hidden,
+                            "rope_theta": theta, "qk_norm": m.qk_norm == "head",
+                            "enable_weight_tying": m.tied_embeddings}
+    if m.moe is not None:
+        args.update(moe_enabled=True, moe_inter_dim=m.moe.expert_ffn_hidden, moe_args=_moe_args(m))
+    return TitanModel("qwen3", CUSTOM_FLAVOR, args)
+
+
+def _deepseek_args(m: TransformerSpec) -> dict[str, Any]:
+    """DeepSeekV3ModelArgs for an MLA model (:func:`_deepseek_refusal` checked it)."""
+    mla, moe, r = m.attention, m.moe, m.rope_scaling
+    assert mla is not None and moe is not None and r is not None
+    return {"vocab_size": m.vocab, "dim": m.hidden, "inter_dim": m.ffn_hidden, "moe_inter_dim": moe.expert_ffn_hidden,
+            "n_layers": m.layers, "n_dense_layers": moe.first_dense_layers, "n_heads": m.heads,
+            "moe_args": _moe_args(m), "q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank,
+            "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
+            "v_head_dim": mla.v_head_dim, "original_seq_len": r.original_max_position or 4096,
+            "rope_theta": m.rope_theta or DEFAULT_ROPE_THETA, "rope_factor": r.factor,
+            "beta_fast": int(r.beta_fast or 32), "beta_slow": int(r.beta_slow or 1),
+            "mscale": r.mscale if r.mscale is not None else 1.0}
 
 
 def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
@@ -127,7 +276,7 @@ def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 
 
 def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> str:
-    """Python source registering the model's shapes as llama3 flavor ``autoplace`` (torchtitan 0.2.2);
+    """Python source registering the model's args as flavor ``autoplace`` of its torchtitan 0.2.2 family;
     empty when the model is one of torchtitan's own flavors (nothing to register).
 
     Raises:
@@ -137,12 +286,21 @@ def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) 
     titan = torchtitan_model(model)
     if titan.args is None:
         return ""
-    fields = ",\n    ".join(f"{key}={value!r}" for key, value in titan.args.items())
-    return (f'"""torchtitan 0.2.2 model flavor {CUSTOM_FLAVOR!r} for {json.dumps(model.name)}, generated by autoplace.\n\n'
+    imports, cls, registry = _FAMILY_CODE[titan.name]
+    fields = ",\n    ".join(f"{key}={_py_value(key, value)}" for key, value in titan.args.items())
+    return (f'"""torchtitan 0.2.2 {titan.name} flavor {CUSTOM_FLAVOR!r} for {json.dumps(model.name)}, generated by '
+            "autoplace.\n\n"
             "torchtitan.toml imports this module ([experimental] custom_import) before it looks the flavor up;\n"
             'run with the bundle on the import path: PYTHONPATH="$AUTOPLACE_BUNDLE:$PYTHONPATH".\n"""\n\n'
-            "from torchtitan.models.llama3 import TransformerModelArgs, llama3_args\n\n"
-            f"llama3_args[{CUSTOM_FLAVOR!r}] = TransformerModelArgs(\n    {fields},\n)\n")
+            f"{imports}\n"
+            f"{registry}[{CUSTOM_FLAVOR!r}] = {cls}(\n    {fields},\n)\n")
+
+
+def _py_value(key: str, value: Any) -> str:
+    """A flavor field as Python source: nested dataclasses (RoPEScalingArgs, MoEArgs) by constructor."""
+    if key in _NESTED:
+        return f"{_NESTED[key]}({', '.join(f'{k}={v!r}' for k, v in value.items())})"
+    return repr(value)
 
 
 def check_expressible(plan: Plan, model: ModelSpec) -> None:
@@ -157,7 +315,7 @@ def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable
     Raises:
         EmitError: an architecture torchtitan does not implement (before any plan is read).
     """
-    _llama_shaped(model)
+    family = torchtitan_model(model).name
     fp16 = training_dtype(model) == "fp16"
 
     def check(plan: Plan) -> None:
@@ -165,6 +323,8 @@ def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable
         if fp16:
             raise fail(FMT, "training.precision fp16: torchtitan trains in bf16 or fp32 (mixed_precision_param), "
                             "not fp16")
+        if family == "qwen3" and plan.pp > 1:  # its TrainSpec has pipelining_fn=None
+            raise fail(FMT, f"pp={plan.pp}: torchtitan 0.2.2's qwen3 model has no pipeline parallelism")
         _check_plan(plan)
         if with_recompute:
             activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
@@ -331,15 +491,6 @@ def _cli_words(section: str, key: str, value: Any) -> list[str]:
 CONFIG = "torchtitan.toml"
 
 
-def model_refusal(model: ModelSpec) -> str | None:
-    """Why torchtitan 0.2.2 has no model for ``model`` (one line naming the feature), or None."""
-    try:
-        _llama_shaped(model)
-    except EmitError as exc:
-        return str(exc)
-    return None
-
-
 class Torchtitan(Framework):
     """torchtitan 0.2.2 (TOML-configured): FSDP2/HSDP, TP with SP, CP, EP, pipelines with its
     schedules, full / op-selective / every-N-th-block recompute.  FSDP2 keeps fp32 shards and
@@ -351,7 +502,8 @@ class Torchtitan(Framework):
     config_suffixes = (".toml",)
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:
-        return model_refusal(model)
+        why = model_refusal(model)
+        return f"{FMT}: {why}" if why else None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         if model_refusal(model) is not None:

@@ -44,7 +44,7 @@ def deepspeed_config(plan: Plan, spec: TransformerSpec, world: int) -> dict[str,
     Raises:
         Unsupported: the emitter cannot express the plan (the message is its reason).
     """
-    from autoplace.emit.deepspeed import emit_deepspeed
+    from autoplace.frameworks.deepspeed import emit_deepspeed
     from autoplace.specs.cluster import cluster_from_dict
 
     # the emitter ignores the cluster (DeepSpeed's schema has no hardware keys); a nominal host of

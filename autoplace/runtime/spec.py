@@ -145,8 +145,8 @@ def deviation(plan: Plan, framework: str = "native") -> str | None:
 
 def _deepspeed_reason(plan: Plan) -> str | None:
     """The emitter's own verdict first (what DeepSpeed cannot express), then the runtime's limits."""
-    from autoplace.emit.deepspeed import check_expressible
     from autoplace.errors import EmitError
+    from autoplace.frameworks.deepspeed import check_expressible
 
     try:
         check_expressible(plan)

@@ -5,8 +5,9 @@ Each translator maps the config onto the shorthand with the same reader as
 :mod:`autoplace.specs.hf`; where a family's block differs from the Llama/GPT block the
 difference goes into one of the shorthand's optional fields (``qk_norm``, ``block_norms``,
 ``embedding_norm``, ``sliding_window``, ``final_logit_softcap``, ``position: alibi``).
-Keys that only change numerics (soft-capping of attention logits under flash attention,
-query scaling, RoPE bases, ``clip_qkv``) are tolerated and not read.
+Features that change the math but no shape go into their own fields too (``activation``,
+``rotary_fraction``, ``rope_scaling``, ``attn_softcap``, ``norm_position``, ``parallel_block``,
+``scaled_embeddings``); query scaling and ``clip_qkv`` are tolerated and not read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplace.specs._hf_read import (
+    _activation,
     _alias,
     _decoder_shape,
     _dropout,
@@ -22,6 +24,7 @@ from autoplace.specs._hf_read import (
     _qwen_moe,
     _Reader,
     _rope_decoder,
+    _rope_scaling,
     _seq_len,
     _window,
 )
@@ -33,14 +36,15 @@ BLOOM_SEQ_LEN = 2048
 FALCON_MAX_POSITIONS = 2048
 
 
-def _softcap(r: _Reader) -> dict[str, float]:
-    """final_logit_softcapping when set: the head keeps a tanh output for backward."""
-    cap = r.config.get("final_logit_softcapping")
+def _softcap(r: _Reader, key: str = "final_logit_softcapping", field: str = "final_logit_softcap") -> dict[str, float]:
+    """A soft-cap (cap * tanh(x / cap)) when set: final_logit_softcapping (the head keeps a tanh
+    output for backward), or attn_logit_softcapping -> attn_softcap (Gemma 2's attention scores)."""
+    cap = r.config.get(key)
     if cap is None:
         return {}
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
-        raise r.error("final_logit_softcapping", f"must be a positive number or null, got {cap!r}")
-    return {"final_logit_softcap": float(cap)}
+        raise r.error(key, f"must be a positive number or null, got {cap!r}")
+    return {field: float(cap)}
 
 
 def _rope_window(r: _Reader, out: dict[str, Any], *, pattern: int | None = None) -> dict[str, Any]:
@@ -60,18 +64,23 @@ def qwen3_moe(r: _Reader) -> dict[str, Any]:
 
 
 def _gemma(r: _Reader, *, pattern: int) -> dict[str, Any]:
-    """Gemma 2/3 decoder: gated GeLU MLP (the shorthand's gated 'swiglu' has the same
-    shapes), RMSNorm before and after attention and MLP (4 per block), tied head."""
-    out = {**_rope_decoder(r), **_llama_biases(r), "block_norms": 4,
-           "tied_embeddings": r.flag("tie_word_embeddings", True)}
-    return {**_rope_window(r, out, pattern=pattern), **_softcap(r)}
+    """Gemma 2/3 decoder: gated tanh-GeLU MLP (hidden_activation; the shorthand's gated 'swiglu'
+    shapes), RMSNorm before and after attention and MLP (4 per block, "sandwich"), embeddings
+    scaled by sqrt(hidden), tied head."""
+    out = {**_rope_decoder(r), **_llama_biases(r), "block_norms": 4, "norm_position": "sandwich",
+           "scaled_embeddings": True, "tied_embeddings": r.flag("tie_word_embeddings", True)}
+    out.pop("activation", None)
+    out.update(_activation(r, "swiglu", ("hidden_activation", "hidden_act"), default="gelu_pytorch_tanh"))
+    return {**_rope_window(r, out, pattern=pattern), **_softcap(r),
+            **_softcap(r, "attn_logit_softcapping", "attn_softcap")}
 
 
 def gemma2(r: _Reader) -> dict[str, Any]:
     """gemma2: local (sliding) and global attention alternate, global on every 2nd layer.
 
     attn_logit_softcapping changes no stored tensor under a soft-capping flash kernel
-    (flash-attn >= 2.6); final_logit_softcapping keeps a vocab-wide tanh output.
+    (flash-attn >= 2.6) but changes the math (attn_softcap); final_logit_softcapping keeps a
+    vocab-wide tanh output.
     """
     return _gemma(r, pattern=2)
 
@@ -98,7 +107,7 @@ def phi3(r: _Reader) -> dict[str, Any]:
 def olmo2(r: _Reader) -> dict[str, Any]:
     """olmo2: Llama shapes, norms after attention and MLP (still 2 per block), and RMSNorm
     over all of q (heads x head_dim) and all of k (kv_heads x head_dim)."""
-    return {**_rope_decoder(r), **_llama_biases(r), "qk_norm": "layer"}
+    return {**_rope_decoder(r), **_llama_biases(r), "qk_norm": "layer", "norm_position": "post"}
 
 
 def falcon(r: _Reader) -> dict[str, Any]:
@@ -134,8 +143,12 @@ def falcon(r: _Reader) -> dict[str, Any]:
         "bias": r.flag("bias", False), "qkv_bias": r.flag("bias", False),
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "position": "alibi" if alibi else "rope",
+        **({} if alibi else _rope_scaling(r)),
         "dropout": _dropout(r),
         "block_norms": norms,
+        # FalconDecoderLayer: parallel attention + MLP with the new architecture or parallel_attn
+        "parallel_block": new_arch or r.flag("parallel_attn", True),
+        **_activation(r, "gelu", ("activation",), default="gelu"),
     }
 
 
@@ -153,6 +166,7 @@ def bloom(r: _Reader) -> dict[str, Any]:
         "ffn": "gelu", "norm": "layernorm", "bias": True, "qkv_bias": True,
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "position": "alibi", "dropout": _dropout(r), "embedding_norm": True,
+        "activation": "gelu_tanh",  # BloomGelu: GeLU's tanh approximation, hard-coded
     }
 
 
@@ -202,6 +216,7 @@ def starcoder2(r: _Reader) -> dict[str, Any]:
         **_decoder_shape(r),
         "ffn": "gelu", "norm": "layernorm", "bias": bias, "qkv_bias": bias,
         "tied_embeddings": r.flag("tie_word_embeddings", True), "position": "rope",
+        **_rope_scaling(r), **_activation(r, "gelu", default="gelu_pytorch_tanh"),
         "dropout": _dropout(r) or any(r.probability(k) > 0 for k in ("residual_dropout", "embedding_dropout")),
     }
     return _rope_window(r, out)

@@ -152,6 +152,81 @@ def _decoder_shape(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
     }
 
 
+# Hugging Face activation names (transformers ``ACT2FN``) -> the shorthand's activation.
+# gelu_new / gelu_pytorch_tanh / gelu_fast all compute GeLU's tanh approximation.
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2"}
+_DEFAULT_ACTIVATION = {"swiglu": "silu", "gelu": "gelu"}
+
+
+def _activation(r: _Reader, ffn: str, keys: tuple[str, ...] = ("hidden_act",),
+                default: str | None = None) -> dict[str, str]:
+    """``{"activation": ...}`` when the config's MLP activation is not the ffn's own, else {}.
+
+    Reads the first of ``keys`` that is set (``default`` when none is: the family's hard-coded
+    activation); a name outside ``_ACTIVATIONS`` is refused, naming the key.
+    """
+    key = next((k for k in keys if r.config.get(k) is not None), None)
+    name = r.config[key] if key else default
+    if name is None:
+        return {}
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
+        raise r.error(key or keys[0], f"activation {name!r} is not supported; valid: {', '.join(_ACTIVATIONS)}")
+    act = _ACTIVATIONS[name]
+    return {} if act == _DEFAULT_ACTIVATION[ffn] else {"activation": act}
+
+
+# rope_scaling types (transformers ROPE_INIT_FUNCTIONS) -> the shorthand's; "su" is longrope's old name
+_ROPE_TYPES = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+               "longrope": "longrope", "su": "longrope"}
+# shorthand RopeScaling field -> rope_scaling key
+_ROPE_KEYS = {"factor": "factor", "original_max_position": "original_max_position_embeddings",
+              "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+              "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale",
+              "mscale_all_dim": "mscale_all_dim"}
+
+
+def _rope_scaling(r: _Reader) -> dict[str, Any]:
+    """``{"rope_scaling": {...}}`` from the config's rope_scaling, {} when it has none (or "default").
+
+    longrope's per-frequency factor lists are not kept (no framework but the HF model code runs
+    them); its original context comes from the top-level original_max_position_embeddings.
+    """
+    scaling = r.config.get("rope_scaling")
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, dict):
+        raise r.error("rope_scaling", f"must be a mapping or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return {}
+    if kind not in _ROPE_TYPES:
+        raise r.error("rope_scaling", f"rope type {kind!r} is not supported; valid: default, {', '.join(_ROPE_TYPES)}")
+    out: dict[str, Any] = {"type": _ROPE_TYPES[kind]}
+    for field, key in _ROPE_KEYS.items():
+        value = scaling.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise r.error("rope_scaling", f"{key} must be a non-negative number, got {value!r}")
+        out[field] = int(value) if field == "original_max_position" else float(value)
+    if out["type"] == "longrope" and "original_max_position" not in out:
+        out["original_max_position"] = r.integer("original_max_position_embeddings")
+    if out["type"] in ("linear", "dynamic", "yarn", "llama3") and "factor" not in out:
+        raise r.error("rope_scaling", f"a {kind} rope_scaling needs its factor")
+    return {"rope_scaling": out}
+
+
+def _rotary_fraction(r: _Reader, key: str = "partial_rotary_factor") -> dict[str, float]:
+    """``{"rotary_fraction": f}`` when only part of each head is rotated (0 < f < 1), else {}."""
+    value = r.config.get(key)
+    if value is None or value == 1:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise r.error(key, f"must be a fraction in (0, 1], got {value!r}")
+    return {"rotary_fraction": float(value)}
+
+
 def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
     """Fields shared by the Llama-style decoders (pre-RMSNorm, SwiGLU MLP, RoPE).
 
@@ -167,6 +242,9 @@ def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
         **_rope_theta(r, "rope_theta"),
+        **_rope_scaling(r),
+        **_rotary_fraction(r),
+        **_activation(r, "swiglu"),
         "dropout": _dropout(r),
     }
 
@@ -255,12 +333,15 @@ def _rope_theta(r: _Reader, key: str) -> dict[str, float]:
     return {"rope_theta": float(value)}
 
 
-def _qwen_moe(r: _Reader) -> dict[str, int]:
+def _qwen_moe(r: _Reader) -> dict[str, Any]:
     """The moe block of Qwen's MoE configs (qwen2_moe, qwen3_moe): routed experts, an optional
     gated shared expert, every decoder_sparse_step-th layer sparse; per-layer dense overrides refused."""
     if r.config.get("mlp_only_layers"):
         raise r.error("mlp_only_layers", "per-layer dense overrides cannot be expressed; expected [] or absent")
     shared_ffn = r.integer("shared_expert_intermediate_size", default=0, minimum=0)
-    return _moe(r, experts=r.integer("num_experts"), expert_ffn=r.integer("moe_intermediate_size"),
-                shared=1 if shared_ffn else 0, shared_ffn=shared_ffn, first_dense=0,
-                layer_freq=r.integer("decoder_sparse_step", default=1))
+    out = _moe(r, experts=r.integer("num_experts"), expert_ffn=r.integer("moe_intermediate_size"),
+               shared=1 if shared_ffn else 0, shared_ffn=shared_ffn, first_dense=0,
+               layer_freq=r.integer("decoder_sparse_step", default=1))
+    # Qwen2MoeConfig / Qwen3MoeConfig default norm_topk_prob to false; the shared expert is
+    # always gated (Qwen2MoeSparseMoeBlock.shared_expert_gate)
+    return {**out, "normalize_top_k": r.flag("norm_topk_prob", False), "shared_expert_gate": bool(shared_ffn)}

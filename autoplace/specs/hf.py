@@ -23,6 +23,7 @@ from autoplace.errors import SpecError
 from autoplace.specs import _hf_more as more
 from autoplace.specs._hf_read import (
     SEQ_LEN_CAP,
+    _activation,
     _decoder_shape,
     _dropout,
     _heads,
@@ -31,7 +32,9 @@ from autoplace.specs._hf_read import (
     _qwen_moe,
     _Reader,
     _rope_decoder,
+    _rope_scaling,
     _rope_theta,
+    _rotary_fraction,
     _seq_len,
     _window,
 )
@@ -115,12 +118,33 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
             shared_ffn=expert_ffn if shared else 0,
             first_dense=r.integer("first_k_dense_replace", default=0, minimum=0),
             layer_freq=r.integer("moe_layer_freq", default=1),
-        )
+        ) | _deepseek_routing(r)
     mtp = r.integer("num_nextn_predict_layers", default=0, minimum=0)
     return {**out, **({"mtp_layers": mtp} if mtp else {})}
 
 
-def _gpt2(r: _Reader) -> dict[str, Any]:
+def _deepseek_routing(r: _Reader) -> dict[str, Any]:
+    """DeepSeek's router: score function, top-k renormalisation and scaling, group-limited routing
+    (V2's group_limited_greedy scores a group by its best expert; V3's noaux_tc by the sum of its
+    top-2 bias-corrected scores) and V3's expert bias.  Defaults are DeepseekV2Config's."""
+    scoring = r.config.get("scoring_func", "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        raise r.error("scoring_func", f"must be softmax or sigmoid, got {scoring!r}")
+    method = r.config.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise r.error("topk_method", f"must be greedy, group_limited_greedy or noaux_tc, got {method!r}")
+    scale = r.config.get("routed_scaling_factor", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
+        raise r.error("routed_scaling_factor", f"must be a positive number, got {scale!r}")
+    out: dict[str, Any] = {"score_function": scoring, "normalize_top_k": r.flag("norm_topk_prob", False),
+                           "topk_scaling": float(scale), "expert_bias": method == "noaux_tc"}
+    if method != "greedy":
+        out.update(groups=r.integer("n_group", default=1), group_top_k=r.integer("topk_group", default=1),
+                   group_score="top2_sum" if method == "noaux_tc" else "max")
+    return out
+
+
+def _gpt2(r: _Reader, *, activation: str = "gelu_new") -> dict[str, Any]:
     """gpt2: LayerNorm, GELU 2-matrix MLP, biases everywhere, learned positions, tied head.
 
     GPT2Config ties the LM head by default and sets n_inner (null) to 4 * n_embd.
@@ -144,18 +168,22 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
         "position": "learned",
         "max_position": positions,
         "dropout": _dropout(r),
+        **_activation(r, "gelu", ("activation_function",), default=activation),
     }
 
 
 def _gpt_neox(r: _Reader) -> dict[str, Any]:
     """gpt_neox (Pythia, GPT-NeoX-20B): LayerNorm, GELU 2-matrix MLP, biases, (partial) RoPE.
 
-    use_parallel_residual and rotary_pct change the dataflow, not the parameter shapes,
-    and are ignored. The LM head is untied unless tie_word_embeddings is true.
+    use_parallel_residual (attention and MLP in parallel) and rotary_pct (the rotated part of
+    each head) default as in GPTNeoXConfig: true and 0.25.  The LM head is untied unless
+    tie_word_embeddings is true.
     """
     if not r.flag("attention_bias", True):
         raise r.error("attention_bias",
                       "attention without biases next to a biased MLP cannot be expressed; expected true")
+    key = next((k for k in ("rotary_pct", "partial_rotary_factor") if r.config.get(k) is not None), None)
+    fraction = _rotary_fraction(r, key) if key else {"rotary_fraction": 0.25}
     return {
         **_decoder_shape(r),
         "ffn": "gelu",
@@ -165,6 +193,10 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position": "rope",
         **_rope_theta(r, "rotary_emb_base"),
+        **_rope_scaling(r),
+        **fraction,
+        "parallel_block": r.flag("use_parallel_residual", True),
+        **_activation(r, "gelu", default="gelu"),
         "dropout": _dropout(r),
     }
 
@@ -172,7 +204,7 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
 def _gpt_bigcode(r: _Reader) -> dict[str, Any]:
     """gpt_bigcode (StarCoder, SantaCoder): GPT-2 with multi-query attention (multi_query,
     default true: one k/v head shared by all heads)."""
-    out = _gpt2(r)
+    out = _gpt2(r, activation="gelu_pytorch_tanh")  # GPTBigCodeConfig's default
     if r.flag("multi_query", True):
         out["kv_heads"] = 1
     return out

@@ -198,6 +198,21 @@ class MoE(Strict):
     shared_ffn_hidden: int = Field(0, ge=0, le=MAX_WIDTH)
     first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS)
     layer_freq: Layers = 1
+    # Routing.  Each default is Mixtral's router: softmax over the chosen top_k experts' logits
+    # (the same as softmax over all, top_k, renormalised), weights used as they are.
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    # whether the top_k weights are renormalised to sum to 1 (HF norm_topk_prob); false for a
+    # softmax router is Qwen1.5-MoE / DeepSeek-V2: softmax over all experts, top_k kept as they are
+    normalize_top_k: bool = True
+    topk_scaling: float = Field(1.0, gt=0, allow_inf_nan=False)  # DeepSeek routed_scaling_factor
+    # group-limited routing (DeepSeek): experts in `groups` groups, tokens routed within the
+    # best `group_top_k` groups, a group scored by its best expert ("max", DeepSeek-V2) or by the
+    # sum of its top-2 (bias-corrected) scores ("top2_sum", DeepSeek-V3)
+    groups: Experts = 1
+    group_top_k: Experts = 1
+    group_score: Literal["max", "top2_sum"] = "top2_sum"
+    expert_bias: bool = False  # DeepSeek-V3's aux-loss-free e_score_correction_bias (a buffer)
+    shared_expert_gate: bool = False  # Qwen-MoE: sigmoid(Linear(hidden, 1)) scales the shared expert
 
     @field_validator("top_k")
     @classmethod
@@ -205,6 +220,16 @@ class MoE(Strict):
         experts = info.data.get("experts")
         if experts is not None and value > experts:
             raise ValueError(f"top_k must be <= experts ({experts})")
+        return value
+
+    @field_validator("group_top_k")
+    @classmethod
+    def _groups_fit(cls, value: int, info: ValidationInfo) -> int:
+        groups, experts = info.data.get("groups"), info.data.get("experts")
+        if groups is not None and value > groups:
+            raise ValueError(f"group_top_k must be <= groups ({groups})")
+        if groups is not None and experts is not None and experts % groups:
+            raise ValueError(f"groups ({groups}) must divide experts ({experts})")
         return value
 
     def is_moe_layer(self, index: int) -> bool:
@@ -221,6 +246,26 @@ class MLA(Strict):
     qk_nope_head_dim: Width
     qk_rope_head_dim: Width
     v_head_dim: Width
+
+
+class RopeScaling(Strict):
+    """RoPE frequency scaling, as Hugging Face's ``rope_scaling`` states it.
+
+    ``llama3`` (Llama 3.1): low/high_freq_factor and original_max_position; ``yarn`` (DeepSeek):
+    original_max_position, beta_fast/slow, mscale/mscale_all_dim; ``linear`` divides positions by
+    factor; ``dynamic`` (NTK) and ``longrope`` (Phi-3.5/4: per-frequency factor lists, not kept
+    here) change frequencies by sequence length.
+    """
+
+    type: Literal["linear", "dynamic", "yarn", "llama3", "longrope"]
+    factor: float = Field(1.0, gt=0, allow_inf_nan=False)
+    original_max_position: SeqLen | None = None
+    low_freq_factor: float | None = Field(None, gt=0, allow_inf_nan=False)
+    high_freq_factor: float | None = Field(None, gt=0, allow_inf_nan=False)
+    beta_fast: float | None = Field(None, gt=0, allow_inf_nan=False)
+    beta_slow: float | None = Field(None, gt=0, allow_inf_nan=False)
+    mscale: float | None = Field(None, ge=0, allow_inf_nan=False)
+    mscale_all_dim: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 class TransformerSpec(Strict):
@@ -268,6 +313,18 @@ class TransformerSpec(Strict):
     # the Hugging Face model_type it was read from (None: a shorthand file); names the modules
     # LoRA adapts (autoplace.specs.lora)
     family: str | None = None
+    # Features that change the math but no shape (autoplace.specs.features lists every one).
+    # The MLP's activation: None = the ffn's own (SiLU gating for swiglu, exact GeLU for gelu);
+    # gelu_tanh is GeLU's tanh approximation (GPT-2, BLOOM; Gemma's gated MLP), relu2 squared ReLU
+    activation: Literal["silu", "gelu", "gelu_tanh", "relu2"] | None = None
+    rotary_fraction: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)  # GPT-NeoX rotary_pct, Phi-4
+    rope_scaling: RopeScaling | None = None
+    attn_softcap: float | None = Field(None, gt=0, allow_inf_nan=False)  # Gemma 2: logits cap*tanh(s/cap)
+    # where the block's norms sit: before attention/MLP ("pre", Llama), on their outputs before
+    # the residual add ("post", OLMo 2), or both ("sandwich", Gemma 2/3: 4 norms per block)
+    norm_position: Literal["pre", "post", "sandwich"] = "pre"
+    parallel_block: bool = False  # attention and MLP read the same input, outputs summed (GPT-NeoX, Falcon)
+    scaled_embeddings: bool = False  # embeddings multiplied by sqrt(hidden) (Gemma)
     training: Training = Training()
 
     @field_validator("family")
@@ -305,6 +362,27 @@ class TransformerSpec(Strict):
         if value is not None and heads is not None and heads % value:
             raise ValueError(f"kv_heads must divide heads ({heads})")
         return value
+
+    @field_validator("norm_position")
+    @classmethod
+    def _sandwich_has_four_norms(cls, value: str, info: ValidationInfo) -> str:
+        norms = info.data.get("block_norms")
+        if norms is not None and (value == "sandwich") != (norms == 4):
+            raise ValueError(f"norm_position sandwich goes with block_norms 4 (got {value} with {norms})")
+        return value
+
+    @property
+    def attention_kind(self) -> str:
+        """MLA, MHA, MQA (one k/v head) or GQA (fewer k/v heads than heads)."""
+        if self.attention is not None:
+            return "MLA"
+        kv = self.n_kv_heads
+        return "MHA" if kv == self.heads else "MQA" if kv == 1 else "GQA"
+
+    @property
+    def act(self) -> str:
+        """The MLP's activation, the ffn's own when none is stated."""
+        return self.activation or ("silu" if self.ffn == "swiglu" else "gelu")
 
     @property
     def n_kv_heads(self) -> int:
