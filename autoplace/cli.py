@@ -346,6 +346,8 @@ def solve(
     force: ForceOpt = False,
     framework: FrameworkOpt = "any",
     fmt: FormatOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column of the plans table (bytes moved, the 95% "
+                                       "band, long names); by default it fits 100 columns.")] = False,
     short: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -390,7 +392,8 @@ def solve(
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:
-        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], inputs.origin, c))
+        print_solution(doc, result, fmt=out_fmt, header=origin_lines(m.name, doc["model"]["params"], inputs.origin, c),
+                       wide=wide)
         _print_lines(view.lines() + _advised_solve(view, m, c, problem, request), out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)

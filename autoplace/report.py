@@ -86,6 +86,7 @@ class Section:
     rows: Sequence[Sequence[str]]
     right: frozenset[str] = frozenset()
     styles: list[str | None] = field(default_factory=list)
+    wrap: frozenset[str] | None = None  # the columns that may wrap (None: all)
 
 
 def make_console() -> Console:
@@ -134,8 +135,9 @@ def render(sections: Sequence[Section], lines: Sequence[str], fmt: str, console:
         console.print(line, soft_wrap=True)
     for sec in sections:
         tab = Table(title=sec.title)
-        for col in sec.columns:
-            tab.add_column(col, justify="right" if col in sec.right else "left", overflow="fold")
+        for col in sec.columns:  # only text columns may wrap: a number is never split over two lines
+            wraps = sec.wrap is None or col in sec.wrap
+            tab.add_column(col, justify="right" if col in sec.right else "left", overflow="fold", no_wrap=not wraps)
         for i, row in enumerate(sec.rows):
             tab.add_row(*row, style=sec.styles[i] if i < len(sec.styles) else None)
         console.print(tab)
@@ -244,11 +246,16 @@ _TITLES = {None: "Top plans", "any": "Top plans (each runs with at least one fra
            "none": "Top plans (theoretical optimum: not filtered by what frameworks can run)"}
 
 
-def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[list[Section], list[str]]:
+def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: bool = True
+                      ) -> tuple[list[Section], list[str]]:
     """The top-K plans as one table and each full plan string (what --plan and --fix accept)
-    on its own line; for an infeasible problem, the nearest plan and its shortfall."""
+    on its own line; for an infeasible problem, the nearest plan and its shortfall.  ``wide``:
+    every column; else the compact table that fits 100 columns (:func:`compact_section`)."""
     if not doc["plans"]:
         return [], _infeasible_lines(doc)
+    if not wide:
+        _, lines = solution_sections(doc, plans)
+        return [compact_section(doc)], lines
     runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
     compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])  # the column only when used
     rows = []
@@ -275,6 +282,34 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     return [tab], lines
+
+
+_COMPACT = ("#", "dp×tp×pp×cp×ep", "zero", "mbs×ga", "sched", "recomp", "offload", "mem/cap", "step s", "MFU",
+            "runs with")
+_SCHED = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "int"}
+
+
+def compact_section(doc: dict[str, Any]) -> Section:
+    """The plans table in at most 100 columns: short headers and cells, the offload and compress
+    columns only when a plan uses them, bytes moved and the band left to ``--wide`` and the JSON."""
+    offloads = any(p["offload"]["optimizer"] != "none" or p["offload"]["params"] != "none" for p in doc["plans"])
+    compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])
+    rows = []
+    for p in doc["plans"]:
+        d, mem = p["degrees"], p["memory_per_device_bytes"]
+        sched = _SCHED.get(p["schedule"], p["schedule"]) + (f"×{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
+        off = "/".join(v for v in (p["offload"]["optimizer"], p["offload"]["params"]) if v != "none") or "-"
+        rows.append((str(p["rank"]), f"{d['dp']}×{d['tp']}×{d['pp']}×{d['cp']}×{d['ep']}", str(p["zero_stage"]),
+                     f"{p['micro_batch']}×{p['grad_accum']}", sched, {"selective": "sel"}.get(p["recompute"], p["recompute"]),
+                     *((off,) if offloads else ()), *((_compress_text(p),) if compressed else ()),
+                     f"{mem['total'] / GiB:.0f}/{mem['capacity'] / GiB:.0f}G", f"{p['step_time_s']:.3f}",
+                     f"{p['mfu']:.1%}", ", ".join(p.get("frameworks", [])) or "none"))
+    columns = [c for c in _COMPACT if c != "offload" or offloads]
+    if compressed:
+        columns.insert(columns.index("mem/cap"), "compress")
+    title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
+    return Section(title, tuple(columns), rows, right=frozenset({"#", "step s", "MFU"}),
+                   wrap=frozenset({"runs with"}))
 
 
 def _compress_text(plan: dict[str, Any]) -> str:
@@ -321,13 +356,13 @@ def plans_csv_section(doc: dict[str, Any], plans: Sequence[str]) -> Section:
 
 
 def print_solution(doc: dict, result: object, console: Console | None = None, *, fmt: str = "table",
-                   header: Sequence[str] = ()) -> None:
+                   header: Sequence[str] = (), wide: bool = False) -> None:
     """The top-K plans as a table; for an infeasible problem, the nearest plan and its shortfall.
 
     ``header`` replaces the one-line summary (the CLI passes the model's and cluster's origin).
     """
     plans = [ev.plan.to_string() for ev in getattr(result, "plans", [])]
-    sections, lines = solution_sections(doc, plans)
+    sections, lines = solution_sections(doc, plans, wide=wide or fmt != "table")
     if fmt == "csv" and doc["plans"]:
         sections = [plans_csv_section(doc, plans)]
     notes = [f"[dim]{note}[/dim]" for note in doc.get("notes", [])]

@@ -158,3 +158,24 @@ def test_small_models_are_not_zero_billion() -> None:
 def test_version() -> None:
     result = invoke("--version")
     assert result.stdout.startswith("autoplace ")
+
+
+def test_the_plans_table_fits_100_columns_without_splitting_a_number() -> None:
+    """solve's default table in a 100-column terminal: every table line fits, every figure is whole."""
+    import io
+
+    from rich.console import Console
+
+    from autoplace.report import print_solution
+    from tests.test_cli import H100_64, LLAMA_70B, invoke, strict_json
+
+    doc = strict_json(invoke("solve", LLAMA_70B, H100_64, "--json", "--top", "3").stdout)
+    out = io.StringIO()
+    print_solution(doc, object(), Console(file=out, width=100, no_color=True))
+    table = [line for line in out.getvalue().splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and all(len(line) <= 100 for line in table)
+    for plan in doc["plans"]:
+        assert f"{plan['step_time_s']:.3f}" in out.getvalue() and f"{plan['mfu']:.1%}" in out.getvalue()
+    wide = io.StringIO()
+    print_solution(doc, object(), Console(file=wide, width=300, no_color=True), wide=True)
+    assert "comm/step" in wide.getvalue() and "comm/step" not in out.getvalue()
