@@ -442,7 +442,7 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
     priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
     batched = len(doc.get("global_batches", ())) > 1  # the batch was searched: show each size's
     columns = ("GPUs", "nodes x GPUs", *(("batch",) if batched else ()), "dp x tp x pp x cp x ep", "zero", "mbs x ga",
-               "step s", "tokens/s", "MFU",
+               "recompute", "offload", "step s", "tokens/s", "MFU",
                "scaling eff.", *(("days", "GPU-hours") if with_cost else ()), *(("cost $",) if priced else ()),
                "runs with", "note")
     rows = []
@@ -451,13 +451,15 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
         plan, tc = p["plan"], p["training_cost"] or {}
         if plan is None:
             rows.append((f"{star}{p['gpus']}", _node_shape(p), *(("-",) if batched else ()), "-", "-", "-", "-", "-", "-",
-                         "-",
+                         "-", "-", "-",
                          *(("-", "-") if with_cost else ()), *(("-",) if priced else ()), "-", p["note"] or p["status"]))
             continue
         d = plan["degrees"]
         rows.append((f"{star}{p['gpus']:,}", _node_shape(p), *((f"{p['global_batch']:,}",) if batched else ()),
                      f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}",
-                     str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", _seconds(plan["step_time_s"]),
+                     str(plan["zero_stage"]), f"{plan['micro_batch']}x{plan['grad_accum']}", plan["recompute"],
+                     "/".join(v for v in (plan["offload"]["optimizer"], plan["offload"]["params"]) if v != "none") or "-",
+                     _seconds(plan["step_time_s"]),
                      f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", f"{p['scaling_efficiency']:.1%}",
                      *((f"{tc['days']:,.1f}", fmt_count(tc["gpu_hours"])) if with_cost else ()),
                      *((fmt_count(tc["cost"]),) if priced else ()), ", ".join(p["frameworks"]) or "none", p["note"]))
