@@ -52,7 +52,7 @@ def test_throughput_never_drops_whatever_the_search_finds(found: list[float | No
     model = load_model(TINY)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sweep_mod, "best_plan", _fake(dict(zip(counts, found, strict=True))))
-        mp.setattr(sweep_mod.frameworks, "runnable_by", lambda *a: [])
+        mp.setattr(sweep_mod.search, "runnable_by", lambda *a: [])
         points = sweep(model, counts, SweepOptions(tokens=1e9, price_per_gpu_hour=1.0), gpu="h100")
     tps = [p.tokens_per_s for p in points]
     assert tps == sorted(tps)
@@ -68,7 +68,7 @@ def test_cheapest_is_not_the_fastest() -> None:
     counts = [8, 16, 32]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sweep_mod, "best_plan", _fake({8: 1000.0, 16: 1900.0, 32: 3400.0}))
-        mp.setattr(sweep_mod.frameworks, "runnable_by", lambda *a: [])
+        mp.setattr(sweep_mod.search, "runnable_by", lambda *a: [])
         points = sweep(load_model(TINY), counts, SweepOptions(tokens=1e12, price_per_gpu_hour=2.0), gpu="h100")
     fastest, cheapest = choose(points, "time"), choose(points, "cost")
     assert fastest is not None and cheapest is not None
