@@ -278,46 +278,29 @@ def solve(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> A
 def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any, *, fixed: dict[str, Any],
                        features: set[str], **options: Any) -> dict[str, tuple[Any, Any]]:
     """Each framework's best plan, costed as it runs it: name -> (Evaluation, costed model), or
-    (None, why there is none).
+    (None, why there is none); the frameworks share ``budget``'s time limit.
 
-    Frameworks that cost plans alike and recompute alike (equal ``costing_key`` and uniform
-    recompute rules: torchtitan and the FSDP2 module by default) share one search, whose plans
-    each takes its best from; a member left without a plan is searched alone.
+    Each framework is searched alone: a search shared by several frameworks keeps each
+    configuration's best plan, which may be one that only another framework runs, so the first
+    plan a framework can run in a shared list is its optimum only when it heads the list.
     """
-    groups: dict[Any, list[Framework]] = {}
-    for f in members(ANY):
-        groups.setdefault((f.costing_key(), f.uniform_recompute), []).append(f)
     out: dict[str, tuple[Any, Any]] = {}
-    deadline = time.perf_counter() + budget.time_limit_s  # the groups share the budget
-    for k, group in enumerate(groups.values()):
-        left = max(deadline - time.perf_counter(), 0.1) / (len(groups) - k)
-        out.update(_group_best(group, model, cluster, solver, dataclasses.replace(budget, time_limit_s=left),
-                               fixed=fixed, features=features, **options))
-    return {f: out[f] for f in FRAMEWORKS}
-
-
-def _group_best(group: list[Framework], model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any,
-                **search: Any) -> dict[str, tuple[Any, Any]]:
-    """Each member's best plan from the group's search (see :func:`best_per_framework`)."""
-    out: dict[str, tuple[Any, Any]] = {}
-    try:
-        problem = group_problem(group, model, cluster, top_k=1, **_copy(search))
-        result = solve_for(group, solver, problem, budget, 5 * len(group))
-    except AutoplaceError as exc:
-        if len(group) == 1:
-            return {group[0].name: (None, exc)}
-        result = None
-    for f in group:
-        check = f.plan_check(problem.model) if result is not None and f.model_refusal(model) is None else None
-        found = next((ev for ev in result.plans if check(ev.plan) is None), None) if check else None
-        if found is not None:
-            out[f.name] = (found, problem.model)
-        elif len(group) > 1:
-            out.update(_group_best([f], model, cluster, solver, budget, **search))
+    deadline = time.perf_counter() + budget.time_limit_s
+    names = list(FRAMEWORKS)
+    for k, name in enumerate(names):
+        left = max(deadline - time.perf_counter(), 0.1) / (len(names) - k)
+        try:
+            problem = problem_for(name, model, cluster, top_k=1, **_copy({**options, "fixed": fixed,
+                                                                          "features": features}))
+            result = solve_for([get(name)], solver, problem, dataclasses.replace(budget, time_limit_s=left), 1, name)
+        except AutoplaceError as exc:
+            out[name] = (None, exc)
+            continue
+        if result.plans:
+            out[name] = (result.plans[0], problem.model)
         else:
-            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits") \
-                if result is not None else "no plan fits"
-            out[f.name] = (None, f"no plan {f.name} can express fits ({detail})")
+            detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
+            out[name] = (None, f"no plan {name} can express fits ({detail})")
     return out
 
 
