@@ -34,7 +34,7 @@ from autoplace.cli_inputs import (
     model_ref,
     output_format,
 )
-from autoplace.errors import AutoplaceError, SpecError
+from autoplace.errors import AutoplaceError, Incomplete, SpecError
 
 if TYPE_CHECKING:
     from autoplace.specs.cluster import ClusterSpec
@@ -742,12 +742,19 @@ def tune(
     scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed; workers sharing a study each want "
                                       "their own, or they propose the same knobs.")] = 0,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Re-runs of a candidate whose worker died "
+                                         "(heartbeat stale) before it is given up.")] = 3,
+    grace: Annotated[int, typer.Option("--grace", min=1, help="Seconds without a heartbeat before a trial's "
+                                       "worker counts as dead (beats every grace/6 s).")] = 60,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
-    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once."""
+    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once.
+    Exit code 4: candidates were given up (their worker died --retries+1 times) or left unmeasured; they are
+    named on stderr, and running the same command again finishes exactly those."""
     try:
+        from autoplace.studies import Heartbeat
         from autoplace.tune import print_report, run_tune
 
         if launcher not in ("local", "slurm"):
@@ -755,13 +762,16 @@ def tune(
         if framework not in ("native", "deepspeed"):
             raise SpecError(f"unknown framework {framework!r}; valid: native, deepspeed", field="--framework")
         report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
-                          progress=not as_json, framework=framework, seed=seed)
+                          progress=not as_json, framework=framework, seed=seed,
+                          heartbeat=Heartbeat(interval_s=max(1, grace // 6), grace_s=grace, max_retry=retries))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
         _fail(exc)
     if as_json:
         typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
     else:
         print_report(report)
+    if report.incomplete:
+        _fail(Incomplete(report.incomplete))
 
 
 @app.command()
