@@ -33,8 +33,8 @@ from autoplace.errors import BenchmarkError
 
 log = logging.getLogger("autoplace")
 
-FIRST_DELAY_S = 0.5  # backoff: 0.5, 1, 2, 4, 8, then every 10 s
-MAX_DELAY_S = 10.0
+FIRST_DELAY_S = 0.5  # backoff: 0.5, 1, 2, 4, then every 5 s
+MAX_DELAY_S = 5.0
 NOT_RETRIED = frozenset({"record_heartbeat", "check_trial_is_updatable", "remove_session", "get_heartbeat_interval",
                          "get_heartbeat_stale_trial_callback", "get_failed_trial_callback", "is_heartbeat_enabled"})
 _TRANSIENT_ERRNO = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOTCONN, errno.EHOSTDOWN, errno.EHOSTUNREACH,

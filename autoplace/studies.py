@@ -217,17 +217,21 @@ def beating(storage: Any, study_id: int, number: int, interval_s: int,
     it beats itself.  The block must end before the trial is told: a journal beat on a finished
     trial would be refused."""
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-    storage.record_heartbeat(trial_id)
     stop = threading.Event()
+
+    def beat_once() -> None:
+        try:
+            storage.record_heartbeat(trial_id)
+        except Exception as exc:  # noqa: BLE001 - a missed beat (the database restarting) must not end the trial
+            log.warning("heartbeat of trial %d not recorded: %s", number, exc)
 
     def beat() -> None:
         while not stop.wait(interval_s):
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception as exc:  # noqa: BLE001 - a missed beat must not end the trial
-                log.warning("heartbeat of trial %d not recorded: %s", number, exc)
+            beat_once()
             if sweep is not None:
                 sweep()
+
+    beat_once()
 
     thread = threading.Thread(target=beat, name=f"autoplace-heartbeat-{number}", daemon=True)
     thread.start()

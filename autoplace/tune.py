@@ -239,11 +239,11 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
                    blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
                    warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb, framework=framework,
                    backend=backend)
-    _revive(st, _snapshot(st, hb.grace_s))  # what earlier runs gave up, this one runs again
+    _revive(st, _snapshot(st, hb.grace_s, hb.max_retry))  # what earlier runs gave up, this one runs again
     ran, stranded = _loop(st, dists, _combos(cands, dists), trials, ctx, progress, notes)
     records = [_record(t) for t in st.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
     report = TuneReport(study, url, records, ran, notes=notes,
-                        given_up=sorted({short_plan(c[0]) for c in _snapshot(st, hb.grace_s).given_up}),
+                        given_up=sorted({short_plan(c[0]) for c in _snapshot(st, hb.grace_s, hb.max_retry).given_up}),
                         unmeasured=sorted({short_plan(c[0]) for c in stranded}))
     report.plots = save_plots(st, out)
     return report
@@ -320,26 +320,30 @@ class _Snapshot:
     running: int
     waiting: int  # queued trials: ask() pops the oldest
     given_up: dict[Combo, Any] = field(default_factory=dict)  # FAIL by heartbeat verdict, retries spent
+    queued_done: int = 0  # queued trials whose combination finished meanwhile (a retry and a revival raced)
 
 
-def _snapshot(st: Any, grace_s: float) -> _Snapshot:
+def _snapshot(st: Any, grace_s: float, max_retry: int | None = None) -> _Snapshot:
     """Finished, busy and queued combinations.  A FAIL that was retried (its worker died) does
-    not finish its combination: the retry, queued or running, stands for it; one that was not
-    and failed by a heartbeat verdict (no ``fail_reason``) was given up.  A RUNNING trial
-    without its parameters past the grace period belongs to a worker that died while asking:
-    it does not count as running (the next sweep fails it)."""
+    not finish its combination: the retry, queued or running, stands for it; one failed by a
+    heartbeat verdict (no ``fail_reason``) whose ``max_retry`` retries are spent was given up
+    (None: any such FAIL not retried).  A RUNNING trial without its parameters past the grace
+    period belongs to a worker that died while asking: it does not count as running (the next
+    sweep fails it)."""
     trials = st.get_trials(deepcopy=False)
     retried = replaced(trials)
     ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried
              and {"plan", "bucket_mb"} <= set(t.params)]  # a worker that died while asking measured nothing
     finished = {_key(t.params): t.number for t in ended}
-    given_up = {_key(t.params): t for t in ended if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs}
+    given_up = {_key(t.params): t for t in ended if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs
+                and (max_retry is None or len(t.system_attrs.get("retry_history", [])) >= max_retry)}
     pending = {t.number: (t, _combo(t)) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
     now = datetime.now()
     running = [t for t, combo in pending.values() if t.state == TrialState.RUNNING and (
         combo or not t.datetime_start or (now - t.datetime_start).total_seconds() < grace_s)]
+    queued_done = sum(t.state == TrialState.WAITING and c in finished for t, c in pending.values())
     return _Snapshot(finished, {c for _, c in pending.values() if c}, len(running),
-                     sum(t.state == TrialState.WAITING for t, _ in pending.values()), given_up)
+                     sum(t.state == TrialState.WAITING for t, _ in pending.values()), given_up, queued_done)
 
 
 def _revive(st: Any, snap: _Snapshot) -> None:
@@ -381,12 +385,13 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
         task = bar.add_task("trials", total=target)
         while True:
             fail_stale_trials(st)
-            snap = _snapshot(st, ctx.heartbeat.grace_s)
+            snap = _snapshot(st, ctx.heartbeat.grace_s, ctx.heartbeat.max_retry)
             bar.update(task, completed=min(len(snap.finished), target))
-            if len(snap.finished) >= target:
+            if len(snap.finished) >= target and not snap.queued_done:
                 return ran, set()
             untried = [c for c in combos if c not in snap.finished and c not in snap.busy]
-            if len(snap.finished) + snap.running >= target or not (snap.waiting or untried):
+            # a queued duplicate is popped and told PRUNED at once: no trial left WAITING for ever
+            if not snap.queued_done and (len(snap.finished) + snap.running >= target or not (snap.waiting or untried)):
                 idle_since = idle_since or time.monotonic()
                 if _stop_waiting(snap, time.monotonic() - idle_since, ctx, notes):
                     return ran, snap.busy
