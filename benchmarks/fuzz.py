@@ -105,8 +105,9 @@ def mutated(draw: st.DrawFn, seeds: list[Any]) -> Any:
     """A seed document with one to three changes."""
     doc = draw(st.sampled_from(seeds))
     for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(doc)
-        path = draw(st.sampled_from(paths)) if paths and draw(st.integers(0, 5)) else ()
+        paths: list[tuple[Any, ...]] = _paths(doc)
+        at_root = not paths or draw(st.integers(0, 5)) == 0  # the root: only an unknown key can go there
+        path: tuple[Any, ...] = () if at_root else draw(st.sampled_from(paths))
         op = draw(st.sampled_from(["del", "set", "set", "add"]))
         doc = _mutate(doc, path, op, draw(st.sampled_from(BAD) | JSONISH))
     return doc
