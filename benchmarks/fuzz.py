@@ -53,6 +53,7 @@ PLAN_VALUES = ["1", "2", "0", "-1", "8", "3", "true", "false", "none", "cpu", "n
                "interleaved", "zb", "", "=", ",", "1:2", "2:2:2", "nan", "inf", "1e9", "99999999999999999999",
                "0x10", "1.5", " 2", "é", "\x00", "[1]", "{", "auto"]
 GPU_NAMES = ["h100", "a100", "a100-80gb", "h100-sxm5-80gb", "cpu", "gb200", "mi300x", "bogus", "", "x", "H100"]
+ONE_GPU = "name: one\nnodes: 1\ngpus_per_node: 1\ngpu: h100-sxm5-80gb\nintra_node: nvlink4\n"
 CLUSTER_LINES = ["name: c", "nodes: 1", "gpus_per_node: 1", "gpu: h100-sxm5-80gb", "intra_node: nvlink4",
                  "inter_node: ib-ndr", "host_memory_GB: 16", "gpu: cpu", "intra_node: loopback"]
 
@@ -205,8 +206,9 @@ def _framework_seeds() -> dict[str, list[Any]]:
     return out
 
 
-def strategies(one_gpu: Path) -> dict[str, st.SearchStrategy[Case]]:
-    """Every surface's strategy; ``one_gpu`` is a 1-GPU cluster file (any model's batch divides it)."""
+def strategies() -> dict[str, st.SearchStrategy[Case]]:
+    """Every surface's strategy (``{one-gpu.yaml}``: a 1-GPU cluster, whose one GPU divides any batch)."""
+    one_gpu = "{one-gpu.yaml}"
     models = _model_seeds()
     frameworks = _framework_seeds()
     llama, a100 = str(EXAMPLES / "models" / "llama-3-8b.json"), str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")
@@ -257,9 +259,12 @@ def strategies(one_gpu: Path) -> dict[str, st.SearchStrategy[Case]]:
 # ---- running one input -----------------------------------------------------------------------------
 
 
+USAGE = -2  # exit 2 from click's own usage error (an option-like argument), counted apart
+
+
 @dataclass
 class Verdict:
-    code: int | None
+    code: int | None  # the exit code; USAGE for click's usage errors
     crash: str  # "" when the contract held, else what escaped (with its traceback)
 
 
@@ -270,7 +275,7 @@ def run_case(case: Case, workdir: Path) -> Verdict:
     from autoplace.cli import app
 
     args = list(case.args)
-    for name, data in case.files:
+    for name, data in (*case.files, ("one-gpu.yaml", ONE_GPU.encode())):
         path = workdir / name
         path.write_bytes(data)
         args = [a.replace("{" + name + "}", str(path)) for a in args]
@@ -281,18 +286,16 @@ def run_case(case: Case, workdir: Path) -> Verdict:
         return Verdict(None, "".join(traceback.format_exception(exc)))
     err = result.stderr
     if "internal error" in err or "Traceback" in result.output:
-        return Verdict(result.exit_code, err.strip())
+        again = CliRunner().invoke(app, ["--debug", *args])  # the traceback _fail hides
+        text = "".join(traceback.format_exception(again.exception)) if again.exception else ""
+        return Verdict(result.exit_code, f"{err.strip()}\n{text}")
     if result.exit_code not in (0, 1, 2, 3):
         return Verdict(result.exit_code, f"undocumented exit code {result.exit_code}: {err.strip()}")
+    if result.exit_code == 2 and err.startswith("Usage:"):  # click refused the command line itself
+        return Verdict(USAGE, "")  # (e.g. a CLUSTER argument starting with "-": write it after "--")
     if result.exit_code == 2 and (len(err.splitlines()) != 1 or not err.startswith("autoplace: error:")):
         return Verdict(2, f"exit 2 without one error line: {err!r}")
     return Verdict(result.exit_code, "")
-
-
-def one_gpu_cluster(directory: Path) -> Path:
-    path = directory / "one-gpu.yaml"
-    path.write_text("name: one\nnodes: 1\ngpus_per_node: 1\ngpu: h100-sxm5-80gb\nintra_node: nvlink4\n")
-    return path
 
 
 def main() -> None:
@@ -301,9 +304,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--surface", nargs="+", help="only these surfaces")
     args = parser.parse_args()
+    import functools
+
+    import typer.testing
+
+    # typer's runner rebuilds the click command from the app on every call: half of a call's time
+    typer.testing._get_command = functools.cache(typer.testing._get_command)  # type: ignore[attr-defined]
     with tempfile.TemporaryDirectory(prefix="autoplace-fuzz-") as tmp:
         work = Path(tmp)
-        surfaces = strategies(one_gpu_cluster(work))
+        surfaces = strategies()
         names = args.surface or list(surfaces)
         counts: dict[str, Counter[str]] = {name: Counter() for name in names}
         crashes: dict[str, tuple[Case, str]] = {}
@@ -315,7 +324,8 @@ def main() -> None:
             @given(case=surfaces[name])
             def fuzz(case: Case) -> None:
                 verdict = run_case(case, work)
-                counts[case.surface]["traceback" if verdict.crash else str(verdict.code)] += 1
+                label = "2 (usage)" if verdict.code == USAGE else str(verdict.code)
+                counts[case.surface]["traceback" if verdict.crash else label] += 1
                 if verdict.crash:
                     crashes.setdefault(verdict.crash.strip().splitlines()[-1][:200], (case, verdict.crash))
 

@@ -77,7 +77,7 @@ def boolean(doc: Doc, key: str, src: str, prefix: str = "", *, default: bool = F
 def choice(doc: Doc, key: str, choices: Collection[str], src: str, prefix: str = "", *, default: str) -> str:
     """One of ``choices`` (the message lists them)."""
     value = doc.get(key, default)
-    if value not in choices:
+    if isinstance(value, (list, dict)) or value not in choices:  # a list or mapping is not hashable, nor a choice
         raise SpecError(f"{value!r} is not valid; valid: {', '.join(map(str, choices))}",
                         source=src, field=f"{prefix}{key}")
     return str(value)
