@@ -245,7 +245,7 @@ def strategies() -> dict[str, st.SearchStrategy[Case]]:
                                                                                  "tp=1", *big))),
         "plan": plan_text.map(lambda s: Case("plan", (), ("evaluate", llama, a100, "--plan", s))),
         "fix": st.lists(plan_text, min_size=1, max_size=2).map(lambda fs: Case(
-            "fix", (), ("solve", str(TINY), "--cluster", str(one_gpu), "--time-limit", "0.1", "--top", "1",
+            "fix", (), ("solve", str(TINY), str(one_gpu), "--time-limit", "0.1", "--top", "1",
                         *[a for f in fs for a in ("--fix", f)]))),
         "calibration": st.one_of(mutated([_calibration_seed()]).map(lambda d: _dump(d, ".yaml")), _garbage(".yaml")).map(
             _file_case("calibration", ".yaml", ["evaluate", str(TINY), str(one_gpu), "--plan", "tp=1", "--calibration",
