@@ -539,6 +539,16 @@ def test_calibration_file_errors_are_one_line(tmp_path: Path, one_gpu_cluster: P
     assert result.exit_code == 2 and says in result.stderr and len(result.stderr.splitlines()) == 1, result.output
 
 
+@pytest.mark.parametrize("plan", ["ep=99999999999999999999", "tp=\u00b2", "mbs=2147483648"])
+def test_plan_integer_out_of_range_is_one_line(plan: str) -> None:
+    """Found by benchmarks/fuzz.py: ep=10**20 overflowed the cost model's int64 arrays (OverflowError),
+    and a Unicode digit passed isdigit() but not int() (ValueError): both exit 1, internal error."""
+    result = RUNNER.invoke(app, ["evaluate", str(EXAMPLES / "models" / "llama-3-8b.json"),
+                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml"), "--plan", plan])
+    assert result.exit_code == 2 and "below 2**31" in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.output
+
+
 def test_accelerate_list_where_a_choice_goes_is_one_line(tmp_path: Path) -> None:
     """Found by benchmarks/fuzz.py: ``distributed_type: []`` was TypeError (unhashable) in ``check``."""
     cfg = tmp_path / "accelerate.yaml"
