@@ -57,6 +57,26 @@ def test_a_popped_trial_that_never_beat_is_failed_and_retried(tmp_path: Path, ki
     # the parameter-less one measured nothing: failed, not retried with an empty combination
 
 
+def test_a_running_trial_fails_other_workers_stale_trials_from_its_heartbeat_thread(tmp_path: Path) -> None:
+    """Every live worker sweeps, not only one that asks: while its own trial runs, each beat fails
+    a dead worker's stale trial (and so queues its retry)."""
+    import time
+
+    from autoplace.studies import beating
+
+    store, _ = open_storage(str(tmp_path / "s.journal"), tmp_path, BEAT)
+    st = optuna.create_study(study_name="s", storage=store)
+    sid = store.get_study_id_from_name("s")
+    store.create_new_trial(sid, template_trial=_old_trial(TrialState.RUNNING, {"plan": PLAN, "bucket_mb": 25}))
+    mine = store.get_trial_number_from_id(store.create_new_trial(sid))
+    with beating(store, sid, mine, interval_s=1, sweep=lambda: fail_stale_trials(st)):
+        deadline = time.monotonic() + 30
+        while st.get_trials()[0].state == TrialState.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.1)
+    states = [t.state for t in st.get_trials()]
+    assert states == [TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING], states
+
+
 def test_given_up_candidate_is_named_and_revived_by_the_next_invocation(tmp_path: Path) -> None:
     store, _ = open_storage(str(tmp_path / "s.journal"), tmp_path, BEAT)
     st = optuna.create_study(study_name="s", storage=store)
