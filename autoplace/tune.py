@@ -321,6 +321,7 @@ class _Snapshot:
     waiting: int  # queued trials: ask() pops the oldest
     given_up: dict[Combo, Any] = field(default_factory=dict)  # FAIL by heartbeat verdict, retries spent
     queued_done: int = 0  # queued trials whose combination finished meanwhile (a retry and a revival raced)
+    dropped: list[Any] = field(default_factory=list)  # failed as stale, budget left, retry not (yet) queued
 
 
 def _snapshot(st: Any, grace_s: float, max_retry: int | None = None) -> _Snapshot:
@@ -334,16 +335,30 @@ def _snapshot(st: Any, grace_s: float, max_retry: int | None = None) -> _Snapsho
     retried = replaced(trials)
     ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried
              and {"plan", "bucket_mb"} <= set(t.params)]  # a worker that died while asking measured nothing
-    finished = {_key(t.params): t.number for t in ended}
-    given_up = {_key(t.params): t for t in ended if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs
-                and (max_retry is None or len(t.system_attrs.get("retry_history", [])) >= max_retry)}
+    verdicts = [t for t in ended if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs]
+    spent = [t for t in verdicts if max_retry is None or len(t.system_attrs.get("retry_history", [])) >= max_retry]
+    # a verdict with budget left whose retry was never queued: its sweeper died between the two writes
+    dropped = [t for t in verdicts if t not in spent]
+    finished = {_key(t.params): t.number for t in ended if t not in dropped}
+    given_up = {_key(t.params): t for t in spent}
     pending = {t.number: (t, _combo(t)) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
     now = datetime.now()
     running = [t for t, combo in pending.values() if t.state == TrialState.RUNNING and (
         combo or not t.datetime_start or (now - t.datetime_start).total_seconds() < grace_s)]
     queued_done = sum(t.state == TrialState.WAITING and c in finished for t, c in pending.values())
-    return _Snapshot(finished, {c for _, c in pending.values() if c}, len(running),
-                     sum(t.state == TrialState.WAITING for t, _ in pending.values()), given_up, queued_done)
+    return _Snapshot(finished, {c for _, c in pending.values() if c} | {_key(t.params) for t in dropped}, len(running),
+                     sum(t.state == TrialState.WAITING for t, _ in pending.values()), given_up, queued_done, dropped)
+
+
+def _requeue_dropped(st: Any, dropped: list[Any], ctx: _Context) -> None:
+    """Queue the retry a sweeper failed to queue (it was killed, or the database went away, between
+    failing a stale trial and queueing its retry) -- once the sweeper has had ``grace_s`` to do it.
+    A race with a late sweeper queues a duplicate, which :func:`claim` prunes."""
+    now = datetime.now()
+    for t in dropped:
+        if t.datetime_complete and (now - t.datetime_complete).total_seconds() > ctx.heartbeat.grace_s:
+            log.info("trial %d was failed as stale but its retry was never queued; queueing it", t.number)
+            ctx.storage.get_heartbeat_stale_trial_callback()(st, t)
 
 
 def _revive(st: Any, snap: _Snapshot) -> None:
@@ -386,6 +401,7 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
         while True:
             fail_stale_trials(st)
             snap = _snapshot(st, ctx.heartbeat.grace_s, ctx.heartbeat.max_retry)
+            _requeue_dropped(st, snap.dropped, ctx)
             bar.update(task, completed=min(len(snap.finished), target))
             if len(snap.finished) >= target and not snap.queued_done:
                 return ran, set()

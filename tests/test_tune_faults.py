@@ -101,6 +101,28 @@ def test_given_up_candidate_is_named_and_revived_by_the_next_invocation(tmp_path
     assert trial.params == params and claim(st, trial.number, _key) is None  # not a duplicate of the given-up one
 
 
+def test_a_stale_verdict_whose_retry_was_never_queued_is_requeued(tmp_path: Path) -> None:
+    """The sweeper failed a stale trial and was killed before queueing its retry (found by
+    tests/test_tune_chaos.py: the clean worker then exited 0 with that candidate unmeasured)."""
+    from types import SimpleNamespace
+
+    from autoplace.tune import _requeue_dropped
+
+    store, _ = open_storage(str(tmp_path / "s.journal"), tmp_path, BEAT)
+    st = optuna.create_study(study_name="s", storage=store)
+    sid = store.get_study_id_from_name("s")
+    params = {"plan": PLAN, "bucket_mb": 25}
+    failed = _old_trial(TrialState.FAIL, params)
+    failed.datetime_complete = datetime.now() - timedelta(minutes=30)
+    store.create_new_trial(sid, template_trial=failed)
+    snap = _snapshot(st, grace_s=2, max_retry=1)  # budget left: not given up, not finished, owed
+    assert [t.number for t in snap.dropped] == [0] and snap.given_up == {} and snap.finished == {}
+    _requeue_dropped(st, snap.dropped, SimpleNamespace(storage=store, heartbeat=BEAT))  # type: ignore[arg-type]
+    [_, retry] = st.get_trials()
+    assert retry.state == TrialState.WAITING and retry.params == params and retry.system_attrs["retry_history"] == [0]
+    assert _snapshot(st, grace_s=2, max_retry=1).dropped == []
+
+
 def test_tune_exits_4_naming_what_is_left(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import autoplace.tune
     from autoplace.cli import app
