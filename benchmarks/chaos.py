@@ -329,7 +329,7 @@ def main() -> None:
 
     table = Table(title=f"autoplace tune under chaos: 3 workers, {args.candidates} candidates, {args.kills} kills")
     for col in ("storage", "seed", "kills (phase)", "restarts", "db restarts", "complete", "duplicates",
-                "given up", "left open", "orphans", "final exit", "wall s"):
+                "given up (exit 4)", "left open", "orphans", "final exit", "wall s"):
         table.add_column(col, justify="right")
     with throwaway_postgres() as pg:
         for kind in args.storage:
