@@ -24,8 +24,9 @@ Interrupted trials: while a trial runs, a thread records its heartbeat in the st
 worker killed at any point stops beating; once the grace period has passed, any live worker
 (between trials or from its own trial's heartbeat thread) fails that trial and re-enqueues its
 combination, up to ``Heartbeat.max_retry`` times per candidate (Optuna's
-``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once.  A
-combination whose retries all died is *given up*: the report names it, ``autoplace tune`` exits
+``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once (a
+worker killed between failing a stale trial and queueing its retry leaves the retry to any other
+worker, after the grace period).  A combination whose retries all died is *given up*: the report names it, ``autoplace tune`` exits
 4, and the next invocation on the study enqueues it again (``revived``) -- a re-run finishes
 exactly what was given up or left unmeasured.  Storage outages are waited out
 (:mod:`autoplace.patience`).
