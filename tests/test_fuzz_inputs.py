@@ -549,6 +549,20 @@ def test_plan_integer_out_of_range_is_one_line(plan: str) -> None:
         result.output
 
 
+def test_config_reader_refuses_counts_beyond_int64_range(tmp_path: Path) -> None:
+    """benchmarks/fuzz.py 12000 found a torchtitan TOML whose huge count reached the cost model's
+    int64 arrays in ``check`` (OverflowError, exit 1; the log kept only the input's first bytes).
+    The readers' one integer check now bounds every count below 2**53."""
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 8192\n'
+                   'mixed_precision_param = "bfloat16"\nlocal_batch_size = 100000000000000000000\n'
+                   '[parallelism]\ndata_parallel_shard_degree = 8\n')
+    result = RUNNER.invoke(app, ["check", str(cfg), str(EXAMPLES / "models" / "llama-3-8b.json"),
+                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")])
+    assert result.exit_code == 2 and "below 2**53" in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.output
+
+
 def test_accelerate_list_where_a_choice_goes_is_one_line(tmp_path: Path) -> None:
     """Found by benchmarks/fuzz.py: ``distributed_type: []`` was TypeError (unhashable) in ``check``."""
     cfg = tmp_path / "accelerate.yaml"
