@@ -291,15 +291,24 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
     values = doc.get("assumptions") or {}
     if not isinstance(values, dict):
         raise SpecError("expected a mapping of assumption names to numbers", source=src, field="assumptions")
-    valid = {f.name for f in dataclasses.fields(Assumptions)}
+    # numbers only: a flag or a choice (compiled, zero12_grad_reduce) is not a fitted factor
+    valid = {f.name for f in dataclasses.fields(Assumptions)
+             if isinstance(getattr(DEFAULT, f.name), (int, float)) and not isinstance(getattr(DEFAULT, f.name), bool)}
     for key, value in values.items():
         if key not in valid:
-            raise SpecError(f"unknown assumption; valid: {', '.join(sorted(valid))}", source=src,
-                            field=f"assumptions.{key}")
+            what = "a flag or a choice, not a factor a calibration sets" if hasattr(DEFAULT, key) else "unknown assumption"
+            raise SpecError(f"{what}; valid: {', '.join(sorted(valid))}", source=src, field=f"assumptions.{key}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
             raise SpecError(f"expected a positive number, got {value!r}", source=src, field=f"assumptions.{key}")
-    band = (doc.get("uncertainty") or {}).get("band_95")
-    if band is not None and (not isinstance(band, list) or len(band) != 2 or not 0 < band[0] <= 1 <= band[1]):
+        if isinstance(getattr(DEFAULT, key), int) and value != int(value):
+            raise SpecError(f"expected a whole number, got {value!r}", source=src, field=f"assumptions.{key}")
+    uncertainty = doc.get("uncertainty") or {}
+    if not isinstance(uncertainty, dict):
+        raise SpecError(f"expected a mapping, got {uncertainty!r}", source=src, field="uncertainty")
+    band = uncertainty.get("band_95")
+    if band is not None and not (isinstance(band, list) and len(band) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in band)
+            and 0 < band[0] <= 1 <= band[1]):
         raise SpecError(f"expected [low <= 1, high >= 1], got {band!r}", source=src, field="uncertainty.band_95")
     measured = doc.get("measured_on")
     if measured is not None and (not isinstance(measured, dict) or set(measured) - set(_MEASURED_KEYS)):

@@ -1,7 +1,7 @@
 """The ``autoplace`` command line: a thin layer over the library.
 
 Exit codes (docs/ARCHITECTURE.md): 0 success, 2 bad input (one line, no traceback without --debug),
-3 infeasible.  Heavy modules are imported inside the commands that need them.
+3 infeasible, 4 ``tune`` left candidates given up or unmeasured.  Heavy modules are imported inside the commands that need them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from autoplace.cli_inputs import (
     output_format,
     tuning_overrides,
 )
-from autoplace.errors import AutoplaceError, SpecError
+from autoplace.errors import AutoplaceError, Incomplete, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
@@ -761,11 +761,18 @@ def tune(
     scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed; workers sharing a study each want "
                                       "their own, or they propose the same knobs.")] = 0,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Re-runs of a candidate whose worker died "
+                                         "(heartbeat stale) before it is given up.")] = 3,
+    grace: Annotated[int, typer.Option("--grace", min=1, help="Seconds without a heartbeat before a trial's "
+                                       "worker counts as dead (beats every grace/6 s).")] = 60,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
-    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once."""
+    Many workers (processes, hosts) may share one --storage (PostgreSQL, a journal file): each candidate runs once.
+    Exit code 4: candidates were given up (their worker died --retries+1 times) or left unmeasured; they are
+    named on stderr, and running the same command again finishes exactly those."""
+    from autoplace.studies import Heartbeat
     from autoplace.tune import print_report, run_tune
 
     if launcher not in ("local", "slurm"):
@@ -773,11 +780,14 @@ def tune(
     if trainer not in ("native", "deepspeed"):
         raise SpecError(f"unknown trainer {trainer!r}; valid: native, deepspeed", field="--trainer")
     report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
-                      progress=not as_json, framework=trainer, seed=seed)
+                      progress=not as_json, framework=trainer, seed=seed,
+                      heartbeat=Heartbeat(interval_s=max(1, grace // 6), grace_s=grace, max_retry=retries))
     if as_json:
         typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
     else:
         print_report(report)
+    if report.incomplete:
+        _fail(Incomplete(report.incomplete))
 
 
 @app.command()

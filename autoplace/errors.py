@@ -49,3 +49,9 @@ class BenchmarkError(AutoplaceError):
 
 class EmitError(AutoplaceError):
     """A plan cannot be expressed in the requested framework's config."""
+
+
+class Incomplete(AutoplaceError):
+    """A study ended with candidates unmeasured or given up (exit 4); re-running finishes them."""
+
+    exit_code = 4

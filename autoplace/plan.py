@@ -343,8 +343,10 @@ def parse_plan_string(text: str, *, source: str = "--plan") -> dict[str, Any]:
 def _typed(key: str, value: str, source: str) -> Any:
     kind = PLAN_KEYS[key]
     if kind is int:
-        if not value.isdigit() or int(value) < (0 if key == "zero" else 1):
-            raise SpecError(f"expected a positive whole number, got {value!r}", source=source, field=key)
+        # ASCII digits only (int() refuses "²", which isdigit() accepts); below 2**31: the cost
+        # model packs plans into int64 arrays, and no degree or batch comes near it
+        if not (value.isascii() and value.isdigit()) or not (0 if key == "zero" else 1) <= int(value) < 2**31:
+            raise SpecError(f"expected a positive whole number below 2**31, got {value!r}", source=source, field=key)
         return int(value)
     if kind is bool:
         if value.lower() not in ("true", "false", "1", "0", "yes", "no"):

@@ -21,9 +21,15 @@ they leave the ledger one worker would.  Resuming is the same: a re-run joins th
 its stored candidates and runs only what no finished trial ran.
 
 Interrupted trials: while a trial runs, a thread records its heartbeat in the storage.  A
-worker killed mid-trial stops beating; once the grace period has passed, the next ask of any
-worker (or a re-run) fails that trial and re-enqueues its combination once (Optuna's
-``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once.
+worker killed at any point stops beating; once the grace period has passed, any live worker
+(between trials or from its own trial's heartbeat thread) fails that trial and re-enqueues its
+combination, up to ``Heartbeat.max_retry`` times per candidate (Optuna's
+``RetryHeartbeatStaleTrialCallback``), so the study still measures every combination once (a
+worker killed between failing a stale trial and queueing its retry leaves the retry to any other
+worker, after the grace period).  A combination whose retries all died is *given up*: the report names it, ``autoplace tune`` exits
+4, and the next invocation on the study enqueues it again (``revived``) -- a re-run finishes
+exactly what was given up or left unmeasured.  Storage outages are waited out
+(:mod:`autoplace.patience`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from optuna.trial import TrialState
 
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, build_plan, parse_plan_string
-from autoplace.studies import Heartbeat, beating, claim, fail_stale_trials, open_storage
+from autoplace.studies import Heartbeat, beating, claim, fail_stale_trials, open_storage, replaced
 
 log = logging.getLogger("autoplace")
 
@@ -83,6 +89,16 @@ class TuneReport:
     ran: int  # trials run by this invocation
     plots: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)  # plans whose every retry died (a re-run revives them)
+    unmeasured: list[str] = field(default_factory=list)  # plans left RUNNING without a verdict when this run stopped
+
+    @property
+    def incomplete(self) -> str:
+        """Why the study is not done (``tune`` then exits 4), or ""."""
+        parts = [f"given up after their retries died: {'; '.join(self.given_up)}" if self.given_up else "",
+                 f"left unmeasured: {'; '.join(self.unmeasured)}" if self.unmeasured else ""]
+        text = ", ".join(filter(None, parts))
+        return f"candidate(s) {text}; run the same command again to finish exactly those" if text else ""
 
     @property
     def best(self) -> TrialRecord | None:
@@ -94,7 +110,8 @@ class TuneReport:
         best = self.best
         return {"study": self.study, "storage": self.storage, "ran": self.ran,
                 "best": best.__dict__ if best else None, "trials": [r.__dict__ for r in self.records],
-                "plots": [str(p) for p in self.plots], "notes": self.notes}
+                "plots": [str(p) for p in self.plots], "notes": self.notes, "given_up": self.given_up,
+                "unmeasured": self.unmeasured}
 
 
 # ----------------------------------------------------------------------------------------
@@ -223,9 +240,12 @@ def run_tune(model_path: str | Path, cluster_path: str | Path, trials: int = 3, 
                    blocks=layer_table(model).blocks, launcher=launcher, timeout_s=timeout_s, steps=steps,
                    warmup=warmup, scale=scale, inject=inject or {}, storage=store, heartbeat=hb, framework=framework,
                    backend=backend)
-    ran = _loop(st, dists, _combos(cands, dists), trials, ctx, progress, notes)
+    _revive(st, _snapshot(st, hb.grace_s, hb.max_retry))  # what earlier runs gave up, this one runs again
+    ran, stranded = _loop(st, dists, _combos(cands, dists), trials, ctx, progress, notes)
     records = [_record(t) for t in st.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
-    report = TuneReport(study, url, records, ran, notes=notes)
+    report = TuneReport(study, url, records, ran, notes=notes,
+                        given_up=sorted({short_plan(c[0]) for c in _snapshot(st, hb.grace_s, hb.max_retry).given_up}),
+                        unmeasured=sorted({short_plan(c[0]) for c in stranded}))
     report.plots = save_plots(st, out)
     return report
 
@@ -300,23 +320,60 @@ class _Snapshot:
     busy: set[Combo]  # combinations RUNNING (here or on a worker that may be dead) or queued
     running: int
     waiting: int  # queued trials: ask() pops the oldest
+    given_up: dict[Combo, Any] = field(default_factory=dict)  # FAIL by heartbeat verdict, retries spent
+    queued_done: int = 0  # queued trials whose combination finished meanwhile (a retry and a revival raced)
+    dropped: list[Any] = field(default_factory=list)  # failed as stale, budget left, retry not (yet) queued
 
 
-def _snapshot(st: Any, grace_s: float) -> _Snapshot:
+def _snapshot(st: Any, grace_s: float, max_retry: int | None = None) -> _Snapshot:
     """Finished, busy and queued combinations.  A FAIL that was retried (its worker died) does
-    not finish its combination: the retry, queued or running, stands for it.  A RUNNING trial
-    without its parameters past the grace period belongs to a worker that died while asking
-    (an RDB never calls a trial that never beat stale): it does not count as running."""
+    not finish its combination: the retry, queued or running, stands for it; one failed by a
+    heartbeat verdict (no ``fail_reason``) whose ``max_retry`` retries are spent was given up
+    (None: any such FAIL not retried).  A RUNNING trial without its parameters past the grace
+    period belongs to a worker that died while asking: it does not count as running (the next
+    sweep fails it)."""
     trials = st.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    finished = {_key(t.params): t.number for t in trials
-                if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried}
+    retried = replaced(trials)
+    ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in retried
+             and {"plan", "bucket_mb"} <= set(t.params)]  # a worker that died while asking measured nothing
+    verdicts = [t for t in ended if t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs]
+    spent = [t for t in verdicts if max_retry is None or len(t.system_attrs.get("retry_history", [])) >= max_retry]
+    # a verdict with budget left whose retry was never queued: its sweeper died between the two writes
+    dropped = [t for t in verdicts if t not in spent]
+    finished = {_key(t.params): t.number for t in ended if t not in dropped}
+    given_up = {_key(t.params): t for t in spent}
     pending = {t.number: (t, _combo(t)) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
     now = datetime.now()
     running = [t for t, combo in pending.values() if t.state == TrialState.RUNNING and (
         combo or not t.datetime_start or (now - t.datetime_start).total_seconds() < grace_s)]
-    return _Snapshot(finished, {c for _, c in pending.values() if c}, len(running),
-                     sum(t.state == TrialState.WAITING for t, _ in pending.values()))
+    queued_done = sum(t.state == TrialState.WAITING and c in finished for t, c in pending.values())
+    return _Snapshot(finished, {c for _, c in pending.values() if c} | {_key(t.params) for t in dropped}, len(running),
+                     sum(t.state == TrialState.WAITING for t, _ in pending.values()), given_up, queued_done, dropped)
+
+
+def _requeue_dropped(st: Any, dropped: list[Any], ctx: _Context) -> None:
+    """Queue the retry a sweeper failed to queue (it was killed, or the database went away, between
+    failing a stale trial and queueing its retry) -- once the sweeper has had ``grace_s`` to do it.
+    A race with a late sweeper queues a duplicate, which :func:`claim` prunes."""
+    now = datetime.now()
+    for t in dropped:
+        if t.datetime_complete and (now - t.datetime_complete).total_seconds() > ctx.heartbeat.grace_s:
+            log.info("trial %d was failed as stale but its retry was never queued; queueing it", t.number)
+            ctx.storage.get_heartbeat_stale_trial_callback()(st, t)
+
+
+def _revive(st: Any, snap: _Snapshot) -> None:
+    """Queue each given-up combination once more (``revived``: a fresh retry budget).  Workers
+    starting together may both queue one; :func:`claim` makes the later copy yield."""
+    for combo, t in snap.given_up.items():
+        if combo in snap.busy:  # another worker revived it already
+            continue
+        system = {"revived": [*t.system_attrs.get("revived", []), t.number]}
+        if "fixed_params" in t.system_attrs:
+            system["fixed_params"] = t.system_attrs["fixed_params"]
+        st.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params=t.params,
+                                               distributions=t.distributions, system_attrs=system))
+        log.info("trial %d was given up; queued again", t.number)
 
 
 def _combo(t: Any) -> Combo | None:
@@ -326,12 +383,16 @@ def _combo(t: Any) -> Combo | None:
 
 
 def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx: _Context, progress: bool,
-          notes: list[str]) -> int:
+          notes: list[str]) -> tuple[int, set[Combo]]:
     """Pop or sample, claim, run, tell -- until ``target`` finished trials or the space is exhausted.
 
     A trial starts only while finished plus running trials stay under ``target``, so workers
     sharing the study stop where one worker would.  Queued trials (the top-K, retries) go first;
-    then TPE proposes.  A proposal another trial already holds is told PRUNED (``duplicate_of``)."""
+    then TPE proposes.  A proposal another trial already holds is told PRUNED (``duplicate_of``).
+
+    Returns:
+        Trials this worker ran, and the combinations it stopped waiting for (no verdict came).
+    """
     from rich.progress import Progress
 
     ran = dups = 0
@@ -340,15 +401,17 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
         task = bar.add_task("trials", total=target)
         while True:
             fail_stale_trials(st)
-            snap = _snapshot(st, ctx.heartbeat.grace_s)
+            snap = _snapshot(st, ctx.heartbeat.grace_s, ctx.heartbeat.max_retry)
+            _requeue_dropped(st, snap.dropped, ctx)
             bar.update(task, completed=min(len(snap.finished), target))
-            if len(snap.finished) >= target:
-                return ran
+            if len(snap.finished) >= target and not snap.queued_done:
+                return ran, set()
             untried = [c for c in combos if c not in snap.finished and c not in snap.busy]
-            if len(snap.finished) + snap.running >= target or not (snap.waiting or untried):
+            # a queued duplicate is popped and told PRUNED at once: no trial left WAITING for ever
+            if not snap.queued_done and (len(snap.finished) + snap.running >= target or not (snap.waiting or untried)):
                 idle_since = idle_since or time.monotonic()
                 if _stop_waiting(snap, time.monotonic() - idle_since, ctx, notes):
-                    return ran
+                    return ran, snap.busy
                 time.sleep(min(1.0, ctx.heartbeat.interval_s))
                 continue
             idle_since = None
@@ -373,7 +436,7 @@ def _tell_duplicate(st: Any, trial: Any, holder: int) -> None:
     done = next(t for t in st.get_trials(deepcopy=False) if t.number == holder)
     if done.state == TrialState.COMPLETE and done.value is not None:
         trial.report(done.value, 0)
-    st.tell(trial, state=TrialState.PRUNED)
+    st.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
 
 
 def _stop_waiting(snap: _Snapshot, waited_s: float, ctx: _Context, notes: list[str]) -> bool:
@@ -408,15 +471,20 @@ def _claim_and_run(st: Any, trial: Any, key: Combo, ctx: _Context) -> bool:
         Whether the trial ran.
     """
     study_id = ctx.storage.get_study_id_from_name(st.study_name)
-    with beating(ctx.storage, study_id, trial.number, ctx.heartbeat.interval_s):
-        holder = claim(st, trial.number, _key, patience_s=ctx.heartbeat.grace_s)
-        value = _measure(trial, key, ctx) if holder is None else None
-    if holder is not None:
-        _tell_duplicate(st, trial, holder)
-    elif value is None:
-        st.tell(trial, state=TrialState.FAIL)
-    else:
-        st.tell(trial, value)
+    try:
+        with beating(ctx.storage, study_id, trial.number, ctx.heartbeat.interval_s, sweep=lambda: fail_stale_trials(st)):
+            holder = claim(st, trial.number, _key, patience_s=ctx.heartbeat.grace_s)
+            value = _measure(trial, key, ctx) if holder is None else None
+        if holder is not None:
+            _tell_duplicate(st, trial, holder)
+        elif value is None:  # skip_if_finished: another worker failed it as stale meanwhile (below)
+            st.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        else:
+            st.tell(trial, value, skip_if_finished=True)
+    except optuna.exceptions.UpdateFinishedTrialError:  # judged dead while alive (its beats could not land)
+        log.warning("trial %d was failed as stale while it ran (storage outage?); its retry measures it instead",
+                    trial.number)
+        return False
     return holder is None
 
 

@@ -16,6 +16,7 @@ from autoplace.evaluation import Evaluation, evaluate
 from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
 from autoplace.specs.model import ModelSpec, model_from_dict
+from benchmarks.chaos import processes_naming
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"  # copies of ../shared/reference, with their citations
@@ -48,19 +49,6 @@ def score(model: ModelSpec, cluster: ClusterSpec, plan: str) -> Evaluation:
     p = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=table.blocks,
                    global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
     return evaluate(model, cluster, p)
-
-
-def processes_naming(text: str) -> list[int]:
-    """Live processes (other than this one) whose command line contains ``text``, e.g. a
-    test's directory that a trial's torchrun and ranks name."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 def survivors(text: str, timeout: float = 40.0) -> list[int]:

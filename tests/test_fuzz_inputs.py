@@ -37,6 +37,9 @@ from autoplace.cli import app
 from autoplace.errors import SpecError
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
+from benchmarks.fuzz import Case as FuzzCase
+from benchmarks.fuzz import run_case as run_fuzz_case
+from benchmarks.fuzz import strategies as fuzz_strategies
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -497,6 +500,76 @@ def test_cli_on_garbage_files_prints_one_line(fuzz_dir: Path, one_gpu_cluster: P
     expected = _load("model" if as_model else "cluster", path)
     model, cluster = (path, one_gpu_cluster) if as_model else (EXAMPLES / "models" / "tiny-llama.json", path)
     _assert_cli_contract(_evaluate(model, cluster, "--global-batch", str(2**20)), expected, [path])
+
+
+# --------------------------------------------------------------------------- every reader (benchmarks/fuzz.py)
+
+# The strategies benchmarks/fuzz.py runs N of: model files (shorthand, graph, the HF config of every
+# family in tests/data/hf), cluster files and NxGxGPU strings, --plan and --fix values, calibration
+# files, and the DeepSpeed / accelerate / torchtitan configs behind ``check``; a bounded slice here.
+SURFACES = fuzz_strategies()
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+def test_every_reader_keeps_the_exit_code_contract(surface: str, tmp_path: Path) -> None:
+    """No exception escapes the CLI: exit 0, 1 (check's REJECT), 2 with one line, or 3."""
+
+    @settings(FAST, max_examples=12, database=None)
+    @given(case=SURFACES[surface])
+    def run(case: FuzzCase) -> None:
+        verdict = run_fuzz_case(case, tmp_path)
+        assert not verdict.crash, f"{case.args} {case.files}: {verdict.crash}"
+
+    run()
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("calibration.yaml", "uncertainty: [1]\n", "uncertainty: expected a mapping"),
+    ("calibration.yaml", "uncertainty: {band_95: [a, b]}\n", "uncertainty.band_95: expected [low <= 1"),
+    ("calibration.yaml", "assumptions: {zero12_grad_reduce: 2.0}\n", "a flag or a choice"),
+    ("calibration.yaml", "assumptions: {zero3_prefetch_units: 0.5}\n", "expected a whole number"),
+])
+def test_calibration_file_errors_are_one_line(tmp_path: Path, one_gpu_cluster: Path, name: str, content: str,
+                                              says: str) -> None:
+    """Found by benchmarks/fuzz.py: AttributeError / TypeError (exit 1, internal error), or a float
+    silently accepted for a choice and truncated for a count."""
+    cal = tmp_path / name
+    cal.write_text(content)
+    result = _evaluate(EXAMPLES / "models" / "tiny-llama.json", one_gpu_cluster, "--calibration", str(cal))
+    assert result.exit_code == 2 and says in result.stderr and len(result.stderr.splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("plan", ["ep=99999999999999999999", "tp=\u00b2", "mbs=2147483648"])
+def test_plan_integer_out_of_range_is_one_line(plan: str) -> None:
+    """Found by benchmarks/fuzz.py: ep=10**20 overflowed the cost model's int64 arrays (OverflowError),
+    and a Unicode digit passed isdigit() but not int() (ValueError): both exit 1, internal error."""
+    result = RUNNER.invoke(app, ["evaluate", str(EXAMPLES / "models" / "llama-3-8b.json"),
+                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml"), "--plan", plan])
+    assert result.exit_code == 2 and "below 2**31" in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.output
+
+
+def test_config_reader_refuses_counts_beyond_int64_range(tmp_path: Path) -> None:
+    """benchmarks/fuzz.py 12000 found a torchtitan TOML whose huge count reached the cost model's
+    int64 arrays in ``check`` (OverflowError, exit 1; the log kept only the input's first bytes).
+    The readers' one integer check now bounds every count below 2**53."""
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 8192\n'
+                   'mixed_precision_param = "bfloat16"\nlocal_batch_size = 100000000000000000000\n'
+                   '[parallelism]\ndata_parallel_shard_degree = 8\n')
+    result = RUNNER.invoke(app, ["check", str(cfg), str(EXAMPLES / "models" / "llama-3-8b.json"),
+                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")])
+    assert result.exit_code == 2 and "below 2**53" in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.output
+
+
+def test_accelerate_list_where_a_choice_goes_is_one_line(tmp_path: Path) -> None:
+    """Found by benchmarks/fuzz.py: ``distributed_type: []`` was TypeError (unhashable) in ``check``."""
+    cfg = tmp_path / "accelerate.yaml"
+    cfg.write_text("distributed_type: []\nnum_processes: 8\n")
+    result = RUNNER.invoke(app, ["check", str(cfg), str(EXAMPLES / "models" / "llama-3-8b.json"),
+                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")])
+    assert result.exit_code == 2 and "distributed_type: [] is not valid" in result.stderr, result.output
 
 
 # --------------------------------------------------------------------------- regressions (bugs found here, fixed)

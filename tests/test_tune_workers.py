@@ -11,12 +11,9 @@ mistaking a loaded worker for a dead one."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +26,7 @@ from autoplace.cost.layers import layer_table
 from autoplace.plan import build_plan, parse_plan_string
 from autoplace.specs.model import load_model
 from autoplace.studies import Heartbeat, open_storage
+from benchmarks.chaos import throwaway_postgres
 from tests.helpers import survivors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,47 +52,13 @@ print(json.dumps({"ran": report.ran, "notes": report.notes}))
 # ---- a throwaway PostgreSQL ---------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    """Debian's server binaries (/usr/lib/postgresql/N/bin), else initdb and pg_ctl on PATH."""
-    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (d / "initdb").is_file() and (d / "pg_ctl").is_file():
-            return d
-    found = shutil.which("initdb")
-    return Path(found).parent if found and shutil.which("pg_ctl") else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[str]:
-    """A running PostgreSQL on 127.0.0.1; yields its URL.  As root the server runs as the
-    ``postgres`` user (it refuses root), from a directory that user owns."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("needs PostgreSQL's server binaries (Debian: apt-get install postgresql)")
-    as_user: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="autoplace-pg-"))  # not under pytest's root-only tmp dirs
-    if os.geteuid() == 0:
-        import pwd
-
-        pg = pwd.getpwnam("postgres")  # Debian's package creates the user
-        os.chown(root, pg.pw_uid, pg.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(root / "data")]
-    try:
-        subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "postgres"],
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run([*ctl, "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100",
-                        "-l", str(root / "log"), "-w", "start"], check=True, capture_output=True, timeout=120)
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*ctl, "-m", "fast", "-w", "stop"], capture_output=True, timeout=120)
-        shutil.rmtree(root, ignore_errors=True)
+    """A running PostgreSQL on 127.0.0.1 (benchmarks/chaos.py starts it); yields its URL."""
+    with throwaway_postgres() as pg:
+        if pg is None:
+            pytest.skip("needs PostgreSQL's server binaries (Debian: apt-get install postgresql)")
+        yield pg.url
 
 
 # ---- claims under races, without torch ----------------------------------------------------

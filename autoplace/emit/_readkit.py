@@ -61,8 +61,10 @@ def integer(doc: Doc, key: str, src: str, prefix: str = "", *, default: int | No
                         source=src, field=f"{prefix}{key}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # DeepSpeed configs often write 5e8
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(f"expected a whole number >= {minimum}, got {value!r}", source=src, field=f"{prefix}{key}")
+    # below 2**53 (a float's exact range): the cost model packs counts into int64 arrays
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**53:
+        raise SpecError(f"expected a whole number >= {minimum} and below 2**53, got {value!r}", source=src,
+                        field=f"{prefix}{key}")
     return value
 
 
@@ -77,7 +79,7 @@ def boolean(doc: Doc, key: str, src: str, prefix: str = "", *, default: bool = F
 def choice(doc: Doc, key: str, choices: Collection[str], src: str, prefix: str = "", *, default: str) -> str:
     """One of ``choices`` (the message lists them)."""
     value = doc.get(key, default)
-    if value not in choices:
+    if isinstance(value, (list, dict)) or value not in choices:  # a list or mapping is not hashable, nor a choice
         raise SpecError(f"{value!r} is not valid; valid: {', '.join(map(str, choices))}",
                         source=src, field=f"{prefix}{key}")
     return str(value)
