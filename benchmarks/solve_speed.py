@@ -1,6 +1,6 @@
 """Print (never assert) how fast `autoplace solve` proves its optimum, pinned to two cores.
 
-For each case of issue 12: wall seconds of the whole command (a fresh process: imports, input
+For each case (issues 12 and 26): wall seconds of the whole command (a fresh process: imports, input
 parsing, the solve, the report) and the solve's own seconds, median of --repeat runs; the
 configurations enumerated and kept after bounding, the CP-SAT model's size, the status, and
 the share of the solve per phase (enumerate, score, bound, build, search, rescore).
@@ -25,21 +25,24 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO / "examples" / "models"
 
-CASES = [  # (name, model file, cluster shorthand) -- the cases named in issue 12
-    ("Llama-3-8B / 8 H100", "llama-3-8b.json", "1x8xh100"),
-    ("Llama-3-70B / 64 H100", "llama-3-70b.json", "8x8xh100"),
-    ("GPT-3 175B / 1,024 A100", "gpt-3-175b.json", "128x8xa100"),
-    ("Mixtral-8x7B / 256 H100", "hf/mixtral-8x7b/config.json", "32x8xh100"),
-    ("Llama-3-405B / 16,384 H100", "llama-3-405b.json", "2048x8xh100"),
+CASES = [  # (name, model file from the repository's root, cluster shorthand): the cases of issue 12,
+    # then the MoE stacks with a dense prefix of issue 26 (two block kinds: tables by first block)
+    ("Llama-3-8B / 8 H100", "examples/models/llama-3-8b.json", "1x8xh100"),
+    ("Llama-3-70B / 64 H100", "examples/models/llama-3-70b.json", "8x8xh100"),
+    ("GPT-3 175B / 1,024 A100", "examples/models/gpt-3-175b.json", "128x8xa100"),
+    ("Mixtral-8x7B / 256 H100", "examples/models/hf/mixtral-8x7b/config.json", "32x8xh100"),
+    ("Llama-3-405B / 16,384 H100", "examples/models/llama-3-405b.json", "2048x8xh100"),
+    ("DeepSeek-V2-Lite / 32 H100", "examples/models/hf/deepseek-v2-lite/config.json", "4x8xh100"),
+    ("DeepSeek-V3 / 256 H100", "tests/data/hf/deepseek-v3.json", "32x8xh100"),
+    ("DeepSeek-V3 / 2,048 H100", "tests/data/hf/deepseek-v3.json", "256x8xh100"),
 ]
 PHASES = ("enumerate", "score", "bound", "build", "search", "rescore")
 
 
 def run_once(model: str, cluster: str, args: argparse.Namespace) -> tuple[float, dict]:
     """One `autoplace solve --json` in a fresh process: (wall seconds, its JSON document)."""
-    cmd = [sys.executable, "-m", "autoplace.cli", "solve", str(MODELS / model), cluster, "--json", "--top", "3",
+    cmd = [sys.executable, "-m", "autoplace.cli", "solve", str(REPO / model), cluster, "--json", "--top", "3",
            "--time-limit", str(args.time_limit), "--framework", args.framework,
            *(x for feature in args.allow for x in ("--allow", feature))]
     start = time.perf_counter()
@@ -53,7 +56,7 @@ def run_once(model: str, cluster: str, args: argparse.Namespace) -> tuple[float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--time-limit", type=float, default=10.0, help="as solve's (default 10 s, solve's own)")
     parser.add_argument("--framework", default="any", help="as solve's --framework (default any, as users run it)")
     parser.add_argument("--allow", action="append", default=[],
                         help="as solve's --allow (repeatable), e.g. compress: the space with the opt-in knobs")
@@ -74,6 +77,7 @@ def main() -> None:
         total = sum(phases.values()) or 1.0
         scored = next((n for n in doc["notes"] if "configurations scored" in n), "")
         rows.append({"case": name, "wall_s": statistics.median(walls), "solve_s": solve, "status": doc["status"],
+                     "gap": doc.get("gap"),
                      "configs": scored.split()[0] if scored else "?", "kept": scored.split(", ")[1].split()[0] if scored else "?",
                      "phase_share": {p: phases.get(p, 0.0) / total for p in PHASES},
                      "cpsat_vars": doc.get("cpsat_model", {}).get("variables"),
@@ -82,14 +86,15 @@ def main() -> None:
         print(json.dumps({"cpus": cpus, "repeat": args.repeat, "rows": rows}, indent=2))
         return
     print(f"pinned to {cpus} CPU(s); median of {args.repeat}; --framework {args.framework}; byte-compiled")
-    head = (f"{'case':28s} {'wall s':>7s} {'solve s':>8s} {'status':>8s} {'configs':>8s} {'kept':>5s} "
+    head = (f"{'case':28s} {'wall s':>7s} {'solve s':>8s} {'status':>8s} {'gap':>6s} {'configs':>8s} {'kept':>5s} "
             + f"{'vars':>6s} " + " ".join(f"{p[:6]:>6s}" for p in PHASES) + f" {'step s':>8s}")
     print(head)
     print("-" * len(head))
     for r in rows:
         shares = " ".join(f"{100 * r['phase_share'][p]:5.0f}%" for p in PHASES)
         step = f"{r['step_s']:.3f}" if r["step_s"] is not None else "-"
-        print(f"{r['case']:28s} {r['wall_s']:7.2f} {r['solve_s']:8.2f} {r['status']:>8s} {r['configs']:>8s} "
+        gap = f"{100 * r['gap']:.2f}%" if r["gap"] is not None else "-"
+        print(f"{r['case']:28s} {r['wall_s']:7.2f} {r['solve_s']:8.2f} {r['status']:>8s} {gap:>6s} {r['configs']:>8s} "
               f"{r['kept']:>5s} {r['cpsat_vars'] or '-':>6} {shares} {step:>8s}")
 
 
