@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,13 @@ def test_infeasible_exits_3_with_the_nearest_plan(tmp_path: Path) -> None:
     assert any(v["rule"] == "out-of-memory" and "short by" in v["message"] for v in nearest["violations"])
     table = invoke("solve", MODELS / "llama-3-405b.json", A100_8, "--deny", "offload")
     assert table.exit_code == 3 and "short by" in table.stdout
+    # readable text, not a Python dict, and more GPUs counted in whole nodes of the cluster's 8
+    assert "{" not in table.stdout and "'dp'" not in table.stdout
+    assert "nearest: dp=" in table.stdout
+    more = next(line for line in doc["advice"] if line.startswith("more GPUs"))
+    nodes, gpus = (int(x) for x in re.search(r"about (\d+) nodes of 8 GPUs \((\d+) GPUs\) instead of 1 \(8 GPUs\)",
+                                               more).groups())
+    assert gpus == 8 * nodes and nodes > 1
 
 
 def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
@@ -136,3 +144,4 @@ def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
     assert "fsdp cannot run pp=2" in result.output
     result = invoke("solve", LLAMA_8B, A100_8, "--framework", "jax")
     assert result.exit_code == 2 and "valid: any, none, deepspeed, megatron" in result.output
+
