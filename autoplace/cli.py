@@ -369,6 +369,9 @@ def solve(
     hint = _compression_hint(problem, result)
     if hint:
         doc["notes"] = [*doc["notes"], hint]
+    awkward = _batch_hint(problem, result, budget, solver.value, framework)
+    if awkward:
+        doc["batch_hint"], doc["notes"] = awkward, [*doc["notes"], awkward["note"]]
     try:
         view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                         noise_scale)
@@ -417,6 +420,21 @@ def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
         if name not in FEATURES:
             raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
     return (set(DEFAULT_FEATURES) | set(allow or [])) - set(deny or [])
+
+
+def _batch_hint(problem: Any, result: Any, budget: Any, solver: str, framework: str) -> dict[str, Any] | None:
+    """The nearest global batches all GPUs share, solved as this solve was (a quarter of its time
+    limit each), when the batch divides badly (autoplace/batch_hint.py)."""
+    import dataclasses
+
+    from autoplace import frameworks
+    from autoplace.batch_hint import batch_hint
+    from solvers.registry import get_solver
+
+    quick = dataclasses.replace(budget, time_limit_s=max(budget.time_limit_s / 4, 0.5), progress=None)
+    if framework == frameworks.NONE:
+        return batch_hint(problem, result, lambda p: get_solver(solver).solve(p, quick))
+    return batch_hint(problem, result, lambda p: frameworks.solve_for(framework, get_solver(solver), p, quick, 1))
 
 
 def _compression_hint(problem: Any, result: Any) -> str | None:

@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.test_cli import A100_8, COMM_KEYS, DEGREE_KEYS, MEMORY_KEYS, MODELS, invoke, run_cli, strict_json
 
 TINY = MODELS / "tiny-llama.json"
@@ -145,3 +147,22 @@ def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
     result = invoke("solve", LLAMA_8B, A100_8, "--framework", "jax")
     assert result.exit_code == 2 and "valid: any, none, deepspeed, megatron" in result.output
 
+
+def test_an_awkward_global_batch_gets_the_nearest_even_ones_and_their_gain() -> None:
+    """A prime batch allows dp = 1 on 8 GPUs: the solve says so, solves the nearest multiples of
+    8 the same way and reports what each gains (JSON and a note); an even batch gets no hint."""
+    from autoplace.batch_hint import neighbours
+
+    assert neighbours(1021, 8) == [1016, 1024] and neighbours(1024, 8) == [] and neighbours(6, 8) == []
+    doc = strict_json(invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "1", "--global-batch", "1021",
+                             "--framework", "none", "--time-limit", "600").stdout)
+    hint = doc["batch_hint"]
+    assert (hint["global_batch"], hint["gpus"], hint["shared"]) == (1021, 8, 1)
+    assert {a["global_batch"] for a in hint["alternatives"]} <= {1016, 1024} and hint["alternatives"]
+    best = hint["alternatives"][0]
+    assert best["gain"] > 0.02
+    assert best["tokens_per_s"] == pytest.approx(doc["plans"][0]["tokens_per_s"] * (1 + best["gain"]), rel=1e-3)
+    assert hint["note"] in doc["notes"] and f"{best['global_batch']:,}" in hint["note"]
+    even = strict_json(invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "1", "--global-batch", "1024",
+                              "--framework", "none", "--time-limit", "600").stdout)
+    assert "batch_hint" not in even
