@@ -48,4 +48,8 @@ class BenchmarkError(AutoplaceError):
 
 
 class EmitError(AutoplaceError):
-    """A plan cannot be expressed in the requested framework's config."""
+    """A plan cannot be expressed in the requested framework's config (exit 2: the plan and
+    the format asked for do not go together -- bad input, one line naming the format, what
+    it cannot say and who can)."""
+
+    exit_code = 2
