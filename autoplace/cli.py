@@ -384,6 +384,7 @@ def solve(
         if progress is not None:
             progress.close()
     doc = solving.annotate(result, problem, inputs, request)
+    solving.add_batch_hint(doc, problem, result, request)
     m, c = problem.model, inputs.cluster
     view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                     noise_scale)

@@ -48,7 +48,11 @@ class BenchmarkError(AutoplaceError):
 
 
 class EmitError(AutoplaceError):
-    """A plan cannot be expressed in the requested framework's config."""
+    """A plan cannot be expressed in the requested framework's config (exit 2: the plan and
+    the format asked for do not go together -- bad input, one line naming the format and what
+    it cannot say)."""
+
+    exit_code = 2
 
 
 class Incomplete(AutoplaceError):

@@ -323,7 +323,8 @@ def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
     near = doc.get("nearest")
     if near:
         mem = near["memory_per_device_bytes"]
-        lines.append(f"[red]no plan fits[/red]; nearest: {near['degrees']} zero={near['zero_stage']} "
+        degrees = " ".join(f"{k}={v}" for k, v in near["degrees"].items())
+        lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
                      f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
                      f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
     return lines + [f"  - {line}" for line in doc.get("advice", [])]

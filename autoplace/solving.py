@@ -130,6 +130,21 @@ def compression_hint(problem: Any, result: Any) -> str | None:
     return hint(problem.model, problem.cluster, result.plans[0], problem.assumptions)
 
 
+def add_batch_hint(doc: dict[str, Any], problem: Any, result: Any, request: Request) -> None:
+    """When the global batch divides badly among the GPUs, the nearest batches that divide well,
+    solved as this solve was (a quarter of the time limit each, within what is left of it), and
+    what each gains (autoplace/batch_hint.py): ``batch_hint`` and a note in ``doc``."""
+    from autoplace.batch_hint import batch_hint
+    from solvers.registry import get_solver
+
+    quick = request.budget(left=min(request.time_limit_s / 4, request.left() / 2))
+    hint = batch_hint(problem, result, lambda p: search.solve(request.framework, get_solver(request.solver), p,
+                                                               quick, 1))
+    if hint:
+        doc["batch_hint"] = hint
+        doc["notes"].append(hint["note"])
+
+
 def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs, request: Request,
                   out: Path) -> dict[str, Any]:
     """The best plan's bundle in ``out`` and, unless one framework was asked for, each framework's

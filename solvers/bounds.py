@@ -114,7 +114,7 @@ def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary
         mult_min=st.where(mult, np.inf, 1).min(1), act=terms.act_block[:, 0], cap_max=st.where(_shared(terms.capacity), 0).max(1),
         comm_static=np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)),
         comm_block=terms.bytes_block[:, 0].sum(-1),
-        split_fits=_some_split_fits(terms, st, cand.vpp, table.blocks),
+        split_fits=_some_split_fits(terms, st, cand.vpp, table.blocks, n_kind),
         host_fits=_host_fits(terms, mask, n_kind))
 
 
@@ -127,14 +127,15 @@ def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.nd
     return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
-def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int) -> np.ndarray:
+def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int, n_kind: np.ndarray) -> np.ndarray:
     """Whether any split can fit with every block in each recompute mode ``[C, 3]`` (full: the
     least memory).
 
     Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
     (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
     and together they hold all of them.  With several block kinds the lightest kind is used,
-    which keeps this a necessary condition.
+    which keeps this a necessary condition; and the stages must also hold the blocks of each
+    kind alone at that kind's bytes (a DeepSeek stack's MoE blocks, not only its few dense ones).
     """
     static, state, mult = terms.phases
     act = terms.act_block[:, 0, None, None]  # [C, 1, 1, K, 3]
@@ -145,8 +146,14 @@ def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int
     n_max = np.floor(functools.reduce(np.minimum, np.moveaxis(n_max, -2, 0)))  # [C, S, 3]: the tightest phase
     v = vpp[:, None, None]
     n_max = np.floor(np.clip(n_max, 0, blocks) / v) * v
-    ok = st.where(n_max >= v, True, 1).all(1)
-    return ok & (st.where(n_max, 0, 1).sum(1) >= blocks)
+    ok = st.where(n_max >= v, True, 1).all(1) & (st.where(n_max, 0, 1).sum(1) >= blocks)
+    if len(n_kind) > 1:  # and the blocks of each kind alone, at their own bytes (the others only take room)
+        kind = state[..., None] + mult[..., None, None] * act  # [C, S, F, K, 3]
+        most = np.full(np.broadcast_shapes(room[..., None].shape, kind.shape), float(blocks))
+        np.divide(room[..., None], kind, out=most, where=kind > 0)
+        most = np.floor(np.clip(functools.reduce(np.minimum, np.moveaxis(most, 2, 0)), 0, blocks))  # [C, S, K, 3]
+        ok &= (st.where(most, 0, 2).sum(1) >= n_kind[None, :, None]).all(1)
+    return ok
 
 
 def _shared(x: Array) -> Array:
@@ -157,43 +164,84 @@ def _shared(x: Array) -> Array:
 
 
 def _recompute_time_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, t_sum: np.ndarray) -> np.ndarray:
-    """Least recompute time any split needs to fit (summed over stages): a fractional knapsack.
+    """Least recompute time any split needs to fit (summed over stages), the largest of the
+    bounds :func:`_kind_recompute_lb` finds for the blocks of each kind alone.
+
+    Blocks of the other kinds only take room, and whatever room their recompute frees is
+    counted among the items of the fractional knapsacks (every block of every kind, each
+    kind's seconds per byte): so the blocks of each kind alone bound the whole from below.
+    With several kinds this counts each kind at its own bytes per block; the lightest kind's
+    for every block (a DeepSeek stack's few dense layers for its MoE ones) left memory
+    pressure, and so the recompute of deep MoE pipelines, almost uncounted.
+    """
+    static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)  # the start-of-backward phase
+    # seconds (fastest stage) and bytes saved per block, per kind and step (none->selective, selective->full)
+    t = st.where(t_sum, np.inf, 2).min(axis=1)  # [C, K, 3]
+    act = terms.act_block[:, 0]  # [C, K, 3]
+    cost, drop = _hull(np.maximum(t[..., 1:] - t[..., :1], 0.0), np.maximum(act[..., :1] - act[..., 1:], 0.0))
+    return functools.reduce(np.maximum, (
+        _kind_recompute_lb(terms, st, n_kind, k, static_s, per_block[..., k], mult, cost, drop)
+        for k in range(len(n_kind)) if n_kind[k] > 0))
+
+
+def _hull(cost: np.ndarray, saved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block's recompute as two knapsack items ``[..., 2]`` (seconds, bytes per in-flight
+    micro-batch), from the seconds and bytes of selective and full recompute over none
+    ``[..., 2]``: the lower convex hull of (0, 0), selective, full.  Selective first, then the
+    upgrade to full, when selective is the better buy; otherwise (it saves nothing, as with
+    flash attention) full alone, for its whole price.  Any fraction of a block's recompute
+    costs at least the hull's, so the fractional knapsack over these items is a lower bound;
+    taking the steps as independent items instead counted the upgrade without its first step.
+    """
+    (c1, c2), (s1, s2) = np.moveaxis(cost, -1, 0), np.moveaxis(saved, -1, 0)
+    s2 = np.maximum(s2, s1)
+    both = (s1 > 0) & (c1 * s2 <= c2 * s1)
+    return (np.stack([np.where(both, c1, c2), np.where(both, np.maximum(c2 - c1, 0.0), 0.0)], axis=-1),
+            np.stack([np.where(both, s1, s2), np.where(both, s2 - s1, 0.0)], axis=-1))
+
+
+def _kind_recompute_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, k: int, static_s: np.ndarray,
+                       state_k: np.ndarray, mult: np.ndarray, cost: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """Least recompute time for the ``n_kind[k]`` blocks of kind ``k`` to fit, the others
+    taking no room (:func:`_recompute_time_lb`): the larger of two fractional knapsacks.
 
     All stages together must shed at least ``need`` bytes: their memory with no recompute,
-    counted optimistically (fewest in-flight micro-batches, lightest blocks), minus their
-    total capacity.  Each block offers two items: selective recompute (saves ``a0 - a1`` per
-    in-flight micro-batch for ``t1 - t0`` seconds) and the upgrade to full (``a1 - a2`` for
-    ``t2 - t1``), counted at the most in-flight micro-batches and the cheapest kind.  Taking
-    the cheaper item first, fractionally, bounds the cost of any real choice from below.
+    counted optimistically (fewest in-flight micro-batches, lightest stage), minus their total
+    capacity.  Each block of each kind offers the two items of :func:`_hull` (bytes saved per
+    in-flight micro-batch, for seconds), counted at the most in-flight micro-batches.  Taking the
+    cheaper items first, fractionally, bounds the cost of any real choice from below.
+    Per stage: blocks beyond what a stage holds with no recompute (``h_s``, fractional) each
+    need their bytes shed at that stage's best seconds per byte (its own in-flight count), and
+    no stage holds more than fit with every block recomputed: the cheapest stages take them
+    first, each up to that (in 1F1B the first stages hold many micro-batches in flight).
     """
-    L = n_kind.sum()
-    # the start-of-backward phase alone (a necessary condition; it holds the most activations)
     mask = st.mask
-    static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)
-    inflight_min = st.where(mult, np.inf).min(1)  # [C]
-    inflight_max = st.where(mult, 0).max(1)
-    state = st.where(per_block, np.inf, 1).min(axis=(1, 2))  # [C] lightest kind and stage
-    act = terms.act_block[:, 0].min(1)  # [C, 3]
-    static = st.where(static_s, 0).sum(1)
-    need = np.maximum(static + L * (state + inflight_min * act[:, 0]) - st.where(terms.capacity, 0).sum(1), 0.0)
-    t = st.where(t_sum, np.inf, 2).min(axis=(1, 2))  # [C, 3] fastest
-    save = inflight_max[:, None] * np.stack([act[:, 0] - act[:, 1], act[:, 1] - act[:, 2]], axis=-1)  # [C, 2]
-    cost = np.maximum(np.stack([t[:, 1] - t[:, 0], t[:, 2] - t[:, 1]], axis=-1), 0.0)
-    ratio = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf)
-    first = np.argmin(ratio, axis=1)
-    rows = np.arange(len(need))
-    cap_a, cap_b = L * save[rows, first], L * save[rows, 1 - first]
-    r_a, r_b = ratio[rows, first], ratio[rows, 1 - first]
-    take_a = np.minimum(need, cap_a)
-    take_b = np.minimum(np.maximum(need - cap_a, 0.0), cap_b)
+    inflight_min, inflight_max = st.where(mult, np.inf).min(1), st.where(mult, 0).max(1)  # [C]
+    state = st.where(state_k, np.inf).min(1)  # [C] lightest stage
+    a0 = terms.act_block[:, 0, k, 0]
+    need = np.maximum(st.where(static_s, 0).sum(1) + n_kind[k] * (state + inflight_min * a0)
+                      - st.where(terms.capacity, 0).sum(1), 0.0)
+    save = inflight_max[:, None, None] * drop  # [C, K, 2] bytes per block and step
+    ratio = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf).reshape(len(need), -1)  # [C, 2K]
+    room = (save * n_kind[None, :, None]).reshape(len(need), -1)
+    order = np.argsort(ratio, axis=1, kind="stable")
+    ratio, room = np.take_along_axis(ratio, order, 1), np.take_along_axis(room, order, 1)
+    before = np.cumsum(room, axis=1) - room
+    take = np.clip(need[:, None] - before, 0.0, room)
     with np.errstate(invalid="ignore"):
-        knapsack = np.nan_to_num(take_a * r_a, posinf=0.0) + np.nan_to_num(take_b * r_b, posinf=0.0)
-    # per stage: blocks beyond what a stage holds with no recompute (h_s, fractional) each
-    # need w_s bytes shed at that stage's best seconds per byte (its own in-flight count)
-    w = state[:, None] + mult * act[:, :1]  # [C, S]
-    h = np.where(mask, np.maximum(terms.capacity - static_s, 0) / np.where(w > 0, w, 1), 0.0)
-    excess = np.maximum(L - h.sum(1), 0.0)
-    best = np.where(save > 0, cost / np.where(save > 0, save, 1), np.inf).min(1) * inflight_max  # s per byte at I=1
-    per_block_s = np.where(mask, w * best[:, None] / np.where(mask, mult, 1), np.inf).min(1)
-    stage = np.where(excess > 0, excess * np.where(np.isfinite(per_block_s), per_block_s, 0.0), 0.0)
-    return np.maximum(knapsack, stage)
+        knapsack = np.where(take > 0, take * ratio, 0.0).sum(1)
+    knapsack = np.nan_to_num(knapsack, posinf=0.0)
+    w = state[:, None] + mult * a0[:, None]  # [C, S] bytes per block, no recompute
+    w_min = state[:, None] + mult * terms.act_block[:, 0, k].min(-1)[:, None]  # and the least, recomputed
+    room_s = np.maximum(terms.capacity - static_s, 0)
+    h = np.where(mask, room_s / np.where(w > 0, w, 1), 0.0)  # blocks each stage holds free
+    most = np.where(mask, np.minimum(room_s / np.where(w_min > 0, w_min, 1), n_kind[k]), 0.0)  # and at all
+    best = ratio[:, 0] * inflight_max  # seconds per byte at one micro-batch in flight, any kind
+    price = np.where(mask, w * best[:, None] / np.where(mask, mult, 1), np.inf)  # seconds per block past h_s
+    price = np.where(np.isfinite(price), price, 0.0)  # (nothing saves bytes there: no split fits, bound 0)
+    # the blocks past what the stages hold free go to the cheapest stages first, each up to what it can hold
+    order = np.argsort(price, axis=1, kind="stable")
+    price, extra = np.take_along_axis(price, order, 1), np.take_along_axis(np.maximum(most - h, 0.0), order, 1)
+    excess = np.maximum(n_kind[k] - h.sum(1), 0.0)
+    placed = np.clip(excess[:, None] - (np.cumsum(extra, axis=1) - extra), 0.0, extra)
+    return np.maximum(knapsack, (placed * price).sum(1))

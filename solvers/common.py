@@ -56,8 +56,7 @@ def advice(problem: Problem, nearest: Evaluation) -> list[str]:
     if states > 0:
         # model states shrink about in proportion to the devices sharing them (ZeRO-3 / more stages)
         factor = states / max(states - short, 1e-9) if short < states else float("inf")
-        gpus = problem.cluster.gpus
-        out.append(f"more GPUs of this kind: about {int(np.ceil(gpus * factor))} instead of {gpus}"
+        out.append(f"more GPUs of this kind: {_in_nodes(problem, int(np.ceil(problem.cluster.gpus * factor)))}"
                    if np.isfinite(factor) else "more GPUs alone do not help: activations and buffers exceed memory")
     if "offload" not in problem.features:
         out.append("allow CPU offload of optimizer state and parameters (--allow offload)")
@@ -67,6 +66,19 @@ def advice(problem: Problem, nearest: Evaluation) -> list[str]:
         out.append("a smaller micro-batch (--fix mbs=1)")
     out.append("a shorter sequence (--seq-len) or a smaller global batch (--global-batch)")
     return out
+
+
+def _in_nodes(problem: Problem, gpus: int) -> str:
+    """``gpus`` GPUs as whole nodes of the cluster's size (when every pool's nodes hold as many
+    GPUs), against the cluster's own: "about 8 nodes of 8 GPUs (64 GPUs) instead of 1 (8 GPUs)"."""
+    per_node = {pool.gpus_per_node for pool in problem.cluster.pools}
+    have = problem.cluster.gpus
+    if len(per_node) != 1:
+        return f"about {gpus} GPUs instead of {have}"
+    g = per_node.pop()
+    nodes, now = -(-gpus // g), -(-have // g)
+    return (f"about {nodes} node{'s' * (nodes != 1)} of {g} GPUs ({nodes * g} GPUs) instead of "
+            f"{now} ({have} GPUs)")
 
 
 def nearest_plan(problem: Problem, space: Space) -> Evaluation:

@@ -110,8 +110,14 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         cf, tb = configs[i], tables[i]
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
+        w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
+        best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D) \
+            if time_obj and problem.fixed_split is None else None
         if isinstance(tb, MixedTables):
-            g = groups[i] = _arc_group(md, mixed_arcs(tb, problem.objective), cf.pp, x)
+            arcs = mixed_arcs(tb, problem.objective)
+            if best is not None and best.bound >= best.cost:  # proven: its best split's arcs alone (no other beats it)
+                arcs = [[(int(a), n)] for a, n in zip(np.cumsum(best.split) - best.split, best.split, strict=True)]
+            g = groups[i] = _arc_group(md, arcs, cf.pp, x)
         else:
             sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, problem.fixed_split)
             g = groups[i] = _group(md, (cf.pp, cf.vpp), L, problem.fixed_split, sizes)
@@ -124,10 +130,7 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         for expr in stages:
             md.add(g["top"] >= expr).only_enforce_if(x)
         if time_obj:
-            w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
             md.add(o >= w_max * g["top"] + w_sum * sum(stages) + D * g["tail"]).only_enforce_if(x)
-            best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D) \
-                if isinstance(tb, StageTables) and problem.fixed_split is None else None
             if best is not None:  # its exact optimum (solvers.splits) and a complete hint reaching it: proven at once
                 md.add(o >= best.bound).only_enforce_if(x)
                 fits = best.cost <= cap

@@ -37,6 +37,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from solvers.tables import StageTables
+from solvers.tables_mixed import MixedTables
 
 INF = np.inf
 
@@ -81,25 +82,118 @@ def best_split(time: np.ndarray, tail: np.ndarray, v: int, w_max: float, w_sum: 
         w_max, w_sum: the non-negative weights of the slowest stage and of the sum.
         max_dps: the work budget, in threshold DPs.
     """
-    none = BestSplit(INF, None, INF)
-    P, Q = time.shape[0], (time.shape[1] - 1) // v + 1  # in chunks of v blocks: 0..Q-1 per stage
+    Q = (time.shape[1] - 1) // v + 1  # in chunks of v blocks: 0..Q-1 per stage
     if (time.shape[1] - 1) % v:
-        return none
+        return BestSplit(INF, None, INF)
     t, th = time[:, ::v], tail[:, ::v]
     ok = np.isfinite(t) & np.isfinite(th) & (np.arange(Q) > 0)
     if not ok.any():
-        return none
+        return BestSplit(INF, None, INF)
     W = int(np.flatnonzero(ok.any(0)).max()) + 1  # no stage holds W chunks or more
-    t, th = np.where(ok, t, INF)[:, :W], np.where(ok, th, INF)[:, :W]
-    sums, choices = _dp(t[None], Q, np.add, choose=True)
+    return _thresholds(_Sizes(Q, v), np.where(ok, t, INF)[:, :W], np.where(ok, th, INF)[:, :W],
+                       w_max, w_sum, max_dps)
+
+
+def best_arc_split(time: np.ndarray, tail: np.ndarray, w_max: float, w_sum: float,
+                   max_dps: int = MAX_DPS) -> BestSplit:
+    """:func:`best_split` for several block kinds (:mod:`solvers.tables_mixed`): a stage's
+    seconds depend on where it starts as well as on its size, so the DPs run over stage
+    boundaries (a split is a path 0 = e_0 < ... < e_P = L) and the same thresholds are exact
+    by the same argument.
+
+    Args:
+        time, tail: ``[P, L + 1, W]`` seconds of stage ``s`` starting at block ``a`` and
+            holding ``n < W`` blocks (``inf`` where it cannot: sizes off the interleave too).
+        w_max, w_sum, max_dps: as :func:`best_split`.
+    """
+    ok = np.isfinite(time) & np.isfinite(tail) & (np.arange(time.shape[2]) > 0)
+    if not ok.any():
+        return BestSplit(INF, None, INF)
+    return _thresholds(_Arcs(ok), np.where(ok, time, INF), np.where(ok, tail, INF),
+                       w_max, w_sum, max_dps)
+
+
+class _Sizes:
+    """The DPs of one block kind: a stage's cost depends on its size only (``[P, W]`` tables
+    in chunks of ``v`` blocks)."""
+
+    def __init__(self, Q: int, v: int) -> None:
+        self.Q, self.v = Q, v
+
+    def dp(self, vals: np.ndarray, join: np.ufunc, choose: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        return _dp(vals, self.Q, join, choose)
+
+    def path(self, choices: list[np.ndarray]) -> np.ndarray:
+        return _path(choices, self.Q)
+
+    def at(self, x: np.ndarray, split: np.ndarray) -> np.ndarray:
+        return x[np.arange(len(split)), split]
+
+    def blocks(self, split: np.ndarray) -> list[int]:
+        return (split * self.v).tolist()
+
+
+class _Arcs:
+    """The DPs of several block kinds, over stage boundaries 0..L, reading only the arcs
+    (stage, first block, size) the tables allow (``ok`` ``[P, L + 1, W]``): a few per stage
+    once the tables are cut at a cap, of the ``(L + 1) W`` a dense band would read."""
+
+    def __init__(self, ok: np.ndarray) -> None:
+        self.N = ok.shape[1]
+        self.arcs = []  # per stage: (first blocks, sizes) sorted by where they end, and each end's first arc
+        for s in range(ok.shape[0]):
+            a, n = np.nonzero(ok[s])
+            a, n = a[a + n < self.N], n[a + n < self.N]  # (past the last block: no split uses it)
+            order = np.argsort(a + n, kind="stable")
+            a, n = a[order], n[order]
+            ends, first = np.unique(a + n, return_index=True)
+            self.arcs.append((a, n, ends, first))
+
+    def dp(self, vals: np.ndarray, join: np.ufunc, choose: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        """As :func:`_dp`, ``vals`` ``[K, P, L + 1, W]``; the choices are each stage's arc
+        values ``[K, arcs]`` (:meth:`path` finds the best arc ending at each boundary)."""
+        K = vals.shape[0]
+        best = np.full((K, self.N), INF)
+        best[:, 0] = 0.0 if join is np.add else -INF
+        choices = []
+        for s, (a, n, ends, first) in enumerate(self.arcs):
+            cand = join(best[:, a], vals[:, s, a, n])  # [K, arcs]
+            if choose:
+                choices.append(cand)
+            best = np.full((K, self.N), INF)
+            if len(a):
+                best[:, ends] = np.minimum.reduceat(cand, first, axis=1)
+        return best[:, -1].copy(), choices
+
+    def path(self, choices: list[np.ndarray]) -> np.ndarray:
+        split, e = np.zeros(len(choices), dtype=int), self.N - 1
+        for s in range(len(choices) - 1, -1, -1):  # stage s ends at boundary e: its best arc there
+            a, n, _, _ = self.arcs[s]
+            at = np.flatnonzero(a + n == e)
+            split[s] = n[at[np.argmin(choices[s][0, at])]]
+            e -= split[s]
+        return split
+
+    def at(self, x: np.ndarray, split: np.ndarray) -> np.ndarray:
+        return x[np.arange(len(split)), np.cumsum(split) - split, split]
+
+    def blocks(self, split: np.ndarray) -> list[int]:
+        return split.tolist()
+
+
+def _thresholds(dps: _Sizes | _Arcs, t: np.ndarray, th: np.ndarray, w_max: float, w_sum: float,
+                max_dps: int) -> BestSplit:
+    """The visit of threshold pairs (the module docstring) over tables ``t``, ``th`` (``inf``
+    where a stage cannot take a size) whose DPs ``dps`` runs."""
+    sums, choices = dps.dp(t[None], np.add, choose=True)
     total = float(sums[0])
     if not np.isfinite(total):
-        return none
-    top, worst = _dp(np.stack([t, th]), Q, np.maximum)[0]
-    split = _path(choices, Q)  # the smallest sum: its cost is the first to beat
-    s = np.arange(P)
-    best, pair, bound = float(w_max * t[s, split].max() + w_sum * total + th[s, split].max()), None, INF
-    taus, thetas = np.unique(t[ok[:, :W]]), np.unique(th[ok[:, :W]])
+        return BestSplit(INF, None, INF)
+    top, worst = dps.dp(np.stack([t, th]), np.maximum)[0]
+    split = dps.path(choices)  # the smallest sum: its cost is the first to beat
+    best, pair, bound = float(w_max * dps.at(t, split).max() + w_sum * total + dps.at(th, split).max()), None, INF
+    ok = np.isfinite(t)
+    taus, thetas = np.unique(t[ok]), np.unique(th[ok])
     thetas = thetas[thetas >= worst]
     for tau in taus[taus >= top]:
         if w_max * tau + w_sum * total + worst >= best:
@@ -113,8 +207,8 @@ def best_split(time: np.ndarray, tail: np.ndarray, v: int, w_max: float, w_sum: 
             cand = cand[w_max * tau + w_sum * total + cand < best]
             if not len(cand):
                 break
-            allowed = (t <= tau)[None] & (th[None] <= cand[:, None, None])  # [K, P, W]
-            sums = _dp(np.where(allowed, t[None], INF), Q, np.add)[0]
+            allowed = (t <= tau)[None] & (th[None] <= cand.reshape(-1, *[1] * t.ndim))  # [K, *t.shape]
+            sums = dps.dp(np.where(allowed, t[None], INF), np.add)[0]
             max_dps -= 1
             fits = np.isfinite(sums)  # (w_sum may be 0, and 0 * inf is no cost)
             cost = np.where(fits, w_max * tau + w_sum * np.where(fits, sums, 0) + cand, INF)
@@ -127,9 +221,9 @@ def best_split(time: np.ndarray, tail: np.ndarray, v: int, w_max: float, w_sum: 
                 bound = float(w_max * tau + w_sum * total + worst)
                 break
     if pair is not None:
-        split = _path(_dp(np.where((t <= pair[0]) & (th <= pair[1]), t, INF)[None], Q, np.add, choose=True)[1], Q)
-    value = float(w_max * t[s, split].max() + w_sum * t[s, split].sum() + th[s, split].max())
-    return BestSplit(value, (split * v).tolist(), min(value, bound))
+        split = dps.path(dps.dp(np.where((t <= pair[0]) & (th <= pair[1]), t, INF)[None], np.add, choose=True)[1])
+    value = float(w_max * dps.at(t, split).max() + w_sum * dps.at(t, split).sum() + dps.at(th, split).max())
+    return BestSplit(value, dps.blocks(split), min(value, bound))
 
 
 def _dp(vals: np.ndarray, Q: int, join: np.ufunc, choose: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -184,21 +278,25 @@ class UnitsOptimum:
     tail: int
 
 
-def best_split_units(tables: StageTables, unit: float, v: int, w_max: int, w_sum: int,
+def best_split_units(tables: StageTables | MixedTables, unit: float, v: int, w_max: int, w_sum: int,
                      w_tail: int) -> UnitsOptimum | None:
     """One configuration's best split in the CP-SAT model's own integer units: stage times
-    and tails rounded to ``unit`` as :func:`solvers.cpsat._table_stages` rounds them, weighed
-    as :func:`solvers.cpsat.build_model` weighs them.  None when no split fits.
+    and tails rounded to ``unit`` as :func:`solvers.cpsat._table_stages` (and, with several
+    block kinds, :func:`solvers.cpsat._arc_stages`) round them, weighed as
+    :func:`solvers.cpsat.build_model` weighs them.  None when no split fits.
 
     A bound in seconds would reach the model only through a rounding margin (hundreds of
     units) that CP-SAT still had to close by search; this one its solution reaches (when
-    :func:`best_split` is exact), so with the split as a hint the proof is immediate.  Every
+    the split found is exact), so with the split as a hint the proof is immediate.  Every
     value is an integer far below 2**53, so the float arithmetic is exact.
     """
     time = np.rint(tables.time / unit)
-    tail = np.rint(tables.tail / unit)
-    found = best_split(time, np.where(np.isfinite(time), w_tail * tail, INF), v, w_max, w_sum)
+    tail = np.where(np.isfinite(time), w_tail * np.rint(tables.tail / unit), INF)
+    mixed = isinstance(tables, MixedTables)
+    found = best_arc_split(time, tail, w_max, w_sum) if mixed else best_split(time, tail, v, w_max, w_sum)
     if found.split is None:
         return None
-    s, n = np.arange(len(found.split)), found.split
-    return UnitsOptimum(int(found.cost), int(found.bound), found.split, int(time[s, n].max()), int(tail[s, n].max()))
+    n = np.asarray(found.split)
+    at = (np.arange(len(n)), np.cumsum(n) - n, n) if mixed else (np.arange(len(n)), n)
+    return UnitsOptimum(int(found.cost), int(found.bound), found.split, int(time[at].max()),
+                        int(np.rint(tables.tail / unit)[at].max()))

@@ -15,9 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
 from solvers.base import Problem
 from solvers.space import Scored, Space
+from solvers.splits import best_arc_split
 from solvers.tables import StageTables, TableBound, bound_many
 from solvers.tables_mixed import MixedTables, mixed_split_bounds, mixed_split_value, mixed_tables
 
@@ -120,12 +122,14 @@ def _bounded(space: Space, kept: Mapping[int, _Found | TableBound], cap: float, 
 class _Caps:
     """The K best upper bounds seen while bounding, and the cap they make (the K-th)."""
 
-    def __init__(self, k: int, lower_bound: np.ndarray, best: list[float] | None = None) -> None:
+    def __init__(self, k: int, lower_bound: np.ndarray, best: list[float] | None = None,
+                 ceiling: float = np.inf) -> None:
         self.k, self.lower_bound, self.best = k, lower_bound, best or []  # best: sorted, at most k
+        self.ceiling = ceiling  # the K-th best of K other plans known before the visit
 
     @property
     def cap(self) -> float:
-        return self.best[self.k - 1] if len(self.best) >= self.k else np.inf
+        return min(self.best[self.k - 1] if len(self.best) >= self.k else np.inf, self.ceiling)
 
     def admits(self, bound: float) -> bool:
         """Whether a configuration with this cheap lower bound may beat the cap."""
@@ -141,7 +145,7 @@ class _Caps:
             del self.best[self.k:]
 
     def copy(self) -> _Caps:
-        return _Caps(self.k, self.lower_bound, list(self.best))
+        return _Caps(self.k, self.lower_bound, list(self.best), self.ceiling)
 
 
 def by_lower_bound(space: Space, wanted: Callable[[float], bool]) -> Iterator[list[int]]:
@@ -172,7 +176,7 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
     can fit.
     """
     L, fixed_split, objective = space.table.blocks, problem.fixed_split, problem.objective
-    caps = _Caps(problem.top_k, space.lower_bound)
+    caps = _Caps(problem.top_k, space.lower_bound, ceiling=np.inf if fixed_split else _even_cap(problem, space))
     kept: dict[int, _Found] = {}  # by index into space.configs
     stopped = False
     for chunk in by_lower_bound(space, caps.admits):
@@ -186,7 +190,12 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
                 break
             cf = space.configs[i]
             tb = mixed_tables(batch, j, objective, problem.fixed_mode, caps.cap, fixed_split)
-            lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
+            if objective == "time" and not fixed_split:  # the exact optimum over splits (or a bound and a split)
+                w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
+                found = best_arc_split(tb.time, tb.tail, float(w_max), float(w_sum))
+                lb, bottleneck = found.bound, found.split
+            else:
+                lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
             if not np.isfinite(lb):
                 continue
             even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
@@ -198,3 +207,22 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
         if stopped:
             break
     return _bounded(space, kept, caps.cap, stopped)
+
+
+def _even_cap(problem: Problem, space: Space) -> float:
+    """The K-th best objective of the even splits of the first ``2 K`` configurations in the
+    visit's order (inf when fewer fit): K plans, so a cap the visit may start from.
+
+    The configurations the visit meets before it knows K plans would otherwise have tables
+    of every stage size (no cap cuts them), by far the largest; an even split's tables hold
+    one arc per stage.
+    """
+    L, k = space.table.blocks, problem.top_k
+    first = next(by_lower_bound(space, lambda _: True), [])[:2 * k]
+    batch, values = space.scored(first), []
+    for j, i in enumerate(first):
+        cf = space.configs[i]
+        even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+        tb = mixed_tables(batch, j, problem.objective, problem.fixed_mode, fixed_split=tuple(even))
+        values.append(mixed_split_value(tb, even, cf.vpp, cf.grad_accum, problem.objective))
+    return float(np.sort(values)[k - 1]) if len(values) >= k else np.inf

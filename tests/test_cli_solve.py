@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.test_cli import A100_8, COMM_KEYS, DEGREE_KEYS, MEMORY_KEYS, MODELS, invoke, run_cli, strict_json
 
@@ -58,6 +61,13 @@ def test_infeasible_exits_3_with_the_nearest_plan(tmp_path: Path) -> None:
     assert any(v["rule"] == "out-of-memory" and "short by" in v["message"] for v in nearest["violations"])
     table = invoke("solve", MODELS / "llama-3-405b.json", A100_8, "--deny", "offload")
     assert table.exit_code == 3 and "short by" in table.stdout
+    # readable text, not a Python dict, and more GPUs counted in whole nodes of the cluster's 8
+    assert "{" not in table.stdout and "'dp'" not in table.stdout
+    assert "nearest: dp=" in table.stdout
+    more = next(line for line in doc["advice"] if line.startswith("more GPUs"))
+    nodes, gpus = (int(x) for x in re.search(r"about (\d+) nodes of 8 GPUs \((\d+) GPUs\) instead of 1 \(8 GPUs\)",
+                                               more).groups())
+    assert gpus == 8 * nodes and nodes > 1
 
 
 def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
@@ -153,3 +163,23 @@ def test_top_k_means_k_runnable_plans_or_says_why_fewer() -> None:
     assert 0 < len(tiny["plans"]) < 5
     assert any(n.startswith(f"{len(tiny['plans'])} of the 5 plans asked for: no other configuration")
                for n in tiny["notes"]), tiny["notes"]
+
+
+def test_an_awkward_global_batch_gets_the_nearest_even_ones_and_their_gain() -> None:
+    """A prime batch allows dp = 1 on 8 GPUs: the solve says so, solves the nearest multiples of
+    8 the same way and reports what each gains (JSON and a note); an even batch gets no hint."""
+    from autoplace.batch_hint import neighbours
+
+    assert neighbours(1021, 8) == [1016, 1024] and neighbours(1024, 8) == [] and neighbours(6, 8) == []
+    doc = strict_json(invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "1", "--global-batch", "1021",
+                             "--framework", "none", "--time-limit", "600").stdout)
+    hint = doc["batch_hint"]
+    assert (hint["global_batch"], hint["gpus"], hint["shared"]) == (1021, 8, 1)
+    assert {a["global_batch"] for a in hint["alternatives"]} <= {1016, 1024} and hint["alternatives"]
+    best = hint["alternatives"][0]
+    assert best["gain"] > 0.02
+    assert best["tokens_per_s"] == pytest.approx(doc["plans"][0]["tokens_per_s"] * (1 + best["gain"]), rel=1e-3)
+    assert hint["note"] in doc["notes"] and f"{best['global_batch']:,}" in hint["note"]
+    even = strict_json(invoke("solve", LLAMA_8B, A100_8, "--json", "--top", "1", "--global-batch", "1024",
+                              "--framework", "none", "--time-limit", "600").stdout)
+    assert "batch_hint" not in even

@@ -90,6 +90,21 @@ def test_every_profile_default_names_a_shipped_link() -> None:
     assert len(aliases) == len(set(aliases))  # one profile per alias
 
 
+def test_mi300x_nodes_default_to_infinity_fabric_with_cited_numbers() -> None:
+    """``--cluster 4x8xmi300x`` needs no link flags: the MI300X profile names the shipped
+    xGMI profile (7 links x 64 GB/s per direction, ~75% usable) and NDR InfiniBand, each
+    number cited beside it."""
+    c = cluster_from_flags("mi300x", 4, gpus_per_node=8)
+    pool = c.pools[0]
+    assert (c.gpus, pool.intra_node.name, pool.inter_node.name) == (32, "xgmi-mi300x", "ib-ndr")
+    xgmi = profile("interconnect", "xgmi-mi300x")
+    assert (xgmi.bandwidth_GBps, xgmi.achievable_fraction) == (7 * 64, 0.75)
+    assert {"bandwidth_GBps", "latency_us", "achievable_fraction"} <= set(xgmi.sources)
+    result = CliRunner().invoke(app, ["evaluate", MODEL, "--cluster", "4x8xmi300x", "--plan", "dp_shard=32", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["cluster"]["gpus"] == 32
+
+
 def test_multi_node_without_a_known_network_names_the_flag() -> None:
     with pytest.raises(SpecError) as info:
         cluster_from_flags("l40s", 2)  # PCIe servers: no standard NIC, so no default

@@ -406,3 +406,23 @@ def test_input_is_not_mutated() -> None:
     before = copy.deepcopy(config)
     shorthand_from_hf(config, source="x")
     assert config == before
+
+
+def test_a_config_without_model_type_names_model_type(tmp_path: Path) -> None:
+    """An HF config.json that lost its model_type is read as one and told so (the key, what it is
+    for, an example and the supported values), not as a shorthand missing ``layers``; a
+    shorthand still gets its own error."""
+    from autoplace.specs.model import load_model
+
+    config = json.loads((DATA / "meta-llama-3-8b.json").read_text())
+    del config["model_type"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(SpecError) as info:
+        load_model(path)
+    assert info.value.field == "model_type" and "required key is missing" in str(info.value)
+    assert '"model_type": "llama"' in str(info.value) and "qwen3" in str(info.value) and "layers" not in str(info.value)
+    path.write_text(json.dumps({"hidden": 512, "heads": 8}))  # a shorthand without layers
+    with pytest.raises(SpecError) as info:
+        load_model(path)
+    assert info.value.field == "layers"

@@ -61,6 +61,19 @@ def test_emit_one_format_from_plan_json(tmp_path: Path) -> None:
     assert ds["train_batch_size"] == plan.global_batch
 
 
+def test_emit_for_a_format_that_cannot_express_the_plan_is_bad_input(tmp_path: Path) -> None:
+    """A pipeline plan asked of FSDP2: exit 2 (bad input, documented in README), one line naming
+    the format, what it cannot say and who can -- not the undocumented 1."""
+    solved = invoke("solve", LLAMA_8B, A100_8, "--fix", "pp=2", "--framework", "none", "--time-limit", "600",
+                    "--out", tmp_path / "pp2", "--json")
+    assert solved.exit_code == 0, solved.output
+    result = invoke("emit", tmp_path / "pp2" / "plan.json", "--format", "fsdp", "--out", tmp_path / "fsdp")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autoplace: error: fsdp: pp=2") and "torchtitan" in lines[0]
+    assert not (tmp_path / "fsdp").exists() or not any((tmp_path / "fsdp").iterdir())
+
+
 def test_submit_dry_run_prints_the_command_and_refuses_oom(tmp_path: Path) -> None:
     result = invoke("submit", TINY, CPU2, "--script", "train.py", "--dry-run", "--out", tmp_path / "job", "--json",
                     "--", "--lr", "1e-3")

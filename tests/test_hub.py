@@ -70,7 +70,8 @@ def test_an_existing_file_is_never_a_hub_id(offline: Path, monkeypatch: pytest.M
 def test_missing_everywhere_says_how_to_get_it(offline: Path) -> None:
     with pytest.raises(SpecError) as info:
         resolve_model("Qwen/Qwen2.5-7B")
-    assert "huggingface-cli download Qwen/Qwen2.5-7B config.json" in str(info.value)
+    assert "`hf download Qwen/Qwen2.5-7B config.json`" in str(info.value)  # huggingface_hub's current command
+    assert "huggingface-cli" not in str(info.value)
 
 
 def test_download_asks_for_config_json_only(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,4 +100,38 @@ def test_evaluate_with_a_missing_hub_id_is_one_line(offline: Path) -> None:
     result = CliRunner().invoke(app, ["evaluate", "Qwen/Qwen2.5-7B", CLUSTER, "--plan", "tp=8"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "huggingface-cli download" in lines[0]
+    assert len(lines) == 1 and "hf download Qwen/Qwen2.5-7B config.json" in lines[0]
+
+
+def test_an_unreachable_hub_fails_in_seconds_with_one_line(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network: huggingface_hub retries with backoff and logs a warning per attempt.  The
+    miss is given up on after DOWNLOAD_SECONDS with those warnings silenced, and the one line
+    names the command that exists (``hf download``, with the revision).  A fake hub stands in
+    for the network: it logs its retries, then answers only after the test is done with it
+    (a solve that waited for it would succeed, exit 0, and fail here)."""
+    import logging
+    import threading
+
+    from autoplace.specs import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hub._download, "__defaults__", (0.2,))
+    release, started = threading.Event(), []
+
+    def hf_hub_download(repo_id: str, filename: str, revision: str = "main") -> str:
+        started.append(repo_id)
+        for attempt in range(1, 6):
+            logging.getLogger("huggingface_hub").warning(f"Retrying in 1s [Retry {attempt}/5].")
+        release.wait(10)
+        return str(FIXTURE)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=hf_hub_download))
+    try:
+        result = CliRunner().invoke(app, ["evaluate", "Qwen/Qwen2.5-7B@v2", CLUSTER, "--plan", "tp=8"])
+    finally:
+        release.set()
+    assert started == ["Qwen/Qwen2.5-7B"]
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "`hf download Qwen/Qwen2.5-7B config.json --revision v2`" in lines[0] and "Traceback" not in result.output

@@ -25,8 +25,8 @@ CLUSTER_FILES = sorted((REPO / "examples" / "clusters").glob("*.yaml"))
 # Profile names promised by docs/ARCHITECTURE.md ("Inputs").
 DESIGN_GPUS = {"v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h100-pcie-80gb",
                "h200-sxm-141gb", "b200-sxm-180gb", "mi300x-192gb", "l40s-48gb", "cpu"}
-DESIGN_LINKS = {"nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie4", "pcie5", "ib-hdr", "ib-ndr", "roce-200",
-                "roce-400"}
+DESIGN_LINKS = {"nvlink2", "nvlink3", "nvlink4", "nvlink5", "xgmi-mi300x", "pcie4", "pcie5", "ib-hdr", "ib-ndr",
+                "roce-200", "roce-400"}
 
 
 def _id(path: Path) -> str:

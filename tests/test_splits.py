@@ -13,10 +13,11 @@ from solvers.cpsat import CpSatSolver, build_model
 from solvers.exhaustive import compositions
 from solvers.problem import Problem
 from solvers.space import enumerate_configs, score_space
-from solvers.splits import best_split
+from solvers.splits import best_arc_split, best_split
 from solvers.tables import StageTables, split_bounds, split_value, stage_tables
+from solvers.tables_mixed import mixed_tables
 from tests.helpers import gpu_cluster
-from tests.test_solvers import _model
+from tests.test_solvers import _model, _moe_model
 
 
 def _cost(time: np.ndarray, tail: np.ndarray, split: tuple[int, ...], w_max: float, w_sum: float) -> float:
@@ -76,6 +77,41 @@ def test_a_budget_cut_short_leaves_a_sound_bound_and_a_real_split(
     assert found.bound <= found.cost
 
 
+def _arc_cost(time: np.ndarray, tail: np.ndarray, split: tuple[int, ...], w_max: float, w_sum: float) -> float:
+    n = np.asarray(split)
+    at = (np.arange(len(n)), np.cumsum(n) - n, n)
+    if (n >= time.shape[2]).any() or not np.isfinite(time[at]).all():
+        return np.inf
+    return float(w_max * time[at].max() + w_sum * time[at].sum() + tail[at].max())
+
+
+@settings(max_examples=150, deadline=None)
+@given(_tables(), st.integers(1, 4), st.sampled_from([10**9, 0, 1, 2]))
+def test_best_arc_split_is_the_best_of_every_split(case: tuple[np.ndarray, np.ndarray, int, float, float],
+                                                   spread: int, max_dps: int) -> None:
+    """Several block kinds: a stage's seconds depend on where it starts too (tables by stage,
+    first block and size, narrower than L + 1 sizes, inf off the interleave).  Unbounded, the
+    optimum over every split and a split reaching it; with a work budget, a sound bound and a
+    real split at its own cost."""
+    time1, tail1, v, w_max, w_sum = case
+    P, L = time1.shape[0], time1.shape[1] - 1
+    rng = np.random.default_rng(int(time1.shape[1] * 1000 + spread))
+    W = min(L + 1, v * (L // (v * P) + spread) + 1)
+    start_cost = np.round(rng.uniform(0.0, 1.0, (P, L + 1, 1)), 1)  # seconds that depend on the first block
+    time = np.where(np.arange(W) % v == 0, time1[:, None, :W] + start_cost * np.arange(W), np.inf)
+    tail = np.broadcast_to(tail1[:, None, :W], time.shape) + start_cost
+    costs = {sp: _arc_cost(time, tail, sp, w_max, w_sum) for sp in compositions(L, P, v)}
+    found = best_arc_split(time, tail, w_max, w_sum, max_dps=max_dps)
+    best = min(costs.values(), default=np.inf)
+    if not np.isfinite(best):
+        assert found.cost == found.bound == np.inf and found.split is None
+        return
+    assert found.split is not None and costs[tuple(found.split)] == pytest.approx(found.cost, rel=1e-12)
+    assert found.bound <= best * (1 + 1e-12) + 1e-12 and found.bound <= found.cost
+    if max_dps == 10**9:
+        assert found.exact and found.cost == pytest.approx(best, rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_best_split_is_within_the_separate_bounds(seed: int) -> None:
     """The optimum is at least split_bounds' three-DP bound, and at most its bottleneck split."""
@@ -96,18 +132,23 @@ def test_best_split_is_within_the_separate_bounds(seed: int) -> None:
     assert split_value(tb, found.split, v, m, "time") == pytest.approx(found.cost, rel=1e-12)
 
 
-def test_the_units_bound_is_each_configurations_model_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_units_bound_is_each_configurations_model_optimum(monkeypatch: pytest.MonkeyPatch, mixed: bool) -> None:
     """Every configuration's CP-SAT optimum in a model built without the exact bound equals the
     bound build_model adds (best_split_units on the model's own rounding and weights): sound,
-    and reached by its complete hint, so with it CP-SAT proves the optimum at once."""
-    problem = Problem(_model(12, 512, 32), gpu_cluster(8), top_k=1)
+    and reached by its complete hint, so with it CP-SAT proves the optimum at once.  With
+    several block kinds (a dense first layer, then MoE ones) the model chooses arcs and the
+    bound comes from the DPs over stage boundaries."""
+    model = _moe_model(12, 512, 32, 512, dense=2) if mixed else _model(12, 512, 32)
+    problem = Problem(model, gpu_cluster(8), top_k=1)
     space = score_space(problem, enumerate_configs(problem))
+    assert (len(space.table.kinds) > 1) == mixed
     rows = [int(i) for i in np.argsort(space.lower_bound) if space.memory_lb[i] <= 0 and space.configs[i].pp > 2]
     assert {space.configs[i].vpp for i in rows} - {1}, "the case needs interleaved pipelines (D > 1)"
     cp_model, checked = _ortools.cp_model(), 0
     for i in rows[:4] + [i for i in rows if space.configs[i].vpp > 1][:4]:
         one = space.scored([i])
-        tables = {0: stage_tables(one, 0, "time", None)}
+        tables = {0: mixed_tables(one, 0, "time", None) if mixed else stage_tables(one, 0, "time", None)}
         with_bound = build_model(problem, one, tables)
         split, values = with_bound.groups[0]["best"]
         CpSatSolver._hint(with_bound, one, 0, split, values)

@@ -303,10 +303,12 @@ def _family(config: Mapping[str, Any], source: str) -> tuple[str, _Family]:
     """The model_type and its family; unknown types list the supported ones."""
     model_type = config.get("model_type")
     supported = ", ".join(sorted(_FAMILIES))
+    if model_type is None:
+        raise SpecError("required key is missing: a Hugging Face config.json names its model family here "
+                        f"(the config.json the Hub serves has it, e.g. \"model_type\": \"llama\"); supported: "
+                        f"{supported}", source=source, field="model_type")
     if not isinstance(model_type, str) or model_type not in _FAMILIES:
-        shown = "missing" if model_type is None else repr(model_type)
-        raise SpecError(f"{shown} is not supported; supported: {supported}",
-                        source=source, field="model_type")
+        raise SpecError(f"{model_type!r} is not supported; supported: {supported}", source=source, field="model_type")
     return model_type, _FAMILIES[model_type]
 
 

@@ -458,11 +458,20 @@ def model_from_dict(data: dict[str, Any], *, source: str = "<model>") -> ModelSp
     Raises:
         SpecError: one line naming the field and what is valid.
     """
-    if "model_type" in data:
+    if "model_type" in data or _looks_like_hf(data):  # (without model_type: the HF reader says it is missing)
         return _from_hf(data, source=source)
     if "graph" in data:
         return validate(GraphSpec, data, source=source)
     return validate(TransformerSpec, data, source=source)
+
+
+HF_MARKERS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "architectures")
+
+
+def _looks_like_hf(data: dict[str, Any]) -> bool:
+    """A Hugging Face config.json (its keys, none of the shorthand's or a graph's) that lost its
+    ``model_type``: worth naming that, not the shorthand's missing ``layers``."""
+    return "layers" not in data and "graph" not in data and any(key in data for key in HF_MARKERS)
 
 
 def _from_hf(config: dict[str, Any], *, source: str) -> TransformerSpec:
