@@ -185,7 +185,7 @@ def _framework_seeds() -> dict[str, list[Any]]:
     import tomllib
 
     from autoplace.cost.layers import layer_table
-    from autoplace.emit import render
+    from autoplace.bundle import render
     from autoplace.errors import AutoplaceError
     from autoplace.plan import build_plan, parse_plan_string
     from autoplace.specs.cluster import load_cluster
@@ -200,7 +200,7 @@ def _framework_seeds() -> dict[str, list[Any]]:
                           global_batch=model.training.global_batch, gpus_per_node=8)
         for fmt, parse in (("deepspeed", json.loads), ("accelerate", yaml.safe_load), ("torchtitan", tomllib.loads)):
             try:
-                out[fmt].append(parse(render(fmt, plan, model, cluster)))
+                out[fmt].append(parse(render(fmt, plan, model, cluster)[0].text))  # the framework's config first
             except AutoplaceError:
                 continue
     return out
