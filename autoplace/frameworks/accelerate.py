@@ -21,7 +21,16 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, accelerate_launch_script
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked, user_program
+from autoplace.frameworks.base import (
+    BundleFile,
+    Framework,
+    PlanCheck,
+    Program,
+    ReadConfig,
+    check_recipe,
+    checked,
+    user_program,
+)
 from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -72,6 +81,7 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
     check_compression(plan, FMT, Accelerate.compressions)
+    check_recipe(plan, Accelerate)
     if plan.compress == "bf16" and _distributed_type(plan) != "FSDP":
         raise fail(FMT, "compress=bf16: accelerate reduces in bf16 only under FSDP (its MixedPrecisionPolicy takes "
                         "reduce_dtype from mixed_precision); its DDP all-reduces the fp32 gradients autocast leaves: "

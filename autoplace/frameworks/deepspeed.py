@@ -25,7 +25,7 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, deepspeed_launch_script
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -74,6 +74,9 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for the parts of ``plan`` DeepSpeed 0.19 has no configuration for."""
     check_compression(plan, FMT, DeepSpeed.compressions)
+    check_recipe(plan, DeepSpeed)
+    if plan.zero == 0 and not plan.overlap:
+        raise fail(FMT, "overlap=false with zero=0: DeepSpeed's overlap_comm is a ZeRO (stage >= 1) setting")
     if plan.compress == "zeropp":
         _check_zeropp(plan)
     if plan.cp > 1:
@@ -165,7 +168,7 @@ def zero_section(plan: Plan, model: ModelSpec, nvme_path: str) -> dict[str, Any]
     zero: dict[str, Any] = {"stage": plan.zero}
     if plan.zero == 0:
         return zero
-    zero.update({"overlap_comm": True, "contiguous_gradients": True,
+    zero.update({"overlap_comm": plan.overlap, "contiguous_gradients": True,
                  "reduce_bucket_size": h * h, "allgather_bucket_size": h * h})
     if plan.zero == 3:
         zero["stage3_prefetch_bucket_size"] = int(0.9 * h * h)
@@ -237,6 +240,7 @@ class DeepSpeed(Framework):
     denied_features = frozenset({"cp", "interleave"})
     uniform_recompute = ("none", "selective", "full")
     compressions = frozenset({"zeropp"})
+    recipes = {"overlap": (True, False)}  # zero_optimization.overlap_comm
     config_suffixes = (".json",)
     reports_hardware_flops = True
 
