@@ -198,6 +198,8 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     if p.compress in COMPRESSIONS:  # "none" is not an option
         lines.append(f"[yellow]compress={p.compress}[/yellow]: {COMPRESSIONS[p.compress].moves}; "
                      f"accuracy risk {COMPRESSIONS[p.compress].risk}")
+    if p.fp8 != "none":
+        lines.append(f"[yellow]fp8={p.fp8}[/yellow]: {FP8_RISK}")
     if ev.violations:
         lines += [f"[red]violation[/red] {v.rule}: {v.message}" for v in ev.violations]
     else:
@@ -238,6 +240,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
         return [], _infeasible_lines(doc)
     runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
     compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])  # the column only when used
+    recipes = any(recipe_text(p.get("recipe", {})) != "-" for p in doc["plans"])
     rows = []
     for p in doc["plans"]:
         d, mem = p["degrees"], p["memory_per_device_bytes"]
@@ -245,11 +248,13 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
         rows.append((str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
                      f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                      p["recompute"], off, *((_compress_text(p),) if compressed else ()),
+                     *((recipe_text(p.get("recipe", {})),) if recipes else ()),
                      f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                      _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
                      _band_text(p), f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ())))
     title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
-    columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *_PLAN_COLUMNS[7:])
+    columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *(("recipe",) if recipes else ()),
+               *_PLAN_COLUMNS[7:])
     tab = Section(title, (*columns, *(("runs with",) if runs_with else ())), rows,
                   right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
     lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
@@ -259,9 +264,26 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
             risks.setdefault(p["compress"], []).append(str(p["rank"]))
     lines += [f"[yellow]{name} (plans {', '.join(ranks)})[/yellow]: accuracy risk {COMPRESSIONS[name].risk}"
               for name, ranks in risks.items()]
+    fp8 = [str(p["rank"]) for p in doc["plans"] if p.get("recipe", {}).get("fp8", "none") != "none"]
+    if fp8:
+        lines.append(f"[yellow]fp8 (plans {', '.join(fp8)})[/yellow]: {FP8_RISK}")
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     return [tab], lines
+
+
+FP8_RISK = ("accuracy risk: 8-bit GEMM inputs (e4m3/e5m2) change the numerics; compare the loss curve with a "
+            "bf16 run (Micikevicius et al. 2022)")
+_RECIPE_SHORT = {"compile": "C", "fused_loss": "L", "overlap": "O"}
+
+
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """A plan's recipe for a table cell: letters for what is on (C compile, L fused loss, O
+    overlapped DP communication), the TP overlap and fp8 recipe by name; ``-`` for none."""
+    parts = ["".join(letter for key, letter in _RECIPE_SHORT.items() if recipe.get(key))]
+    parts += [f"tp:{recipe['tp_overlap']}"] if recipe.get("tp_overlap", "none") != "none" else []
+    parts += [f"fp8:{recipe['fp8']}"] if recipe.get("fp8", "none") != "none" else []
+    return " ".join(x for x in parts if x) or "-"
 
 
 def _compress_text(plan: dict[str, Any]) -> str:

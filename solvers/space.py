@@ -24,7 +24,7 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -134,16 +134,18 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
+    recipes = _recipes(problem, base)
     shapes: list[Config] = []
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
-        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
+        for oo, op, (comp, rank), recipe in itertools.product(offs_opt, offs_par, compressions, recipes):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
             shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
-                                                     "offload_params": op, "compress": comp, "powersgd_rank": rank})
+                                                     "offload_params": op, "compress": comp, "powersgd_rank": rank}
+                                       | recipe)
             if problem.admissible is None or problem.admissible(shape):
                 shapes.append(shape)
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
@@ -152,6 +154,23 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
         ga = per_replica // mbs
         batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
     return shapes, batchings
+
+
+def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
+    """The recipe alternatives of one set of degrees (``Problem.recipes`` with ``--fix``'s recipe
+    keys over them), distinct; TP-comm overlap only where there is tensor parallelism."""
+    out: list[dict[str, Any]] = []
+    for recipe in problem.recipes:
+        values = {**RECIPE_DEFAULTS, **recipe, **{k: v for k, v in problem.fixed.items() if k in RECIPE_DEFAULTS}}
+        if base.tp == 1 and "tp_overlap" not in problem.fixed:
+            values["tp_overlap"] = "none"
+        if values["fp8"] != "none":
+            plain = [p.gpu.name for p in problem.cluster.pools if p.gpu.peak_TFLOPS.fp8 is None]
+            if plain:
+                raise Infeasible(f"fp8={values['fp8']}: {plain[0]} has no fp8 units (its profile states no fp8 peak)")
+        if values not in out:
+            out.append(values)
+    return out
 
 
 def _compressions(problem: Problem, base: Config, reduce_bytes: float) -> list[tuple[str, int]]:
