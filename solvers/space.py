@@ -140,14 +140,19 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
-        for oo, op, (comp, rank), recipe in itertools.product(offs_opt, offs_par, compressions, recipes):
+        for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
-                                                     "offload_params": op, "compress": comp, "powersgd_rank": rank}
-                                       | recipe)
-            if problem.admissible is None or problem.admissible(shape):
-                shapes.append(shape)
+            taken: list[dict[str, Any]] = []
+            for recipe in recipes:  # best first: a recipe no better than one admitted is not enumerated
+                if any(_dominates(t, recipe) for t in taken):
+                    continue
+                shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
+                                                         "offload_params": op, "compress": comp,
+                                                         "powersgd_rank": rank} | recipe)
+                if problem.admissible is None or problem.admissible(shape):
+                    shapes.append(shape)
+                    taken.append(recipe)
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
@@ -170,7 +175,20 @@ def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
                 raise Infeasible(f"fp8={values['fp8']}: {plain[0]} has no fp8 units (its profile states no fp8 peak)")
         if values not in out:
             out.append(values)
-    return out
+    return sorted(out, key=lambda r: -sum(_on(r).values()))
+
+
+def _on(recipe: dict[str, Any]) -> dict[str, bool]:
+    """Which of a recipe's numerics-neutral keys are on (async TP and userbuffers cost alike)."""
+    return {"compile": recipe["compile"], "fused_loss": recipe["fused_loss"], "overlap": recipe["overlap"],
+            "tp_overlap": recipe["tp_overlap"] != "none"}
+
+
+def _dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether recipe ``a`` is never slower nor larger than ``b`` in the cost model: the same fp8
+    recipe and every key ``b`` turns on on in ``a`` (each is, for the same configuration)."""
+    on_a, on_b = _on(a), _on(b)
+    return a["fp8"] == b["fp8"] and all(on_a[k] or not on_b[k] for k in on_a)
 
 
 def _compressions(problem: Problem, base: Config, reduce_bytes: float) -> list[tuple[str, int]]:
