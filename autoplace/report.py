@@ -240,7 +240,6 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
         return [], _infeasible_lines(doc)
     runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
     compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])  # the column only when used
-    recipes = any(recipe_text(p.get("recipe", {})) != "-" for p in doc["plans"])
     rows = []
     for p in doc["plans"]:
         d, mem = p["degrees"], p["memory_per_device_bytes"]
@@ -248,13 +247,11 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
         rows.append((str(p["rank"]), f"{d['dp']}x{d['tp']}x{d['pp']}x{d['cp']}x{d['ep']}", str(p["zero_stage"]),
                      f"{p['micro_batch']}x{p['grad_accum']}", f"{p['schedule']}/v{p['virtual_stages']}",
                      p["recompute"], off, *((_compress_text(p),) if compressed else ()),
-                     *((recipe_text(p.get("recipe", {})),) if recipes else ()),
                      f"{mem['total'] / GiB:.1f} / {mem['capacity'] / GiB:.0f}",
                      _fmt_bytes(p["comm_bytes_per_step_per_device"]["total"]), f"{p['step_time_s']:.3f}",
                      _band_text(p), f"{p['mfu']:.1%}", *((", ".join(p["frameworks"]) or "none",) if runs_with else ())))
     title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
-    columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *(("recipe",) if recipes else ()),
-               *_PLAN_COLUMNS[7:])
+    columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *_PLAN_COLUMNS[7:])
     tab = Section(title, (*columns, *(("runs with",) if runs_with else ())), rows,
                   right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
     lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
@@ -264,6 +261,11 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
             risks.setdefault(p["compress"], []).append(str(p["rank"]))
     lines += [f"[yellow]{name} (plans {', '.join(ranks)})[/yellow]: accuracy risk {COMPRESSIONS[name].risk}"
               for name, ranks in risks.items()]
+    by_recipe: dict[str, list[str]] = {}  # one line per recipe (a column would not fit 80 columns)
+    for p in doc["plans"]:
+        by_recipe.setdefault(recipe_text(p.get("recipe", {})), []).append(str(p["rank"]))
+    lines += [f"recipe {text} (plans {', '.join(ranks)}): {RECIPE_LEGEND}" if text != "-" else
+              f"recipe: none (plans {', '.join(ranks)})" for text, ranks in by_recipe.items()]
     fp8 = [str(p["rank"]) for p in doc["plans"] if p.get("recipe", {}).get("fp8", "none") != "none"]
     if fp8:
         lines.append(f"[yellow]fp8 (plans {', '.join(fp8)})[/yellow]: {FP8_RISK}")
@@ -275,6 +277,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = ()) -> tuple[l
 FP8_RISK = ("accuracy risk: 8-bit GEMM inputs (e4m3/e5m2) change the numerics; compare the loss curve with a "
             "bf16 run (Micikevicius et al. 2022)")
 _RECIPE_SHORT = {"compile": "C", "fused_loss": "L", "overlap": "O"}
+RECIPE_LEGEND = "C compile, L fused loss, O overlapped data-parallel communication"
 
 
 def recipe_text(recipe: dict[str, Any]) -> str:

@@ -83,8 +83,12 @@ def recipe_choices(group: Sequence[Framework], cluster: ClusterSpec, features: s
     each of those again with each fp8 recipe the framework implements."""
     fp8_ok = "fp8" in features and all(p.gpu.peak_TFLOPS.fp8 is not None for p in cluster.pools)
     out: list[dict[str, Any]] = []
-    for best, fp8s in ([(BEST_RECIPE, SEARCHED_FP8)] if not group else
-                       [({k: v[0] for k, v in f.recipes.items() if k != "fp8"}, f.recipes.get("fp8", ())) for f in group]):
+    bests = ([(BEST_RECIPE, SEARCHED_FP8)] if not group else
+             [({k: v[0] for k, v in f.recipes.items() if k != "fp8"}, f.recipes.get("fp8", ())) for f in group])
+    # last, the defaults: what a shape is tried with when --fix makes its framework's best inexpressible
+    # (torchtitan's fused loss and async TP need compile); enumeration skips it wherever a better one fits
+    bests.append(({}, tuple(x for _, fp8s in bests for x in fp8s)))
+    for best, fp8s in bests:
         for fp8 in ("none", *(x for x in fp8s if fp8_ok and x in SEARCHED_FP8)):
             choice = {**best, "fp8": fp8}
             if choice not in out:
@@ -147,7 +151,8 @@ def refusal(plan: Plan, model: ModelSpec, framework: str) -> str | None:
 
 
 def _clip(reason: str, limit: int = 100) -> str:
-    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
+    """A long reason as its first clause (whole words: piped output is never cut mid-word)."""
+    return reason if len(reason) <= limit or "; " not in reason else reason.split("; ")[0]
 
 
 def runnable_by(plan: Plan, model: ModelSpec, checks: dict[str, PlanCheck] | None = None) -> list[str]:
