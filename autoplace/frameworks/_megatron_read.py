@@ -135,9 +135,9 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
         return [n]
     if "--pipeline-model-parallel-layout" in flags:
         layout = "".join(flags["--pipeline-model-parallel-layout"])
-        chunks = [chunk.replace("E", "").replace("L", "") for chunk in layout.split("|")]
+        pieces = [chunk.replace("E", "").replace("L", "") for chunk in layout.split("|")]
         try:
-            parts = [int(c[2:]) if c.startswith("t*") else c.count("t") if set(c) <= {"t"} else -1 for c in chunks]
+            parts = [int(c[2:]) if c.startswith("t*") else c.count("t") if set(c) <= {"t"} else -1 for c in pieces]
         except ValueError:
             parts = [-1]
         if min(parts) < 0 or sum(parts) != n or len(parts) % pp:
