@@ -41,7 +41,8 @@ def plan_values(plan: Plan) -> dict[str, Any]:
                               "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "vpp": plan.vpp, "sp": plan.sp,
                               "zero": plan.zero, "mbs": plan.mbs, "schedule": plan.schedule,
                               "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params,
-                              "compress": plan.compress, "powersgd_rank": plan.powersgd_rank or None}
+                              "compress": plan.compress, "powersgd_rank": plan.powersgd_rank or None,
+                              **plan.recipe()}
     if plan.recompute_mode == "mixed":
         values["recompute_layers"] = ":".join(r[0] for r in plan.recompute)
     else:
@@ -79,6 +80,17 @@ def _neighbours(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
         if (name, rank) != (plan.compress, plan.powersgd_rank):
             out.append((f"compress {plan.compress} -> {label(name, rank)}",
                         {**base, "compress": name, "powersgd_rank": rank or None}))
+    return out + _recipe_neighbours(plan, base)
+
+
+def _recipe_neighbours(plan: Plan, base: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each recipe key changed alone: the booleans flipped, TP overlap on or off (where tp > 1);
+    fp8 is left to the user (it changes the numerics, and needs fp8 units)."""
+    out = [(f"{key} {str(getattr(plan, key)).lower()} -> {str(not getattr(plan, key)).lower()}",
+            {**base, key: not getattr(plan, key)}) for key in ("compile", "fused_loss", "overlap")]
+    if plan.tp > 1:
+        other = "none" if plan.tp_overlap != "none" else "async"
+        out.append((f"tp_overlap {plan.tp_overlap} -> {other}", {**base, "tp_overlap": other}))
     return out
 
 

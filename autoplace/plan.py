@@ -47,6 +47,10 @@ OFFLOAD = ("none", "cpu", "nvme")
 # communication compression (autoplace.compression says what each moves, costs and risks)
 COMPRESS = ("none", "bf16", "zeropp", "powersgd")
 POWERSGD_RANKS = (1, 2, 4)  # searched ranks: "typically only 1-4" (PyTorch's powerSGD_hook docs)
+# recipes (issue 24): how the framework runs the plan's kernels and collectives
+TP_OVERLAP = ("none", "async", "userbuffers")  # torchtitan's async TP; Megatron's --tp-comm-overlap
+FP8 = ("none", "tensorwise", "rowwise", "delayed", "mxfp8")  # torchao's recipes; Transformer Engine's delayed; MX
+RECIPE_KEYS = ("compile", "fused_loss", "tp_overlap", "overlap", "fp8")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,17 @@ class Config:
             gathers, int4 gradient reduce-scatter) or powersgd (DDP at zero=0: rank-
             ``powersgd_rank`` low-rank gradients with error feedback).
         powersgd_rank: the PowerSGD rank, > 0 exactly when ``compress`` is powersgd.
+        compile: the blocks run under torch.compile (fewer, fused memory-bound kernels).
+        fused_loss: hand-fused layers: a cross-entropy that never holds fp32 logits for the
+            whole micro-batch (Liger, flash-attention's, Megatron's fused CE) and the fused MLP
+            those kernel libraries ship with it.
+        tp_overlap: none, async (torchtitan's async TP) or userbuffers (Megatron's
+            ``--tp-comm-overlap``): TP collectives pipelined with the matmuls beside them.
+        overlap: data-parallel gradient reduction and parameter gathers overlapped with
+            compute (DDP buckets, FSDP2 prefetch, Megatron's ``--overlap-grad-reduce``);
+            false: they run after (before) the compute, exposed.
+        fp8: none, or the fp8 GEMM recipe: tensorwise / rowwise (torchao), delayed
+            (Transformer Engine), mxfp8 (block-scaled, Blackwell).
     """
 
     tp: int = 1
@@ -89,6 +104,11 @@ class Config:
     offload_params: str = "none"
     compress: str = "none"
     powersgd_rank: int = 0
+    compile: bool = False
+    fused_loss: bool = False
+    tp_overlap: str = "none"
+    overlap: bool = True
+    fp8: str = "none"
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -139,7 +159,9 @@ class Config:
 
 
 _DEGREES = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "mbs", "grad_accum")
-_CHOICES = {"schedule": SCHEDULES, "offload_optimizer": OFFLOAD, "offload_params": OFFLOAD, "compress": COMPRESS}
+_CHOICES = {"schedule": SCHEDULES, "offload_optimizer": OFFLOAD, "offload_params": OFFLOAD, "compress": COMPRESS,
+            "tp_overlap": TP_OVERLAP, "fp8": FP8}
+_FLAGS = ("sp", "compile", "fused_loss", "overlap")
 
 
 def check_config(config: Config) -> None:
@@ -155,6 +177,9 @@ def check_config(config: Config) -> None:
             raise SpecError(f"{name} must be a whole number >= 1, got {value!r}", field=name)
     if config.zero not in (0, 1, 2, 3):
         raise SpecError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}", field="zero")
+    for name in _FLAGS:
+        if not isinstance(getattr(config, name), bool):
+            raise SpecError(f"{name} must be true or false, got {getattr(config, name)!r}", field=name)
     for name, valid in _CHOICES.items():
         if getattr(config, name) not in valid:
             raise SpecError(f"{name} must be one of {', '.join(valid)}, got {getattr(config, name)!r}", field=name)
@@ -229,6 +254,10 @@ class Plan(Config):
     def replace(self, **changes: Any) -> Plan:
         return dataclasses.replace(self, **changes)
 
+    def recipe(self) -> dict[str, Any]:
+        """The recipe keys (compile, fused_loss, tp_overlap, overlap, fp8) and their values."""
+        return {name: getattr(self, name) for name in RECIPE_KEYS}
+
     def to_dict(self) -> dict[str, Any]:
         """The plan object of the CLI contract (docs/ARCHITECTURE.md, autoplace.solution/v1)."""
         modes = self.placement()
@@ -243,6 +272,7 @@ class Plan(Config):
             "recompute": self.recompute_mode,
             "layers_per_stage": list(self.layers_per_stage),
             "compress": self.compress, "powersgd_rank": self.powersgd_rank,
+            "recipe": self.recipe(),
         }
         if self.recompute_mode == "mixed":
             out["recompute_per_layer"] = list(self.recompute)
@@ -261,6 +291,7 @@ class Plan(Config):
             blocks = sum(layers)
             mode = d["recompute"]
             recompute = tuple(d["recompute_per_layer"]) if mode == "mixed" else (mode,) * blocks
+            recipe = _recipe_dict(d.get("recipe", {}), source)
             plan = cls(tp=int(deg["tp"]), pp=int(deg["pp"]), cp=int(deg["cp"]), ep=int(deg["ep"]),
                        dp_replicate=int(d.get("dp_replicate", 1 if d["zero_stage"] else deg["dp"])),
                        dp_shard=int(d.get("dp_shard", deg["dp"] if d["zero_stage"] else 1)),
@@ -268,7 +299,8 @@ class Plan(Config):
                        zero=int(d["zero_stage"]), mbs=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
                        schedule=str(d["schedule"]), offload_optimizer=str(d["offload"]["optimizer"]),
                        offload_params=str(d["offload"]["params"]), compress=str(d.get("compress", "none")),
-                       powersgd_rank=int(d.get("powersgd_rank", 0)), recompute=recompute, layers_per_stage=layers)
+                       powersgd_rank=int(d.get("powersgd_rank", 0)), recompute=recompute, layers_per_stage=layers,
+                       **recipe)
         except KeyError as exc:
             raise SpecError("required key is missing", source=source, field=str(exc.args[0])) from None
         except (TypeError, ValueError) as exc:
@@ -276,7 +308,8 @@ class Plan(Config):
         for field_name, value, valid in (("schedule", plan.schedule, SCHEDULES), ("recompute", mode, (*RECOMPUTE, "mixed")),
                                          ("offload.optimizer", plan.offload_optimizer, OFFLOAD),
                                          ("offload.params", plan.offload_params, OFFLOAD),
-                                         ("compress", plan.compress, COMPRESS)):
+                                         ("compress", plan.compress, COMPRESS),
+                                         ("recipe.tp_overlap", plan.tp_overlap, TP_OVERLAP), ("recipe.fp8", plan.fp8, FP8)):
             if value not in valid:
                 raise SpecError(f"{value!r} is not valid; valid: {', '.join(valid)}", source=source, field=field_name)
         if any(r not in RECOMPUTE for r in plan.recompute) or len(plan.recompute) != blocks:
@@ -293,12 +326,30 @@ class Plan(Config):
                  f"offload_params={self.offload_params}",
                  *([f"compress={self.compress}"] if self.compress != "none" else []),
                  *([f"powersgd_rank={self.powersgd_rank}"] if self.powersgd_rank else []),
+                 *(f"{k}={str(v).lower()}" for k, v in self.recipe().items() if v != RECIPE_DEFAULTS[k]),
                  f"layers={':'.join(map(str, self.layers_per_stage))}"]
         if self.recompute_mode == "mixed":
             parts.append("recompute_layers=" + ":".join(r[0] for r in self.recompute))
         else:
             parts.append(f"recompute={self.recompute_mode}")
         return ",".join(parts)
+
+
+RECIPE_DEFAULTS = {name: Config.__dataclass_fields__[name].default for name in RECIPE_KEYS}
+
+
+def _recipe_dict(d: Any, source: str) -> dict[str, Any]:
+    """The ``recipe`` object of a plan.json: known keys only, booleans as booleans."""
+    if not isinstance(d, dict):
+        raise SpecError("expected an object of recipe keys", source=source, field="recipe")
+    unknown = sorted(set(d) - set(RECIPE_KEYS))
+    if unknown:
+        raise SpecError(f"unknown recipe key(s) {', '.join(unknown)}; valid: {', '.join(RECIPE_KEYS)}",
+                        source=source, field="recipe")
+    for name, value in d.items():
+        if isinstance(RECIPE_DEFAULTS[name], bool) != isinstance(value, bool):
+            raise SpecError(f"{value!r} is not valid", source=source, field=f"recipe.{name}")
+    return dict(d)
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,6 +360,7 @@ PLAN_KEYS = {
     "vpp": int, "zero": int, "mbs": int, "ga": int, "sp": bool, "recompute": str, "schedule": str,
     "offload_optimizer": str, "offload_params": str, "layers": str, "recompute_layers": str, "preset": str,
     "compress": str, "powersgd_rank": int,
+    "compile": bool, "fused_loss": bool, "tp_overlap": str, "overlap": bool, "fp8": str,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -353,7 +405,8 @@ def _typed(key: str, value: str, source: str) -> Any:
             raise SpecError(f"expected true or false, got {value!r}", source=source, field=key)
         return value.lower() in ("true", "1", "yes")
     choices = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "offload_optimizer": OFFLOAD,
-               "offload_params": OFFLOAD, "preset": tuple(PRESETS), "compress": COMPRESS}.get(key)
+               "offload_params": OFFLOAD, "preset": tuple(PRESETS), "compress": COMPRESS,
+               "tp_overlap": TP_OVERLAP, "fp8": FP8}.get(key)
     if choices and value not in choices:
         raise SpecError(f"{value!r} is not valid; valid: {', '.join(choices)}", source=source, field=key)
     return value
@@ -413,7 +466,8 @@ def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch:
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, vpp=vpp,
                 sp=v.get("sp", tp > 1), zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule,
                 offload_optimizer=v.get("offload_optimizer", "none"), offload_params=v.get("offload_params", "none"),
-                compress=compress, powersgd_rank=rank, recompute=recompute, layers_per_stage=layers)
+                compress=compress, powersgd_rank=rank, recompute=recompute, layers_per_stage=layers,
+                **{k: v[k] for k in RECIPE_KEYS if k in v})
 
 
 def _compress(v: dict[str, Any], source: str) -> tuple[str, int]:

@@ -213,6 +213,8 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     if p.compress in COMPRESSIONS:  # "none" is not an option
         lines.append(f"[yellow]compress={p.compress}[/yellow]: {COMPRESSIONS[p.compress].moves}; "
                      f"accuracy risk {COMPRESSIONS[p.compress].risk}")
+    if p.fp8 != "none":
+        lines.append(f"[yellow]fp8={p.fp8}[/yellow]: {FP8_RISK}")
     if ev.violations:
         lines += [f"[red]violation[/red] {v.rule}: {v.message}" for v in ev.violations]
     else:
@@ -279,6 +281,14 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
             risks.setdefault(p["compress"], []).append(str(p["rank"]))
     lines += [f"[yellow]{name} (plans {', '.join(ranks)})[/yellow]: accuracy risk {COMPRESSIONS[name].risk}"
               for name, ranks in risks.items()]
+    by_recipe: dict[str, list[str]] = {}  # one line per recipe (a column would not fit 80 columns)
+    for p in doc["plans"]:
+        by_recipe.setdefault(recipe_text(p.get("recipe", {})), []).append(str(p["rank"]))
+    lines += [f"recipe {text} (plans {', '.join(ranks)}): {RECIPE_LEGEND}" if text != "-" else
+              f"recipe: none (plans {', '.join(ranks)})" for text, ranks in by_recipe.items()]
+    fp8 = [str(p["rank"]) for p in doc["plans"] if p.get("recipe", {}).get("fp8", "none") != "none"]
+    if fp8:
+        lines.append(f"[yellow]fp8 (plans {', '.join(fp8)})[/yellow]: {FP8_RISK}")
     lines.append(f"layers per stage (best): {doc['plans'][0]['layers_per_stage']}")
     lines.append(f"[dim]±95%: step-time band from {doc['plans'][0].get('step_time_band_source', 'no data')}[/dim]")
     return [tab], lines
@@ -310,6 +320,21 @@ def compact_section(doc: dict[str, Any]) -> Section:
     title = _TITLES.get(doc.get("framework"), f"Top plans {doc.get('framework')} can run")
     return Section(title, tuple(columns), rows, right=frozenset({"#", "step s", "MFU"}),
                    wrap=frozenset({"runs with"}))
+
+
+FP8_RISK = ("accuracy risk: 8-bit GEMM inputs (e4m3/e5m2) change the numerics; compare the loss curve with a "
+            "bf16 run (Micikevicius et al. 2022)")
+_RECIPE_SHORT = {"compile": "C", "fused_loss": "L", "overlap": "O"}
+RECIPE_LEGEND = "C compile, L fused loss, O overlapped data-parallel communication"
+
+
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """A plan's recipe for a table cell: letters for what is on (C compile, L fused loss, O
+    overlapped DP communication), the TP overlap and fp8 recipe by name; ``-`` for none."""
+    parts = ["".join(letter for key, letter in _RECIPE_SHORT.items() if recipe.get(key))]
+    parts += [f"tp:{recipe['tp_overlap']}"] if recipe.get("tp_overlap", "none") != "none" else []
+    parts += [f"fp8:{recipe['fp8']}"] if recipe.get("fp8", "none") != "none" else []
+    return " ".join(x for x in parts if x) or "-"
 
 
 def _compress_text(plan: dict[str, Any]) -> str:

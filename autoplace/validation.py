@@ -2,8 +2,8 @@
 
 A run file (``tests/reference/published_runs.yaml``) lists measured end-to-end runs, each with
 its source, model shape, cluster, framework, precision, plan and options (torch.compile,
-async TP); :func:`load_runs` turns each into a model, a cluster, a plan and the framework's
-assumptions, and :func:`predict` scores it with the evaluator and compares it with the
+async TP, fp8 recipe); :func:`load_runs` turns each into a model, a cluster, a plan (the options
+as its recipe keys, :func:`run_recipe`) and the framework's assumptions, and :func:`predict` scores it with the evaluator and compares it with the
 measurement in the run's own metric (tokens/s per GPU, MFU, or TFLOP/s per GPU).
 """
 
@@ -134,8 +134,24 @@ def _plan(row: dict[str, Any], blocks: int, world: int) -> Plan:
     for key in ("offload_optimizer", "offload_params"):
         if p.get(key) not in (None, "none"):
             values[key] = p[key]
+    values.update(run_recipe(row))
     global_batch = values["mbs"] * values["ga"] * values["dp_shard"] * values["dp_replicate"]
     return build_plan(values, world=world, blocks=blocks, global_batch=global_batch, source=row["id"])
+
+
+def run_recipe(row: dict[str, Any]) -> dict[str, Any]:
+    """The recipe a run used, as the plan keys a user types (``--plan compile=true,...``):
+    torch.compile, fused kernels (loss and MLP), async TP, and the fp8 recipe (torchao's
+    rowwise or tensorwise under FSDP2, as its options say; Transformer Engine's delayed scaling
+    elsewhere)."""
+    options = row.get("options") or {}
+    out: dict[str, Any] = {"compile": bool(options.get("compile")), "fused_loss": bool(options.get("fused_kernels")),
+                           "tp_overlap": "async" if options.get("async_tp") else "none"}
+    if row["precision"] == "fp8":
+        torchao = _declared(row["framework"], "bf16_recipe", "bf16") == "bf16-fsdp2"
+        rowwise = "rowwise" in str(options.get("ac_detail"))
+        out["fp8"] = "rowwise" if rowwise else ("tensorwise" if torchao else "delayed")
+    return out
 
 
 def load_runs(path: str | Path, skipped: list[tuple[str, str]] | None = None) -> list[PublishedRun]:
@@ -159,11 +175,7 @@ def _run(row: dict[str, Any]) -> PublishedRun:
     cluster = _cluster(row)
     plan = _plan(row, model.layers, cluster.gpus)  # type: ignore[union-attr]
     model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": plan.global_batch})})
-    options = row.get("options") or {}
-    assume = DEFAULT.replace(**_declared(row["framework"], "behaviour", {}), compiled=bool(options.get("compile")),
-                                                             fused_kernels=bool(options.get("fused_kernels")),
-                                                             tp_comm_overlap=bool(options.get("async_tp")),
-                                                             fp8_rowwise="rowwise" in str(options.get("ac_detail")))
+    assume = DEFAULT.replace(**_declared(row["framework"], "behaviour", {}))
     metric, measured = _metric(row)
     return PublishedRun(id=row["id"], source=row["source"], framework=row["framework"], model=model,
                         cluster=cluster, plan=plan, assumptions=assume, metric=metric, measured=measured,

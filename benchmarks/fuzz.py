@@ -184,8 +184,8 @@ def _framework_seeds() -> dict[str, list[Any]]:
     """DeepSpeed, accelerate and torchtitan configs autoplace emits for llama-3-8b on 8 GPUs."""
     import tomllib
 
-    from autoplace.cost.layers import layer_table
     from autoplace.bundle import render
+    from autoplace.cost.layers import layer_table
     from autoplace.errors import AutoplaceError
     from autoplace.plan import build_plan, parse_plan_string
     from autoplace.specs.cluster import load_cluster

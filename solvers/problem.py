@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -15,8 +15,9 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "comm", "memory")
-# compress is opt-in: every option changes the numbers the optimizer sees (autoplace.compression)
-FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress")
+# compress and fp8 are opt-in: every option changes the numbers the optimizer sees (autoplace.compression;
+# fp8 GEMMs, and only on GPUs with fp8 units)
+FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
 DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
 
 
@@ -34,6 +35,9 @@ class Problem:
             per-replica batch; memory bounds discard those that cannot fit).
         admissible: a configuration filter (e.g. what one framework's config can express,
             :func:`autoplace.frameworks.admissible`); None admits every configuration.
+        recipes: the recipe keys (plan.RECIPE_KEYS) each configuration is tried with, one
+            mapping per alternative (keys left out keep their defaults; tp_overlap applies
+            only where tp > 1): :func:`autoplace.frameworks.search.recipe_choices`.
     """
 
     model: ModelSpec
@@ -45,6 +49,7 @@ class Problem:
     max_mbs: int | None = None
     top_k: int = 3
     admissible: Callable[[Config], bool] | None = None
+    recipes: tuple[Mapping[str, Any], ...] = ({},)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -24,7 +24,7 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -134,6 +134,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
+    recipes = _recipes(problem, base)
     shapes: list[Config] = []
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
@@ -142,16 +143,52 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
-                                                     "offload_params": op, "compress": comp, "powersgd_rank": rank})
-            if problem.admissible is None or problem.admissible(shape):
-                shapes.append(shape)
+            taken: list[dict[str, Any]] = []
+            for recipe in recipes:  # best first: a recipe no better than one admitted is not enumerated
+                if any(_dominates(t, recipe) for t in taken):
+                    continue
+                shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
+                                                         "offload_params": op, "compress": comp,
+                                                         "powersgd_rank": rank} | recipe)
+                if problem.admissible is None or problem.admissible(shape):
+                    shapes.append(shape)
+                    taken.append(recipe)
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
         batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
     return shapes, batchings
+
+
+def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
+    """The recipe alternatives of one set of degrees (``Problem.recipes`` with ``--fix``'s recipe
+    keys over them), distinct; TP-comm overlap only where there is tensor parallelism."""
+    out: list[dict[str, Any]] = []
+    for recipe in problem.recipes:
+        values = {**RECIPE_DEFAULTS, **recipe, **{k: v for k, v in problem.fixed.items() if k in RECIPE_DEFAULTS}}
+        if base.tp == 1 and "tp_overlap" not in problem.fixed:
+            values["tp_overlap"] = "none"
+        if values["fp8"] != "none":
+            plain = [p.gpu.name for p in problem.cluster.pools if p.gpu.peak_TFLOPS.fp8 is None]
+            if plain:
+                raise Infeasible(f"fp8={values['fp8']}: {plain[0]} has no fp8 units (its profile states no fp8 peak)")
+        if values not in out:
+            out.append(values)
+    return sorted(out, key=lambda r: -sum(_on(r).values()))
+
+
+def _on(recipe: dict[str, Any]) -> dict[str, bool]:
+    """Which of a recipe's numerics-neutral keys are on (async TP and userbuffers cost alike)."""
+    return {"compile": recipe["compile"], "fused_loss": recipe["fused_loss"], "overlap": recipe["overlap"],
+            "tp_overlap": recipe["tp_overlap"] != "none"}
+
+
+def _dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether recipe ``a`` is never slower nor larger than ``b`` in the cost model: the same fp8
+    recipe and every key ``b`` turns on on in ``a`` (each is, for the same configuration)."""
+    on_a, on_b = _on(a), _on(b)
+    return a["fp8"] == b["fp8"] and all(on_a[k] or not on_b[k] for k in on_a)
 
 
 def _compressions(problem: Problem, base: Config, reduce_bytes: float) -> list[tuple[str, int]]:

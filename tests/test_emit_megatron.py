@@ -157,13 +157,15 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
     """(TransformerConfig, options) as Megatron-LM builds them from ``args`` on ``world`` ranks."""
     import torch
     import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     opts = words_to_options(args)
     config_class = MLATransformerConfig if opts.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM
     fields = {f.name for f in dataclasses.fields(config_class)}
-    unknown = set(opts) - fields - _OTHER_FLAGS
+    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}  # --overlap-grad-reduce, ...
+    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS
     assert not unknown, f"flags Megatron-LM does not define: {unknown}"
     kw = {k: v for k, v in opts.items() if k in fields}
     if config_class is MLATransformerConfig:  # arguments.py's defaults reach the MLA config's fields by name

@@ -33,11 +33,15 @@ TINY = MODELS / "tiny-llama.json"
 NOBODY = ["--fix", "cp=2,zero=3,offload_optimizer=cpu,offload_params=none", "--allow", "cp", "--allow", "offload"]
 
 
+PLAIN = {"compile": False, "fused_loss": False, "tp_overlap": "none", "overlap": True}  # every framework's recipe
+
+
 def test_the_default_search_space_is_what_some_framework_can_express() -> None:
     model, cluster = load_model(TINY), load_cluster(A100_8)
     features = set(DEFAULT_FEATURES) | {"cp", "offload", "hsdp"}
-    every = enumerate_configs(search.problem_for("none", model, cluster, fixed={}, features=features))
-    admitted = enumerate_configs(search.problem_for("any", model, cluster, fixed={}, features=features))
+    # recipes pinned: each framework searches its own best recipe, the theoretical optimum the best of all
+    every = enumerate_configs(search.problem_for("none", model, cluster, fixed=dict(PLAIN), features=features))
+    admitted = enumerate_configs(search.problem_for("any", model, cluster, fixed=dict(PLAIN), features=features))
     each = {f: search.admissible([frameworks.get(f)], model) for f in frameworks.FRAMEWORKS}
     assert admitted == [c for c in every if any(ok(c) for ok in each.values())]
     assert 0 < len(admitted) < len(every)  # the filter is part of the search and excludes something
@@ -47,7 +51,7 @@ def test_admissibility_does_not_depend_on_the_micro_batching() -> None:
     """Enumeration judges each shape once, at mbs=1, for every (mbs, grad_accum) (solvers.space._micro):
     the emitters' own checks must give every configuration its shape's verdict."""
     model, cluster = load_model(TINY), load_cluster(A100_8)
-    problem = search.problem_for("none", model, cluster, fixed={}, features=set(DEFAULT_FEATURES) | {"offload"})
+    problem = search.problem_for("none", model, cluster, fixed=dict(PLAIN), features=set(DEFAULT_FEATURES) | {"offload"})
     configs = enumerate_configs(problem)
     for framework in frameworks.FRAMEWORKS:
         ok = search.admissible([frameworks.get(framework)], model)

@@ -21,12 +21,13 @@ from autoplace.errors import EmitError, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, all_frameworks, check_name, get, read_config
 from autoplace.frameworks.base import Framework
 from autoplace.frameworks.search import admissible
-from autoplace.plan import COMPRESS, OFFLOAD, RECOMPUTE, SCHEDULES, Config, Plan
+from autoplace.plan import COMPRESS, FP8, OFFLOAD, RECIPE_KEYS, RECOMPUTE, SCHEDULES, TP_OVERLAP, Config, Plan
 from tests.test_emit_plans import CLUSTER16, MODEL, small_model
 
 # every plan key a refusal may name, and the words for what is not a key
 KEYS = ("tp", "pp", "cp", "ep", "vpp", "sp", "zero", "dp_shard", "dp_replicate", "schedule", "offload_params",
-        "offload_optimizer", "compress", "powersgd_rank", "recompute", "mbs", "world size", "stage")
+        "offload_optimizer", "compress", "powersgd_rank", "recompute", "mbs", "world size", "stage",
+        *RECIPE_KEYS)
 FEATURE = re.compile("|".join([rf"\b{k}\b" for k in KEYS] + [r"per-layer recompute", r"recompute", r"CPU offload",
                                                           r"HSDP", r"hpZ", r"fsdp_activation_checkpointing",
                                                           r"middle pipeline stage", r"layers", r"precision"]))
@@ -61,7 +62,8 @@ def plans(draw: st.DrawFn, blocks: int = 8, world: int = 16) -> Plan:
                 schedule=("interleaved" if vpp > 1 else draw(st.sampled_from([s for s in SCHEDULES if s != "interleaved"]))),
                 offload_optimizer=draw(st.sampled_from(OFFLOAD)), offload_params=draw(st.sampled_from(OFFLOAD)),
                 compress=compress, powersgd_rank=2 if compress == "powersgd" else 0, recompute=modes,
-                layers_per_stage=tuple(split))
+                layers_per_stage=tuple(split), compile=draw(st.booleans()), fused_loss=draw(st.booleans()),
+                tp_overlap=draw(st.sampled_from(TP_OVERLAP)), overlap=draw(st.booleans()), fp8=draw(st.sampled_from(FP8)))
 
 
 FRAMEWORK = pytest.mark.parametrize("framework", all_frameworks(), ids=FRAMEWORKS)
@@ -136,7 +138,11 @@ def test_the_configuration_check_admits_every_plan_the_plan_check_admits(framewo
 
 ROUND_TRIPS = ["zero=3", "tp=2,zero=3,recompute=full", "dp_replicate=2,dp_shard=8,zero=3", "tp=2,pp=2,zero=1,recompute=selective",
                "pp=4,zero=1,vpp=2", "pp=2,zero=1,layers=3:5", "dp_replicate=16,zero=0", "cp=2,zero=2",
-               "tp=2,pp=2,zero=1,layers=3:5,recompute_layers=f:n:n:f:n:n:n:n"]
+               "tp=2,pp=2,zero=1,layers=3:5,recompute_layers=f:n:n:f:n:n:n:n",
+               # recipes (issue 24): each framework writes and reads back the keys it states
+               "tp=2,zero=3,compile=true,fused_loss=true,tp_overlap=async,fp8=rowwise", "dp_replicate=2,dp_shard=8,zero=3,compile=true",
+               "tp=2,zero=1,fused_loss=true,tp_overlap=userbuffers,fp8=delayed", "zero=1,overlap=false", "zero=2,overlap=false",
+               "zero=2,fp8=tensorwise", "tp=2,zero=2,fp8=mxfp8,compile=true"]
 
 
 @FRAMEWORK

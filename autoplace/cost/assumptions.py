@@ -52,35 +52,27 @@ class Assumptions:
             recompute adds the forward's.  Eager PyTorch reads and writes every intermediate:
             Ivanov et al. 2021 ("Data Movement Is All You Need", MLSys) measure such operators
             at ~40% of BERT training time.  5.5 eager and 1.1 compiled are fitted on the
-            development set (benchmarks/published.py: 38 eager and 35 compiled runs).
+            development set (benchmarks/published.py: 38 eager and 35 compiled runs).  Which one
+            a plan gets is its ``compile`` key (Ansel et al. 2024, "PyTorch 2", ASPLOS), as its
+            ``fused_loss``, ``tp_overlap`` and ``fp8`` keys choose the rest of its recipe
+            (autoplace.plan.Config).
         kernels_per_block: kernels one block launches in its forward (eager PyTorch Llama
             block: norms, projections, rotary, attention, SwiGLU, residuals, ~20); backward
             launches twice as many.
         kernel_overhead_us: fixed cost of one kernel beyond its work, the startup of a launch:
             2.6 us on A100 80GB and 2.4 us on H200 (RRZE-HPC gpu-benches, gpu-small-kernels
             fit of 10,000 back-to-back launches; tests/reference/kernels.yaml).  Default 2.5.
-        compiled: whether the model runs under torch.compile (Ansel et al. 2024, "PyTorch 2",
-            ASPLOS): its memory-bound ops fuse into fewer kernels that stream fewer bytes, as
-            ``elementwise_traffic_compiled`` and ``kernels_per_block_compiled`` say.
-        fused_kernels: whether the model uses hand-fused layers: a fused MLP that keeps only its
-            activation's input (as compiled code does) and a fused cross-entropy that keeps the
-            16-bit logits and writes their gradient in place (flash-attention's training layers,
-            Liger, Megatron's fusions) instead of eager PyTorch's fp32 logits and workspace.
-            Memory only: their time is eager's (the flash-attention repo's runs bear it out).
         fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
             scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
             et al. 2022, torchao's Float8Linear.  Default 5.
-        fp8_rowwise: whether fp8 GEMMs scale per row (torchao's "rowwise" recipe) rather than
-            per tensor; their kernels run ``fp8_rowwise_gemm_time`` times as long (1.5: fitted on
+        fp8_rowwise_gemm_time: how much longer fp8 GEMMs run when they scale per row (a plan's
+            ``fp8=rowwise``, torchao's "rowwise" recipe) rather than per tensor (1.5: fitted on
             the development set's three tensorwise/rowwise pairs, which measure 12-27% lower
             throughput for rowwise).
         zero12_grad_reduce: how ZeRO-1/2 reduce gradients: ``reduce-scatter`` (ZeRO's paper,
             FSDP2, Megatron's distributed optimizer) or ``all-reduce`` (DeepSpeed 0.19 all-
             reduces its buckets, ``use_multi_rank_bucket_allreduce``; measured in
             tests/test_runtime_parallel.py: 2x the reduce-scatter bytes).
-        tp_comm_overlap: whether tensor-parallel collectives run pipelined with the matmuls
-            beside them (torchtitan's async TP, Wang et al. 2022 "Overlap Communication with
-            Dependent Computation via Decomposition"; Megatron-Core's userbuffer TP overlap).
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
@@ -117,13 +109,9 @@ class Assumptions:
     kernels_per_block: float = 20.0
     kernels_per_block_compiled: float = 10.0
     kernel_overhead_us: float = 2.5
-    compiled: bool = False
-    fused_kernels: bool = False
     fp8_cast_bytes: float = 5.0
-    fp8_rowwise: bool = False
     fp8_rowwise_gemm_time: float = 1.5
     zero12_grad_reduce: str = "reduce-scatter"
-    tp_comm_overlap: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
     qwz_dequant_bytes: float = 3.0
@@ -139,16 +127,6 @@ class Assumptions:
         if unknown:
             raise SpecError(f"unknown assumption(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
         return dataclasses.replace(self, **changes)
-
-    @property
-    def traffic(self) -> float:
-        """HBM passes of the memory-bound kernels over a block's activations (eager or compiled)."""
-        return self.elementwise_traffic_compiled if self.compiled else self.elementwise_traffic
-
-    @property
-    def kernels(self) -> float:
-        """Kernels one block launches in its forward (eager or compiled)."""
-        return self.kernels_per_block_compiled if self.compiled else self.kernels_per_block
 
 
 DEFAULT = Assumptions()

@@ -16,7 +16,7 @@ import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.memory import SCHEDULE_CODES
-from autoplace.plan import COMPRESS, CONFIG_FIELDS, OFFLOAD, Config, Plan, stage_mode_counts
+from autoplace.plan import COMPRESS, CONFIG_FIELDS, FP8, OFFLOAD, TP_OVERLAP, Config, Plan, stage_mode_counts
 
 Array = np.ndarray
 
@@ -43,6 +43,12 @@ class Candidates:
     counts: Array
     compress: Array  # index into plan.COMPRESS
     powersgd_rank: Array
+    # recipes (plan.Config): bool columns, and indices into plan.TP_OVERLAP and plan.FP8
+    compile: Array
+    fused_loss: Array
+    tp_overlap: Array
+    overlap: Array
+    fp8: Array
 
     @property
     def size(self) -> int:
@@ -78,6 +84,10 @@ def _codes(values: Sequence[str]) -> Callable[[Sequence[Any]], Array]:
     return lambda column: np.array([index[x] for x in column], dtype=np.int64)
 
 
+def _bools(column: Sequence[Any]) -> Array:
+    return np.array(column, dtype=bool)
+
+
 def _ints(column: Sequence[Any]) -> Array:
     return np.array(column, dtype=np.int64)
 
@@ -85,11 +95,13 @@ def _ints(column: Sequence[Any]) -> Array:
 PACKED: dict[str, tuple[str, Callable[[Sequence[Any]], Array]]] = {
     "tp": ("tp", _ints), "pp": ("pp", _ints), "cp": ("cp", _ints), "ep": ("ep", _ints),
     "dp_replicate": ("dp_rep", _ints), "dp_shard": ("dp_shard", _ints), "vpp": ("vpp", _ints),
-    "sp": ("sp", lambda column: np.array(column, dtype=bool)), "zero": ("zero", _ints), "mbs": ("mbs", _ints),
+    "sp": ("sp", _bools), "zero": ("zero", _ints), "mbs": ("mbs", _ints),
     "grad_accum": ("ga", _ints),
     "schedule": ("schedule", lambda column: np.array([SCHEDULE_CODES[x] for x in column], dtype=np.int64)),
     "offload_optimizer": ("offload_optimizer", _codes(OFFLOAD)), "offload_params": ("offload_params", _codes(OFFLOAD)),
     "compress": ("compress", _codes(COMPRESS)), "powersgd_rank": ("powersgd_rank", _ints),
+    "compile": ("compile", _bools), "fused_loss": ("fused_loss", _bools),
+    "tp_overlap": ("tp_overlap", _codes(TP_OVERLAP)), "overlap": ("overlap", _bools), "fp8": ("fp8", _codes(FP8)),
 }
 
 

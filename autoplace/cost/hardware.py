@@ -30,6 +30,7 @@ class StageHardware:
         links: the slowest intra- and inter-node tiers.
         span: ``[pools, C, S]`` which pools a stage's ranks lie in.
         kernels: each pool's kernel speeds.
+        fp8_kernels: the same with GEMMs at the fp8 peak (plans whose ``fp8`` recipe is on).
     """
 
     capacity: Array
@@ -38,6 +39,7 @@ class StageHardware:
     links: comm.Links
     span: Array
     kernels: tuple[Kernels, ...]
+    fp8_kernels: tuple[Kernels, ...]
 
     def slowest(self, per_pool: list[Array]) -> Array:
         """The largest of ``per_pool`` values (one array per pool, each ``[C, 1 or S, ...]``)
@@ -89,4 +91,5 @@ def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageH
     links = comm.Links(worst("ibw"), worst("ilat", high=True), worst("xbw"), worst("xlat", high=True),
                        cluster.gpus_per_node)
     kernels = tuple(kernels_of(p.gpu, dtype) for p in cluster.pools)
-    return StageHardware(worst("cap"), worst("hostmem"), worst("host"), links, span, kernels)
+    fp8 = tuple(kernels_of(p.gpu, "fp8") for p in cluster.pools)
+    return StageHardware(worst("cap"), worst("hostmem"), worst("host"), links, span, kernels, fp8)

@@ -87,7 +87,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
                                                           ctx.frozen_exp_wire))  # [C,1,K,3]
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
-    act_tp = kind("act_tp") - (kind("act_fused") if assume.compiled or assume.fused_kernels else 0.0)
+    act_tp = kind("act_tp") - kind("act_fused") * col(c.compile | c.fused_loss)
     act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
                                        kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
     stage = np.arange(S)[None, :]
@@ -111,7 +111,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
                          )[:, :, None, 0, :] * state_live  # [C,S,2,3]
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
-    head_tp = h.act_tp * (table.act_bytes / 4 if assume.fused_kernels else 1.0)
+    head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
     edge_act = (first * tok * (e.act_rep / sp_div)[:, None]
                 + last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * act_mult  # [C,S,2]
     # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
@@ -135,7 +135,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # the fp32 logits) are freed by the head's backward, before the first block's buffers
     # are needed (FSDPMemTracker, autoplace.fidelity)
     per_vocab = np.where(tp > 1, assume.loss_workspace_bytes_per_vocab_tp, assume.loss_workspace_bytes_per_vocab)
-    loss = last * tok * (per_vocab * table.vocab / tp)[:, None] * (not assume.fused_kernels)
+    loss = last * tok * (per_vocab * table.vocab / tp * ~c.fused_loss)[:, None]
     buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
     reserve = np.broadcast_to(reserve_bytes(ctx.hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)

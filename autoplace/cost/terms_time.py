@@ -5,7 +5,7 @@ Each collective's exposed time is computed from the compute it can hide under, m
 mechanism (:mod:`autoplace.cost.step` has the two formulas):
 
 * tensor parallelism: exposed, unless a comm-overlap mode runs it (torchtitan's async TP,
-  Megatron's ``--tp-comm-overlap``: ``tp_comm_overlap``), which pipelines each all-gather and
+  Megatron's ``--tp-comm-overlap``: the plan's ``tp_overlap``), which pipelines each all-gather and
   reduce-scatter with the TP matmuls beside it; expert parallelism: exposed;
 * ZeRO-3 / FSDP2: each block's all-gather is prefetched under the previous block's forward,
   and in backward the next gather plus this block's reduce-scatter run under its backward;
@@ -29,10 +29,13 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplace.cost import comm, compress
+from autoplace.cost.assumptions import Assumptions
+from autoplace.cost.candidates import Candidates
 from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
+from autoplace.cost.layers import BlockKind
 from autoplace.cost.step import hidden
-from autoplace.plan import OFFLOAD
+from autoplace.plan import FP8, OFFLOAD
 
 Array = np.ndarray
 MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
@@ -82,18 +85,28 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     c, table, assume = ctx.cand, ctx.table, ctx.assume
     tp, ep = c.tp.astype(float)[:, None], c.ep.astype(float)[:, None]
     tokens = ctx.tokens[:, None]
-    elem = 1.0 if ctx.recipe.compute_dtype == "fp8" else ctx.recipe.activation_bytes
+    recipe_fp8 = ctx.recipe.compute_dtype == "fp8"
+    elem = 1.0 if recipe_fp8 else ctx.recipe.activation_bytes
     seq = np.full_like(tokens, float(table.seq_len))
     seq_local = seq / c.cp[:, None]
+    # fp8 GEMMs: the model's fp8 recipe, or the plan's fp8 key (rowwise scaling runs longer kernels)
+    fp8 = (c.fp8 > 0)[:, None] | recipe_fp8
+    fp8_time = np.where(c.fp8 == FP8.index("rowwise"), assume.fp8_rowwise_gemm_time, 1.0)[:, None]
 
-    def per_kind(kern: Kernels) -> tuple[Array, Array, Array, Array, Array]:
+    def fp8_gemm(kern: Kernels, k: BlockKind) -> Array:
+        return (gemms_forward(kern, k.gemms, tokens, tp, ep, 1.0) * fp8_time
+                + kern.stream(fp8_cast_bytes(k.gemms, tokens, tp, ep, assume.fp8_cast_bytes)))
+
+    def per_kind(kern: Kernels, kern8: Kernels) -> tuple[Array, Array, Array, Array, Array]:
         fwd, afwd, abwd, gemms, frozen = [], [], [], [], []
         for k in table.kinds:
-            gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
             frozen.append(gemms_forward(kern, k.frozen_gemms, tokens, tp, ep, elem))
-            if ctx.recipe.compute_dtype == "fp8":
-                gemm = (gemm * (assume.fp8_rowwise_gemm_time if assume.fp8_rowwise else 1.0)
-                        + kern.stream(fp8_cast_bytes(k.gemms, tokens, tp, ep, assume.fp8_cast_bytes)))
+            if recipe_fp8:  # every plan's GEMMs in fp8 (``kern`` is the fp8 pool already)
+                gemm = fp8_gemm(kern, k)
+            else:
+                gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
+                if fp8.any():
+                    gemm = np.where(fp8, fp8_gemm(kern8, k), gemm)
             score = tokens * k.flops_score / tp  # full (unmasked) forward FLOPs of the attention core
             if k.flash:
                 a_f, a_b = kern.attention(score, seq_local)
@@ -107,13 +120,14 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
             gemms.append(gemm)
         return np.stack(fwd, -1), np.stack(afwd, -1), np.stack(abwd, -1), np.stack(gemms, -1), np.stack(frozen, -1)
 
-    per_pool = [per_kind(k) for k in ctx.hw.kernels]
+    per_pool = [per_kind(k, k8) for k, k8 in zip(ctx.hw.kernels, ctx.hw.fp8_kernels, strict=True)]
     gemm_attn = ctx.hw.slowest([p[0] for p in per_pool])  # [C, S, K]
     attn_f = ctx.hw.slowest([p[1] for p in per_pool])
     attn_b = ctx.hw.slowest([p[2] for p in per_pool])
     gemm_f = ctx.hw.slowest([p[3] for p in per_pool]) * assume.compute_scale
-    stream = ctx.hw.slowest([act_none * assume.traffic / 3 / k.hbm_Bps for k in ctx.hw.kernels])
-    overhead = assume.kernels * assume.kernel_overhead_us * 1e-6
+    traffic, kernels = compiled_kernels(assume, c)
+    stream = ctx.hw.slowest([act_none * traffic[:, None, None] / 3 / k.hbm_Bps for k in ctx.hw.kernels])
+    overhead = (kernels * assume.kernel_overhead_us * 1e-6)[:, None, None]
     scale = assume.compute_scale
     fwd = (gemm_attn + stream + overhead) * scale
     attn_f, attn_b = attn_f * scale, attn_b * scale
@@ -127,20 +141,29 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
 
 
+def compiled_kernels(assume: Assumptions, c: Candidates) -> tuple[Array, Array]:
+    """Per candidate ``[C]``: the HBM passes of a block's memory-bound kernels over its
+    activations and the kernels its forward launches, compiled (torch.compile fuses them:
+    Ansel et al. 2024) or eager (:class:`~autoplace.cost.assumptions.Assumptions`)."""
+    traffic = np.where(c.compile, assume.elementwise_traffic_compiled, assume.elementwise_traffic)
+    return traffic, np.where(c.compile, assume.kernels_per_block_compiled, assume.kernels_per_block)
+
+
 def time_terms(ctx: Context, act_none: Array) -> TimeTerms:
     """Every time and byte table (see the module docstring)."""
     blk = block_compute(ctx, act_none)
     t_block, bytes_block, units = _block_comm(ctx, blk)
     t_static, bytes_static, head_bwd = _edge_terms(ctx, units)
     step = _step_terms(ctx)
+    overlap = ctx.cand.overlap.astype(float)  # without it the reduction waits for backward to end
     bytes_block[..., 0] += step.dp_bytes_block[:, None, :, None]
     bytes_block[..., 5] += step.offload_bytes_block[:, None, :, None]
     bytes_static[..., 0] += step.dp_bytes_static
     bytes_static[..., 5] += step.offload_bytes_static
     return TimeTerms(
         t_block=ctx.stage(t_block), t_static=ctx.stage(t_static), reduce_block=ctx.stage(step.reduce_block),
-        reduce_static=ctx.stage(step.reduce_static), window_block=ctx.stage(blk.backward[..., 0]),
-        window_static=ctx.stage(head_bwd), last_bucket=ctx.stage(step.last_bucket),
+        reduce_static=ctx.stage(step.reduce_static), window_block=ctx.stage(blk.backward[..., 0] * overlap[:, None, None]),
+        window_static=ctx.stage(head_bwd * overlap[:, None]), last_bucket=ctx.stage(step.last_bucket),
         gather_block=ctx.stage(step.gather_block), gather_static=ctx.stage(step.gather_static),
         opt_block=ctx.stage(step.opt_block), opt_static=ctx.stage(step.opt_static),
         bytes_block=bytes_block, bytes_static=bytes_static)
@@ -167,8 +190,9 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     tp_i, tp_x, tp_t = comm.allreduce(tokens * kind("tp_allreduce") / 2, col(size["tp"]), col(n_in["tp"]), lk)
     ep_i, ep_x, ep_t = comm.alltoall(tokens / col(sp_div) * kind("ep_alltoall"), col(size["ep"]), col(n_in["ep"]), lk)
     tp_time = tp_on * passes * tp_t
-    if ctx.assume.tp_comm_overlap:  # async TP / userbuffers: the collectives pipeline with the TP matmuls
-        tp_time = hidden(tp_time, blk.gemm_forward[..., None] * (3 + full), kappa)
+    # async TP / userbuffers (the plan's tp_overlap): the collectives pipeline with the TP matmuls
+    tp_time = np.where(col(c.tp_overlap > 0) > 0, hidden(tp_time, blk.gemm_forward[..., None] * (3 + full), kappa),
+                       tp_time)
 
     # context parallelism, a ring: forward passes K/V around (cp - 1) steps; backward passes
     # K/V again with dK/dV; each step hides under one chunk of the attention
@@ -187,8 +211,9 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     sh = _shard_collectives(ctx, ctx.train_dense, ctx.train_exp, ctx.frozen_dense_wire, ctx.frozen_exp_wire)
     all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
     grad_t = sh.ar if all_reduce_12 else sh.rs
-    zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd, kappa) + hidden(sh.ag_bwd + sh.rs, bwd, kappa) + sh.quant,
-                         np.where(z == 2, hidden(grad_t, bwd, kappa), 0.0))
+    ov = col(c.overlap)  # overlap off: gathers and reductions run before / after the compute, exposed
+    zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd * ov, kappa) + hidden(sh.ag_bwd + sh.rs, bwd * ov, kappa)
+                         + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa), 0.0))
     zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
 
     # offloaded parameters stream in over PCIe for forward and again for backward
@@ -276,8 +301,9 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     ga = c.ga.astype(float)[:, None]
     elem = 1.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes
     # the head's matmul (forward and two backward) and the loss streaming the logits
+    traffic = compiled_kernels(assume, c)[0][:, None]
     head_fwd = ctx.hw.slowest([gemms_forward(k, h.gemms, tok, tp[:, None], 1.0, elem)
-                               + k.stream(tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None] * assume.traffic / 3)
+                               + k.stream(tok * (h.act_rep / sp_div + h.act_tp / tp)[:, None] * traffic / 3)
                                for k in ctx.hw.kernels]) * assume.compute_scale
     head_fwd = last * head_fwd
     head_passes = 2.0 if table.frozen else 3.0  # a frozen head computes no weight gradient

@@ -34,7 +34,7 @@ def fsdp_constants(path: str | Path) -> dict[str, Any]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
-            if name in _NAMES:
+            if name in (*_NAMES, "COMPILE"):
                 try:
                     found[name] = ast.literal_eval(node.value)
                 except ValueError:
@@ -58,4 +58,5 @@ def fsdp_plan_values(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -
     offload = "cpu" if c["OFFLOAD_TO_CPU"] else "none"
     return {"tp": c["TP"], "dp_replicate": c["DP_REPLICATE"], "dp_shard": c["DP_SHARD"], "sp": c["SEQUENCE_PARALLEL"],
             "zero": c["ZERO"], "offload_optimizer": offload, "offload_params": offload, "compress": c["COMPRESS"],
-            "powersgd_rank": c["POWERSGD_RANK"], "recompute": tuple(c["RECOMPUTE"])}
+            "powersgd_rank": c["POWERSGD_RANK"], "recompute": tuple(c["RECOMPUTE"]),
+            "compile": c.get("COMPILE") is True}  # modules written before it compile nothing

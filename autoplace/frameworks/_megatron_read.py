@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from autoplace.emit._common import blocks
 from autoplace.errors import SpecError
-from autoplace.plan import Plan, even_split
+from autoplace.plan import FP8, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -94,7 +95,21 @@ def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: C
                 schedule="interleaved" if vpp > 1 else "1f1b",
                 offload_optimizer="cpu" if "--optimizer-cpu-offload" in flags else "none",
                 compress="bf16" if "--grad-reduce-in-bf16" in flags else "none",
-                recompute=_recompute(flags, parts, src), layers_per_stage=tuple(sum(parts[r::pp]) for r in range(pp)))
+                recompute=_recompute(flags, parts, src), layers_per_stage=tuple(sum(parts[r::pp]) for r in range(pp)),
+                **_recipe(flags, model, tp, src))
+
+
+def _recipe(flags: dict[str, list[str]], model: ModelSpec, tp: int, src: str) -> dict[str, Any]:
+    """The recipe keys the flags turn on; ``--fp8-format`` without ``--fp8-recipe`` is Megatron's
+    default (delayed), or the model file's own fp8 when it says fp8."""
+    fp8 = "none"
+    if "--fp8-format" in flags:
+        fp8 = (flags.get("--fp8-recipe") or ["none" if model.training.recipe().compute_dtype == "fp8" else "delayed"])[0]
+        if fp8 not in FP8:
+            raise SpecError(f"{fp8!r} is not modelled; modelled: {', '.join(FP8[1:])}", source=src, field="--fp8-recipe")
+    return {"fused_loss": "--cross-entropy-loss-fusion" in flags,
+            "tp_overlap": "userbuffers" if "--tp-comm-overlap" in flags and tp > 1 else "none",
+            "overlap": "--overlap-grad-reduce" in flags, "fp8": fp8}
 
 
 def _sharding(flags: dict[str, list[str]], dp: int, src: str) -> tuple[int, int]:
@@ -120,9 +135,9 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
         return [n]
     if "--pipeline-model-parallel-layout" in flags:
         layout = "".join(flags["--pipeline-model-parallel-layout"])
-        chunks = [chunk.replace("E", "").replace("L", "") for chunk in layout.split("|")]
+        pieces = [chunk.replace("E", "").replace("L", "") for chunk in layout.split("|")]
         try:
-            parts = [int(c[2:]) if c.startswith("t*") else c.count("t") if set(c) <= {"t"} else -1 for c in chunks]
+            parts = [int(c[2:]) if c.startswith("t*") else c.count("t") if set(c) <= {"t"} else -1 for c in pieces]
         except ValueError:
             parts = [-1]
         if min(parts) < 0 or sum(parts) != n or len(parts) % pp:

@@ -58,7 +58,35 @@ def read_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cluste
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep, dp_shard=shard, vpp=len(parts) // pp, sp=tp > 1,
                 zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule, offload_optimizer=offload,
                 offload_params=offload, recompute=_recompute(ac, parts, pp, src),
-                layers_per_stage=stage_counts_from_parts(parts, pp))
+                layers_per_stage=stage_counts_from_parts(parts, pp), **_recipe(doc, par, model, tp, src))
+
+
+def _fp8_model(model: ModelSpec) -> bool:
+    return model.training.recipe().compute_dtype == "fp8"
+
+
+def _recipe(doc: kit.Doc, par: kit.Doc, model: ModelSpec, tp: int, src: str) -> dict[str, Any]:
+    """The recipe keys the config turns on: [compile] (with "loss" among its components: the
+    fused loss), async TP, and the fp8 converter with its recipe."""
+    comp = kit.section(doc, "compile", src)
+    compiled = kit.boolean(comp, "enable", src, "compile.")
+    components = comp.get("components", ["model", "loss"])
+    if not isinstance(components, list) or not set(components) <= {"model", "loss"}:
+        raise SpecError("expected a list of 'model' and 'loss'", source=src, field="compile.components")
+    async_tp = kit.boolean(par, "enable_async_tensor_parallel", src, "parallelism.")
+    converters = kit.section(doc, "model", src).get("converters", [])
+    quant = kit.section(doc, "quantize", src).get("linear", {})
+    fp8 = "none"
+    if "quantize.linear.float8" in converters:
+        # no recipe named: torchao's default (tensorwise), or the model file's own fp8 when it says fp8
+        fp8 = str(quant.get("float8", {}).get("recipe_name") or ("none" if _fp8_model(model) else "tensorwise"))
+        if fp8 not in ("none", "tensorwise", "rowwise"):
+            raise SpecError(f"float8 recipe {fp8!r} is not modelled (modelled: tensorwise, rowwise)", source=src,
+                            field="quantize.linear.float8.recipe_name")
+    elif "quantize.linear.mx" in converters:
+        fp8 = "mxfp8"
+    return {"compile": compiled, "fused_loss": compiled and "loss" in components,
+            "tp_overlap": "async" if async_tp and tp > 1 else "none", "fp8": fp8}
 
 
 def _check_model(section: kit.Doc, doc: kit.Doc, titan_model: Callable[[ModelSpec], Any], model: ModelSpec,

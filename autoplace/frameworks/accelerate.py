@@ -23,7 +23,16 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, emit_torchrun
 from autoplace.emit.peft_train import render_peft_train
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked, user_program
+from autoplace.frameworks.base import (
+    BundleFile,
+    Framework,
+    PlanCheck,
+    Program,
+    ReadConfig,
+    check_recipe,
+    checked,
+    user_program,
+)
 from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -85,6 +94,7 @@ def model_refusal(model: ModelSpec) -> str | None:
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
     check_compression(plan, FMT, Accelerate.compressions)
+    check_recipe(plan, Accelerate)
     if plan.compress == "bf16" and _distributed_type(plan) != "FSDP":
         raise fail(FMT, "compress=bf16: accelerate reduces in bf16 only under FSDP (its MixedPrecisionPolicy takes "
                         "reduce_dtype from mixed_precision); its DDP all-reduces the fp32 gradients autocast leaves: "

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autoplace.emit.launch import Launch, Program, user_program
 from autoplace.errors import EmitError
+from autoplace.plan import RECIPE_DEFAULTS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
@@ -95,6 +96,10 @@ class Framework:
     # training methods (specs.model Training.method) its files can run: full, lora, qlora
     methods: ClassVar[frozenset[str]] = frozenset({"full"})
     peft_runners: ClassVar[tuple[str, ...]] = ("accelerate", "deepspeed")
+    # recipe keys (plan.RECIPE_KEYS) it configures: the values its config can state, the one the
+    # search takes first (fp8: the recipes it implements, searched only with --allow fp8).  A key
+    # not listed takes only its default (plan.RECIPE_DEFAULTS).
+    recipes: ClassVar[Mapping[str, tuple[Any, ...]]] = {"overlap": (True,)}
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -179,6 +184,19 @@ class Framework:
         """Raise the EmitError of ``reason`` (its render's guard), or nothing for None."""
         if reason is not None:
             raise EmitError(reason)
+
+
+def check_recipe(plan: Plan, framework: type[Framework]) -> None:
+    """Raise EmitError when ``plan`` sets a recipe key to a value ``framework`` cannot state
+    (:attr:`Framework.recipes`), or TP-comm overlap without tensor parallelism."""
+    for key, default in RECIPE_DEFAULTS.items():
+        value = getattr(plan, key)
+        valid = framework.recipes.get(key, (default,))
+        if value not in valid:
+            shown = ", ".join(str(v).lower() for v in valid)
+            raise EmitError(f"{framework.name}: {key}={str(value).lower()} is not configurable (it states {key}={shown})")
+    if plan.tp_overlap != "none" and plan.tp == 1:
+        raise EmitError(f"{framework.name}: tp_overlap={plan.tp_overlap} needs tensor parallelism (tp > 1)")
 
 
 def checked(check: Callable[[Plan], None]) -> PlanCheck:

@@ -27,7 +27,7 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, environment, exports, header
 from autoplace.frameworks.accelerate import peft_files, peft_program
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -103,6 +103,9 @@ def check_plan(plan: Plan) -> None:
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for the parts of ``plan`` DeepSpeed 0.19 has no configuration for."""
     check_compression(plan, FMT, DeepSpeed.compressions)
+    check_recipe(plan, DeepSpeed)
+    if plan.zero == 0 and not plan.overlap:
+        raise fail(FMT, "overlap=false with zero=0: DeepSpeed's overlap_comm is a ZeRO (stage >= 1) setting")
     if plan.compress == "zeropp":
         _check_zeropp(plan)
     if plan.cp > 1:
@@ -194,7 +197,7 @@ def zero_section(plan: Plan, model: ModelSpec, nvme_path: str) -> dict[str, Any]
     zero: dict[str, Any] = {"stage": plan.zero}
     if plan.zero == 0:
         return zero
-    zero.update({"overlap_comm": True, "contiguous_gradients": True,
+    zero.update({"overlap_comm": plan.overlap, "contiguous_gradients": True,
                  "reduce_bucket_size": h * h, "allgather_bucket_size": h * h})
     if plan.zero == 3:
         zero["stage3_prefetch_bucket_size"] = int(0.9 * h * h)
@@ -266,6 +269,7 @@ class DeepSpeed(Framework):
     denied_features = frozenset({"cp", "interleave"})
     uniform_recompute = ("none", "selective", "full")
     compressions = frozenset({"zeropp"})
+    recipes = {"overlap": (True, False)}  # zero_optimization.overlap_comm
     config_suffixes = (".json",)
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model, under accelerate + this config
     reports_hardware_flops = True

@@ -21,7 +21,7 @@ from autoplace.emit.launch import Launch, Program, user_program
 from autoplace.errors import SpecError
 from autoplace.frameworks._fsdp_read import fsdp_plan_values
 from autoplace.frameworks._fsdp_train import fsdp_train_script
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, ReadConfig, checked
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, ReadConfig, check_recipe, checked
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -80,6 +80,7 @@ POWERSGD_RANK = {powersgd_rank}  # PowerSGDState(matrix_approximation_rank)
 # DDP counts one per backward that all-reduces: one per step when accumulation uses no_sync().
 POWERSGD_START_ITER = {powersgd_start}
 RECOMPUTE = {recompute!r}  # per block: none | selective | full
+COMPILE = {compile}  # torch.compile each block (torchtitan's per-block compile), after checkpointing, before FSDP
 # -------------------------------
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "query", "key", "value", "gate_proj", "up_proj",
@@ -244,6 +245,9 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[
     if TP > 1:
         apply_tp(model, mesh["tp"], tp_plan)
     apply_ac(model)
+    if COMPILE:
+        for _, block in _blocks(model):
+            block.compile()
     if COMPRESS == "powersgd":
         return apply_powersgd(model, mesh["dp_replicate"])
     if DP_REPLICATE * DP_SHARD > 1:
@@ -285,7 +289,7 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
         tp=plan.tp, sp=plan.sp and plan.tp > 1, zero=plan.zero, reshard=plan.zero == 3,
         offload=plan.offload_params == "cpu", param_dtype=_DTYPE[training_dtype(model)],
         recompute=tuple(plan.recompute), compress=plan.compress, reduce_dtype=_reduce_dtype(plan, model),
-        powersgd_rank=plan.powersgd_rank, powersgd_start=POWERSGD_START_ITER)
+        powersgd_rank=plan.powersgd_rank, powersgd_start=POWERSGD_START_ITER, compile=plan.compile)
 
 
 def _reduce_dtype(plan: Plan, model: ModelSpec) -> str:
@@ -299,6 +303,7 @@ def _reduce_dtype(plan: Plan, model: ModelSpec) -> str:
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what the emitted FSDP2 module does not apply."""
     check_compression(plan, FMT, Fsdp.compressions)
+    check_recipe(plan, Fsdp)
     if plan.compress == "powersgd":
         _check_powersgd(plan)
     for name, degree in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)):
@@ -344,6 +349,7 @@ class Fsdp(Framework):
     denied_features = frozenset({"cp", "ep", "interleave"})
     pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
     compressions = frozenset({"bf16", "powersgd"})
+    recipes = {"compile": (True, False), "overlap": (True,)}  # the module's COMPILE; FSDP2 always prefetches
     config_suffixes = (".py",)
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:

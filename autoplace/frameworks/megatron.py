@@ -24,7 +24,7 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, bash_array
 from autoplace.frameworks._megatron_read import plan_from_megatron
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
@@ -48,7 +48,7 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
     check_expressible(plan)
     args = parallel_args(plan) + sharding_args(plan) + pipeline_args(plan)
     args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
-    args += recompute_args(plan) + precision_args(model, plan)
+    args += recompute_args(plan) + precision_args(model, plan) + recipe_args(plan)
     if isinstance(model, TransformerSpec):
         args += shape_args(model) + vocab_args(model, plan.tp)
     return args
@@ -154,6 +154,9 @@ def _moe_refusal(moe: MoE) -> str | None:
 def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what Megatron has no argument for."""
     check_compression(plan, FMT, Megatron.compressions)
+    check_recipe(plan, Megatron)
+    if plan.tp_overlap == "userbuffers" and not plan.sp:
+        raise fail(FMT, "tp_overlap=userbuffers without sp: Megatron's --tp-comm-overlap needs --sequence-parallel")
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise fail(FMT, "schedule=gpipe: Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
     if plan.offload_params != "none":
@@ -259,7 +262,9 @@ def precision_args(model: ModelSpec, plan: Plan) -> list[str]:
     """
     dtype = training_dtype(model)
     args = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[dtype]
-    if model.training.recipe().compute_dtype == "fp8":
+    if plan.fp8 != "none":  # Transformer Engine: e4m3 forward, e5m2 backward, the plan's scaling recipe
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", plan.fp8]
+    elif model.training.recipe().compute_dtype == "fp8":
         args += ["--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 backward
     if plan.compress == "bf16":
         if dtype != "bf16":
@@ -268,6 +273,18 @@ def precision_args(model: ModelSpec, plan: Plan) -> list[str]:
         args += ["--grad-reduce-in-bf16"]
     elif dtype != "fp32" and fp32_grad_accumulation(model):
         args += ["--accumulate-allreduce-grads-in-fp32"]
+    return args
+
+
+def recipe_args(plan: Plan) -> list[str]:
+    """The plan's recipe keys as Megatron-LM core_v0.16 flags (megatron-core's ModelParallelConfig
+    ``cross_entropy_loss_fusion`` and ``tp_comm_overlap``; DistributedDataParallelConfig
+    ``overlap_grad_reduce`` and ``overlap_param_gather``, the latter with the distributed optimizer)."""
+    args = ["--cross-entropy-loss-fusion"] if plan.fused_loss else []
+    if plan.tp_overlap == "userbuffers":
+        args += ["--tp-comm-overlap"]
+    if plan.overlap:
+        args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if plan.zero >= 1 else [])
     return args
 
 
@@ -434,6 +451,9 @@ class Megatron(Framework):
     title = "Megatron-LM"
     bf16_recipe = "bf16-fp32-grads"
     compressions = frozenset({"bf16"})
+    # its fused cross-entropy, userbuffer TP overlap, overlapped DP reduce/gather, Transformer Engine's fp8
+    recipes = {"fused_loss": (True, False), "tp_overlap": ("userbuffers", "none"), "overlap": (True, False),
+               "fp8": ("none", "delayed", "tensorwise", "mxfp8")}
     reports_hardware_flops = True
     config_suffixes = (".sh",)
 

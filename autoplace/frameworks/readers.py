@@ -114,7 +114,8 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
     n = blocks(model)
     return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
                 offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
-                layers_per_stage=deepspeed_split(n, stages), compress="zeropp" if zeropp else "none")
+                layers_per_stage=deepspeed_split(n, stages), compress="zeropp" if zeropp else "none",
+                overlap=kit.boolean(zero, "overlap_comm", src, "zero_optimization.", default=stage == 3) if stage else True)
 
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

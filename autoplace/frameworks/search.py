@@ -63,7 +63,37 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     from solvers.problem import Problem
 
     test = None if framework == NONE else admissible(members(ANY), model)
-    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, **options)
+    recipes = recipe_choices(members(ANY) if framework == ANY else [], cluster, features)
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
+                   **options)
+
+
+# the best recipe some framework runs: what the theoretical optimum (--framework none) assumes
+BEST_RECIPE = {"compile": True, "fused_loss": True, "tp_overlap": "async", "overlap": True}
+SEARCHED_FP8 = ("tensorwise", "rowwise", "delayed")  # mxfp8 needs Blackwell's MX units: set it with --plan/--fix
+
+
+def recipe_choices(group: Sequence[Framework], cluster: ClusterSpec, features: set[str]) -> tuple[dict[str, Any], ...]:
+    """The recipes the search tries (``Problem.recipes``): per framework of ``group``, the first
+    (best) value it declares of each key that changes no numerics (compile, fused_loss,
+    tp_overlap, overlap) -- each is never slower and never takes more memory in the cost model
+    (fewer bytes streamed and kernels, fewer activations, hidden collectives), so trying the
+    worse value too would only double the space; ``BEST_RECIPE`` for an empty group (no
+    framework).  With the fp8 feature, and only when every GPU of the cluster has fp8 units,
+    each of those again with each fp8 recipe the framework implements."""
+    fp8_ok = "fp8" in features and all(p.gpu.peak_TFLOPS.fp8 is not None for p in cluster.pools)
+    out: list[dict[str, Any]] = []
+    bests = ([(BEST_RECIPE, SEARCHED_FP8)] if not group else
+             [({k: v[0] for k, v in f.recipes.items() if k != "fp8"}, f.recipes.get("fp8", ())) for f in group])
+    # last, the defaults: what a shape is tried with when --fix makes its framework's best inexpressible
+    # (torchtitan's fused loss and async TP need compile); enumeration skips it wherever a better one fits
+    bests.append(({}, tuple(x for _, fp8s in bests for x in fp8s)))
+    for best, fp8s in bests:
+        for fp8 in ("none", *(x for x in fp8s if fp8_ok and x in SEARCHED_FP8)):
+            choice = {**best, "fp8": fp8}
+            if choice not in out:
+                out.append(choice)
+    return tuple(out)
 
 
 def group_problem(group: Sequence[Framework], model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
@@ -85,7 +115,7 @@ def group_problem(group: Sequence[Framework], model: ModelSpec, cluster: Cluster
     features = set().union(*(p[1] for p in pinned))
     model, assumptions = group[0].costing(model, options.pop("assumptions", DEFAULT))
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible(group, model),
-                   assumptions=assumptions, **options)
+                   assumptions=assumptions, recipes=recipe_choices(group, cluster, features), **options)
 
 
 def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config], bool]:
@@ -121,7 +151,8 @@ def refusal(plan: Plan, model: ModelSpec, framework: str) -> str | None:
 
 
 def _clip(reason: str, limit: int = 100) -> str:
-    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
+    """A long reason as its first clause (whole words: piped output is never cut mid-word)."""
+    return reason if len(reason) <= limit or "; " not in reason else reason.split("; ")[0]
 
 
 def runnable_by(plan: Plan, model: ModelSpec, checks: dict[str, PlanCheck] | None = None) -> list[str]:

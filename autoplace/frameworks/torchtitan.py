@@ -33,7 +33,7 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, bash_array
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
-from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, checked
+from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
@@ -268,11 +268,32 @@ def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
         "parallelism": parallelism_section(plan),
         "activation_checkpoint": activation_checkpoint_section(plan, FMT),
     }
-    if model.training.recipe().compute_dtype == "fp8":
-        doc["model"]["converters"] = ["quantize.linear.float8"]  # torchao float8 linears
+    for section, table in recipe_sections(plan, model).items():
+        doc.setdefault(section, {}).update(table)
     if titan.args is not None:  # torchtitan imports it before looking the flavor up (Trainer.__init__)
         doc["experimental"] = {"custom_import": CUSTOM_MODULE}
     return doc
+
+
+FP8_CONVERTERS = {"tensorwise": "quantize.linear.float8", "rowwise": "quantize.linear.float8",
+                  "mxfp8": "quantize.linear.mx"}  # torchao's Float8Linear / MXLinear (job_config.py, 0.2.2)
+
+
+def recipe_sections(plan: Plan, model: ModelSpec) -> dict[str, Any]:
+    """The plan's recipe keys as torchtitan 0.2.2 states them: ``[compile]`` (``components``
+    "model", and "loss" for fused_loss: torchtitan's fused cross-entropy is its compiled loss),
+    async TP (``parallelism.enable_async_tensor_parallel``), and fp8 as a model converter with
+    its recipe (the output head stays in bf16, ``filter_fqns``)."""
+    out: dict[str, Any] = {}
+    if plan.compile:
+        out["compile"] = {"enable": True, "components": ["model", "loss"] if plan.fused_loss else ["model"]}
+    if plan.fp8 != "none":
+        converter = FP8_CONVERTERS[plan.fp8]
+        out["model"] = {"converters": [converter]}
+        out[converter] = {"recipe_name": "mxfp8_cublas" if plan.fp8 == "mxfp8" else plan.fp8, "filter_fqns": ["output"]}
+    elif model.training.recipe().compute_dtype == "fp8":  # the model file's fp8: torchao's default recipe
+        out["model"] = {"converters": [FP8_CONVERTERS["tensorwise"]]}
+    return out
 
 
 def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> str:
@@ -320,6 +341,11 @@ def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable
 
     def check(plan: Plan) -> None:
         check_compression(plan, FMT, Torchtitan.compressions)
+        check_recipe(plan, Torchtitan)
+        if (plan.fused_loss or plan.tp_overlap != "none") and not plan.compile:
+            what = "fused_loss=true" if plan.fused_loss else f"tp_overlap={plan.tp_overlap}"
+            raise fail(FMT, f"{what} without compile: torchtitan fuses the loss and runs async TP only under "
+                            "torch.compile ([compile] components)")
         if fp16:
             raise fail(FMT, "training.precision fp16: torchtitan trains in bf16 or fp32 (mixed_precision_param), "
                             "not fp16")
@@ -388,6 +414,8 @@ def parallelism_section(plan: Plan) -> dict[str, Any]:
     }
     if plan.dp_shard * plan.cp > 1:  # FSDP is applied: ZeRO-3 reshards after forward, ZeRO-2 does not
         out["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
+    if plan.tp_overlap == "async":
+        out["enable_async_tensor_parallel"] = True
     if plan.pp > 1:
         out.update(pipeline_keys(plan))
     return out
@@ -500,6 +528,9 @@ class Torchtitan(Framework):
     title = "torchtitan"
     bf16_recipe = "bf16-fsdp2"
     config_suffixes = (".toml",)
+    # [compile], async TP, FSDP2's prefetch (always on), torchao's float8 and MX converters
+    recipes = {"compile": (True, False), "fused_loss": (True, False), "tp_overlap": ("async", "none"),
+               "overlap": (True,), "fp8": ("none", "tensorwise", "rowwise", "mxfp8")}
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:
         why = model_refusal(model)
