@@ -54,8 +54,14 @@ def assert_unabridged(text: str, fields: list[str]) -> None:
 
 
 def test_piped_solve_shows_every_plan_field() -> None:
+    """--wide: every column, none folded; the default compact table keeps each plan's figures whole."""
     doc = json.loads(invoke(*SOLVE, "--json").stdout)
-    text = invoke(*SOLVE).stdout
+    compact = invoke(*SOLVE).stdout
+    for p in doc["plans"]:
+        d = p["degrees"]
+        assert_unabridged(compact, [f"{d['dp']}×{d['tp']}×{d['pp']}×{d['cp']}×{d['ep']}", f"{p['step_time_s']:.3f}",
+                                    f"{p['mfu']:.1%}"])
+    text = invoke(*SOLVE, "--wide").stdout
     fields = plan_strings(doc)
     for p in doc["plans"]:
         d = p["degrees"]
