@@ -33,7 +33,7 @@ from unittest import mock
 import pytest
 
 from autoplace.errors import EmitError
-from autoplace.frameworks import accelerate, deepspeed, fsdp, megatron, torchtitan
+from autoplace.frameworks import get, megatron, torchtitan
 from autoplace.specs.model import model_from_dict
 from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_megatron import megatron_core_config
@@ -43,8 +43,7 @@ from tests.test_emit_torchtitan import without_triton
 HF = REPO / "tests/data/hf"
 FAMILIES = sorted(p.name for p in HF.glob("*.json"))
 REFUSALS = {"megatron": megatron.model_refusal, "torchtitan": torchtitan.model_refusal,
-            "deepspeed": deepspeed.model_refusal, "accelerate": accelerate.model_refusal,
-            "fsdp": fsdp.model_refusal}
+            **{name: get(name).architecture_refusal for name in ("deepspeed", "accelerate", "fsdp")}}
 CLUSTER = gpu_cluster(8)
 
 

@@ -54,9 +54,6 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
         EmitError: pipeline or expert parallelism, ZeRO-1, selective or per-layer
             recompute, or offloads accelerate's FSDP cannot state.
     """
-    why = model_refusal(model)
-    if why:
-        raise fail(FMT, why)
     check_expressible(plan)
     nodes, _ = launch_geometry(plan, cluster, FMT)
     mixed = training_dtype(model)
@@ -81,14 +78,6 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
     if parallelism:
         cfg["parallelism_config"] = parallelism
     return cfg
-
-
-def model_refusal(model: ModelSpec) -> str | None:
-    """None: the bundle trains the user's own model code (a Hugging Face model or any nn.Module), so
-    every architecture feature is the model code's and transformers implements each one autoplace
-    reads from a config.json; the emitted config states parallelism and precision only."""
-    del model
-    return None
 
 
 def check_expressible(plan: Plan) -> None:
@@ -181,10 +170,6 @@ class Accelerate(Framework):
     compressions = frozenset({"bf16"})
     config_suffixes = (".yaml", ".yml")
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
-
-    def architecture_refusal(self, model: ModelSpec) -> str | None:
-        why = model_refusal(model)
-        return f"{FMT}: {why}" if why else None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         mixed = training_dtype(model)

@@ -114,7 +114,9 @@ class Framework:
         return self.architecture_refusal(model)
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:
-        """Why this framework cannot build ``model``'s architecture (one line naming the feature), or None."""
+        """Why this framework cannot build ``model``'s architecture (one line naming the feature), or
+        None: by default its bundle trains the user's own model code (a Hugging Face model or any
+        nn.Module), so every feature is that code's and the files state parallelism and precision only."""
         del model
         return None
 

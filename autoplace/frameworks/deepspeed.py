@@ -50,9 +50,6 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     Raises:
         EmitError: the plan needs something DeepSpeed cannot configure.
     """
-    why = model_refusal(model)
-    if why:
-        raise fail(FMT, why)
     check_expressible(plan)
     check_split(plan)
     cfg: dict[str, Any] = {
@@ -75,14 +72,6 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     if plan.pp > 1:
         cfg["pipeline"] = pipeline_section(plan)
     return cfg
-
-
-def model_refusal(model: ModelSpec) -> str | None:
-    """None: the bundle trains the user's own model code (a Hugging Face model or any nn.Module), so
-    every architecture feature is the model code's and transformers implements each one autoplace
-    reads from a config.json; the emitted config states parallelism and precision only."""
-    del model
-    return None
 
 
 def check_split(plan: Plan) -> None:
@@ -273,10 +262,6 @@ class DeepSpeed(Framework):
     config_suffixes = (".json",)
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model, under accelerate + this config
     reports_hardware_flops = True
-
-    def architecture_refusal(self, model: ModelSpec) -> str | None:
-        why = model_refusal(model)
-        return f"{FMT}: {why}" if why else None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         del model

@@ -258,13 +258,6 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[
 '''
 
 
-def model_refusal(model: ModelSpec) -> str | None:
-    """None: the emitted module parallelizes the user's own model (a Hugging Face model or any
-    nn.Module) and states no architecture, so every feature is the model code's."""
-    del model
-    return None
-
-
 def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
                      module_stem: str = "fsdp2_parallelize") -> str:
     """Python source of a module that applies ``plan`` with FSDP2, DTensor TP and checkpointing.
@@ -280,9 +273,6 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
             offloads FSDP2 cannot express.
     """
     del cluster
-    why = model_refusal(model)
-    if why:
-        raise fail(FMT, why)
     check_expressible(plan)
     return _TEMPLATE.format(
         model_name=model.name, module_stem=module_stem, dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard,
@@ -351,10 +341,6 @@ class Fsdp(Framework):
     compressions = frozenset({"bf16", "powersgd"})
     recipes = {"compile": (True, False), "overlap": (True,)}  # the module's COMPILE; FSDP2 always prefetches
     config_suffixes = (".py",)
-
-    def architecture_refusal(self, model: ModelSpec) -> str | None:
-        why = model_refusal(model)
-        return f"{FMT}: {why}" if why else None
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         del model
