@@ -154,10 +154,6 @@ class Framework:
             model = model.model_copy(update={"training": training})
         return model, assumptions.replace(**self.behaviour) if self.behaviour else assumptions
 
-    def costing_key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
-        """Frameworks with equal keys cost every plan alike (one search can serve them all)."""
-        return self.bf16_recipe, tuple(sorted(self.behaviour.items()))
-
     # --- its files ----------------------------------------------------------------------------
 
     def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:

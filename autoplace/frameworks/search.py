@@ -59,7 +59,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     """
     check_name(framework)
     if framework not in (ANY, NONE):
-        return group_problem([get(framework)], model, cluster, fixed=fixed, features=features, **options)
+        return framework_problem(get(framework), model, cluster, fixed=fixed, features=features, **options)
     from solvers.problem import Problem
 
     test = None if framework == NONE else admissible(members(ANY), model)
@@ -96,26 +96,23 @@ def recipe_choices(group: Sequence[Framework], cluster: ClusterSpec, features: s
     return tuple(out)
 
 
-def group_problem(group: Sequence[Framework], model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
-                  features: set[str], **options: Any) -> Any:
-    """One Problem for frameworks that cost every plan alike (equal ``costing_key``): the plans
-    at least one of them expresses, within the limits they all share.
+def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
+                      features: set[str], **options: Any) -> Any:
+    """The Problem of one framework: the model costed as it runs it, its pinned degrees and
+    features, the configurations and recipes it expresses.
 
     Raises:
-        Infeasible: no framework of the group can train the model (every refusal named).
+        Infeasible: the framework cannot train the model (its refusal names the feature).
     """
     from solvers.problem import Problem
 
-    refusals = [f.model_refusal(model) for f in group]
-    group = [f for f, why in zip(group, refusals, strict=True) if why is None]
-    if not group:
-        raise Infeasible("; ".join(why for why in refusals if why))
-    pinned = [search_limits(f, fixed, features) for f in group]
-    fixed = {k: v for k, v in pinned[0][0].items() if all(p[0].get(k) == v for p in pinned)}
-    features = set().union(*(p[1] for p in pinned))
-    model, assumptions = group[0].costing(model, options.pop("assumptions", DEFAULT))
-    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible(group, model),
-                   assumptions=assumptions, recipes=recipe_choices(group, cluster, features), **options)
+    why = framework.model_refusal(model)
+    if why:
+        raise Infeasible(why)
+    fixed, features = search_limits(framework, fixed, features)
+    model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible([framework], model),
+                   assumptions=assumptions, recipes=recipe_choices([framework], cluster, features), **options)
 
 
 def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config], bool]:
@@ -173,7 +170,7 @@ RESOLVE_SHARE = 0.25  # of --time-limit, kept from the wide search for the unifo
 
 def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any, top: int,
               framework: str | None = None) -> Any:
-    """Solve ``problem`` (from :func:`problem_for` or :func:`group_problem`) and keep the ``top``
+    """Solve ``problem`` (from :func:`problem_for`) and keep the ``top``
     plans at least one framework of ``group`` can express.
 
     The search asks for ``4 * top`` plans (at most 20) because a plan's per-layer choices may
