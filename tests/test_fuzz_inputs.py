@@ -557,8 +557,8 @@ def test_config_reader_refuses_counts_beyond_int64_range(tmp_path: Path) -> None
     cfg.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 8192\n'
                    'mixed_precision_param = "bfloat16"\nlocal_batch_size = 100000000000000000000\n'
                    '[parallelism]\ndata_parallel_shard_degree = 8\n')
-    result = RUNNER.invoke(app, ["check", str(cfg), str(EXAMPLES / "models" / "llama-3-8b.json"),
-                                 str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")])
+    llama31 = Path(__file__).parent / "data" / "hf" / "llama-3.1-8b.json"  # torchtitan's own 8B flavor
+    result = RUNNER.invoke(app, ["check", str(cfg), str(llama31), str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")])
     assert result.exit_code == 2 and "below 2**53" in result.stderr and len(result.stderr.splitlines()) == 1, \
         result.output
 
