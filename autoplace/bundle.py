@@ -71,9 +71,7 @@ def render(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch:
         EmitError: the framework cannot express the plan.
     """
     if fmt in frameworks.FRAMEWORKS:
-        chosen = frameworks.get(fmt)
-        chosen.refuse(chosen.refusal(plan, model))
-        return chosen.render(plan, model, cluster, launch)
+        return frameworks.get(fmt).render(plan, model, cluster, launch)
     if fmt not in LAUNCHERS:
         raise SpecError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}", field="format")
     framework = framework or primary(plan, model)

@@ -85,13 +85,17 @@ def test_the_registry_finds_each_framework_by_name_and_lists_the_valid_ones() ->
 @SETTINGS
 @given(plan=plans(), dtype=st.sampled_from(sorted(MODELS)))
 def test_admissible_exactly_when_it_renders(framework: Framework, plan: Plan, dtype: str) -> None:
-    """The search's verdict (the declaration, without rendering) is the files' verdict."""
+    """The search's verdict (the declaration, without rendering) is the files' verdict: the emitters
+    (``files``, without the declaration's guard) write exactly the plans the declaration admits, and
+    ``render`` refuses with the declaration's own line."""
     model = MODELS[dtype]
     why = framework.refusal(plan, model)
     try:
-        files = framework.render(plan, model, CLUSTER16, Launch())
-    except EmitError as exc:
-        assert why == str(exc)
+        files = framework.files(plan, model, CLUSTER16, Launch())
+    except EmitError:
+        assert why is not None
+        with pytest.raises(EmitError, match=re.escape(why)):
+            framework.render(plan, model, CLUSTER16, Launch())
         return
     assert why is None and files
 

@@ -182,7 +182,7 @@ class Accelerate(Framework):
 
         return checked(check)
 
-    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+    def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         cfg = yaml.safe_dump(emit_accelerate(plan, model, cluster), sort_keys=False)
         program = self.program(plan, model, launch)
         return [BundleFile(CONFIG, "accelerate config, FSDP2 (the launch scripts pass it as accelerate launch "

@@ -161,8 +161,14 @@ class Framework:
         generic launch scripts, which take :meth:`program`).
 
         Raises:
-            EmitError: the framework cannot express the plan (exactly when :meth:`refusal` says so).
+            EmitError: the framework cannot express the plan -- exactly :meth:`refusal`'s line, so
+                the files and the search never disagree on a plan or on why.
         """
+        self.refuse(self.refusal(plan, model))
+        return self.files(plan, model, cluster, launch)
+
+    def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+        """The files of a plan :meth:`refusal` admits (:meth:`render` checks first)."""
         raise NotImplementedError
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:

@@ -274,7 +274,7 @@ class DeepSpeed(Framework):
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         return deepspeed_split(blocks, pp)
 
-    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+    def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         cfg = json.dumps(emit_deepspeed(plan, model, cluster), indent=2) + "\n"
         return [BundleFile(CONFIG, "DeepSpeed config (the launch scripts pass it as --deepspeed_config)", cfg),
                 BundleFile("launch_deepspeed.sh", "the deepspeed launcher with ds_config.json, run on the first node",

@@ -346,7 +346,7 @@ class Fsdp(Framework):
         del model
         return checked(check_expressible)
 
-    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+    def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         return [BundleFile(MODULE_FILE, "PyTorch module applying the plan (DeviceMesh, DTensor TP, AC, FSDP2): a "
                            "training script calls `from fsdp2_parallelize import parallelize; model = parallelize(model)` "
                            "(the launch scripts put the bundle on PYTHONPATH)", emit_fsdp_module(plan, model, cluster)),

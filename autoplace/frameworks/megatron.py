@@ -482,7 +482,7 @@ class Megatron(Framework):
 
         return checked(check)
 
-    def render(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
+    def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         args = bash_array("MEGATRON_ARGS", emit_megatron(plan, model, cluster), "Megatron-LM arguments")
         return [BundleFile(ARGS_FILE, 'Megatron-LM arguments as a bash array: the launch scripts source it and pass '
                            '"${MEGATRON_ARGS[@]}" to pretrain_gpt.py (set DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, '
