@@ -15,9 +15,9 @@ import yaml
 
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import Evaluation
-from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
 from autoplace.specs.model import TransformerSpec, model_from_dict
-from tests.helpers import REFERENCE, REPO, gpu_cluster, score
+from benchmarks.finetune import one_gpu
+from tests.helpers import REFERENCE, gpu_cluster, score
 
 GB = 1e9
 REF = yaml.safe_load((REFERENCE / "finetune.yaml").read_text())
@@ -32,17 +32,6 @@ def model(name: str, reference: str | None = None, **training: Any) -> Transform
     spec = model_from_dict({**data, "training": tuned})
     assert isinstance(spec, TransformerSpec)
     return spec
-
-
-def one_gpu(memory_GB: float | None = None) -> ClusterSpec:
-    """One 48 GB GPU (l40s-48gb), or that GPU with ``memory_GB``."""
-    gpu: Any = "l40s-48gb"
-    if memory_GB is not None:
-        gpu = yaml.safe_load((REPO / "hardware_profiles" / "gpu" / "l40s-48gb.yaml").read_text())
-        gpu.pop("aliases", None)
-        gpu.update(name=f"l40s-{memory_GB:g}gb", memory_GiB=memory_GB * GB / 2**30)
-    return cluster_from_dict({"name": "one", "nodes": 1, "gpus_per_node": 1, "gpu": gpu, "intra_node": "pcie4",
-                              "inter_node": "pcie4"})
 
 
 def model_states(ev: Evaluation) -> float:
