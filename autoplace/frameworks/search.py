@@ -318,8 +318,7 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
     for k, name in enumerate(names):
         left = max(deadline - time.perf_counter(), 0.1) / (len(names) - k)
         try:
-            problem = problem_for(name, model, cluster, top_k=1, **_copy({**options, "fixed": fixed,
-                                                                          "features": features}))
+            problem = problem_for(name, model, cluster, top_k=1, fixed=dict(fixed), features=set(features), **options)
             result = solve_for([get(name)], solver, problem, dataclasses.replace(budget, time_limit_s=left), 1, name)
         except AutoplaceError as exc:
             out[name] = (None, exc)
@@ -330,8 +329,3 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
             detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
             out[name] = (None, f"no plan {name} can express fits ({detail})")
     return out
-
-
-def _copy(search: dict[str, Any]) -> dict[str, Any]:
-    """The search options with fresh ``fixed`` and ``features`` (the problem builders take them)."""
-    return {**search, "fixed": dict(search["fixed"]), "features": set(search["features"])}
