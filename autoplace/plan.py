@@ -151,6 +151,12 @@ class Config:
         fields["mbs"], fields["grad_accum"] = mbs, grad_accum
         return out
 
+    def replaced(self, changes: dict[str, Any]) -> Self:
+        """``dataclasses.replace(self, **changes)`` without its check (:func:`check_config`), for a
+        caller whose values are valid by construction: the solver's enumeration, which checks each
+        value it combines once and builds tens of thousands of configurations from them."""
+        return _instance(type(self), vars(self), **changes)
+
     def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
         """This configuration with its per-layer decisions."""
         # vars(self) names every Config field (and on a Plan the three below): each Plan field once

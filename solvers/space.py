@@ -129,6 +129,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     vpps = [1] + ([v for v in _divisors(L)[1:] if pp > 1 and L // v >= pp] if "interleave" in feat else [])
     if "vpp" in fx:
         vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
+    if all((per_replica // mbs) % pp for mbs in mbss):  # no micro-batching interleaves: no shape would be used
+        vpps = [v for v in vpps if v == 1]
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
@@ -147,9 +149,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
             for recipe in recipes:  # best first: a recipe no better than one admitted is not enumerated
                 if any(_dominates(t, recipe) for t in taken):
                     continue
-                shape = Config.from_fields(vars(base) | {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo,
-                                                         "offload_params": op, "compress": comp,
-                                                         "powersgd_rank": rank} | recipe)
+                shape = base.replaced({"vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
+                                       "compress": comp, "powersgd_rank": rank} | recipe)
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
                     taken.append(recipe)
@@ -174,6 +175,7 @@ def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
             if plain:
                 raise Infeasible(f"fp8={values['fp8']}: {plain[0]} has no fp8 units (its profile states no fp8 peak)")
         if values not in out:
+            Config.from_fields(vars(base) | values)  # checked once here: the shapes take it unchecked
             out.append(values)
     return sorted(out, key=lambda r: -sum(_on(r).values()))
 

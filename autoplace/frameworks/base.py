@@ -34,7 +34,7 @@ from autoplace.plan import RECIPE_DEFAULTS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
-    from autoplace.plan import Plan
+    from autoplace.plan import Config, Plan
     from autoplace.specs.cluster import ClusterSpec
     from autoplace.specs.model import ModelSpec
 
@@ -190,15 +190,29 @@ class Framework:
             raise EmitError(reason)
 
 
+def unstated_recipe(config: Config, framework: type[Framework] | Framework) -> str | None:
+    """The first recipe key ``config`` sets to a value ``framework`` cannot state
+    (:attr:`Framework.recipes`; a key it does not declare has only its default), or None."""
+    values = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
+    key = (framework.name, values)  # judged once per framework and recipe: the search asks per configuration
+    if key not in _UNSTATED:
+        _UNSTATED[key] = next((k for (k, default), value in zip(RECIPE_DEFAULTS.items(), values, strict=True)
+                               if value not in framework.recipes.get(k, (default,))), None)
+    return _UNSTATED[key]
+
+
+_UNSTATED: dict[tuple[str, tuple[Any, ...]], str | None] = {}
+
+
 def check_recipe(plan: Plan, framework: type[Framework]) -> None:
     """Raise EmitError when ``plan`` sets a recipe key to a value ``framework`` cannot state
     (:attr:`Framework.recipes`), or TP-comm overlap without tensor parallelism."""
-    for key, default in RECIPE_DEFAULTS.items():
-        value = getattr(plan, key)
-        valid = framework.recipes.get(key, (default,))
-        if value not in valid:
-            shown = ", ".join(str(v).lower() for v in valid)
-            raise EmitError(f"{framework.name}: {key}={str(value).lower()} is not configurable (it states {key}={shown})")
+    key = unstated_recipe(plan, framework)
+    if key is not None:
+        valid = framework.recipes.get(key, (RECIPE_DEFAULTS[key],))
+        shown = ", ".join(str(v).lower() for v in valid)
+        raise EmitError(f"{framework.name}: {key}={str(getattr(plan, key)).lower()} is not configurable "
+                        f"(it states {key}={shown})")
     if plan.tp_overlap != "none" and plan.tp == 1:
         raise EmitError(f"{framework.name}: tp_overlap={plan.tp_overlap} needs tensor parallelism (tp > 1)")
 

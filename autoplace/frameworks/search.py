@@ -19,8 +19,8 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
-from autoplace.frameworks.base import Framework, PlanCheck
-from autoplace.plan import RECOMPUTE, Config, Plan, even_split
+from autoplace.frameworks.base import Framework, PlanCheck, unstated_recipe
+from autoplace.plan import RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -63,7 +63,8 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     from solvers.problem import Problem
 
     test = None if framework == NONE else admissible(members(ANY), model)
-    recipes = recipe_choices(members(ANY) if framework == ANY else [], cluster, features)
+    able = [f for f in members(ANY) if f.model_refusal(model) is None]  # a refused one's recipes would all fail
+    recipes = recipe_choices(able if framework == ANY else [], cluster, features)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -124,18 +125,30 @@ def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config
 
     # Megatron-LM first: it expresses nearly every configuration some framework can in the default space
     ordered = sorted((f for f in group if f.model_refusal(model) is None), key=lambda f: f.name != "megatron")
-    checks = [f.config_check(model) for f in ordered]
+    checks = [(f, f.config_check(model)) for f in ordered]
     table = layer_table(model)
     no_recompute = (RECOMPUTE[0],) * table.blocks
     layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
+    # a framework that cannot state a configuration's recipe refuses it whatever its degrees: the
+    # checks of the others only (a recipe is one framework's best, which the others rarely state)
+    by_recipe: dict[tuple[Any, ...], list[PlanCheck]] = {}
+    verdicts: dict[Config, bool] = {}  # a Problem's other solves (the batch hint's) judge the same shapes
 
     def ok(config: Config) -> bool:
+        if config in verdicts:
+            return verdicts[config]
+        recipe = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
+        if recipe not in by_recipe:
+            by_recipe[recipe] = [check for f, check in checks if unstated_recipe(config, f) is None]
+        if not by_recipe[recipe]:
+            return False
         key = (config.pp, config.vpp)
         if key not in layouts:
             split = even_split(table.blocks, config.pp * config.vpp)
             layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp, ...
         plan = config.to_plan(layouts[key], no_recompute)
-        return any(check(plan) is None for check in checks)
+        verdicts[config] = verdict = any(check(plan) is None for check in by_recipe[recipe])
+        return verdict
 
     return ok
 
