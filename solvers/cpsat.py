@@ -296,15 +296,19 @@ class CpSatSolver(Solver):
         start = time.perf_counter()
         deadline = start + budget.time_limit_s
         clock = _Clock(budget)
-        configs = self._enumerate(problem)
+        configs = self._enumerate(problem, deadline)
+        enumerated = len(configs)
         clock("score")
-        space = self._score(problem, configs)
+        space = self._score(problem, configs, deadline)
         configs = space.configs
+        stopped = [f"the time limit stopped enumeration and scoring at {len(configs):,} configurations"
+                   f"{'' if len(configs) == enumerated else f' of {enumerated:,}'}: the rest of the space was not "
+                   "searched"] if getattr(configs, "stopped", False) else []
         clock("bound")
         one_kind = len(space.table.kinds) == 1
         bounded = (bound_with_tables if one_kind else bound_mixed)(problem, space, deadline)
-        notes = [f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} kept "
-                 "after bounding"]
+        notes = [*stopped, f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} "
+                 "kept after bounding"]
         if bounded is None:
             return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes, phases=clock.done())
@@ -324,6 +328,8 @@ class CpSatSolver(Solver):
             status, bound = "feasible", min(bounded.lower.values(), default=None)
         elif status == "unknown":
             status = "infeasible"
+        if stopped:
+            status = "feasible" if chosen else status
         if bounded.stopped:
             status = "feasible" if chosen else status
             notes.append("the time limit stopped the bounding: configurations not yet visited were not searched")
@@ -340,15 +346,19 @@ class CpSatSolver(Solver):
         return (id(problem.model), id(problem.cluster), id(problem.admissible), problem.features, problem.max_mbs,
                 tuple(sorted((k, str(v)) for k, v in problem.fixed.items() if k != "recompute")))
 
-    def _enumerate(self, problem: Problem) -> list[Config]:
+    def _enumerate(self, problem: Problem, deadline: float) -> list[Config]:
         """The configurations, shared by this solver's solves that differ only in a pinned
-        recompute mode (a framework's uniform-recompute runs): enumeration does not read it."""
+        recompute mode (a framework's uniform-recompute runs): enumeration does not read it.
+        One the time limit stopped is not kept (a later solve may have the time to finish)."""
         key = self._key(problem)
-        if key not in self._configs:
-            self._configs = {key: enumerate_configs(problem)}  # keep one: spaces can be large
-        return self._configs[key]
+        if key in self._configs:
+            return self._configs[key]
+        configs = enumerate_configs(problem, deadline)
+        if not configs.stopped:
+            self._configs = {key: configs}  # keep one: spaces can be large
+        return configs
 
-    def _score(self, problem: Problem, configs: list[Config]) -> Space:
+    def _score(self, problem: Problem, configs: list[Config], deadline: float) -> Space:
         """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
         pins another recompute mode reads its bounds off the last space's summary."""
         # the objects themselves, compared by identity: held here, their ids cannot be reused
@@ -356,7 +366,7 @@ class CpSatSolver(Solver):
         if self._space is not None and all(a is b for a, b in zip(self._space[0], key, strict=True)) \
                 and self._space[1].configs is configs:
             return self._space[1].for_problem(problem)
-        space = score_space(problem, configs)
+        space = score_space(problem, configs, deadline)
         self._space = (key, space)
         return space
 

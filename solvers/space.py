@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import gc
 import itertools
+import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,14 +37,19 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def enumerate_configs(problem: Problem) -> ConfigList:
+def enumerate_configs(problem: Problem, deadline: float | None = None) -> ConfigList:
     """Every configuration the rules allow, honouring ``problem.fixed``, with their arrays.
+
+    Args:
+        deadline: a ``time.perf_counter()`` value: past it, enumeration stops at the next set of
+            degrees that leaves at least one configuration enumerated, and the list says
+            :attr:`ConfigList.stopped` (the time limit bounds the whole solve).
 
     Raises:
         Infeasible: when the fixed keys leave nothing (with the reason).
     """
     with _collector_paused():
-        return _enumerate(problem)
+        return _enumerate(problem, math.inf if deadline is None else deadline)
 
 
 @contextlib.contextmanager
@@ -60,7 +67,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _enumerate(problem: Problem) -> ConfigList:
+def _enumerate(problem: Problem, deadline: float) -> ConfigList:
     m, c, fx, feat = problem.model, problem.cluster, problem.fixed, problem.features
     table = layer_table(m)
     W, G, L, B = c.gpus, c.nvlink_domain, table.blocks, m.training.global_batch  # G: GPUs on one NVLink fabric
@@ -92,6 +99,8 @@ def _enumerate(problem: Problem) -> ConfigList:
                     base = Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, sp=tp > 1,
                                   zero=zero)
                     out.add(*_micro(problem, L, B, dp, base, reduce_bytes))
+                    if out.configs and time.perf_counter() > deadline:
+                        return out.done(stopped=True)
     if not out.configs:
         raise Infeasible("no configuration satisfies the fixed keys and the composition rules "
                          f"({', '.join(f'{k}={v}' for k, v in fx.items()) or 'no keys fixed'}; {W} GPUs, {L} layers)")
@@ -175,9 +184,15 @@ def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
             if plain:
                 raise Infeasible(f"fp8={values['fp8']}: {plain[0]} has no fp8 units (its profile states no fp8 peak)")
         if values not in out:
-            Config.from_fields(vars(base) | values)  # checked once here: the shapes take it unchecked
+            _check_recipe(tuple(values.items()))  # the shapes take it unchecked
             out.append(values)
     return sorted(out, key=lambda r: -sum(_on(r).values()))
+
+
+@functools.cache
+def _check_recipe(values: tuple[tuple[str, Any], ...]) -> None:
+    """Raise SpecError for recipe values no Config may hold (checked once per distinct recipe)."""
+    Config(**dict(values))
 
 
 def _on(recipe: dict[str, Any]) -> dict[str, bool]:
@@ -225,12 +240,12 @@ class _Listing:
             self.mbs.extend([mbs] * len(chosen))
             self.ga.extend([ga] * len(chosen))
 
-    def done(self) -> ConfigList:
+    def done(self, stopped: bool = False) -> ConfigList:
         """The configurations with their arrays: the shapes' (packed once each), taken per configuration."""
         shapes = pack(self.shapes, np.zeros((len(self.shapes), 0, 0, 3)))
         arrays = dataclasses.replace(shapes.take(np.array(self.rows, dtype=np.int64)),
                                      mbs=np.array(self.mbs, dtype=np.int64), ga=np.array(self.ga, dtype=np.int64))
-        return ConfigList(self.configs, arrays)
+        return ConfigList(self.configs, arrays, stopped=stopped)
 
 
 class ConfigList(list[Config]):
@@ -238,15 +253,16 @@ class ConfigList(list[Config]):
     (:class:`Candidates` without block counts), built from the few thousand shapes they were
     enumerated from: :func:`to_candidates` takes rows of it instead of reading the attributes
     of tens of thousands of configurations.  Read it as a list: the arrays describe the list
-    as enumerated."""
+    as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space."""
 
-    def __init__(self, configs: list[Config], arrays: Candidates) -> None:
+    def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False) -> None:
         super().__init__(configs)
         self.arrays = arrays
+        self.stopped = stopped
 
-    def subset(self, rows: Sequence[int]) -> ConfigList:
+    def subset(self, rows: Sequence[int] | np.ndarray) -> ConfigList:
         """The configurations ``rows``, in that order, with their arrays."""
-        return ConfigList([self[i] for i in rows], self.arrays.take(np.asarray(rows, dtype=np.int64)))
+        return ConfigList([self[i] for i in rows], self.arrays.take(np.asarray(rows, dtype=np.int64)), self.stopped)
 
 
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
@@ -348,17 +364,33 @@ def _terms(problem: Problem, table: LayerTable, cand: Candidates) -> StageTerms:
     return stage_terms(table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
 
 
-def score_space(problem: Problem, configs: list[Config]) -> Space:
+def score_space(problem: Problem, configs: list[Config], deadline: float = math.inf) -> Space:
     """Sound lower bounds of every configuration, scored group by group (:func:`_groups`),
     for the recompute mode the problem pins (if any); the space keeps what the bounds of the
-    other modes need (:class:`solvers.bounds.Summary`)."""
+    other modes need (:class:`solvers.bounds.Summary`).  Past ``deadline`` (a
+    ``time.perf_counter()`` value) the space holds the groups scored so far, and its
+    configurations say :attr:`ConfigList.stopped`."""
     table = layer_table(problem.model)
     parts = []
     for rows in _groups(configs):
         cand = to_candidates(configs, table, rows=rows)
         parts.append((rows, summarize(table, cand, _terms(problem, table, cand))))
+        if time.perf_counter() > deadline and isinstance(configs, ConfigList) and \
+                sum(len(r) for r, _ in parts) < len(configs):
+            configs, parts = _scored_part(configs, parts)
+            break
     summary = Summary.stack(parts, len(configs))
     return Space(problem, configs, table, *summary.bounds(problem.objective, problem.fixed_mode), summary)
+
+
+def _scored_part(configs: ConfigList, parts: list[tuple[np.ndarray, Summary]]) -> tuple[ConfigList,
+                                                                                       list[tuple[np.ndarray, Summary]]]:
+    """The configurations of ``parts`` only (a stopped scoring), the parts' rows re-indexed into them."""
+    rows = np.concatenate([r for r, _ in parts])
+    kept = configs.subset(rows)
+    kept.stopped = True
+    starts = np.cumsum([0, *(len(r) for r, _ in parts)])
+    return kept, [(np.arange(a, a + len(r)), part) for a, (r, part) in zip(starts, parts, strict=False)]
 
 
 def plan_from(config: Config, table: LayerTable, split: list[int], modes: list[list[list[int]]]) -> Plan:

@@ -219,6 +219,8 @@ def _even_cap(problem: Problem, space: Space) -> float:
     """
     L, k = space.table.blocks, problem.top_k
     first = next(by_lower_bound(space, lambda _: True), [])[:2 * k]
+    if not first:  # nothing can fit (a space the time limit cut short may hold no plan)
+        return np.inf
     batch, values = space.scored(first), []
     for j, i in enumerate(first):
         cf = space.configs[i]
