@@ -193,14 +193,21 @@ class Framework:
 def check_recipe(plan: Plan, framework: type[Framework]) -> None:
     """Raise EmitError when ``plan`` sets a recipe key to a value ``framework`` cannot state
     (:attr:`Framework.recipes`), or TP-comm overlap without tensor parallelism."""
-    for key, default in RECIPE_DEFAULTS.items():
-        value = getattr(plan, key)
-        valid = framework.recipes.get(key, (default,))
-        if value not in valid:
-            shown = ", ".join(str(v).lower() for v in valid)
-            raise EmitError(f"{framework.name}: {key}={str(value).lower()} is not configurable (it states {key}={shown})")
+    for key in RECIPE_DEFAULTS:
+        why = recipe_refusal(framework, key, getattr(plan, key))
+        if why:
+            raise EmitError(why)
     if plan.tp_overlap != "none" and plan.tp == 1:
         raise EmitError(f"{framework.name}: tp_overlap={plan.tp_overlap} needs tensor parallelism (tp > 1)")
+
+
+def recipe_refusal(framework: type[Framework] | Framework, key: str, value: Any) -> str | None:
+    """Why ``framework``'s config cannot state recipe key ``key`` at ``value`` (one line), or None."""
+    valid = framework.recipes.get(key, (RECIPE_DEFAULTS[key],))
+    if value in valid:
+        return None
+    shown = ", ".join(str(v).lower() for v in valid)
+    return f"{framework.name}: {key}={str(value).lower()} is not configurable (it states {key}={shown})"
 
 
 def checked(check: Callable[[Plan], None]) -> PlanCheck:
