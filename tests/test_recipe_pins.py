@@ -66,6 +66,14 @@ def test_a_compile_pin_holds_in_every_plan_and_in_the_emitted_toml(tmp_path: Pat
     assert "recipe pinned by the model file (training.recipe): compile=false" in text.stdout
 
 
+def test_scale_holds_a_pin_at_every_size(tmp_path: Path) -> None:
+    result = invoke("scale", pinned_model(tmp_path, {"compile": False}), "--gpu", "h100", "--gpus", "8",
+                    "--framework", "torchtitan", "--time-limit", "1", "--json")
+    assert result.exit_code == 0, result.output
+    plans = [p["plan"] for p in json.loads(result.stdout)["points"]]
+    assert plans and all(p is not None and p["recipe"]["compile"] is False for p in plans)
+
+
 def test_a_pin_survives_overrides_and_is_written_back_under_its_own_key(tmp_path: Path) -> None:
     spec, _ = read_model(pinned_model(tmp_path, {"overlap": False, "tp_overlap": "none"}),
                          overrides={"global_batch": 512})
