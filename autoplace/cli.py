@@ -149,7 +149,7 @@ def _load(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: i
 def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global_batch: int | None,
                    tuning: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """:func:`_load`, and where the model came from with which of its numbers are defaults."""
-    from autoplace.specs.cluster import check_compute_dtype
+    from autoplace.specs.cluster import check_compute_dtype, fp8_refusal
     from autoplace.specs.hub import resolve_model
     from autoplace.specs.model import read_model
 
@@ -161,6 +161,9 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
     c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
     check_compute_dtype(c, m.training.recipe().compute_dtype, source=str(cluster) if isinstance(cluster, Path)
                         else c.name)
+    why = fp8_refusal(c, m.training.recipe_pins.fp8 or "none")
+    if why:
+        raise SpecError(why, source=str(path), field="training.recipe.fp8")
     return m, c, model_origin_of(model, m, recorded)
 
 
@@ -170,11 +173,16 @@ def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_ba
     """(model, cluster, origin, the --plan's Evaluation, assumptions): evaluate's and explain's first steps."""
     from autoplace.cost.layers import layer_table
     from autoplace.evaluation import evaluate
-    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.plan import build_plan, parse_plan_string, with_pins
+    from autoplace.specs.cluster import fp8_refusal
 
     m, c, origin = _load_recorded(model, cluster, seq_len, global_batch, tuning)
-    p = build_plan(parse_plan_string(plan), world=c.gpus, blocks=layer_table(m).blocks,
+    values = with_pins(parse_plan_string(plan), m.training.recipe_pins.values(), source="--plan")
+    p = build_plan(values, world=c.gpus, blocks=layer_table(m).blocks,
                    global_batch=m.training.global_batch, gpus_per_node=c.gpus_per_node)
+    why = fp8_refusal(c, p.fp8)
+    if why:
+        raise SpecError(why, source="--plan", field="fp8")
     assume = _calibration(calibration, c, force=force)[0]
     ev = evaluate(m, c, p, assume, allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
     return m, c, origin, ev, assume

@@ -131,11 +131,15 @@ def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Ev
                  count: int = 3, assumptions: Assumptions = DEFAULT, *, allow_tp_across_nodes: bool = False
                  ) -> list[Alternative]:
     """The ``count`` neighbours whose step time or peak memory differs most from the plan's
-    (scored with the same ``assumptions`` and rules as the plan)."""
+    (scored with the same ``assumptions`` and rules as the plan).  A recipe key the model file
+    pins (``training.recipe``) is not changed, as a search never changes it."""
     table = layer_table(model)
+    pins = model.training.recipe_pins.values()
     scored = []
     for change, values in _neighbours(plan):
         values = {k: v for k, v in values.items() if v is not None}
+        if any(values.get(k) != v for k, v in pins.items()):
+            continue
         try:
             alt = build_plan(values, world=cluster.gpus, blocks=table.blocks, global_batch=model.training.global_batch,
                              gpus_per_node=cluster.gpus_per_node)

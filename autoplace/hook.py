@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.evaluation import Evaluation, evaluate
-from autoplace.plan import Plan, build_plan, parse_plan_string
-from autoplace.specs.cluster import ClusterSpec
+from autoplace.plan import Plan, build_plan, parse_plan_string, with_pins
+from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
     if isinstance(plan, Plan):
         return evaluate(model, cluster, plan)
     if plan:
-        built = build_plan(parse_plan_string(plan), world=cluster.gpus, blocks=layer_table(model).blocks,
+        values = with_pins(parse_plan_string(plan), model.training.recipe_pins.values(), source="--plan")
+        built = build_plan(values, world=cluster.gpus, blocks=layer_table(model).blocks,
                            global_batch=model.training.global_batch, gpus_per_node=cluster.gpus_per_node)
         return evaluate(model, cluster, built)
     from autoplace.frameworks import ANY, search
@@ -82,6 +83,9 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SpecError(f"cannot read JSON ({exc})", source=str(path)) from None
         if isinstance(doc, dict) and "degrees" in doc:
+            recipe = doc.get("recipe", {})  # the keys it leaves out: the model file's pins, else the defaults
+            if isinstance(recipe, dict):
+                doc = {**doc, "recipe": {**model.training.recipe_pins.values(), **recipe}}
             return ReadConfig(Plan.from_dict(doc, source=str(path)), "plan.json", True)
     return read_framework_config(p, model, cluster)
 
@@ -113,8 +117,16 @@ def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
 
     The config's own batch numbers are the truth: the plan is judged against the global batch
     the config states (the model file's batch is used only when the config states none).
+
+    Raises:
+        SpecError: the config runs a recipe key at another value than the model file pins
+            (``training.recipe``), or fp8 on GPUs without fp8 units -- one line each.
     """
     read = read_config(config, model, cluster)
+    with_pins(read.plan.recipe(), model.training.recipe_pins.values(), source=str(config))
+    why = fp8_refusal(cluster, read.plan.fp8)
+    if why:
+        raise SpecError(why, source=str(config), field="fp8")
     if read.batch_stated and read.plan.global_batch != model.training.global_batch:
         from autoplace.specs.model import with_overrides
 

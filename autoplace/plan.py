@@ -418,6 +418,21 @@ def _typed(key: str, value: str, source: str) -> Any:
     return value
 
 
+def with_pins(values: dict[str, Any], pins: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """``values`` (a parsed ``--plan`` or ``--fix``, or a config read back) with the recipe keys the
+    model file pins (``training.recipe``) added: a pin is the value wherever ``values`` give none.
+
+    Raises:
+        SpecError: ``values`` give a pinned key another value -- one line naming both, rather than
+            one of them silently winning.
+    """
+    for key, pin in pins.items():
+        if key in values and values[key] != pin:
+            raise SpecError(f"{key}={str(values[key]).lower()} contradicts the model file's training.recipe.{key}="
+                            f"{str(pin).lower()} (drop one of them)", source=source, field=key)
+    return {**values, **pins}
+
+
 def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     """Split ``blocks`` into ``stages`` contiguous counts differing by at most one.
 

@@ -433,6 +433,9 @@ def model_origin(model: Any, origin: Any, path: Any, repo: str | None) -> dict[s
 
         out["method"] = method
         out["trainable_params"] = int(layer_table(model).trainable)
+    pins = model.training.recipe_pins.values()
+    if pins:  # held in every plan, as --fix holds a key
+        out["recipe_pinned"] = pins
     return out
 
 
@@ -450,7 +453,9 @@ def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: Clus
         links = f"NVLink domains of {cluster.nvlink_domain}, {links}"
     tuned = (f" ({origin['method']}: {fmt_count(origin['trainable_params'])} trainable)"
              if origin.get("method") else "")
+    pinned = ", ".join(f"{k}={str(v).lower()}" for k, v in origin.get("recipe_pinned", {}).items())
     return [f"model {name}: {fmt_count(params)} params{tuned} · {batch} · {seq} · from {origin['source']}",
+            *([f"recipe pinned by the model file (training.recipe): {pinned}"] if pinned else []),
             f"cluster {cluster.name}: {cluster.gpus} x {cluster.gpu_label} "
             f"({_nodes(sum(p.nodes for p in cluster.pools))} x {cluster.gpus_per_node}, {links})"]
 

@@ -163,7 +163,12 @@ def _model_seeds() -> list[tuple[str, Any]]:
              "graph": [{"name": "block", "params": 1000, "flops_per_token": 2000.0,
                         "activation_bytes_per_token": 128.0, "repeat": 2, "tp_shardable": True}],
              "training": {"global_batch": 8, "precision": "bf16", "optimizer": "adamw"}}
-    return [*docs, (".yaml", graph), (".json", graph)]
+    # every recipe key pinned (training.recipe), in a shorthand and a graph, so mutations reach each
+    recipe = {"compile": False, "fused_loss": True, "tp_overlap": "none", "overlap": True, "fp8": "none"}
+    tiny = json.loads((EXAMPLES / "models" / "tiny-llama.json").read_text())
+    pinned = {**tiny, "training": {**tiny.get("training", {}), "recipe": recipe}}
+    pinned_graph = {**graph, "training": {**graph["training"], "recipe": {"overlap": False}}}
+    return [*docs, (".yaml", graph), (".json", graph), (".json", pinned), (".yaml", pinned), (".yaml", pinned_graph)]
 
 
 def _cluster_seeds() -> list[Any]:

@@ -563,6 +563,16 @@ def test_config_reader_refuses_counts_beyond_int64_range(tmp_path: Path) -> None
         result.output
 
 
+def test_hf_rope_type_that_is_not_a_name_is_one_line(tmp_path: Path, one_gpu_cluster: Path) -> None:
+    """Found by test_cli_on_mutated_examples: ``rope_scaling.type: ["yarn"]`` was TypeError (unhashable)."""
+    config = json.loads((REPO / "tests" / "data" / "hf" / "deepseek-v2-lite.json").read_text())
+    config["rope_scaling"] = {**config["rope_scaling"], "type": ["yarn"]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = _evaluate(path, one_gpu_cluster)
+    assert result.exit_code == 2 and "rope_scaling: rope type ['yarn'] is not supported" in result.stderr
+
+
 def test_accelerate_list_where_a_choice_goes_is_one_line(tmp_path: Path) -> None:
     """Found by benchmarks/fuzz.py: ``distributed_type: []`` was TypeError (unhashable) in ``check``."""
     cfg = tmp_path / "accelerate.yaml"

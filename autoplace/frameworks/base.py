@@ -209,12 +209,18 @@ def check_recipe(plan: Plan, framework: type[Framework]) -> None:
     (:attr:`Framework.recipes`), or TP-comm overlap without tensor parallelism."""
     key = unstated_recipe(plan, framework)
     if key is not None:
-        valid = framework.recipes.get(key, (RECIPE_DEFAULTS[key],))
-        shown = ", ".join(str(v).lower() for v in valid)
-        raise EmitError(f"{framework.name}: {key}={str(getattr(plan, key)).lower()} is not configurable "
-                        f"(it states {key}={shown})")
+        raise EmitError(recipe_refusal(framework, key, getattr(plan, key)) or key)
     if plan.tp_overlap != "none" and plan.tp == 1:
         raise EmitError(f"{framework.name}: tp_overlap={plan.tp_overlap} needs tensor parallelism (tp > 1)")
+
+
+def recipe_refusal(framework: type[Framework] | Framework, key: str, value: Any) -> str | None:
+    """Why ``framework``'s config cannot state recipe key ``key`` at ``value`` (one line), or None."""
+    valid = framework.recipes.get(key, (RECIPE_DEFAULTS[key],))
+    if value in valid:
+        return None
+    shown = ", ".join(str(v).lower() for v in valid)
+    return f"{framework.name}: {key}={str(value).lower()} is not configurable (it states {key}={shown})"
 
 
 def checked(check: Callable[[Plan], None]) -> PlanCheck:

@@ -19,9 +19,9 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
-from autoplace.frameworks.base import Framework, PlanCheck, unstated_recipe
-from autoplace.plan import RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
-from autoplace.specs.cluster import ClusterSpec
+from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, unstated_recipe
+from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS, RECOMPUTE, Config, Plan, even_split, with_pins
+from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
 
 UNIFORM_MODES = ("none", "selective", "full")
@@ -53,11 +53,19 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     Args:
         options: the other Problem fields (objective, top_k, assumptions, ...).
 
+    The recipe keys the model file pins (``training.recipe``) are fixed as ``--fix`` fixes them.
+
     Raises:
-        SpecError: an unknown framework, or a ``--fix`` the framework cannot run.
+        SpecError: an unknown framework, a ``--fix`` the framework cannot run, one that contradicts
+            the model file's pins, or fp8 on GPUs without fp8 units.
         Infeasible: a model the framework cannot train (the line names the feature).
     """
     check_name(framework)
+    fixed = with_pins(fixed, model.training.recipe_pins.values(), source="--fix")
+    why = fp8_refusal(cluster, fixed.get("fp8", "none"))
+    if why:
+        raise SpecError(why, source="model file training.recipe" if "fp8" in model.training.recipe_pins.values()
+                        else "--fix", field="fp8")
     if framework not in (ANY, NONE):
         return framework_problem(get(framework), model, cluster, fixed=fixed, features=features, **options)
     from solvers.problem import Problem
@@ -107,13 +115,24 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     """
     from solvers.problem import Problem
 
-    why = framework.model_refusal(model)
+    why = framework.model_refusal(model) or fixed_recipe_refusal(framework, model, fixed)
     if why:
         raise Infeasible(why)
     fixed, features = search_limits(framework, fixed, features)
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible([framework], model),
                    assumptions=assumptions, recipes=recipe_choices([framework], cluster, features), **options)
+
+
+def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
+    """Why ``framework`` can run no plan with the recipe keys ``fixed`` holds (by ``--fix`` or the
+    model file's ``training.recipe``), naming which held it; None when its config states them all."""
+    pins = model.training.recipe_pins.values()
+    for key in RECIPE_KEYS:
+        why = recipe_refusal(framework, key, fixed[key]) if key in fixed else None
+        if why:
+            return f"{why}; pinned by " + (f"the model file's training.recipe.{key}" if key in pins else "--fix")
+    return None
 
 
 def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config], bool]:

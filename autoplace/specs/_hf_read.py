@@ -200,7 +200,7 @@ def _rope_scaling(r: _Reader) -> dict[str, Any]:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return {}
-    if kind not in _ROPE_TYPES:
+    if not isinstance(kind, str) or kind not in _ROPE_TYPES:  # (a list is unhashable: not a name)
         raise r.error("rope_scaling", f"rope type {kind!r} is not supported; valid: default, {', '.join(_ROPE_TYPES)}")
     out: dict[str, Any] = {"type": _ROPE_TYPES[kind]}
     for field, key in _ROPE_KEYS.items():

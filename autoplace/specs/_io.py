@@ -221,7 +221,7 @@ def spec_error_from(exc: ValidationError, model: type[BaseModel], *, source: str
     dotted = ".".join([prefix, *where.path] if prefix else where.path) or None
     kind = err["type"]
     if kind == "extra_forbidden":
-        valid = ", ".join(where.owner.model_fields) if where.owner else "see the docs"
+        valid = ", ".join(keys(where.owner)) if where.owner else "see the docs"
         return SpecError(f"unknown key; valid keys here: {valid}", source=source, field=dotted)
     if kind == "missing":
         return SpecError("required key is missing", source=source, field=dotted)
@@ -229,6 +229,8 @@ def spec_error_from(exc: ValidationError, model: type[BaseModel], *, source: str
     msg = err["msg"].removeprefix("Value error, ")
     if kind in _BOUND_ERRORS and where.bounds:
         msg = f"must be {where.bounds}"
+    elif kind == "bool_type":
+        msg = "must be true or false"
     elif kind == "string_type" and where.branches:
         msg = "must be a name or a mapping of fields"
     if isinstance(got, dict):  # a whole mapping: the message itself names the values
@@ -275,6 +277,11 @@ class _Where:
         return f"{side[1]} {_number(side[2])}" if side else None
 
 
+def keys(model: type[BaseModel]) -> list[str]:
+    """The keys a file may give ``model``: its fields, by their alias where they have one."""
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
 def _wrong_branch(err: Any, where: _Where) -> bool:
     """The ``str`` branch's complaint about a mapping: the model branch's error is the useful one."""
     return err["type"] == "string_type" and "str" in where.branches and isinstance(err.get("input"), Mapping)
@@ -297,7 +304,7 @@ def _locate(model: type[BaseModel], loc: tuple[Any, ...]) -> _Where:
         meta = []
         if isinstance(current, type) and issubclass(current, BaseModel):
             where.owner = current
-            info = current.model_fields.get(part) if isinstance(part, str) else None
+            info = next((f for n, f in current.model_fields.items() if (f.alias or n) == part), None)
             current, meta = (info.annotation, list(info.metadata)) if info else (None, [])
         elif isinstance(part, int) and get_origin(current) in (list, tuple):
             current = get_args(current)[0]

@@ -450,6 +450,17 @@ def check_compute_dtype(cluster: ClusterSpec, dtype: str, *, source: str) -> Non
                             source=source, field=f"{where}gpu.peak_TFLOPS")
 
 
+def fp8_refusal(cluster: ClusterSpec, fp8: str) -> str | None:
+    """Why the recipe ``fp8`` (a plan's ``fp8`` key) cannot run on ``cluster``: a GPU whose profile
+    states no fp8 peak has no fp8 units (A100, V100), and its fp8 GEMMs would be costed at the
+    bf16 peak as if they ran.  None when ``fp8`` is none or every GPU has fp8 units."""
+    plain = [p.gpu.name for p in cluster.pools if p.gpu.peak_TFLOPS.fp8 is None]
+    if fp8 == "none" or not plain:
+        return None
+    return (f"{fp8} runs fp8 GEMMs and GPU profile {plain[0]!r} has no fp8 units (it states no fp8 peak); "
+            "valid on this cluster: none")
+
+
 # ---------------------------------------------------------------- clusters from flags
 
 # NODES x [GPUS_PER_NODE x] GPU, e.g. 4x8xh100, 2xa100-sxm4-80gb

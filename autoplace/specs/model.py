@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from autoplace.errors import SpecError
+from autoplace.plan import FP8, TP_OVERLAP
 from autoplace.specs._io import Strict, read_document, validate
 
 # Upper bounds on sizes and counts.  Each is far beyond any model trained today (Llama 3 405B:
@@ -133,8 +134,32 @@ class LoRA(Strict):
         return value
 
 
+class RecipePins(Strict):
+    """The plan's recipe keys (:data:`autoplace.plan.RECIPE_KEYS`) the model file pins under
+    ``training.recipe``: each one given is held at its value in every plan, as ``--fix`` holds
+    it (a user who cannot compile writes ``compile: false``); one left out is searched."""
+
+    compile: bool | None = None
+    fused_loss: bool | None = None
+    tp_overlap: str | None = None
+    overlap: bool | None = None
+    fp8: str | None = None
+
+    @field_validator("tp_overlap", "fp8")
+    @classmethod
+    def _known_choice(cls, value: str | None, info: ValidationInfo) -> str | None:
+        valid = {"tp_overlap": TP_OVERLAP, "fp8": FP8}[str(info.field_name)]
+        if value is not None and value not in valid:
+            raise ValueError(f"must be one of {', '.join(valid)}")
+        return value
+
+    def values(self) -> dict[str, Any]:
+        """The pinned keys and their values (the keys the file leaves out are not in it)."""
+        return {name: value for name, value in self if value is not None}
+
+
 class Training(Strict):
-    """How the model is trained: batch, precision, optimizer and method.
+    """How the model is trained: batch, precision, optimizer, method and pinned recipe keys.
 
     ``method``: ``full`` trains every weight; ``lora`` freezes the base weights (stored in the
     compute dtype) and trains ``lora`` adapters; ``qlora`` stores the frozen weights of the
@@ -142,7 +167,12 @@ class Training(Strict):
     ``paged_optimizer``: the optimizer's states live in paged (unified) memory that the driver
     evicts to the host under pressure (bitsandbytes' paged optimizers; QLoRA Sec. 3), so they
     are not counted on the device.
+    ``recipe`` (:class:`RecipePins`, the attribute ``recipe_pins``: ``recipe()`` is the byte
+    recipe of ``precision``): recipe keys every plan holds.
     """
+
+    # the file's key is "recipe", read and written by that name (only): recipe() is the precision's
+    model_config = ConfigDict(serialize_by_alias=True)
 
     global_batch: int = Field(default=1024, ge=1, le=MAX_GLOBAL_BATCH)
     precision: str | Precision = "bf16"
@@ -150,6 +180,7 @@ class Training(Strict):
     method: Literal["full", "lora", "qlora"] = "full"
     lora: LoRA = LoRA()
     paged_optimizer: bool = False
+    recipe_pins: RecipePins = Field(default=RecipePins(), alias="recipe")
 
     @property
     def frozen_base(self) -> bool:
