@@ -215,3 +215,24 @@ def test_an_unknown_rank_is_one_line_and_exit_2() -> None:
     result = invoke("solve", MODELS / "tiny-llama.json", "--cluster", "1x2xh100", "--rank", "simplest")
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+def test_scale_ranks_each_size_and_says_where_it_kept_a_simpler_plan() -> None:
+    from autoplace.report import scale_sections
+
+    docs = {}
+    for mode in ("robust", "fastest"):
+        result = invoke("scale", MODELS / "tiny-llama.json", "--gpu", "h100", "--gpus", "2,4", "--json", "--rank", mode,
+                        "--time-limit", "30")
+        assert result.exit_code == 0, result.output
+        docs[mode] = strict_json(result.stdout)
+        for point in docs[mode]["points"]:
+            r = point["ranking"]
+            assert r["mode"] == mode and r["complexity"] == len(r["moving_parts"])
+            assert r["fastest_step_time_s"] <= point["plan"]["step_time_s"] * 1.001  # the plan's time is rounded
+            assert r["reordered"] == (r["note"] is not None)
+    assert not any(p["ranking"]["reordered"] for p in docs["fastest"]["points"])
+    doc = docs["robust"]
+    doc["points"][-1]["ranking"]["note"] = "the plan is 1.0% slower than the fastest (...)"
+    lines = scale_sections(doc)[1]
+    assert f"{doc['points'][-1]['gpus']:,} GPUs: the plan is 1.0% slower than the fastest" in "\n".join(lines)
