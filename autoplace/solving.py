@@ -146,8 +146,10 @@ def add_batch_hint(doc: dict[str, Any], problem: Any, result: Any, request: Requ
     from solvers.registry import get_solver
 
     quick = request.budget(left=min(request.time_limit_s / 4, request.left() / 2))
-    hint = batch_hint(problem, result, lambda p: search.solve(request.framework, get_solver(request.solver), p,
-                                                               quick, 1))
+    deep, band = depth(1, request.rank), step_band(problem.cluster, request.band)[0]
+    hint = batch_hint(problem, result, lambda p: rerank(  # each batch's plan ranked as this solve's
+        search.solve(request.framework, get_solver(request.solver), p, quick, deep), p.model, p.cluster, band, 1,
+        request.rank))
     if hint:
         doc["batch_hint"] = hint
         doc["notes"].append(hint["note"])
