@@ -322,6 +322,17 @@ class Objective(StrEnum):
     cost = "cost"
 
 
+class Rank(StrEnum):
+    robust = "robust"
+    fastest = "fastest"
+
+
+RankOpt = Annotated[Rank, typer.Option("--rank", help="robust: among the plans within the model's 95% band of the "
+                                       "fastest, those with fewer moving parts (offload, context parallelism on "
+                                       "short chunks, cross-node TP, more parallel dimensions) first; fastest: by "
+                                       "predicted step time alone.")]
+
+
 class SolverName(StrEnum):
     cpsat = "cpsat"
     exhaustive = "exhaustive"
@@ -353,6 +364,7 @@ def solve(
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
     framework: FrameworkOpt = "any",
+    rank: RankOpt = Rank.robust,
     fmt: FormatOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column of the plans table (bytes moved, the 95% "
                                        "band, long names); by default it fits 100 columns.")] = False,
@@ -383,7 +395,7 @@ def solve(
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
-                       workers, seed, calibration, force, started)
+                       workers, seed, calibration, force, started, rank.value)
     problem = solving.build_problem(inputs, request)
     progress = None if out_fmt == "json" else SolveProgress(time_limit)
     try:
@@ -422,7 +434,7 @@ def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | 
 
 def _request(cluster: Any, framework: str, top: int, objective: str, time_limit: float, solver: str,
              fix: list[str] | None, allow: list[str] | None, deny: list[str] | None, workers: int, seed: int,
-             calibration: Path | None, force: bool, started: float) -> Any:
+             calibration: Path | None, force: bool, started: float, rank: str = "robust") -> Any:
     """solve's options as a validated solving.Request (the calibration checked against the cluster)."""
     from autoplace.frameworks import ANY, NONE, check_name
     from autoplace.plan import parse_plan_string
@@ -434,7 +446,7 @@ def _request(cluster: Any, framework: str, top: int, objective: str, time_limit:
     assume, band = _calibration(calibration, cluster, None if framework in (ANY, NONE) else framework, force)
     return Request(framework=framework, top=top, objective=objective, time_limit_s=time_limit, solver=solver,
                    fixed=fixed, features=frozenset(_features(allow, deny)), workers=workers, seed=seed,
-                   assumptions=assume, band=band, started=started)
+                   assumptions=assume, band=band, started=started, rank=rank)
 
 
 def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
@@ -459,7 +471,7 @@ def _advised_solve(view: Any, m: Any, c: Any, problem: Any, request: Any) -> lis
 
     opts = SweepOptions(framework=request.framework, features=frozenset(problem.features),
                         time_limit_s=request.time_limit_s, workers=request.workers, seed=request.seed,
-                        price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None)
+                        price_per_gpu_hour=view.cost.price_per_gpu_hour if view.cost else None, rank=request.rank)
     return advised_plan_lines(m, c, view.advice.advised_batch, opts, view.cost.tokens if view.cost else None,
                               view.advice.batch_tokens, view.advice.critical_tokens)
 
@@ -526,6 +538,7 @@ def scale(
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
     framework: FrameworkOpt = "any",
+    rank: RankOpt = Rank.robust,
     allow: AllowOpt = None,
     deny: DenyOpt = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot throughput and scaling efficiency against GPUs "
@@ -567,7 +580,7 @@ def scale(
                           advise=True).advice
         opts = SweepOptions(framework=framework, features=frozenset(_features(allow, deny)), time_limit_s=time_limit,
                             workers=workers, seed=seed, tokens=budget,
-                            price_per_gpu_hour=price, objective=objective.value, max_days=max_days,
+                            price_per_gpu_hour=price, objective=objective.value, max_days=max_days, rank=rank.value,
                             critical_tokens=advice.critical_tokens if batches and len(batches) > 1 and advice.applies
                             else None)
         points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)

@@ -258,6 +258,8 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     if not wide:
         _, lines = solution_sections(doc, plans)
         return [compact_section(doc)], lines
+    # robust ranking put a simpler plan ahead of the fastest: one line right under the table says so
+    ranked = [f"[yellow]{doc['ranking']['note']}[/yellow]"] if (doc.get("ranking") or {}).get("note") else []
     runs_with = all("frameworks" in p for p in doc["plans"])  # which frameworks' configs can run each plan
     compressed = any(p.get("compress", "none") != "none" for p in doc["plans"])  # the column only when used
     rows = []
@@ -274,7 +276,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *_PLAN_COLUMNS[7:])
     tab = Section(title, (*columns, *(("runs with",) if runs_with else ())), rows,
                   right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
-    lines = [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
+    lines = ranked + [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
     risks: dict[str, list[str]] = {}  # one line per option, naming the plans that use it
     for p in doc["plans"]:
         if p.get("compress_risk"):
@@ -498,6 +500,9 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
     styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
     title = f"Best plan per GPU count (global batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
     lines = [f"[dim]{note}[/dim]" for note in doc["notes"]]
+    # robust ranking kept a simpler plan than the fastest at these sizes (autoplace/ranking.py)
+    lines += [f"[yellow]{p['gpus']:,} GPUs: {p['ranking']['note']}[/yellow]" for p in doc["points"]
+              if (p.get("ranking") or {}).get("note") and p["used_gpus"] == p["gpus"]]
     lines.append(f"sweep: {len(doc['points'])} sizes in {doc['sweep_seconds']:.1f} s")
     return [Section(title, columns, rows, right=right, styles=styles)], lines
 

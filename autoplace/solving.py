@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.frameworks import ANY, NONE, search
+from autoplace.ranking import DEFAULT_RANK, depth, rerank
+from autoplace.ranking import annotate as annotate_ranking
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -45,6 +47,7 @@ class Request:
     seed: int = 0
     assumptions: Any = None
     band: tuple[float, float] | None = None  # the calibration's 95% band, when it has one
+    rank: str = DEFAULT_RANK  # robust: simpler plans first within the band (autoplace/ranking.py); fastest
     started: float = field(default_factory=time.perf_counter)
 
     def budget(self, progress: Any = None, left: float | None = None) -> Any:
@@ -70,15 +73,19 @@ class Request:
 def build_problem(inputs: Inputs, request: Request) -> Any:
     """The solver Problem (the model costed as ``request.framework`` runs it)."""
     return search.problem_for(request.framework, inputs.model, inputs.cluster, fixed=dict(request.fixed),
-                              features=set(request.features), top_k=request.top, **request.search_options())
+                              features=set(request.features), top_k=depth(request.top, request.rank),
+                              **request.search_options())
 
 
 def run_search(problem: Any, request: Request, progress: Any = None) -> Any:
-    """The ranked plans (a SolveResult) within the time limit."""
+    """The ranked plans (a ranking.Ranked) within the time limit: the search asks for a few more
+    than ``request.top`` and :func:`autoplace.ranking.rerank` orders and cuts them."""
     from solvers.registry import get_solver
 
-    return search.solve(request.framework, get_solver(request.solver), problem,
-                        request.budget(progress, left=request.left()), request.top)
+    result = search.solve(request.framework, get_solver(request.solver), problem,
+                          request.budget(progress, left=request.left()), depth(request.top, request.rank))
+    return rerank(result, problem.model, problem.cluster, step_band(problem.cluster, request.band)[0], request.top,
+                  request.rank)
 
 
 def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dict[str, Any]:
@@ -103,6 +110,7 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
     for plan in doc["plans"]:
         plan["step_time_band_95_s"] = [plan["step_time_s"] * band[0], plan["step_time_s"] * band[1]]
         plan["step_time_band_source"] = source
+    annotate_ranking(doc, getattr(result, "ranking", {}))
     if result.nearest is not None:
         doc["nearest"] = result.nearest.to_dict()
     hint = compression_hint(problem, result)
@@ -138,8 +146,10 @@ def add_batch_hint(doc: dict[str, Any], problem: Any, result: Any, request: Requ
     from solvers.registry import get_solver
 
     quick = request.budget(left=min(request.time_limit_s / 4, request.left() / 2))
-    hint = batch_hint(problem, result, lambda p: search.solve(request.framework, get_solver(request.solver), p,
-                                                               quick, 1))
+    deep, band = depth(1, request.rank), step_band(problem.cluster, request.band)[0]
+    hint = batch_hint(problem, result, lambda p: rerank(  # each batch's plan ranked as this solve's
+        search.solve(request.framework, get_solver(request.solver), p, quick, deep), p.model, p.cluster, band, 1,
+        request.rank))
     if hint:
         doc["batch_hint"] = hint
         doc["notes"].append(hint["note"])

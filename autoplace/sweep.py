@@ -21,12 +21,14 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoplace.errors import Infeasible, SpecError
 from autoplace.evaluation import Evaluation
 from autoplace.frameworks import ANY, search
 from autoplace.planning import TrainingCost, tokens_at_batch, training_cost
+from autoplace.ranking import DEFAULT_RANK, depth, rerank
+from autoplace.solving import step_band
 from autoplace.specs.cluster import ClusterSpec, cluster_from_flags
 from autoplace.specs.model import ModelSpec, with_overrides
 
@@ -46,6 +48,7 @@ class SweepOptions:
         objective: ``time`` (fastest to the budget) or ``cost`` (cheapest, within ``max_days``).
         critical_tokens: B_crit in tokens, to compare global batches fairly (None: batches are
             compared by throughput alone).
+        rank: which plan each size keeps, as ``solve --rank`` (autoplace/ranking.py).
     """
 
     framework: str = ANY
@@ -58,6 +61,7 @@ class SweepOptions:
     objective: str = "time"
     max_days: float | None = None
     critical_tokens: float | None = None
+    rank: str = DEFAULT_RANK
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class SweepPoint:
     efficiency: float | None = None
     cost: TrainingCost | None = None
     note: str = ""
+    ranking: dict[str, Any] | None = None  # how the plan was ranked (autoplace.ranking.summary)
 
     @property
     def tokens_per_s(self) -> float:
@@ -100,7 +105,15 @@ class SweepPoint:
                 "mfu": round(ev.mfu * self.used_gpus / self.gpus, 5) if ev else None,
                 "scaling_efficiency": None if self.efficiency is None else round(self.efficiency, 5),
                 "training_cost": self.cost.to_dict() if self.cost else None, "note": self.note,
-                "frameworks": self.frameworks, "plan": {**ev.to_dict(), "plan": ev.plan.to_string()} if ev else None}
+                "frameworks": self.frameworks, "plan": {**ev.to_dict(), "plan": ev.plan.to_string()} if ev else None,
+                "ranking": _ranking_json(self.ranking)}
+
+
+def _ranking_json(ranking: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A size's ranking with the chosen plan's parts (``complexity``, ``moving_parts``) inlined."""
+    if not ranking:
+        return None
+    return {**{k: v for k, v in ranking.items() if k != "plans"}, **(ranking["plans"][0] if ranking["plans"] else {})}
 
 
 def cluster_at(gpus: int, *, gpu: str | None = None, unit: ClusterSpec | None = None) -> ClusterSpec:
@@ -138,21 +151,35 @@ def _replicated(unit: ClusterSpec, gpus: int) -> ClusterSpec:
     return unit.model_copy(update={"name": f"{nodes}x{gpn}x{pool.gpu.name}", "pools": (resized,)})
 
 
-def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> tuple[Evaluation | None, str, float]:
-    """(the fastest plan or None, the solve status, seconds): ``autoplace solve``'s search, top 1."""
+class Found(NamedTuple):
+    """What one size's search found: the plan (None: nothing fits), the solve status, seconds, and
+    how it was ranked (``autoplace.ranking``; None when nothing was ranked)."""
+
+    evaluation: Evaluation | None
+    status: str
+    seconds: float
+    ranking: dict[str, Any] | None = None
+
+
+def best_plan(model: ModelSpec, cluster: ClusterSpec, opts: SweepOptions) -> Found:
+    """The plan ``opts.rank`` puts first (the fastest, or robust: the simplest within the band of
+    the fastest), the solve status and seconds: ``autoplace solve``'s search and ranking, top 1."""
     from solvers.problem import Budget
     from solvers.registry import get_solver
 
     t0 = time.perf_counter()
     budget = Budget(time_limit_s=opts.time_limit_s, workers=opts.workers, seed=opts.seed)
+    deep = depth(1, opts.rank)
     try:
         features = set(opts.features) if opts.features is not None else _features()
         problem = search.problem_for(opts.framework, model, cluster, fixed={}, features=features,
-                                     objective="time", top_k=1)
-        result = search.solve(opts.framework, get_solver("cpsat"), problem, budget, 1)
+                                     objective="time", top_k=deep)
+        result = rerank(search.solve(opts.framework, get_solver("cpsat"), problem, budget, deep), problem.model,
+                        cluster, step_band(cluster, None)[0], 1, opts.rank, what="the plan")
     except Infeasible:
-        return None, "infeasible", time.perf_counter() - t0
-    return (result.plans[0] if result.plans else None), result.status, time.perf_counter() - t0
+        return Found(None, "infeasible", time.perf_counter() - t0)
+    return Found(result.plans[0] if result.plans else None, result.status, time.perf_counter() - t0,
+                 result.ranking if result.plans else None)
 
 
 def _features() -> set[str]:
@@ -186,12 +213,12 @@ def sweep(model: ModelSpec, counts: list[int], opts: SweepOptions, *, gpu: str |
 
 def _at_batch(model: ModelSpec, cluster: ClusterSpec, batch: int, opts: SweepOptions, reference: float) -> SweepPoint:
     m = _batched(model, batch)
-    ev, status, seconds = best_plan(m, cluster, opts)
+    ev, status, seconds, ranking = Found(*best_plan(m, cluster, opts))
     tps = ev.tokens_per_s if ev else 0.0
     if ev and opts.critical_tokens:  # the same loss needs more tokens at a larger batch (McCandlish Sec. 2.3)
         tps *= 1.0 / tokens_at_batch(1.0, batch * model.seq_len, reference, opts.critical_tokens)
     return SweepPoint(cluster.gpus, cluster.name, ev, cluster.gpus, batch, status, seconds,
-                      ev.tokens_per_s if ev else None, tps)
+                      ev.tokens_per_s if ev else None, tps, ranking=ranking)
 
 
 def _batched(model: ModelSpec, batch: int) -> ModelSpec:
@@ -206,7 +233,8 @@ def _keep_smaller(point: SweepPoint, best: SweepPoint) -> SweepPoint:
              else f"the plan found here ran {point.found_tokens_per_s:,.0f} tokens/s")
     note = f"{best.used_gpus} of {point.gpus} GPUs used ({found}; the {best.used_gpus}-GPU plan is faster)"
     return replace(point, evaluation=best.evaluation, used_gpus=best.used_gpus, global_batch=best.global_batch,
-                   effective_tokens_per_s=best.effective_tokens_per_s, frameworks=best.frameworks, note=note)
+                   effective_tokens_per_s=best.effective_tokens_per_s, frameworks=best.frameworks, note=note,
+                   ranking=best.ranking)
 
 
 def _finish(points: list[SweepPoint], opts: SweepOptions) -> list[SweepPoint]:
@@ -290,7 +318,7 @@ def advised_plan_lines(model: ModelSpec, cluster: ClusterSpec, advised: int, opt
     """What the best plan on ``cluster`` would be at the advised global batch, and the budget there
     (the tokens that reach the same loss, McCandlish et al. 2018 Sec. 2.3)."""
     m = _batched(model, advised)
-    ev, status, _ = best_plan(m, cluster, opts)
+    ev, status = best_plan(m, cluster, opts)[:2]
     if ev is None:
         return [f"  at the advised global batch {advised:,} sequences no plan fits on {cluster.gpus} GPUs ({status})"]
     text = (f"  at the advised global batch {advised:,} sequences on {cluster.gpus} GPUs: {ev.plan.to_string()}, "
