@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cost.context import Context
+from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
     block_activation_bytes,
     gather_buffer_bytes,
@@ -86,8 +87,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
 
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
                                                           ctx.frozen_exp_wire))  # [C,1,K,3]
-    # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
-    act_tp = kind("act_tp") - kind("act_fused") * col(c.compile | c.fused_loss)
+    # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused); uncompiled, the
+    # framework's own SwiGLU kernel may keep fewer than eager PyTorch's four f-wide tensors
+    # (Megatron-Core's bias_swiglu_impl saves only its 2f-wide input; fc2 keeps the product)
+    eager_glu = kind("act_glu") * (SWIGLU_KEPT - assume.swiglu_kept)
+    fused_mlp = c.compile | (c.fused_loss & assume.fused_loss_fuses_mlp)
+    act_tp = kind("act_tp") - np.where(col(fused_mlp), kind("act_fused"), eager_glu)
     act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
                                        kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
     stage = np.arange(S)[None, :]
