@@ -441,15 +441,17 @@ def _step_terms(ctx: Context) -> StepTerms:
     last_bucket = one(bucket, bucket, "dp", "zero")[0][..., 0]  # [C, S]
 
     # optimizer: fused Adam streams its states through HBM (read + write moments and master,
-    # read gradients, write parameters); offloaded, CPU Adam runs on the host (shared by the
-    # node's GPUs) and the updated parameters come back over PCIe
+    # read gradients, write parameters; without a separate master copy the parameters are the
+    # master, read and written: FSDP2's fp32 shards); offloaded, CPU Adam runs on the host
+    # (shared by the node's GPUs) and the updated parameters come back over PCIe
     z_opt, ez_opt = np.where(zero >= 1, ctx.size["zero"], 1), np.where(zero >= 1, ctx.size["ezero"], 1)
     opt_params_blk = dense / z_opt[:, None] + expert / ez_opt[:, None]  # [C, K]
     opt_params_st = ctx.train_edge / z_opt[:, None]  # [C, S]
     host_bps = ctx.hw.host_Bps / assume.bandwidth_scale  # [C, S]
     # PowerSGD's hook makes ``powersgd_hbm_passes`` passes over each gradient it compresses
     psgd = np.where(ctx.wire.rank > 0, assume.powersgd_hbm_passes * ctx.wire.reduce, 0.0)[:, None]
-    gpu_opt = ctx.hw.slowest([(2 * ob + gb + pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
+    param_passes = 1.0 if recipe.master_copy else 2.0
+    gpu_opt = ctx.hw.slowest([(2 * ob + gb + param_passes * pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
     # ZeRO-Infinity reads and writes the optimizer states of NVMe offload every step
     nvme = (c.offload_optimizer == OFFLOAD.index("nvme"))[:, None] * 2 * ob / offload_Bps(ctx, c.offload_optimizer)
     cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps + nvme
