@@ -101,3 +101,19 @@ def test_tiny_blocks_run_no_faster_than_the_host_issues_their_kernels() -> None:
 def test_large_blocks_hide_the_hosts_kernel_issue() -> None:
     model = gpt_model(4, 2048, 16, seq=2048, batch=8, vocab=1024)
     assert _compute_s(model, 8, 10.0) == pytest.approx(_compute_s(model, 8, 0.0))
+
+
+def test_a_pipeline_that_defers_fsdp_sync_keeps_full_fp32_gradients() -> None:
+    """torch.distributed.pipelining holds FSDP2's reduce-scatter to the last micro-batch: every
+    stage accumulates its gradients unsharded in the reduce dtype (fp32 for bf16-fsdp2)."""
+    model = model_from_dict({"name": "tiny-llama", "layers": 4, "hidden": 512, "ffn_hidden": 1536, "heads": 8,
+                             "kv_heads": 8, "vocab": 32000, "seq_len": 1024, "ffn": "swiglu", "norm": "rmsnorm",
+                             "flash_attention": True, "training": {"global_batch": 32, "precision": "bf16-fsdp2"}})
+    plan = {"pp": 2, "zero": 3, "mbs": 1, "dp_shard": 4}
+    per_sync = _eval(model, plan, gpus=8).model_states["grads"]
+    deferred = _eval(model, plan, DEFAULT.replace(pipeline_defers_grad_sync=True), gpus=8).model_states["grads"]
+    assert deferred == pytest.approx(4 * per_sync)  # unsharded over the 4 shard ranks, same fp32 bytes
+    assert framework("torchtitan").behaviour["pipeline_defers_grad_sync"] is True
+    flat = {"pp": 1, "zero": 3, "mbs": 1, "dp_shard": 8}  # no pipeline: FSDP2 reduce-scatters every backward
+    assert _eval(model, flat, DEFAULT.replace(pipeline_defers_grad_sync=True), gpus=8).model_states["grads"] == \
+        pytest.approx(_eval(model, flat, gpus=8).model_states["grads"])

@@ -89,6 +89,13 @@ class Assumptions:
         fused_loss_fuses_mlp: whether a plan's ``fused_loss`` also fuses the MLP's activation
             (Liger ships fused SwiGLU/GeGLU beside its fused cross-entropy); Megatron's
             ``--cross-entropy-loss-fusion`` fuses only the loss (its behaviour: False).
+        pipeline_defers_grad_sync: whether a pipeline drives FSDP2 so that its sharded gradients
+            are unsharded until the step's last backward: torch.distributed.pipelining (torchtitan's
+            pipelines) calls ``set_requires_gradient_sync(False)`` and
+            ``set_reshard_after_backward(False)`` on every backward but the last (stage.py,
+            ``backward_maybe_with_nosync``), so each stage accumulates its full gradients in the
+            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once.
+            A framework ``behaviour`` (torchtitan: True).
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
@@ -135,6 +142,7 @@ class Assumptions:
     zero12_grad_reduce: str = "reduce-scatter"
     swiglu_kept: float = 4.0
     fused_loss_fuses_mlp: bool = True
+    pipeline_defers_grad_sync: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
     qwz_dequant_bytes: float = 3.0

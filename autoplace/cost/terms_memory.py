@@ -65,6 +65,10 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
     error_feedback = col(ctx.wire.rank > 0)
 
+    # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
+    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
+    deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    g_sharded, g_bytes = (z >= 2) & ~deferred, np.where(deferred, rgb, gb)
     # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
     opt_off = col(c.off_opt) + table.paged_optimizer > 0
 
@@ -80,8 +84,8 @@ def memory_terms(ctx: Context) -> MemoryTerms:
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
             + kept + secondary + base,
-            state_bytes(dense, gb, z_sh, z >= 2, grads_off) * (1 + error_feedback)
-            + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
+            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off) * (1 + error_feedback)
+            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off),
             state_bytes(dense, ob, z_sh, z >= 1, opt_off) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off),
         ], axis=-1)
 
