@@ -4,7 +4,9 @@ A run file (``tests/reference/published_runs.yaml``) lists measured end-to-end r
 its source, model shape, cluster, framework, precision, plan and options (torch.compile,
 async TP, fp8 recipe); :func:`load_runs` turns each into a model, a cluster, a plan (the options
 as its recipe keys, :func:`run_recipe`) and the framework's assumptions, and :func:`predict` scores it with the evaluator and compares it with the
-measurement in the run's own metric (tokens/s per GPU, MFU, or TFLOP/s per GPU).
+measurement in the run's own metric (tokens/s per GPU, MFU, or TFLOP/s per GPU).  A row whose
+source reports it out of memory (``measured: {oom: true}``, ``tests/reference/published_oom.yaml``)
+loads with the metric ``oom`` and is scored only for whether it fits.
 """
 
 from __future__ import annotations
@@ -176,7 +178,8 @@ def _run(row: dict[str, Any]) -> PublishedRun:
     plan = _plan(row, model.layers, cluster.gpus)  # type: ignore[union-attr]
     model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": plan.global_batch})})
     assume = DEFAULT.replace(**_declared(row["framework"], "behaviour", {}))
-    metric, measured = _metric(row)
+    # a configuration its source reports out of memory is scored for whether it fits, not for time
+    metric, measured = ("oom", float("nan")) if (row.get("measured") or {}).get("oom") else _metric(row)
     return PublishedRun(id=row["id"], source=row["source"], framework=row["framework"], model=model,
                         cluster=cluster, plan=plan, assumptions=assume, metric=metric, measured=measured,
                         family=gpu_family(row["cluster"]["gpu_profile"]), raw=row)
@@ -186,7 +189,7 @@ def predict(run: PublishedRun, assume: Assumptions | None = None) -> tuple[float
     """The prediction of ``run``'s metric, and the full evaluation."""
     ev = evaluate(run.model, run.cluster, run.plan, assume or run.assumptions, allow_tp_across_nodes=True)
     value = {"tokens_per_s_per_gpu": ev.tokens_per_s / run.cluster.gpus, "mfu": ev.mfu,
-             "tflops_per_gpu": ev.tflops_per_gpu, "hw_tflops_per_gpu": ev.hw_tflops_per_gpu}[run.metric]
+             "tflops_per_gpu": ev.tflops_per_gpu, "hw_tflops_per_gpu": ev.hw_tflops_per_gpu}.get(run.metric, float("nan"))
     return value, ev
 
 

@@ -29,6 +29,7 @@ from autoplace.validation import PublishedRun, load_runs, megatron_runs, predict
 
 RUNS = REPO / "tests" / "reference" / "published_runs.yaml"
 MEGATRON = REPO / "tests" / "reference" / "megatron2021_table1.yaml"
+OOM = REPO / "tests" / "reference" / "published_oom.yaml"
 
 
 def score(runs: list[PublishedRun]) -> list[dict[str, object]]:
@@ -65,6 +66,53 @@ def summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float]]:
                    "worst": float(max(e, key=abs))} for name, e in groups.items()}
 
 
+def no_recompute_section(console: Console, runs: list[PublishedRun]) -> None:
+    """Runs without activation checkpointing (at the micro-batch they ran) and configurations their
+    source reports out of memory: does autoplace predict they fit, and how close to capacity?"""
+    edge = [r for r in runs if r.plan.recompute_mode == "none"]
+    ooms = load_runs(OOM)
+    table = Table(title="Memory at the capacity edge: runs without checkpointing, and published OOMs")
+    for col in ("run", "fw", "mbs", "predicted GiB", "capacity GiB", "measured GiB", "ran", "predicted fits"):
+        table.add_column(col, justify="left" if col in ("run", "fw") else "right")
+    fits = ok_oom = 0
+    gaps: list[float] = []
+    for run in edge + ooms:
+        ev = predict(run)[1]
+        used, cap = ev.memory["total"] / 2**30, ev.memory["capacity"] / 2**30
+        measured = (run.raw.get("measured") or {}).get("memory_GiB")
+        ran = run.metric != "oom"
+        fits += ran and ev.fits
+        ok_oom += (not ran) and not ev.fits
+        if measured and ran:
+            gaps.append(used / float(measured) - 1)
+        table.add_row(run.id[:60], run.framework, str(run.plan.mbs), f"{used:.1f}", f"{cap:.1f}",
+                      f"{measured:.1f}" if measured else "-", "yes" if ran else "OOM", "yes" if ev.fits else "NO")
+    console.print(table)
+    memory = (f"; predicted / measured memory - 1 over {len(gaps)}: mean absolute {np.mean(np.abs(gaps)):.1%}, "
+              f"signed {np.mean(gaps):+.1%}") if gaps else "; none of them publishes its memory"
+    console.print(f"runs without checkpointing predicted to fit: {fits} of {len(edge)}; published OOMs predicted "
+                  f"not to fit: {ok_oom} of {len(ooms)}{memory}")
+    # every run that publishes its memory (torchtitan's: max reserved, which the caching allocator
+    # grows beyond what the step needs when memory is not short)
+    published = [(run, float(run.raw["measured"]["memory_GiB"])) for run in runs
+                 if (run.raw.get("measured") or {}).get("memory_GiB")]
+    if published:
+        all_gaps = [predict(run)[1].memory["total"] / 2**30 / gib - 1 for run, gib in published]
+        console.print(f"all runs publishing memory ({len(all_gaps)}): predicted / measured - 1 mean absolute "
+                      f"{np.mean(np.abs(all_gaps)):.1%}, signed {np.mean(all_gaps):+.1%}, worst {max(all_gaps, key=abs):+.1%}")
+
+
+def small_models_section(console: Console, runs: list[PublishedRun], rows: list[dict[str, object]]) -> None:
+    """Small models on one node (hidden <= 2,048): where fixed per-step and per-kernel costs weigh most."""
+    small = {r.id for r in runs if r.cluster.gpus <= r.cluster.pools[0].gpus_per_node and getattr(r.model, "hidden", 1 << 30) <= 2048}
+    errors = [float(row["error"]) for row in rows if row["id"] in small]  # type: ignore[arg-type]
+    if not errors:
+        console.print("small models on one node: none in the development set")
+        return
+    console.print(f"small models on one node (hidden <= 2,048): {len(errors)} runs, mean absolute error "
+                  f"{np.mean(np.abs(errors)):.1%}, mean signed {np.mean(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -97,6 +145,8 @@ def main() -> None:
     console.print(summ)
     console.print(f"pairwise ranking: {good} of {pairs} pairs ordered as measured ({good / max(pairs, 1):.0%}); "
                   f"{sum(not r['fits'] for r in rows)} of {len(rows)} runs predicted not to fit")
+    no_recompute_section(console, runs)
+    small_models_section(console, runs, rows)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,14 @@ class Assumptions:
         kernel_overhead_us: fixed cost of one kernel beyond its work, the startup of a launch:
             2.6 us on A100 80GB and 2.4 us on H200 (RRZE-HPC gpu-benches, gpu-small-kernels
             fit of 10,000 back-to-back launches; tests/reference/kernels.yaml).  Default 2.5.
+        host_dispatch_us: host (CPU) time to issue one kernel of an eager training step: the
+            Python call, PyTorch's dispatcher, autograd's graph recording and the launch call;
+            a block's forward and backward never run faster than the host issues their kernels
+            (``kernels_per_block``; twice as many in backward).  benchmarks/host_dispatch.py
+            measures eager PyTorch at 9-23 us per forward op (and about twice that per forward op in backward) on one shared core of this machine
+            (tiny tensors, so the work is ~0); the PyTorch dispatch path is itemised at 5-25 us
+            per op (Python ~1, pybind ~1, autograd 1-3, dispatcher 1-2, backend 1-5,
+            cudaLaunchKernel 1-3 us).  Default 10.
         fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
             scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
             et al. 2022, torchao's Float8Linear.  Default 5.
@@ -73,12 +81,31 @@ class Assumptions:
             FSDP2, Megatron's distributed optimizer) or ``all-reduce`` (DeepSpeed 0.19 all-
             reduces its buckets, ``use_multi_rank_bucket_allreduce``; measured in
             tests/test_runtime_parallel.py: 2x the reduce-scatter bytes).
+        swiglu_kept: f-wide tensors a SwiGLU MLP keeps for backward when the plan does not
+            compile it: 4 in eager PyTorch (w1 x, silu(w1 x), w3 x and their product; measured
+            with FSDPMemTracker), 3 with Megatron-Core's fused ``bias_swiglu_impl`` (its
+            ``ctx.save_for_backward`` keeps the 2f-wide fc1 output; fc2 keeps the product:
+            megatron/core/fusions/fused_bias_swiglu.py, a framework ``behaviour``).
+        fused_loss_fuses_mlp: whether a plan's ``fused_loss`` also fuses the MLP's activation
+            (Liger ships fused SwiGLU/GeGLU beside its fused cross-entropy); Megatron's
+            ``--cross-entropy-loss-fusion`` fuses only the loss (its behaviour: False).
+        pipeline_defers_grad_sync: whether a pipeline drives FSDP2 so that its sharded gradients
+            are unsharded until the step's last backward: torch.distributed.pipelining (torchtitan's
+            pipelines) calls ``set_requires_gradient_sync(False)`` and
+            ``set_reshard_after_backward(False)`` on every backward but the last (stage.py,
+            ``backward_maybe_with_nosync``), so each stage accumulates its full gradients in the
+            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once.
+            A framework ``behaviour`` (torchtitan: True).
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
         loss_workspace_bytes_per_vocab_tp: the same per local vocabulary entry when the head is
             vocabulary-parallel (tp > 1): PyTorch's ``loss_parallel`` keeps 12 (measured with
-            FSDPMemTracker on Llama-3-8B widths, tp = 2; autoplace.fidelity).
+            FSDPMemTracker on Llama-3-8B widths, tp = 2; autoplace.fidelity).  Megatron-Core's
+            vocab-parallel cross-entropy (unfused) saves the fp32 softmax it computes in place
+            of an fp32 copy of the logits and writes the gradient into that same tensor, so
+            only the 16-bit cast of the gradient is new: 2 for both (its behaviour;
+            megatron/core/tensor_parallel/cross_entropy.py).
         qwz_dequant_bytes, qgz_quant_bytes: HBM bytes per parameter of ZeRO++'s kernels per
             micro-batch (Wang et al. 2023): dequantizing an int8 gather reads 1 and writes 2;
             quantizing a bf16 gradient to int4 reads 2 and writes 0.5, and dequantizing and
@@ -109,9 +136,13 @@ class Assumptions:
     kernels_per_block: float = 20.0
     kernels_per_block_compiled: float = 10.0
     kernel_overhead_us: float = 2.5
+    host_dispatch_us: float = 10.0
     fp8_cast_bytes: float = 5.0
     fp8_rowwise_gemm_time: float = 1.5
     zero12_grad_reduce: str = "reduce-scatter"
+    swiglu_kept: float = 4.0
+    fused_loss_fuses_mlp: bool = True
+    pipeline_defers_grad_sync: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
     qwz_dequant_bytes: float = 3.0

@@ -72,6 +72,9 @@ class BlockKind:
         act_fused: activation bytes per token, sharded by TP, that a compiled (fused) MLP does
             not keep: its activation function's outputs, recomputed in the fused backward
             (eager SwiGLU keeps four f-wide tensors, a fused one two; GeLU two, fused one).
+        act_glu: bytes per token, sharded by TP, of one f-wide tensor of a gated (SwiGLU) MLP:
+            eager PyTorch keeps four (``SWIGLU_KEPT``), Megatron-Core's fused bias-SwiGLU three
+            (``Assumptions.swiglu_kept``); 0 for ungated MLPs.
         gemms: the block's matmuls (their FLOPs plus ``flops_score`` make ``flops``).
         head_dim: width of one attention head (sets the attention kernel's efficiency).
         flash: whether attention runs as a fused flash kernel (else as matmuls + softmax).
@@ -92,6 +95,7 @@ class BlockKind:
     cp_kv: float
     moe: bool = False
     act_fused: float = 0.0
+    act_glu: float = 0.0
     gemms: tuple[Gemm, ...] = ()
     head_dim: float = 128.0
     flash: bool = True
@@ -321,7 +325,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
-        act_fused=_mlp_fused(m.ffn_hidden, gated, b), gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)), **common))  # type: ignore[arg-type]
+        act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)), **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
@@ -351,6 +355,8 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
             ep_alltoall=e.top_k * b * h, moe=True,
             act_fused=(e.top_k * _mlp_fused(e.expert_ffn_hidden, gated, b)
                        + e.shared_experts * _mlp_fused(e.shared_ffn_hidden or e.expert_ffn_hidden, gated, b)),
+            act_glu=gated * b * (e.top_k * e.expert_ffn_hidden
+                                 + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden)),
             gemms=(*attention, Gemm(e.experts, h), *_mlp_gemms(h, e.expert_ffn_hidden, gated, e.experts, e.top_k),
                    *(_mlp_gemms(h, e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden), gated)
                      if e.shared_experts else ())),

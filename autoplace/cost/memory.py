@@ -18,7 +18,8 @@ Array = np.ndarray
 SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
 
 
-def state_bytes(params: Array, bytes_per_param: float, shards: Array, sharded: Array | bool, offloaded: Array | bool) -> Array:
+def state_bytes(params: Array, bytes_per_param: float | Array, shards: Array, sharded: Array | bool,
+                offloaded: Array | bool) -> Array:
     """Bytes of one model state: ``Ψ * bytes / N`` when sharded, 0 on the device when offloaded."""
     per = params * bytes_per_param / np.where(sharded, shards, 1)
     return np.where(offloaded, 0.0, per)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cost.context import Context
+from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
     block_activation_bytes,
     gather_buffer_bytes,
@@ -64,6 +65,10 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
     error_feedback = col(ctx.wire.rank > 0)
 
+    # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
+    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
+    deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    g_sharded, g_bytes = (z >= 2) & ~deferred, np.where(deferred, rgb, gb)
     # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
     opt_off = col(c.off_opt) + table.paged_optimizer > 0
 
@@ -79,15 +84,19 @@ def memory_terms(ctx: Context) -> MemoryTerms:
         return np.concatenate([
             state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
             + kept + secondary + base,
-            state_bytes(dense, gb, z_sh, z >= 2, grads_off) * (1 + error_feedback)
-            + state_bytes(expert, gb, ez_sh, z >= 2, grads_off),
+            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off) * (1 + error_feedback)
+            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off),
             state_bytes(dense, ob, z_sh, z >= 1, opt_off) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off),
         ], axis=-1)
 
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
                                                           ctx.frozen_exp_wire))  # [C,1,K,3]
-    # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused)
-    act_tp = kind("act_tp") - kind("act_fused") * col(c.compile | c.fused_loss)
+    # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused); uncompiled, the
+    # framework's own SwiGLU kernel may keep fewer than eager PyTorch's four f-wide tensors
+    # (Megatron-Core's bias_swiglu_impl saves only its 2f-wide input; fc2 keeps the product)
+    eager_glu = kind("act_glu") * (SWIGLU_KEPT - assume.swiglu_kept)
+    fused_mlp = c.compile | (c.fused_loss & assume.fused_loss_fuses_mlp)
+    act_tp = kind("act_tp") - np.where(col(fused_mlp), kind("act_fused"), eager_glu)
     act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
                                        kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
     stage = np.arange(S)[None, :]

@@ -137,8 +137,21 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     bwd_none = bwd_none - ctx.hw.slowest([p[4] for p in per_pool]) * scale
     dequant = ctx.hw.slowest([ctx.quantized[..., 0] * assume.nf4_dequant_bytes / k.hbm_Bps for k in ctx.hw.kernels])
     fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
+    fwd, bwd_none = host_bound(fwd, bwd_none, kernels[:, None, None], assume.host_dispatch_us)
     backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
+
+
+def host_bound(forward: Array, backward: Array, kernels: Array, dispatch_us: float) -> tuple[Array, Array]:
+    """A block's forward and backward seconds, no shorter than the host takes to issue their kernels.
+
+    The host issues kernels asynchronously, one eager op at a time (Python, the dispatcher,
+    autograd's bookkeeping, the launch call: ``dispatch_us`` each); the GPU runs them as they
+    come, so a block whose kernels finish faster than the host issues them is launch-bound
+    (small models at small batches).  Backward issues two kernels per forward kernel.
+    """
+    host = kernels * dispatch_us * 1e-6
+    return np.maximum(forward, host), np.maximum(backward, 2 * host)
 
 
 def compiled_kernels(assume: Assumptions, c: Candidates) -> tuple[Array, Array]:
@@ -428,15 +441,17 @@ def _step_terms(ctx: Context) -> StepTerms:
     last_bucket = one(bucket, bucket, "dp", "zero")[0][..., 0]  # [C, S]
 
     # optimizer: fused Adam streams its states through HBM (read + write moments and master,
-    # read gradients, write parameters); offloaded, CPU Adam runs on the host (shared by the
-    # node's GPUs) and the updated parameters come back over PCIe
+    # read gradients, write parameters; without a separate master copy the parameters are the
+    # master, read and written: FSDP2's fp32 shards); offloaded, CPU Adam runs on the host
+    # (shared by the node's GPUs) and the updated parameters come back over PCIe
     z_opt, ez_opt = np.where(zero >= 1, ctx.size["zero"], 1), np.where(zero >= 1, ctx.size["ezero"], 1)
     opt_params_blk = dense / z_opt[:, None] + expert / ez_opt[:, None]  # [C, K]
     opt_params_st = ctx.train_edge / z_opt[:, None]  # [C, S]
     host_bps = ctx.hw.host_Bps / assume.bandwidth_scale  # [C, S]
     # PowerSGD's hook makes ``powersgd_hbm_passes`` passes over each gradient it compresses
     psgd = np.where(ctx.wire.rank > 0, assume.powersgd_hbm_passes * ctx.wire.reduce, 0.0)[:, None]
-    gpu_opt = ctx.hw.slowest([(2 * ob + gb + pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
+    param_passes = 1.0 if recipe.master_copy else 2.0
+    gpu_opt = ctx.hw.slowest([(2 * ob + gb + param_passes * pb + psgd) / k.hbm_Bps * np.ones((ctx.C, 1)) for k in ctx.hw.kernels])
     # ZeRO-Infinity reads and writes the optimizer states of NVMe offload every step
     nvme = (c.offload_optimizer == OFFLOAD.index("nvme"))[:, None] * 2 * ob / offload_Bps(ctx, c.offload_optimizer)
     cpu_opt = ctx.links.gpus_per_node / assume.cpu_adam_params_per_s + pb / host_bps + nvme
