@@ -265,11 +265,14 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
     parts: dict[str, list[tuple[Array, Array, Array]]] = {"ag_fwd": [], "ag_bwd": [], "rs": [], "ar": []}
     for g, p, f in groups:
         n, n_in = col(ctx.size[g]), col(ctx.n_in[g])
+        gathers, reduces = zero3_collective_counts(ctx, p)
         n_bwd = np.where(zpp, n_in, n)
-        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk))
-        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk))
-        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk))
-        parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk))
+        ag_n = np.where(p + f > 0, gathers, 0.0)  # no parameters, no collective
+        rs_n = np.where(p > 0, reduces, 0.0)
+        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n))
+        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n))
+        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n))
+        parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk, rs_n))
 
     def total(name: str, i: int) -> Array:
         return sum((x[i] for x in parts[name]), np.zeros(1))
@@ -284,6 +287,28 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
                             ar=total("ar", 2), quant=quant,
                             z3_bytes=moved("ag_fwd") + moved("ag_bwd") + moved("rs"), rs_bytes=moved("rs"),
                             ar_bytes=moved("ar"))
+
+
+def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
+    """Collectives one block issues per micro-batch for its ``params`` local parameters
+    ``[C, S, K, 1]``, as the framework issues them (``Assumptions.zero3_gather_unit`` and
+    ``zero3_reduce_bucket_params``): (all-gathers per pass, reduce-scatters).
+
+    FSDP2 (``fully_shard`` per block) gathers each block in one collective and reduce-scatters
+    its gradients in one.  DeepSpeed ZeRO-3 fetches parameters module by module
+    (``PartitionedParameterCoordinator.fetch_sub_module``: one coalesced all-gather per
+    submodule, prefetching at most ``stage3_prefetch_bucket_size`` = 5e7 elements ahead, which a
+    large block's weights each exceed), so a block costs one gather per weight matrix (its
+    GEMMs; norms and biases under ``stage3_param_persistence_threshold`` = 1e5 elements are
+    never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size`` =
+    5e8 elements (deepspeed/runtime/zero/config.py defaults), i.e. ``params / bucket`` per block.
+    """
+    assume, table = ctx.assume, ctx.table
+    per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
+    gathers = per_module if assume.zero3_gather_unit == "module" else np.ones_like(per_module)
+    bucket = assume.zero3_reduce_bucket_params
+    reduces = params / bucket if bucket > 0 else np.ones_like(params)
+    return gathers, reduces
 
 
 def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array, Array]:
