@@ -66,7 +66,8 @@ def summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float]]:
 
 
 SHARD_BUCKETS = ((1, 8, "sharded DP, 1-8 ranks"), (9, 64, "sharded DP, 9-64 ranks"),
-                 (65, 256, "sharded DP, 65-256 ranks"), (257, 10**9, "sharded DP, 257+ ranks"))
+                 (65, 255, "sharded DP, 65-255 ranks"), (256, 1023, "sharded DP, 256-1023 ranks"),
+                 (1024, 10**9, "sharded DP, 1024+ ranks"))
 
 
 def regime(run: PublishedRun) -> str:

@@ -302,6 +302,9 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     GEMMs; norms and biases under ``stage3_param_persistence_threshold`` = 1e5 elements are
     never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size`` =
     5e8 elements (deepspeed/runtime/zero/config.py defaults), i.e. ``params / bucket`` per block.
+    The layer table fuses QKV, gate/up and each routed expert set into one GEMM, as Megatron's GPT
+    does (four per dense block); code that keeps them apart (Hugging Face Llama: seven linears,
+    one module per expert) issues more, so this is a lower bound there.
     """
     assume, table = ctx.assume, ctx.table
     per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
