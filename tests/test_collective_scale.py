@@ -168,3 +168,12 @@ def test_deepspeed_on_azure_gpt_175b_zero3_on_256_gpus() -> None:
     assert run.measured == pytest.approx(204.49)
     assert ev.fits
     assert value == pytest.approx(run.measured, rel=0.10), value
+
+
+def test_the_header_names_shared_nics() -> None:
+    example = REPO / "examples" / "clusters" / "4x8-a100-100gbe.yaml"
+    result = invoke("evaluate", MODELS / "llama-3-8b.json", example, "--plan", "dp=32,zero=3,mbs=1", "--global-batch", "32")
+    assert result.exit_code == 0, result.output
+    assert "1 NIC per node" in result.output
+    dgx = invoke("evaluate", MODELS / "llama-3-8b.json", "4x8xa100", "--plan", "dp=32,zero=3,mbs=1", "--global-batch", "32")
+    assert dgx.exit_code == 0 and "NIC" not in dgx.output
