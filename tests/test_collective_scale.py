@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from autoplace import frameworks
-from autoplace.cost import comm
+from autoplace.cost import comm, terms_time
 from autoplace.cost.assumptions import DEFAULT
+from autoplace.cost.candidates import candidates_from_plans
+from autoplace.cost.context import context
 from autoplace.cost.layers import layer_table
 from autoplace.evaluation import evaluate
 from autoplace.plan import build_plan, parse_plan_string
@@ -177,3 +179,37 @@ def test_the_header_names_shared_nics() -> None:
     assert "1 NIC per node" in result.output
     dgx = invoke("evaluate", MODELS / "llama-3-8b.json", "4x8xa100", "--plan", "dp=32,zero=3,mbs=1", "--global-batch", "32")
     assert dgx.exit_code == 0 and "NIC" not in dgx.output
+
+
+def _deepspeed_prefetch(bucket: float):
+    return DEFAULT.replace(zero3_prefetch_bucket_params=bucket)
+
+
+def test_module_prefetch_never_hides_more_than_block_prefetch() -> None:
+    """DeepSpeed's one-module-ahead prefetch against FSDP2's next-block prefetch, for the same
+    collectives and compute: never cheaper, dearer when the modules are large and the compute short."""
+    model = gpt_model(4, 12288, 96, seq=2048, batch=1536, precision="bf16")
+    cluster = _cluster(192, None)
+    table = layer_table(model)
+    plan = build_plan(parse_plan_string("dp=1536,tp=1,pp=1,zero=3,mbs=1,recompute=full"), world=cluster.gpus,
+                      blocks=table.blocks, global_batch=1536)
+    rng = np.random.default_rng(0)
+    seconds = rng.uniform(0, 0.2, (1, 1, len(table.kinds), 3))
+    window = rng.uniform(0, 0.2, (1, 1, len(table.kinds), 3))
+    costs = {}
+    for bucket in (0.0, 5e7):
+        ctx = context(table, cluster, candidates_from_plans([plan], table), model.training.recipe(),
+                      _deepspeed_prefetch(bucket))
+        costs[bucket] = [terms_time.zero3_hidden(ctx, seconds, window, backward=b) for b in (False, True)]
+    for block, module in zip(costs[0.0], costs[5e7], strict=True):
+        assert np.all(module >= block - 1e-15) and np.any(module > block)
+
+
+def test_deepspeed_prefetch_depth_matters_only_for_modules_larger_than_its_bucket() -> None:
+    big = gpt_model(96, 12288, 96, seq=2048, batch=1536, precision="bf16")
+    plan = "dp=1536,tp=1,pp=1,zero=3,mbs=1,recompute=full"
+    cluster = _cluster(192, None)
+    assert _step(big, cluster, plan, _deepspeed_prefetch(5e7)) > _step(big, cluster, plan)
+    small = gpt_model(24, 1024, 16, seq=2048, batch=64, precision="bf16")  # 4 x 1024^2 = 4.2M-parameter MLP matrices
+    plan = "dp=64,tp=1,pp=1,zero=3,mbs=1,recompute=none"
+    assert _step(small, _cluster(8, None), plan, _deepspeed_prefetch(5e7)) == _step(small, _cluster(8, None), plan)

@@ -36,6 +36,10 @@ class Assumptions:
             :func:`autoplace.cost.terms_time.zero3_collective_counts`).
         zero3_reduce_bucket_params: gradient elements per ZeRO-3 reduce-scatter; 0 for one per
             block (FSDP2), DeepSpeed's ``reduce_bucket_size`` default 5e8 otherwise.
+        zero3_prefetch_bucket_params: how far ahead ZeRO-3 gathers, in parameters; 0 for a whole
+            block (FSDP2's one-unit prefetch), DeepSpeed's ``stage3_prefetch_bucket_size``
+            default 5e7 otherwise (modules larger than it hide only under their neighbour:
+            :func:`autoplace.cost.terms_time.zero3_hidden`).
         overlap_slowdown: share of a collective's time that still shows up as lost compute
             while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
             kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
@@ -108,6 +112,7 @@ class Assumptions:
     zero3_prefetch_units: int = 1
     zero3_gather_unit: str = "block"
     zero3_reduce_bucket_params: float = 0.0
+    zero3_prefetch_bucket_params: float = 0.0
     overlap_slowdown: float = 0.19
     cpu_adam_params_per_s: float = 1.5e9
     host_reserve_fraction: float = 0.15
