@@ -453,6 +453,9 @@ def origin_lines(name: str, params: float, origin: dict[str, Any], cluster: Clus
     links = f"{pool.intra_node.name} / {pool.inter_node.name}" if len(cluster.pools) == 1 else "mixed pools"
     if cluster.nvlink_domain > cluster.gpus_per_node:
         links = f"NVLink domains of {cluster.nvlink_domain}, {links}"
+    if len(cluster.pools) == 1 and 0 < pool.nics_per_node < pool.gpus_per_node:
+        nics = pool.nics_per_node
+        links += f", {nics} NIC{'s' if nics > 1 else ''} per node"  # the GPUs share them (specs.cluster.NodePool)
     tuned = (f" ({origin['method']}: {fmt_count(origin['trainable_params'])} trainable)"
              if origin.get("method") else "")
     pinned = ", ".join(f"{k}={str(v).lower()}" for k, v in origin.get("recipe_pinned", {}).items())

@@ -113,6 +113,69 @@ def small_models_section(console: Console, runs: list[PublishedRun], rows: list[
                   f"{np.mean(np.abs(errors)):.1%}, mean signed {np.mean(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
 
 
+SHARD_BUCKETS = ((1, 8, "sharded DP, 1-8 ranks"), (9, 64, "sharded DP, 9-64 ranks"),
+                 (65, 255, "sharded DP, 65-255 ranks"), (256, 1023, "sharded DP, 256-1023 ranks"),
+                 (1024, 10**9, "sharded DP, 1024+ ranks"))
+
+
+def regime(run: PublishedRun) -> str:
+    """The regime a run belongs to: fully sharded data parallel (ZeRO-3 / FSDP) by the ranks one
+    shard group spans, else "not sharded (ZeRO 0-2)"."""
+    plan = run.plan
+    if plan.zero < 3:
+        return "not sharded (ZeRO 0-2)"
+    ranks = plan.dp_shard * plan.cp  # torchtitan and Megatron shard over dp_shard x cp
+    return next(label for lo, hi, label in SHARD_BUCKETS if lo <= ranks <= hi)
+
+
+def model_parallel(run: PublishedRun) -> bool:
+    """Whether a run splits its layers (tensor or pipeline parallel): the 3-D side of a pair."""
+    return run.plan.tp * run.plan.pp > 1
+
+
+def regime_summary(runs: list[PublishedRun], rows: list[dict[str, object]]) -> list[tuple[str, int, float, float]]:
+    """(regime, runs, mean absolute error, mean signed error) per sharding regime and GPU family."""
+    groups: dict[str, list[float]] = {}
+    for run, row in zip(runs, rows, strict=True):
+        error = float(row["error"])  # type: ignore[arg-type]
+        groups.setdefault(regime(run), []).append(error)
+        groups.setdefault(f"family {run.family}", []).append(error)
+    order = [label for _, _, label in SHARD_BUCKETS] + ["not sharded (ZeRO 0-2)"]
+    names = [g for g in order if g in groups] + sorted(g for g in groups if g not in order)
+    return [(g, len(groups[g]), float(np.mean(np.abs(groups[g]))), float(np.mean(groups[g]))) for g in names]
+
+
+def sharded_vs_3d(runs: list[PublishedRun], rows: list[dict[str, object]]) -> tuple[int, int]:
+    """(pairs ordered as measured, pairs) over runs of the same model and cluster where one is
+    fully sharded data parallel alone (ZeRO-3, no TP/PP) and the other splits its layers."""
+    good = total = 0
+    by_group: dict[tuple[str, str, int], list[tuple[PublishedRun, dict[str, object]]]] = {}
+    for run, row in zip(runs, rows, strict=True):
+        by_group.setdefault(run.group, []).append((run, row))
+    for members in by_group.values():
+        for (ra, a), (rb, b) in itertools.combinations(members, 2):
+            sharded = {ra.plan.zero >= 3 and not model_parallel(ra), rb.plan.zero >= 3 and not model_parallel(rb)}
+            if sharded != {True, False} or not (model_parallel(ra) or model_parallel(rb)):
+                continue
+            if a["metric"] != b["metric"] or a["measured"] == b["measured"]:
+                continue
+            total += 1
+            good += (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])  # type: ignore[operator]
+    return good, total
+
+
+def print_regimes(console: Console, runs: list[PublishedRun], rows: list[dict[str, object]]) -> None:
+    """The per-regime table and the sharded-vs-3-D ranking."""
+    table = Table(title="By regime (error = predicted / measured - 1)")
+    for col in ("regime", "runs", "mean |error|", "mean signed"):
+        table.add_column(col, justify="left" if col == "regime" else "right")
+    for name, n, mae, signed in regime_summary(runs, rows):
+        table.add_row(name, str(n), f"{mae:.1%}", f"{signed:+.1%}")
+    console.print(table)
+    good, pairs = sharded_vs_3d(runs, rows)
+    console.print(f"sharded-vs-3-D pairs (same model and cluster): {good} of {pairs} ordered as measured")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -147,6 +210,7 @@ def main() -> None:
                   f"{sum(not r['fits'] for r in rows)} of {len(rows)} runs predicted not to fit")
     no_recompute_section(console, runs)
     small_models_section(console, runs, rows)
+    print_regimes(console, runs, rows)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,17 @@ class Assumptions:
             bucket_cap_mb = 25), double-buffered; the last bucket's reduction cannot start
             before backward ends, so it is always exposed.
         zero3_prefetch_units: units all-gathered ahead of use (FSDP2 default: 1).
+        zero3_gather_unit: how ZeRO-3 issues a block's parameter all-gathers: ``block`` (FSDP2's
+            ``fully_shard`` per block: one collective per block per pass) or ``module``
+            (DeepSpeed: one per submodule fetch, a collective per weight matrix; every
+            collective pays the ring latency, which grows with ranks:
+            :func:`autoplace.cost.terms_time.zero3_collective_counts`).
+        zero3_reduce_bucket_params: gradient elements per ZeRO-3 reduce-scatter; 0 for one per
+            block (FSDP2), DeepSpeed's ``reduce_bucket_size`` default 5e8 otherwise.
+        zero3_prefetch_bucket_params: how far ahead ZeRO-3 gathers, in parameters; 0 for a whole
+            block (FSDP2's one-unit prefetch), DeepSpeed's ``stage3_prefetch_bucket_size``
+            default 5e7 otherwise (modules larger than it hide only under their neighbour:
+            :func:`autoplace.cost.terms_time.zero3_hidden`).
         overlap_slowdown: share of a collective's time that still shows up as lost compute
             while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
             kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
@@ -126,6 +137,9 @@ class Assumptions:
     framework_reserve_GiB: float = 1.0
     comm_bucket_MiB: float = 25.0
     zero3_prefetch_units: int = 1
+    zero3_gather_unit: str = "block"
+    zero3_reduce_bucket_params: float = 0.0
+    zero3_prefetch_bucket_params: float = 0.0
     overlap_slowdown: float = 0.19
     cpu_adam_params_per_s: float = 1.5e9
     host_reserve_fraction: float = 0.15

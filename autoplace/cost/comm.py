@@ -22,6 +22,15 @@ tier, plus bytes over bandwidth times the protocol's efficiency.  NCCL picks the
 small messages run at LL's latency and large ones at Simple's bandwidth: bus bandwidth grows
 with message size as nccl-tests shows.  All-reduce across nodes may also run as NCCL's double
 binary tree, whose inter-node latency grows with ``log2`` of the node count instead of linearly.
+
+Latency at scale.  NCCL runs all-gather and reduce-scatter as one flat ring over all ``n`` ranks
+(its tree and CollNet algorithms serve all-reduce only), so a collective costs ``n - 1`` sequential
+steps: ``nodes - 1`` of them cross the network and the other ``n - nodes`` are NVLink hops
+(``tuning.cc``: ``nsteps = nRanks - 1``, ``nInterSteps = nNodes - 1``; a ring all-reduce twice
+that).  Bytes per device follow the hierarchy (each node's ranks sit together on the ring, so
+the network carries ``1/n_in`` of the data per GPU) but the latency grows linearly with ranks.
+A buffer sent as ``count`` separate collectives (DeepSpeed gathers each module's parameters on
+its own) pays the latency ``count`` times and the bytes once.
 """
 
 from __future__ import annotations
@@ -87,21 +96,35 @@ def members_per_domain(size: Array, stride: Array, domain: int) -> Array:
     return np.where(stride < domain, inside, 1)
 
 
-def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps: Array, links: Links) -> Array:
-    """Seconds of one collective moving ``intra`` and ``inter`` bytes per device in the given
-    numbers of sequential steps on each tier, with the fastest NCCL protocol; 0 when it moves
-    nothing (a group of one)."""
+def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps: Array, links: Links,
+                    count: Array | float = 1.0) -> Array:
+    """Seconds of ``count`` collectives moving ``intra`` and ``inter`` bytes per device in all,
+    each in the given numbers of sequential steps on each tier, with the fastest NCCL protocol
+    (chosen per message: ``count`` smaller messages lean towards LL); 0 when it moves nothing
+    (a group of one)."""
     best: Array = np.asarray(np.inf)
     wire = intra / links.intra_Bps + inter / links.inter_Bps  # seconds at full bandwidth, every protocol's
     for p in PROTOCOLS:
-        best = np.minimum(best, p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
-                          + inter_steps * p.inter_latency_share * links.inter_latency_s + wire / p.efficiency)
+        latency = (p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
+                   + inter_steps * p.inter_latency_share * links.inter_latency_s)
+        best = np.minimum(best, count * latency + wire / p.efficiency)
     return np.where((intra_steps + inter_steps) > 0, best, 0.0)
 
 
-def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[Array, Array, Array]:
-    """Ring (hierarchical when ``n_in < n``) all-reduce of ``size_bytes``; across nodes, NCCL's
-    double binary tree when its ``2 log2(nodes)`` network steps beat the ring's ``2 (nodes - 1)``.
+def ring_steps(n: Array, n_out: Array) -> tuple[Array, Array]:
+    """(NVLink steps, network steps) of one ring pass over ``n`` ranks on ``n_out`` nodes (or
+    NVLink domains): ``n - 1`` steps of which ``n_out - 1`` cross the network (NCCL
+    ``tuning.cc``, ring latency of all-gather / reduce-scatter; an all-reduce makes two passes)."""
+    n, n_out = np.asarray(n), np.asarray(n_out)
+    return n - n_out, n_out - 1
+
+
+def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links,
+              count: Array | float = 1.0) -> tuple[Array, Array, Array]:
+    """Ring (hierarchical when ``n_in < n``) all-reduce of ``size_bytes`` in ``count``
+    collectives; across nodes, NCCL's double binary tree when it is faster: its latency is
+    ``2 (n_in - 1)`` NVLink and ``2 log2(nodes)`` network steps (``tuning.cc``) against the
+    ring's two passes over all ``n`` ranks (:func:`ring_steps`).
 
     Returns:
         (intra-node bytes sent per device, inter-node bytes sent per device, seconds)
@@ -110,19 +133,23 @@ def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[A
     n_out = n // n_in
     intra = 2 * (n_in - 1) / n_in * size_bytes
     inter = 2 * (n_out - 1) / n_out * size_bytes / n_in
-    ring_steps = 2 * (n_out - 1)
-    tree_steps = 2 * np.ceil(np.log2(np.maximum(n_out, 1)))
-    t = collective_time(intra, 2 * (n_in - 1), inter, np.minimum(ring_steps, tree_steps), links)
-    return intra, inter, t
+    ring_in, ring_out = ring_steps(n, n_out)
+    ring = collective_time(intra, 2 * ring_in, inter, 2 * ring_out, links, count)
+    tree_out = 2 * np.ceil(np.log2(np.maximum(n_out, 1)))
+    tree = collective_time(intra, 2 * (n_in - 1), inter, tree_out, links, count)
+    return intra, inter, np.where(n_out > 1, np.minimum(ring, tree), ring)
 
 
-def allgather(size_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[Array, Array, Array]:
-    """All-gather (or reduce-scatter: same volume) of a buffer whose full size is ``size_bytes``."""
+def allgather(size_bytes: Array, n: Array, n_in: Array, links: Links,
+              count: Array | float = 1.0) -> tuple[Array, Array, Array]:
+    """All-gather (or reduce-scatter: same volume) of a buffer whose full size is ``size_bytes``,
+    in ``count`` collectives; NCCL runs them as a ring only (:func:`ring_steps`)."""
     n, n_in = np.asarray(n), np.asarray(n_in)
     n_out = n // n_in
     intra = (n_in - 1) / n_in * size_bytes
     inter = (n_out - 1) / n_out * size_bytes / n_in
-    return intra, inter, collective_time(intra, n_in - 1, inter, n_out - 1, links)
+    ring_in, ring_out = ring_steps(n, n_out)
+    return intra, inter, collective_time(intra, ring_in, inter, ring_out, links, count)
 
 
 reducescatter = allgather

@@ -76,7 +76,7 @@ def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageH
         for key, value in (("cap", pool.gpu.memory_bytes), ("hostmem", pool.host_memory_GB * 1e9 / pool.gpus_per_node),
                            ("host", pool.host_link.bytes_per_s),
                            ("ibw", pool.intra_node.bytes_per_s), ("ilat", pool.intra_node.latency_s),
-                           ("xbw", pool.inter_node.bytes_per_s), ("xlat", pool.inter_node.latency_s)):
+                           ("xbw", pool.inter_Bps_per_gpu), ("xlat", pool.inter_node.latency_s)):
             fields[key].append(np.full(lo.shape, value))
         start = end
     span = np.stack(spans)

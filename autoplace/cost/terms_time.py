@@ -33,7 +33,7 @@ from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
-from autoplace.cost.layers import BlockKind
+from autoplace.cost.layers import BlockKind, LayerTable
 from autoplace.cost.step import hidden
 from autoplace.plan import FP8, OFFLOAD
 
@@ -225,7 +225,8 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
     grad_t = sh.ar if all_reduce_12 else sh.rs
     ov = col(c.overlap)  # overlap off: gathers and reductions run before / after the compute, exposed
-    zero_time = np.where(z >= 3, hidden(sh.ag_fwd, fwd * ov, kappa) + hidden(sh.ag_bwd + sh.rs, bwd * ov, kappa)
+    zero_time = np.where(z >= 3, zero3_hidden(ctx, sh.ag_fwd, fwd * ov, backward=False)
+                         + zero3_hidden(ctx, sh.ag_bwd + sh.rs, bwd * ov, backward=True)
                          + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa), 0.0))
     zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
 
@@ -278,11 +279,14 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
     parts: dict[str, list[tuple[Array, Array, Array]]] = {"ag_fwd": [], "ag_bwd": [], "rs": [], "ar": []}
     for g, p, f in groups:
         n, n_in = col(ctx.size[g]), col(ctx.n_in[g])
+        gathers, reduces = zero3_collective_counts(ctx, p)
         n_bwd = np.where(zpp, n_in, n)
-        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk))
-        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk))
-        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk))
-        parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk))
+        ag_n = np.where(p + f > 0, gathers, 0.0)  # no parameters, no collective
+        rs_n = np.where(p > 0, reduces, 0.0)
+        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n))
+        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n))
+        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n))
+        parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk, rs_n))
 
     def total(name: str, i: int) -> Array:
         return sum((x[i] for x in parts[name]), np.zeros(1))
@@ -297,6 +301,78 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
                             ar=total("ar", 2), quant=quant,
                             z3_bytes=moved("ag_fwd") + moved("ag_bwd") + moved("rs"), rs_bytes=moved("rs"),
                             ar_bytes=moved("ar"))
+
+
+def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
+    """Collectives one block issues per micro-batch for its ``params`` local parameters
+    ``[C, S, K, 1]``, as the framework issues them (``Assumptions.zero3_gather_unit`` and
+    ``zero3_reduce_bucket_params``): (all-gathers per pass, reduce-scatters).
+
+    FSDP2 (``fully_shard`` per block) gathers each block in one collective and reduce-scatters
+    its gradients in one.  DeepSpeed ZeRO-3 fetches parameters module by module
+    (``PartitionedParameterCoordinator.fetch_sub_module``: one coalesced all-gather per
+    submodule, prefetching at most ``stage3_prefetch_bucket_size`` = 5e7 elements ahead, which a
+    large block's weights each exceed), so a block costs one gather per weight matrix (its
+    GEMMs; norms and biases under ``stage3_param_persistence_threshold`` = 1e5 elements are
+    never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size`` =
+    5e8 elements (deepspeed/runtime/zero/config.py defaults), i.e. ``params / bucket`` per block.
+    The layer table fuses QKV, gate/up and each routed expert set into one GEMM, as Megatron's GPT
+    does (four per dense block); code that keeps them apart (Hugging Face Llama: seven linears,
+    one module per expert) issues more, so this is a lower bound there.
+    """
+    assume, table = ctx.assume, ctx.table
+    per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
+    gathers = per_module if assume.zero3_gather_unit == "module" else np.ones_like(per_module)
+    bucket = assume.zero3_reduce_bucket_params
+    reduces = params / bucket if bucket > 0 else np.ones_like(params)
+    return gathers, reduces
+
+
+def module_shares(table: LayerTable) -> tuple[Array, Array]:
+    """Per block kind, its modules in forward order (one per GEMM of the layer table, padded
+    with zeros to the longest kind), ``[1, 1, K, 1, M]``: each module's share of the block's
+    parameters, and its share of the block's forward compute (GEMM FLOPs; the attention core
+    counts with the first module, the QKV projection it follows)."""
+    width = max(len(k.gemms) for k in table.kinds)
+    params = np.zeros((len(table.kinds), width))
+    flops = np.zeros_like(params)
+    for i, k in enumerate(table.kinds):
+        for j, g in enumerate(k.gemms):
+            params[i, j] = g.n * g.k * max(g.experts, 1)
+            flops[i, j] = g.flops
+        flops[i, 0] += k.flops_score
+    shares = [a / np.maximum(a.sum(axis=1, keepdims=True), 1e-30) for a in (params, flops)]
+    return tuple(a.reshape(1, 1, len(table.kinds), 1, width) for a in shares)  # type: ignore[return-value]
+
+
+def zero3_hidden(ctx: Context, seconds: Array, window: Array, *, backward: bool) -> Array:
+    """What ZeRO-3's collectives of one block (``seconds``) cost beside its compute (``window``)
+    (:func:`autoplace.cost.step.hidden`), by how far ahead the framework gathers.
+
+    FSDP2 prefetches the next whole block (``zero3_prefetch_bucket_params`` = 0): the block's
+    collectives hide under a block of compute.  DeepSpeed prefetches at most
+    ``stage3_prefetch_bucket_size`` (5e7) elements ahead, and always at least one parameter
+    (``PartitionedParameterCoordinator.fetch_sub_module``), so when a block's modules are larger
+    than that each module's gather hides only under the module before it (in backward, the module
+    after it): a large module after a small one (the MLP's first matrix after the attention's
+    output projection) is partly exposed however long the block runs.  Never hides more than
+    the block-wide prefetch."""
+    kappa = ctx.assume.overlap_slowdown
+    bucket = ctx.assume.zero3_prefetch_bucket_params
+    if bucket <= 0:
+        return hidden(seconds, window, kappa)
+    seconds, window = np.broadcast_arrays(seconds, window)
+    p, f = module_shares(ctx.table)
+    # the module whose compute each module's gather runs beside: the one before it in forward,
+    # the one after it in backward (the previous block's last / the next block's first at the edges)
+    m = (p > 0).sum(axis=-1, keepdims=True)
+    j = np.arange(p.shape[-1])
+    other = np.where(backward, (j + 1) % m, (j - 1) % m)
+    f_beside = np.take_along_axis(np.broadcast_to(f, other.shape), other, axis=-1) * (p > 0)
+    under_modules = np.minimum(seconds[..., None] * p, window[..., None] * f_beside).sum(axis=-1)
+    per_module = (ctx.dense_local + ctx.exp_local) / np.maximum(m[..., 0], 1)  # local parameters [C, 1, K, 1]
+    under = np.where(per_module >= bucket, under_modules, np.minimum(seconds, window))
+    return seconds - under + kappa * under
 
 
 def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array, Array]:

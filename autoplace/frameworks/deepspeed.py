@@ -254,7 +254,11 @@ class DeepSpeed(Framework):
     name = FMT
     title = "DeepSpeed"
     bf16_recipe = "bf16"
-    behaviour = {"zero12_grad_reduce": "all-reduce"}
+    # ZeRO-1/2 all-reduce their buckets; ZeRO-3 gathers module by module, prefetching 5e7
+    # elements ahead, and reduce-scatters in 5e8-element buckets (runtime/zero/config.py
+    # defaults; cost.terms_time.zero3_collective_counts and zero3_hidden)
+    behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
+                 "zero3_prefetch_bucket_params": 5e7}
     denied_features = frozenset({"cp", "interleave"})
     uniform_recompute = ("none", "selective", "full")
     compressions = frozenset({"zeropp"})

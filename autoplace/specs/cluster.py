@@ -40,6 +40,7 @@ MIN_FRACTION = 1e-3  # achievable bandwidth and GEMM efficiency fractions
 Nodes = Annotated[int, Field(ge=1, le=MAX_NODES)]
 GPUsPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
 GPUsPerDomain = Annotated[int, Field(ge=1, le=MAX_NVLINK_DOMAIN)]
+NICsPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
 Peak = Annotated[float, Field(ge=MIN_RATE, le=MAX_TFLOPS, allow_inf_nan=False)]
 HostMemory = Annotated[float, Field(ge=MIN_MEMORY, le=MAX_HOST_MEMORY_GB, allow_inf_nan=False)]
 
@@ -218,6 +219,7 @@ class PoolInput(Strict):
     inter_node: str | LinkProfile | None = None
     host_memory_GB: HostMemory = 512
     nvlink_domain: GPUsPerDomain | None = None  # default: the GPU profile's, else gpus_per_node
+    nics_per_node: NICsPerNode | None = None  # default: one per GPU (DGX A100 / DGX H100)
 
 
 class ClusterInput(Strict):
@@ -232,6 +234,7 @@ class ClusterInput(Strict):
     inter_node: str | LinkProfile | None = None
     host_memory_GB: HostMemory | None = None
     nvlink_domain: GPUsPerDomain | None = None
+    nics_per_node: NICsPerNode | None = None
     pools: list[PoolInput] | None = Field(None, min_length=1)
 
 
@@ -240,6 +243,8 @@ class NodePool(Strict):
 
     ``nvlink_domain`` GPUs (consecutive ranks, a multiple of ``gpus_per_node``) share the
     ``intra_node`` fabric; hosts (host memory, the host link, CPUs) stay per node.
+    ``nics_per_node`` network adapters, each at the ``inter_node`` profile's bandwidth, serve
+    the node's GPUs: with fewer NICs than GPUs the GPUs share them.
     """
 
     name: str
@@ -251,10 +256,19 @@ class NodePool(Strict):
     inter_node: LinkProfile
     host_link: LinkProfile
     host_memory_GB: float
+    nics_per_node: int = 0  # 0: one per GPU
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def inter_Bps_per_gpu(self) -> float:
+        """Network bytes/s one GPU gets when every GPU of its node sends at once (collectives
+        run on all ranks together): the node's NICs' bandwidth shared by its GPUs, never more
+        than one NIC's."""
+        nics = self.nics_per_node or self.gpus_per_node
+        return self.inter_node.bytes_per_s * min(1.0, nics / self.gpus_per_node)
 
 
 class ClusterSpec(Strict):
@@ -332,7 +346,7 @@ def cluster_from_dict(data: dict[str, Any], *, source: str = "<cluster>") -> Clu
     raw = validate(ClusterInput, data, source=source)
     pools = raw.pools if raw.pools is not None else [_single_pool(raw, source)]
     if raw.pools is not None:
-        for key in ("nodes", "gpus_per_node", "gpu", "intra_node", "host_memory_GB", "nvlink_domain"):
+        for key in ("nodes", "gpus_per_node", "gpu", "intra_node", "host_memory_GB", "nvlink_domain", "nics_per_node"):
             if getattr(raw, key) is not None:
                 raise SpecError("give it per pool when 'pools' is used", source=source, field=key)
     resolved = []
@@ -352,6 +366,7 @@ def cluster_from_dict(data: dict[str, Any], *, source: str = "<cluster>") -> Clu
             inter_node=inter,
             host_link=_resolve("interconnect", gpu.host_link, source=source, field=f"{where}gpu.host_link"),
             host_memory_GB=pool.host_memory_GB,
+            nics_per_node=_nics_per_node(pool, gpn, source=source, field=f"{where}nics_per_node"),
         ))
     return ClusterSpec(name=raw.name, pools=tuple(resolved))
 
@@ -397,6 +412,20 @@ def _nvlink_domain(pool: PoolInput, gpus_per_node: int, gpu: GPUProfile, *, sour
     return min(domain, gpus)
 
 
+def _nics_per_node(pool: PoolInput, gpus_per_node: int, *, source: str, field: str) -> int:
+    """The pool's network adapters per node: as given (at most one per GPU: the inter-node
+    profile's bandwidth is per NIC and per GPU), else one per GPU as in the DGX reference nodes
+    (DGX A100: 8 x 200 Gb/s HDR InfiniBand compute NICs for 8 GPUs; DGX H100: 8 x 400 Gb/s NDR
+    ConnectX-7; NVIDIA DGX A100 / DGX H100 user guides)."""
+    if pool.nics_per_node is None:
+        return gpus_per_node
+    if pool.nics_per_node > gpus_per_node:
+        raise SpecError(f"{pool.nics_per_node} NICs for {gpus_per_node} GPUs per node: give at most one per GPU "
+                        f"(the inter_node bandwidth is per NIC; e.g. nics_per_node: {gpus_per_node // 2} for "
+                        "4 x 200 Gb/s per 8-GPU node)", source=source, field=field)
+    return pool.nics_per_node
+
+
 def _links(pool: PoolInput, shared_inter: Any, gpu: GPUProfile, *, several: bool, source: str,
            where: str) -> tuple[LinkProfile, LinkProfile]:
     """(intra, inter) link tiers: as given, else the GPU profile's defaults.
@@ -420,7 +449,8 @@ def _single_pool(raw: ClusterInput, source: str) -> PoolInput:
             raise SpecError("required key is missing (or give 'pools')", source=source, field=key)
     return PoolInput(name=raw.name, nodes=raw.nodes, gpus_per_node=raw.gpus_per_node, gpu=raw.gpu,  # type: ignore[arg-type]
                      intra_node=raw.intra_node, inter_node=raw.inter_node,  # type: ignore[arg-type]
-                     host_memory_GB=raw.host_memory_GB or 512.0, nvlink_domain=raw.nvlink_domain)
+                     host_memory_GB=raw.host_memory_GB or 512.0, nvlink_domain=raw.nvlink_domain,
+                     nics_per_node=raw.nics_per_node)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
