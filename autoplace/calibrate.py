@@ -283,7 +283,7 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
 
     src = str(path)
     doc = read_document(path)
-    unknown = sorted(set(doc) - _TOP_KEYS)
+    unknown = sorted(map(str, set(doc) - _TOP_KEYS))  # YAML keys may be numbers or null
     if unknown:
         raise SpecError(f"unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(_TOP_KEYS))}", source=src)
     if doc.get("schema", SCHEMA) != SCHEMA:

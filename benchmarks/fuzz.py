@@ -290,7 +290,7 @@ def run_case(case: Case, workdir: Path) -> Verdict:
     if exc is not None and not isinstance(exc, SystemExit):
         return Verdict(None, "".join(traceback.format_exception(exc)))
     err = result.stderr
-    if "internal error" in err or "Traceback" in result.output:
+    if "internal error" in err or "Traceback (most recent call last)" in result.output:
         again = CliRunner().invoke(app, ["--debug", *args])  # the traceback _fail hides
         text = "".join(traceback.format_exception(again.exception)) if again.exception else ""
         return Verdict(result.exit_code, f"{err.strip()}\n{text}")

@@ -83,11 +83,15 @@ def _enumerate(problem: Problem, deadline: float) -> ConfigList:
     cps = allowed("cp", [x for x in _divisors(W) if x == 1 or ("cp" in feat and x <= 16 and seq % (2 * x) == 0)])
     experts = m.moe.experts if isinstance(m, TransformerSpec) and m.moe else 1
     reduce_bytes = m.training.recipe().reduce_bytes
+    split = problem.fixed_split
+    if split is not None and (sum(split) != L or min(split) < 0):
+        raise SpecError(f"needs counts (one per pipeline stage) adding up to the model's {L} layers, got "
+                        f"{fx['layers']}", source="--fix", field="layers")
     out = _Listing()
     for tp, cp in itertools.product(tps, cps):
         if W % (tp * cp):
             continue
-        for pp in allowed("pp", [p for p in _divisors(W // (tp * cp)) if p <= L]):
+        for pp in allowed("pp", [p for p in _divisors(W // (tp * cp)) if p <= L and (split is None or p == len(split))]):
             dp = W // (tp * cp * pp)
             if "dp" in fx and fx["dp"] != dp:
                 continue

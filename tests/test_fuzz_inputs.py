@@ -756,3 +756,25 @@ def test_user_text_in_error_is_escaped(tmp_path: Path, label: str, mutation: Mut
         assert len(str(err).splitlines()) == 1, repr(str(err))
     else:
         pytest.fail("accepted")
+
+
+@pytest.mark.parametrize("content", [b"?", b"1:"])
+def test_calibration_with_a_key_that_is_not_a_name_is_one_line(tmp_path: Path, one_gpu_cluster: Path,
+                                                               content: bytes) -> None:
+    """Found by ``benchmarks/fuzz.py 100000``: YAML reads ``?`` as a null key and ``1:`` as a number
+    key; listing them as unknown keys was TypeError (join of non-strings)."""
+    path = tmp_path / "calibration.yaml"
+    path.write_bytes(content)
+    result = _evaluate(REPO / "examples" / "models" / "tiny-llama.json", one_gpu_cluster, "--calibration", str(path))
+    assert result.exit_code == 2 and "unknown key(s)" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("layers", ["8", "3", "99999999999999999999", "-1:5"])
+def test_fixed_layers_that_do_not_add_up_to_the_model_are_one_line(one_gpu_cluster: Path, layers: str) -> None:
+    """Found by ``benchmarks/fuzz.py 100000``: ``--fix layers=8`` on a 4-layer model was IndexError,
+    and a 20-digit count overflowed CP-SAT's coefficients."""
+    result = RUNNER.invoke(app, ["solve", str(REPO / "examples" / "models" / "tiny-llama.json"), str(one_gpu_cluster),
+                                 "--time-limit", "5", "--top", "1", "--fix", f"layers={layers}"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"autoplace: error: --fix: layers: needs counts (one per pipeline stage) adding "
+                                      f"up to the model's 4 layers, got {layers}")

@@ -251,3 +251,11 @@ def test_scoring_past_its_deadline_keeps_the_groups_it_scored() -> None:
     rows = [where[cf] for cf in cut.configs]
     assert {cf.pp for cf in cut.configs} == {configs[rows[0]].pp}  # one whole group: one pipeline depth
     assert np.allclose(cut.lower_bound, full.lower_bound[rows])
+
+
+def test_fixed_layers_pin_the_pipeline_depth() -> None:
+    """``--fix layers=3:5`` is a two-stage split: every plan has pp = 2 and exactly that split
+    (configurations of another depth were enumerated with their splits left free)."""
+    problem = Problem(_model(8, 512, 16), gpu_cluster(4, gpu="a100-sxm4-40gb"), fixed={"layers": "3:5"}, top_k=3)
+    plans = get_solver("cpsat").solve(problem, Budget(time_limit_s=600)).plans
+    assert plans and all(ev.plan.pp == 2 and ev.plan.layers_per_stage == (3, 5) for ev in plans)
