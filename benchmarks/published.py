@@ -42,9 +42,10 @@ def score(runs: list[PublishedRun]) -> list[dict[str, object]]:
     return out
 
 
-def ranking(rows: list[dict[str, object]]) -> tuple[int, int]:
-    """(pairs ordered as measured, pairs) over runs of the same model and cluster."""
-    good = total = 0
+def ranking(rows: list[dict[str, object]]) -> list[tuple[float, bool]]:
+    """Every pair of runs of the same model and cluster (same metric, measured apart): the
+    predicted gap (|log| of the predicted ratio) and whether the predicted order is the measured one."""
+    pairs = []
     by_group: dict[str, list[dict[str, object]]] = {}
     for row in rows:
         by_group.setdefault(str(row["group"]), []).append(row)
@@ -52,9 +53,19 @@ def ranking(rows: list[dict[str, object]]) -> tuple[int, int]:
         for a, b in itertools.combinations(members, 2):
             if a["metric"] != b["metric"] or a["measured"] == b["measured"]:
                 continue
-            total += 1
-            good += (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])  # type: ignore[operator]
-    return good, total
+            gap = abs(float(np.log(float(a["predicted"]) / float(b["predicted"]))))  # type: ignore[arg-type]
+            pairs.append((gap, (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])))  # type: ignore[operator]
+    return pairs
+
+
+def by_gap(pairs: list[tuple[float, bool]], gaps: tuple[float, ...] = (0.01, 0.02, 0.03, 0.05, 0.08)) -> str:
+    """How often the predicted order is right above each predicted gap (autoplace/ranking.py's
+    PAIR_RESOLUTION reads this line)."""
+    said = []
+    for x in gaps:
+        above = [ok for gap, ok in pairs if gap >= x]
+        said.append(f">= {x:.0%}: {sum(above)} of {len(above)}")
+    return "pairs by predicted gap, ordered as measured: " + "; ".join(said)
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float]]:
@@ -186,7 +197,8 @@ def main() -> None:
     if args.family:
         runs = [r for r in runs if r.family == args.family]
     rows = score(runs)
-    good, pairs = ranking(rows)
+    ordered = ranking(rows)
+    good, pairs = sum(ok for _, ok in ordered), len(ordered)
     stats = summary(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": stats, "ranking": {"ordered": good, "pairs": pairs}}, indent=1))
@@ -208,6 +220,7 @@ def main() -> None:
     console.print(summ)
     console.print(f"pairwise ranking: {good} of {pairs} pairs ordered as measured ({good / max(pairs, 1):.0%}); "
                   f"{sum(not r['fits'] for r in rows)} of {len(rows)} runs predicted not to fit")
+    console.print(by_gap(ordered))
     no_recompute_section(console, runs)
     small_models_section(console, runs, rows)
     print_regimes(console, runs, rows)

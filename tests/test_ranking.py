@@ -156,7 +156,7 @@ def test_rerank_puts_the_simpler_plan_first_inside_the_band_and_says_so() -> Non
     assert [ev.plan.offload_optimizer for ev in ranked.plans] == ["none", "cpu"]
     r = ranked.ranking
     assert r["reordered"] and r["fastest_rank"] == 2 and r["fastest_step_time_s"] == 10.0
-    assert r["note"].startswith("plan 1 is 0.9% slower than the fastest (plan 2), within the 95% band (+3.1%)")
+    assert r["note"].startswith("plan 1 is 0.9% slower than the fastest (plan 2), within what the model tells apart (+3.0%)")
     assert "needs no CPU optimizer offload" in r["note"]
     assert [p["complexity"] for p in r["plans"]] == [0, 1]
     assert r["plans"][1]["moving_parts"][0]["part"] == "offload_optimizer"
@@ -236,3 +236,15 @@ def test_scale_ranks_each_size_and_says_where_it_kept_a_simpler_plan() -> None:
     doc["points"][-1]["ranking"]["note"] = "the plan is 1.0% slower than the fastest (...)"
     lines = scale_sections(doc)[1]
     assert f"{doc['points'][-1]['gpus']:,} GPUs: the plan is 1.0% slower than the fastest" in "\n".join(lines)
+
+
+def test_a_wide_band_does_not_put_a_plan_beyond_the_models_resolution_first() -> None:
+    """The H100 band is about +-16%; the model orders pairs 3% apart reliably (PAIR_RESOLUTION),
+    so a simpler plan 5% slower stays second however wide the band, and one 2% slower goes first."""
+    from autoplace.ranking import PAIR_RESOLUTION, tolerance
+
+    assert tolerance((0.85, 1.165)) == 1 + PAIR_RESOLUTION and tolerance((0.99, 1.01)) == 1.01
+    for slower, first in ((10.5, 10.0), (10.2, 10.2)):
+        evs, model, cluster = _evaluations([10.0, slower], [BUSY, PLAIN])
+        ranked = rerank(_result(evs), model, cluster, (0.85, 1.165), 2, "robust")
+        assert ranked.plans[0].step_time_s == first
