@@ -8,6 +8,7 @@ solution document.  The CLI only calls them in this order and prints.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -168,9 +169,11 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     doc["bundle"] = {k: str(v) for k, v in files.items()}
     if request.framework not in (ANY, NONE):
         return {}
-    bests = search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver),
-                                      request.budget(left=request.left()), fixed=dict(request.fixed),
-                                      features=set(request.features), **request.search_options())
+    left = dataclasses.replace(request.budget(), time_limit_s=max(request.left(), 0.0))  # none: none searched
+    bests = search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver), left,
+                                      fixed=dict(request.fixed),
+                                      features=set(request.features), fallback=best.plan,
+                                      **request.search_options())
     per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
     doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
     return per_framework

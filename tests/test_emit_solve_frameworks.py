@@ -207,3 +207,25 @@ def test_a_framework_left_out_gets_a_one_line_reason(tmp_path: Path) -> None:
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("torchtitan"))
     assert "sliding-window attention" in line
     assert not (tmp_path / "b" / "torchtitan").exists()
+
+
+def test_frameworks_are_not_searched_once_the_time_limit_is_spent() -> None:
+    """The time limit bounds ``solve --out`` too: with nothing left of it, each framework's bundle
+    says it was not searched instead of running a search past the limit (a zero budget forces it,
+    whatever the machine's speed)."""
+    from solvers.problem import Budget
+    from solvers.registry import get_solver
+
+    model, cluster = load_model(MODELS / "tiny-llama.json"), load_cluster(A100_8)
+    bests = search.best_per_framework(model, cluster, get_solver("cpsat"), Budget(time_limit_s=0), fixed={},
+                                      features=set(DEFAULT_FEATURES))
+    assert set(bests) == set(frameworks.FRAMEWORKS)
+    assert all(ev is None and "not searched: the time limit was spent" in str(why) for ev, why in bests.values())
+    # with the overall best plan to fall back on, each framework that runs it gets it, costed its way
+    problem = search.problem_for("any", model, cluster, fixed={}, features=set(DEFAULT_FEATURES), top_k=1)
+    best = search.solve("any", get_solver("cpsat"), problem, Budget(time_limit_s=60), 1).plans[0].plan
+    bests = search.best_per_framework(model, cluster, get_solver("cpsat"), Budget(time_limit_s=0), fixed={},
+                                      features=set(DEFAULT_FEATURES), fallback=best)
+    runs = [name for name in frameworks.FRAMEWORKS if search.refusal(best, model, name) is None]
+    assert runs and all(bests[name][0].plan == best for name in runs)
+    assert all(bests[name][0] is None for name in frameworks.FRAMEWORKS if name not in runs)

@@ -336,9 +336,12 @@ def solve(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> A
 
 
 def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any, *, fixed: dict[str, Any],
-                       features: set[str], **options: Any) -> dict[str, tuple[Any, Any]]:
+                       features: set[str], fallback: Plan | None = None, **options: Any) -> dict[str, tuple[Any, Any]]:
     """Each framework's best plan, costed as it runs it: name -> (Evaluation, costed model), or
-    (None, why there is none); the frameworks share ``budget``'s time limit.
+    (None, why there is none); the frameworks share ``budget``'s time limit, and once it is spent
+    the rest are not searched: each gets ``fallback`` (the overall best plan) costed as it runs it
+    when it can run it, else the reason says it was not searched.  A searched framework keeps
+    ``fallback`` too when it runs it faster than the plan its own (time-limited) search found.
 
     Each framework is searched alone: a search shared by several frameworks keeps each
     configuration's best plan, which may be one that only another framework runs, so the first
@@ -348,16 +351,36 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
     deadline = time.perf_counter() + budget.time_limit_s
     names = list(FRAMEWORKS)
     for k, name in enumerate(names):
-        left = max(deadline - time.perf_counter(), 0.1) / (len(names) - k)
+        left = (deadline - time.perf_counter()) / (len(names) - k)
+        if left <= 0:  # the time limit bounds the whole command: say so rather than overrun it
+            out[name] = _unsearched(get(name), model, cluster, fallback, options.get("assumptions", DEFAULT))
+            continue
         try:
             problem = problem_for(name, model, cluster, top_k=1, fixed=dict(fixed), features=set(features), **options)
             result = solve_for([get(name)], solver, problem, dataclasses.replace(budget, time_limit_s=left), 1, name)
         except AutoplaceError as exc:
             out[name] = (None, exc)
             continue
-        if result.plans:
+        seed = _unsearched(get(name), model, cluster, fallback, options.get("assumptions", DEFAULT))[0]
+        if result.plans and (seed is None or result.plans[0].step_time_s <= seed.step_time_s):
             out[name] = (result.plans[0], problem.model)
+        elif seed is not None:  # a search the time limit cut short can miss the overall best plan it runs
+            out[name] = (seed, problem.model)
         else:
             detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
             out[name] = (None, f"no plan {name} can express fits ({detail})")
     return out
+
+
+def _unsearched(framework: Framework, model: ModelSpec, cluster: ClusterSpec, fallback: Plan | None,
+                assume: Any) -> tuple[Any, Any]:
+    """A framework the time limit left no search for: ``fallback`` costed as it runs it, when it can
+    run it and it fits so costed."""
+    from autoplace.evaluation import evaluate
+
+    if fallback is not None and framework.refusal(fallback, model) is None:
+        costed, assumptions = framework.costing(model, assume)
+        ev = evaluate(costed, cluster, fallback, assumptions)
+        if ev.ok:  # costed its way it may not fit
+            return ev, costed
+    return None, f"not searched: the time limit was spent before {framework.name}'s own search (--time-limit)"
