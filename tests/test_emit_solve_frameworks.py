@@ -229,3 +229,8 @@ def test_frameworks_are_not_searched_once_the_time_limit_is_spent() -> None:
     runs = [name for name in frameworks.FRAMEWORKS if search.refusal(best, model, name) is None]
     assert runs and all(bests[name][0].plan == best for name in runs)
     assert all(bests[name][0] is None for name in frameworks.FRAMEWORKS if name not in runs)
+    # a framework that cannot train the model says so, not that time ran out (torchtitan: sliding windows)
+    mistral = load_model(Path(__file__).resolve().parents[1] / "tests/data/hf/mistral-7b-v0.1.json")
+    bests = search.best_per_framework(mistral, cluster, get_solver("cpsat"), Budget(time_limit_s=0), fixed={},
+                                      features=set(DEFAULT_FEATURES))
+    assert "sliding-window attention" in str(bests["torchtitan"][1])

@@ -378,6 +378,9 @@ def _unsearched(framework: Framework, model: ModelSpec, cluster: ClusterSpec, fa
     run it and it fits so costed."""
     from autoplace.evaluation import evaluate
 
+    refused = framework.model_refusal(model)
+    if refused:  # a model it cannot train: that, whatever the time
+        return None, refused
     if fallback is not None and framework.refusal(fallback, model) is None:
         costed, assumptions = framework.costing(model, assume)
         ev = evaluate(costed, cluster, fallback, assumptions)
