@@ -96,13 +96,15 @@ def test_cpsat_optimum_equals_exhaustive(layers: int, hidden: int, gpus: int, ba
        layers=st.sampled_from([5, 6]), hidden=st.sampled_from([512, 1024]), gpus=st.sampled_from([2, 4, 8]),
        objective=st.sampled_from(["time", "comm", "memory"]), gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]),
        seq=st.sampled_from([512, 4096]), fix=st.sampled_from([{}, {"recompute": "full"}, {"recompute": "none"},
-                                                             {"layers": "3:3"}]))
+                                                             {"layers": "halves"}]))
 def test_cpsat_top_k_equals_exhaustive_with_several_block_kinds(kinds: tuple[int, int, int | None], flash: bool,
                                                                  layers: int, hidden: int, gpus: int, objective: str,
                                                                  gpu: str, seq: int, fix: dict[str, str]) -> None:
     """Dense first layers, MoE every k-th layer, windowed attention (two to four block kinds,
     :mod:`solvers.tables_mixed`): CP-SAT's top-3 objectives are the oracle's, pinned or not."""
     dense, every, window = kinds
+    if fix.get("layers") == "halves":  # a two-stage split of this depth (a split must add up to the layers)
+        fix = {"layers": f"{layers // 2}:{layers - layers // 2}"}
     model = _moe_model(layers, hidden, 16, seq, dense=dense, every=every, window=window, flash=flash)
     problem = Problem(model, gpu_cluster(gpus, gpu=gpu), objective=objective, top_k=3, features=ALL_FEATURES,
                       fixed=fix)
