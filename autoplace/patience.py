@@ -56,8 +56,13 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage was unreachable, not that the request was wrong."""
     import sqlalchemy.exc as sx
+    from optuna.exceptions import StorageInternalError
 
     for e in _chain(exc):
+        # Optuna's commit fails this way when the server dropped the connection mid-commit (its
+        # "slower alternative" loses the OperationalError it caught): an outage, retried with patience
+        if isinstance(e, StorageInternalError):
+            return True
         if isinstance(e, (sx.OperationalError, sx.InterfaceError, sx.DisconnectionError, sx.PendingRollbackError,
                           ConnectionError, TimeoutError)):
             return True
