@@ -328,10 +328,9 @@ class CpSatSolver(Solver):
             status, bound = "feasible", min(bounded.lower.values(), default=None)
         elif status == "unknown":
             status = "infeasible"
-        if stopped:
+        if stopped or bounded.stopped:
             status = "feasible" if chosen else status
         if bounded.stopped:
-            status = "feasible" if chosen else status
             notes.append("the time limit stopped the bounding: configurations not yet visited were not searched")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")
         values = [v for _, v in found.found]

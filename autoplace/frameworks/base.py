@@ -196,8 +196,8 @@ def unstated_recipe(config: Config, framework: type[Framework] | Framework) -> s
     values = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
     key = (framework.name, values)  # judged once per framework and recipe: the search asks per configuration
     if key not in _UNSTATED:
-        _UNSTATED[key] = next((k for (k, default), value in zip(RECIPE_DEFAULTS.items(), values, strict=True)
-                               if value not in framework.recipes.get(k, (default,))), None)
+        _UNSTATED[key] = next((k for k, value in zip(RECIPE_DEFAULTS, values, strict=True)
+                               if recipe_refusal(framework, k, value)), None)
     return _UNSTATED[key]
 
 

@@ -350,10 +350,13 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
     out: dict[str, tuple[Any, Any]] = {}
     deadline = time.perf_counter() + budget.time_limit_s
     names = list(FRAMEWORKS)
+    assume = options.get("assumptions", DEFAULT)
     for k, name in enumerate(names):
         left = (deadline - time.perf_counter()) / (len(names) - k)
         if left <= 0:  # the time limit bounds the whole command: say so rather than overrun it
-            out[name] = _unsearched(get(name), model, cluster, fallback, options.get("assumptions", DEFAULT))
+            refused = get(name).model_refusal(model)  # a model it cannot train: that, whatever the time
+            out[name] = (None, refused) if refused else (_fallback_for(get(name), model, cluster, fallback, assume) or (
+                None, f"not searched: the time limit was spent before {name}'s own search (--time-limit)"))
             continue
         try:
             problem = problem_for(name, model, cluster, top_k=1, fixed=dict(fixed), features=set(features), **options)
@@ -361,29 +364,25 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
         except AutoplaceError as exc:
             out[name] = (None, exc)
             continue
-        seed = _unsearched(get(name), model, cluster, fallback, options.get("assumptions", DEFAULT))[0]
-        if result.plans and (seed is None or result.plans[0].step_time_s <= seed.step_time_s):
+        seed = _fallback_for(get(name), model, cluster, fallback, assume)
+        if result.plans and (seed is None or result.plans[0].step_time_s <= seed[0].step_time_s):
             out[name] = (result.plans[0], problem.model)
         elif seed is not None:  # a search the time limit cut short can miss the overall best plan it runs
-            out[name] = (seed, problem.model)
+            out[name] = seed
         else:
             detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
             out[name] = (None, f"no plan {name} can express fits ({detail})")
     return out
 
 
-def _unsearched(framework: Framework, model: ModelSpec, cluster: ClusterSpec, fallback: Plan | None,
-                assume: Any) -> tuple[Any, Any]:
-    """A framework the time limit left no search for: ``fallback`` costed as it runs it, when it can
-    run it and it fits so costed."""
+def _fallback_for(framework: Framework, model: ModelSpec, cluster: ClusterSpec, fallback: Plan | None,
+                  assume: Any) -> tuple[Any, Any] | None:
+    """``fallback`` costed as ``framework`` runs it, with that costed model, when it can run it
+    and it fits so costed; else None."""
     from autoplace.evaluation import evaluate
 
-    refused = framework.model_refusal(model)
-    if refused:  # a model it cannot train: that, whatever the time
-        return None, refused
-    if fallback is not None and framework.refusal(fallback, model) is None:
-        costed, assumptions = framework.costing(model, assume)
-        ev = evaluate(costed, cluster, fallback, assumptions)
-        if ev.ok:  # costed its way it may not fit
-            return ev, costed
-    return None, f"not searched: the time limit was spent before {framework.name}'s own search (--time-limit)"
+    if fallback is None or framework.refusal(fallback, model) is not None:
+        return None
+    costed, assumptions = framework.costing(model, assume)
+    ev = evaluate(costed, cluster, fallback, assumptions)
+    return (ev, costed) if ev.ok else None
