@@ -40,6 +40,9 @@ NOT_RETRIED = frozenset({"record_heartbeat", "check_trial_is_updatable", "remove
 _TRANSIENT_ERRNO = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOTCONN, errno.EHOSTDOWN, errno.EHOSTUNREACH,
                     errno.ECONNREFUSED, errno.ECONNRESET}
 
+# what Optuna's _CachedStorage (the storage a Study holds) calls on its RDB backend besides the public API
+BACKEND_CALLS = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
+
 S = TypeVar("S", bound=type)
 
 
@@ -56,13 +59,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage was unreachable, not that the request was wrong."""
     import sqlalchemy.exc as sx
-    from optuna.exceptions import StorageInternalError
 
-    for e in _chain(exc):
-        # Optuna's commit fails this way when the server dropped the connection mid-commit (its
-        # "slower alternative" loses the OperationalError it caught): an outage, retried with patience
-        if isinstance(e, StorageInternalError):
-            return True
+    for e in _chain(exc):  # Optuna raises StorageInternalError from SQLAlchemy's error: the cause decides
         if isinstance(e, (sx.OperationalError, sx.InterfaceError, sx.DisconnectionError, sx.PendingRollbackError,
                           ConnectionError, TimeoutError)):
             return True
@@ -110,7 +108,7 @@ def _retrying(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
                     return True  # our first attempt committed; its reply was lost
                 raise
             except Exception as exc:
-                if not transient(exc):
+                if isinstance(exc, BenchmarkError) or not transient(exc):  # a nested call's patience ran out
                     raise
                 outage.fault()
                 if waited >= outage.patience_s:
@@ -129,10 +127,12 @@ def _retrying(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def patient(cls: S) -> S:
-    """Make every storage call of ``cls`` (but heartbeats) wait out transient faults; the instance
-    needs an ``outage`` attribute (:class:`Outage`)."""
-    for name in dir(BaseStorage):
-        if name.startswith("_") or name in NOT_RETRIED or not callable(getattr(cls, name, None)):
+    """Make every storage call of ``cls`` (but heartbeats) wait out transient faults, those a
+    Study's cache makes on it directly included; the instance needs an ``outage`` attribute
+    (:class:`Outage`)."""
+    for name in (*dir(BaseStorage), *BACKEND_CALLS):
+        if (name.startswith("_") and name not in BACKEND_CALLS) or name in NOT_RETRIED \
+                or not callable(getattr(cls, name, None)):
             continue
         setattr(cls, name, _retrying(name, getattr(cls, name)))
     return cls

@@ -45,7 +45,8 @@ PLANS = ("mbs=1", "mbs=2", "mbs=4", "mbs=8", "mbs=1,recompute=full", "mbs=2,reco
 # The worker: ``autoplace tune`` with CP-SAT's top-K replaced by fixed candidates, a trial that is a
 # short sleeping subprocess (reaped like torchrun), and a self-SIGKILL at CHAOS_DIE_AT=phase:nth.
 DRIVER = """\
-import json, os, signal, sys, threading
+import faulthandler, json, os, signal, sys, threading
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung worker's stacks, asked for at the deadline
 from pathlib import Path
 import optuna
 import autoplace.tune as tune
@@ -92,7 +93,7 @@ def launch_trial(ctx, plan, directory, extra, env):
 tune._ask, tune.claim, optuna.study.Study.tell, tune.launch_trial = ask, claim, tell, launch_trial
 tune.top_candidates = lambda *a, **k: list(cands)
 from autoplace.cli import app
-app(sys.argv[2:], prog_name="autoplace")
+app(["--debug", *sys.argv[2:]], prog_name="autoplace")  # a worker's unexpected end leaves its traceback
 """
 
 
@@ -195,6 +196,7 @@ class ChaosResult:
     complete: dict[str, int] = field(default_factory=dict)  # plan -> COMPLETE trials
     states: dict[str, int] = field(default_factory=dict)  # trial state -> count
     given_up: int = 0  # worker incarnations that exited 4
+    failures: list[str] = field(default_factory=list)  # stderr tails of workers that exited otherwise
     orphans: list[int] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -259,7 +261,8 @@ def run_chaos(root: Path, storage: str, seed: int, *, kills: int = 4, n_candidat
     try:
         while live:
             if time.monotonic() - t0 > deadline_s:
-                raise TimeoutError(f"chaos run (seed {seed}) still running after {deadline_s:.0f} s")
+                raise TimeoutError(f"chaos run (seed {seed}) still running after {deadline_s:.0f} s; "
+                                   f"{_stacks(live)}")
             time.sleep(0.1)
             for w in [w for w in live if w.proc.poll() is not None]:
                 live.remove(w)
@@ -275,6 +278,8 @@ def run_chaos(root: Path, storage: str, seed: int, *, kills: int = 4, n_candidat
                     result.restarts += 1
                 elif code == 4:
                     result.given_up += 1
+                elif code != 0:
+                    result.failures.append(f"worker {w.index} exited {code}: " + (w.out / "stderr").read_text()[-3000:])
         final = _spawn(root, 99, storage, cands, "none:0", grace, retries, trial_s)
         live.append(final)
         final.proc.wait(timeout=max(60.0, deadline_s - (time.monotonic() - t0)))
@@ -294,6 +299,14 @@ def run_chaos(root: Path, storage: str, seed: int, *, kills: int = 4, n_candidat
     for c in cands:
         result.complete.setdefault(c, 0)
     return result
+
+
+def _stacks(live: list[_Worker]) -> str:
+    """The live workers' stacks (their faulthandler writes them to stderr on SIGUSR1)."""
+    for w in live:
+        w.proc.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+    return "\n".join(f"worker {w.index}: " + (w.out / "stderr").read_text()[-4000:] for w in live)
 
 
 def _orphans(text: str, wait_s: float = 20.0) -> list[int]:

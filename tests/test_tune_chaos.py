@@ -41,4 +41,4 @@ def test_every_candidate_is_measured_once_under_kills_and_a_server_restart(tmp_p
     assert r.states.get("RUNNING", 0) == r.states.get("WAITING", 0) == 0, r.states
     assert r.states.get("FAIL", 0) >= len(r.kills), r.states  # every killed worker's trial was failed as stale
     assert not r.orphans, f"trial processes outlived their workers: {r.orphans}"
-    assert set(r.exits) <= {0, 4, -signal.SIGKILL}, r.exits
+    assert set(r.exits) <= {0, 4, -signal.SIGKILL}, (r.exits, r.failures)

@@ -199,12 +199,52 @@ def test_an_outage_longer_than_the_patience_is_one_clear_error(tmp_path: Path, q
         st.get_trials()
 
 
-def test_a_request_error_is_not_retried(tmp_path: Path, quick_backoff: None) -> None:
+def _data_error() -> Exception:
+    """A request the database refuses (Optuna wraps SQLAlchemy's DataError as it wraps an outage)."""
+    try:
+        raise optuna.exceptions.StorageInternalError("commit failed") from sqlalchemy.exc.DataError(
+            "INSERT", {}, ValueError("value too long for type character varying(512)"))
+    except optuna.exceptions.StorageInternalError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("fault", [_data_error(), optuna.exceptions.StorageInternalError("no cause")])
+def test_a_request_error_is_not_retried(tmp_path: Path, quick_backoff: None, fault: Exception) -> None:
     store = _Flaky(tmp_path / "s.journal", patience_s=5)
     st = optuna.create_study(study_name="s", storage=store)
-    store.faults = [optuna.exceptions.StorageInternalError("value too long")]  # the data, not the connection
+    store.faults = [fault]  # the data, not the connection
     with pytest.raises(optuna.exceptions.StorageInternalError):
         st.get_trials()
+    assert not store.outage.recent()
+
+
+@patient
+class _FlakyRDB(optuna.storages.RDBStorage):
+    """An RDB whose next reads of trials fail; a Study reads them through Optuna's cache, which
+    calls the backend's private ``_get_trials`` (a worker exited 1 there when PostgreSQL restarted)."""
+
+    def __init__(self, url: str, patience_s: float) -> None:
+        self.outage = Outage(patience_s, quiet_s=60)
+        self.faults: list[Exception] = []
+        super().__init__(url)
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> Any:
+        if self.faults:
+            raise self.faults.pop()
+        return super()._get_trials(*args, **kwargs)
+
+
+def test_reads_through_a_studys_cache_wait_out_an_outage(tmp_path: Path, quick_backoff: None) -> None:
+    store = _FlakyRDB(f"sqlite:///{tmp_path / 's.db'}", patience_s=5)
+    st = optuna.create_study(study_name="s", storage=store)
+    st.ask(DISTS)
+    rollback = sqlalchemy.exc.PendingRollbackError("Can't reconnect until invalid transaction is rolled back")
+    try:  # as the failed worker saw it: Optuna's commit error, caused by the dropped connection's session
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from rollback
+    except optuna.exceptions.StorageInternalError as exc:
+        store.faults = [exc, *_down(2)]
+    assert len(st.get_trials()) == 1 and not store.faults
+    assert store.outage.recent()
 
 
 def test_a_tell_whose_reply_was_lost_is_told_once(tmp_path: Path, quick_backoff: None) -> None:
