@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,8 @@ def render(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch:
 
 
 def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[str] | None, out_dir: str | Path,
-         *, launch: Launch | None = None, strict: bool | None = None) -> dict[str, Path]:
+         *, launch: Launch | None = None, strict: bool | None = None,
+         unfit: Mapping[str, str] | None = None) -> dict[str, Path]:
     """Write the files of ``formats`` (all when None) into ``out_dir`` with a README.txt line per file.
 
     Args:
@@ -101,6 +102,8 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         launch: script, arguments and job name for the launch scripts; a bundle directory
             left at its default (".") is found by the scripts at run time (the bundle moves).
         strict: raise when a format cannot express the plan (default: when ``formats`` is given).
+        unfit: frameworks that express the plan but run out of memory running it (name -> why,
+            :class:`autoplace.frameworks.search.Runners`): listed in README.txt, not written.
 
     Returns:
         file name -> path of every file written.
@@ -115,13 +118,16 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         if fmt not in FORMATS:
             raise SpecError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}", field="format")
     launch = launch or DEFAULT_LAUNCH
+    unfit = unfit or {}
+    wanted = [f for f in wanted if f not in unfit]
     named = [f for f in wanted if f in frameworks.FRAMEWORKS]
-    runner = primary(plan, model, named or frameworks.FRAMEWORKS)
+    runner = primary(plan, model, named or [f for f in frameworks.FRAMEWORKS if f not in unfit])
     readme = [f"autoplace bundle for {comment_safe(model.name)} on {comment_safe(cluster.name)}",
               f"plan: {plan.to_string()}"]
     if runner is not None and any(f in LAUNCHERS for f in wanted):
         readme.append(f"launch scripts run {runner.title}")
     readme.append("")
+    readme += [_not_written(name, why) for name, why in unfit.items()]
     files: list[BundleFile] = []
     for fmt in dict.fromkeys(wanted):
         try:
@@ -130,7 +136,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             if strict:
                 raise
             log.info("not emitted: %s", exc)
-            readme.append(f"(not written) {fmt}: {exc}")
+            readme.append(_not_written(fmt, str(exc)))
             continue
         note = recipe_note(frameworks.get(fmt), model) if fmt in frameworks.FRAMEWORKS else ""
         files += [BundleFile(f.name, f.what + note, f.text, f.executable) for f in written]
@@ -144,6 +150,11 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
     return paths
 
 
+def _not_written(fmt: str, why: str) -> str:
+    """README.txt's line for a format left out (reasons usually start with the framework's name)."""
+    return f"(not written) {why}" if why.startswith(f"{fmt}: ") else f"(not written) {fmt}: {why}"
+
+
 def _write(path: Path, text: str, *, executable: bool) -> Path:
     path.write_text(text)
     if executable:
@@ -153,14 +164,15 @@ def _write(path: Path, text: str, *, executable: bool) -> Path:
 
 def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
                  launch: Launch | None = None, inputs: dict[str, str] | None = None,
-                 formats: Sequence[str] | None = None, framework: str | None = None) -> dict[str, Path]:
+                 formats: Sequence[str] | None = None, framework: str | None = None,
+                 unfit: Mapping[str, str] | None = None) -> dict[str, Path]:
     """plan.json plus the files of every framework that can express the plan (README.txt lists them),
-    or of ``formats`` only."""
+    or of ``formats`` only; not of those ``unfit`` names (see :func:`emit`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {**ev.to_dict(), **({"framework": framework} if framework else {}), **({"inputs": inputs} if inputs else {})}
     (out / "plan.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    written = emit(ev.plan, model, cluster, formats, out, launch=launch, strict=False)
+    written = emit(ev.plan, model, cluster, formats, out, launch=launch, strict=False, unfit=unfit)
     return {"plan.json": out / "plan.json", **written}
 
 

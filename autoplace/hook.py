@@ -152,11 +152,13 @@ def submit(model: ModelSpec, cluster: ClusterSpec, script: str | None, args: tup
     """
     from autoplace.bundle import LAUNCHERS, write_bundle
     from autoplace.emit.launch import Launch
+    from autoplace.frameworks.search import Runners
 
     ev = plan_for(model, cluster, plan, time_limit_s)
     if not ev.ok:
         raise Infeasible("refusing to submit: " + "; ".join(reasons(ev)))
-    files = write_bundle(ev, model, cluster, out_dir, Launch(script=script, args=tuple(args)))
+    files = write_bundle(ev, model, cluster, out_dir, Launch(script=script, args=tuple(args)),
+                         unfit=Runners(model, cluster).unfit(ev.plan))
     if scheduler == "slurm":  # absolute: the command runs in the bundle directory
         command = ["sbatch", "--parsable", str(files[LAUNCHERS["slurm"][0]].resolve())]
     elif scheduler == "local":

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autoplace.compression import COMPRESSIONS, label
@@ -216,7 +217,7 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
     if p.fp8 != "none":
         lines.append(f"[yellow]fp8={p.fp8}[/yellow]: {FP8_RISK}")
     if ev.violations:
-        lines += [f"[red]violation[/red] {v.rule}: {v.message}" for v in ev.violations]
+        lines += [f"[red]violation[/red] {v.rule}: {escape(v.message)}" for v in ev.violations]
     else:
         lines.append("[green]fits and is sound[/green]")
     return [mem, com, tim], lines
@@ -354,7 +355,7 @@ def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
                      f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
                      f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
-    return lines + [f"  - {line}" for line in doc.get("advice", [])]
+    return lines + [f"  - {escape(line)}" for line in doc.get("advice", [])]
 
 
 def solution_header(doc: dict[str, Any]) -> str:
@@ -393,7 +394,7 @@ def print_solution(doc: dict, result: object, console: Console | None = None, *,
     sections, lines = solution_sections(doc, plans, wide=wide or fmt != "table")
     if fmt == "csv" and doc["plans"]:
         sections = [plans_csv_section(doc, plans)]
-    notes = [f"[dim]{note}[/dim]" for note in doc.get("notes", [])]
+    notes = [f"[dim]{escape(note)}[/dim]" for note in doc.get("notes", [])]
     status = (f"status [bold]{doc['status']}[/bold], objective {doc['objective']}, "
               f"{doc['solve_seconds']:.2f} s")
     if doc["status"] == "feasible" and doc["plans"]:
@@ -502,7 +503,7 @@ def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
     right = frozenset({"GPUs", "batch", "step s", "tokens/s", "MFU", "scaling eff.", "days", "GPU-hours", "cost $"})
     styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
     title = f"Best plan per GPU count (global batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
-    lines = [f"[dim]{note}[/dim]" for note in doc["notes"]]
+    lines = [f"[dim]{escape(note)}[/dim]" for note in doc["notes"]]
     # robust ranking kept a simpler plan than the fastest at these sizes (autoplace/ranking.py)
     lines += [f"[yellow]{p['gpus']:,} GPUs: {p['ranking']['note']}[/yellow]" for p in doc["points"]
               if (p.get("ranking") or {}).get("note") and p["used_gpus"] == p["gpus"]]

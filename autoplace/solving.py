@@ -95,13 +95,13 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
     from autoplace.cost.layers import layer_table
 
     m, c = problem.model, inputs.cluster
-    checks = search.plan_checks(m)
+    runners = search.Runners(m, c, problem.assumptions).refusals([ev.plan for ev in result.plans])
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(time.perf_counter() - request.started, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice, "framework": request.framework,
            "phases_s": {k: round(v, 3) for k, v in result.phases.items()}, "cpsat_model": result.model_size,
            "model": {"name": m.name, "params": int(layer_table(m).params), **inputs.origin}, "cluster": c.summary(),
-           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": search.runnable_by(ev.plan, m, checks)}
+           "plans": [{**ev.to_dict(rank=i + 1), "frameworks": [f for f, why in runners[i].items() if why is None]}
                      for i, ev in enumerate(result.plans)], "notes": list(result.notes)}
     if request.framework == NONE:
         doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
@@ -165,7 +165,8 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     from solvers.registry import get_solver
 
     best = result.plans[0]
-    files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs)
+    unfit = search.Runners(problem.model, inputs.cluster, problem.assumptions).unfit(best.plan)
+    files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs, unfit=unfit)
     doc["bundle"] = {k: str(v) for k, v in files.items()}
     if request.framework not in (ANY, NONE):
         return {}

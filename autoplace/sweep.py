@@ -204,7 +204,7 @@ def sweep(model: ModelSpec, counts: list[int], opts: SweepOptions, *, gpu: str |
             point = _keep_smaller(point, best)
         elif point.evaluation is not None:
             point = replace(point, frameworks=search.runnable_by(point.evaluation.plan,
-                                                                 _batched(model, point.global_batch)))
+                                                                 _batched(model, point.global_batch), cluster))
         points.append(point)
         if point.evaluation is not None:
             best = point

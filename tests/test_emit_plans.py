@@ -104,7 +104,7 @@ def test_bundle_writes_every_expressible_format_and_a_readme_line_each(tmp_path)
         assert path.exists() and path.name == name
         assert sum(line.startswith(f"{name}: ") for line in readme) == 1
     not_written = [line for line in readme if line.startswith("(not written)")]
-    assert not_written == ["(not written) megatron: megatron: Megatron-FSDP with a replicated outer group "
+    assert not_written == ["(not written) megatron: Megatron-FSDP with a replicated outer group "
                            "(dp_replicate > 1) needs its hybrid-FSDP process groups set up in code; use zero=1 or "
                            "dp_replicate=1"] or len(not_written) <= 1
     assert (tmp_path / "launch_torchrun.sh").stat().st_mode & 0o111
@@ -115,7 +115,7 @@ def test_bundle_lists_formats_that_cannot_express_the_plan_with_the_reason(tmp_p
     written = emit(plan, MODEL, CLUSTER16, None, tmp_path)
     readme = (tmp_path / "README.txt").read_text()
     assert "megatron_args.sh" in written and "ds_config.json" not in written
-    assert "(not written) deepspeed: deepspeed: vpp=2" in readme
+    assert "(not written) deepspeed: vpp=2" in readme
     assert "launch_deepspeed.sh" not in written  # the launcher comes with the DeepSpeed config
 
 

@@ -286,7 +286,7 @@ def test_architectures_torchtitan_lacks_are_not_written(path: str, arch: str, tm
     plan = make_plan("zero=3", model, cluster)
     emit(plan, model, cluster, None, tmp_path)
     assert not (tmp_path / "torchtitan.toml").exists()
-    assert f"(not written) torchtitan: torchtitan: {arch}" in (tmp_path / "README.txt").read_text()
+    assert f"(not written) torchtitan: {arch}" in (tmp_path / "README.txt").read_text()
 
 
 def test_key_lists_match_torchtitan(titan) -> None:

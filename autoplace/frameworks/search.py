@@ -73,8 +73,21 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     test = None if framework == NONE else admissible(members(ANY), model)
     able = [f for f in members(ANY) if f.model_refusal(model) is None]  # a refused one's recipes would all fail
     recipes = recipe_choices(able if framework == ANY else [], cluster, features)
+    if framework == ANY:
+        options["assumptions"] = shared_costing(able, options.get("assumptions", DEFAULT))
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
+
+
+def shared_costing(group: Sequence[Framework], assumptions: Any) -> Any:
+    """``assumptions`` for a search over ``group``'s recipes together: a fused loss in a plan
+    that does not compile is the fused loss of a framework that fuses it without compiling
+    (Megatron-LM's fuses the loss only; a compiled plan fuses the MLP whatever the loss).
+    The plans found are judged again under each framework's own costing (:class:`Runners`)."""
+    eager_fusers = [f for f in group
+                    if True in f.recipes.get("fused_loss", ()) and True not in f.recipes.get("compile", ())]
+    fuses = [f.behaviour.get("fused_loss_fuses_mlp", assumptions.fused_loss_fuses_mlp) for f in eager_fusers]
+    return assumptions.replace(fused_loss_fuses_mlp=any(fuses)) if fuses else assumptions
 
 
 # the best recipe some framework runs: what the theoretical optimum (--framework none) assumes
@@ -184,17 +197,59 @@ def _clip(reason: str, limit: int = 100) -> str:
     return reason if len(reason) <= limit or "; " not in reason else reason.split("; ")[0]
 
 
-def runnable_by(plan: Plan, model: ModelSpec, checks: dict[str, PlanCheck] | None = None) -> list[str]:
-    """The frameworks whose config can express ``plan`` (``checks``: each framework's plan check
-    for ``model``, when the caller judges many plans)."""
-    if checks is None:
-        return [f.name for f in members(ANY) if f.refusal(plan, model) is None]
-    return [name for name, check in checks.items() if check(plan) is None]
+class Runners:
+    """Who runs plans of one model on one cluster.  A framework runs a plan when its config
+    expresses the plan and the plan fits memory as the framework runs it (its costing: FSDP2's
+    fp32 shards, Megatron's kept SwiGLU inputs, ...): a search under the default costing finds
+    plans at the capacity edge that one framework expresses but runs out of memory with."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, assumptions: Any = DEFAULT,
+                 group: Sequence[Framework] | None = None) -> None:
+        self.model, self.cluster, self.assumptions = model, cluster, assumptions
+        self.frameworks = [f for f in (members(ANY) if group is None else group) if f.model_refusal(model) is None]
+        self.checks = {f.name: f.plan_check(model) for f in self.frameworks}
+        self._costings: dict[str, tuple[ModelSpec, Any]] = {}
+
+    def refusals(self, plans: Sequence[Plan]) -> list[dict[str, str | None]]:
+        """Per plan: framework -> why it cannot run the plan, or None when it runs it (the fits
+        of each framework's plans judged in one vectorized pass)."""
+        from autoplace.evaluation import evaluate_many
+
+        out = [{name: check(plan) for name, check in self.checks.items()} for plan in plans]
+        for f in self.frameworks:
+            todo = [i for i, why in enumerate(out) if why[f.name] is None]
+            if not todo:
+                continue
+            if f.name not in self._costings:
+                self._costings[f.name] = f.costing(self.model, self.assumptions)
+            costed, assumptions = self._costings[f.name]
+            evs = evaluate_many(costed, self.cluster, [plans[i] for i in todo], assumptions)
+            for i, ev in zip(todo, evs, strict=True):
+                out[i][f.name] = None if ev.fits else _unfit(f, ev)
+        return out
+
+    def unfit(self, plan: Plan) -> dict[str, str]:
+        """The frameworks that express ``plan`` but run out of memory running it, with why."""
+        return {name: why for name, why in self.refusals([plan])[0].items() if why and self.checks[name](plan) is None}
+
+    def of(self, plan: Plan) -> list[str]:
+        """The frameworks that run ``plan``."""
+        return [name for name, why in self.refusals([plan])[0].items() if why is None]
 
 
-def plan_checks(model: ModelSpec) -> dict[str, PlanCheck]:
-    """Each framework that can train ``model``, with its plan check (the model judged once)."""
-    return {f.name: f.plan_check(model) for f in members(ANY) if f.model_refusal(model) is None}
+def runnable_by(plan: Plan, model: ModelSpec, cluster: ClusterSpec, assumptions: Any = DEFAULT) -> list[str]:
+    """The frameworks that run ``plan`` (:class:`Runners`)."""
+    return Runners(model, cluster, assumptions).of(plan)
+
+
+def _unfit(framework: Framework, ev: Any) -> str:
+    """Why ``ev``'s plan does not fit as ``framework`` runs it (device memory, else host memory)."""
+    gib = 2**30
+    if ev.memory["total"] > ev.memory["capacity"]:
+        return (f"{framework.name}: out of memory as {framework.title} runs it ({ev.memory['total'] / gib:.1f} GiB "
+                f"per GPU of {ev.memory['capacity'] / gib:.1f})")
+    return (f"{framework.name}: out of host memory as {framework.title} runs it ({ev.host['offloaded'] / gib:.1f} "
+            f"GiB per GPU of {ev.host['capacity'] / gib:.1f})")
 
 
 RESOLVE_SHARE = 0.25  # of --time-limit, kept from the wide search for the uniform re-solves it may need
@@ -240,7 +295,7 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     notes = [note for r in results for note in r.notes]
     if reasons:
         nobody = "no supported framework can" if framework == ANY else f"{who} cannot"
-        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {nobody} express them "
+        notes.append(f"{len(reasons)} of the {len(plans)} best plans left out: {nobody} run them "
                      f"(e.g. {reasons[0]})")
     if 0 < len(kept) < top:
         why = ("the time limit ended the search for more" if _more_to_find(results, wide)
@@ -308,22 +363,23 @@ def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] |
 
 
 def _keep(results: list[Any], problem: Any, group: Sequence[Framework]) -> tuple[list[Any], list[str], list[Any]]:
-    """(plans a framework of ``group`` can express, best first and distinct; reasons for the others; all plans)."""
+    """(plans a framework of ``group`` runs -- expresses, and fits as it runs them -- best first and
+    distinct; reasons for the others; all plans)."""
     from solvers.problem import objective_key
 
-    checks = [f.plan_check(problem.model) for f in group if f.model_refusal(problem.model) is None]
     plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
-    kept, reasons, seen = [], [], set()
+    distinct, seen = [], set()
     for ev in plans:
-        key = ev.plan.to_string()
-        if key in seen:
-            continue
-        seen.add(key)
-        why = [check(ev.plan) for check in checks]
-        if None in why:
+        if ev.plan.to_string() not in seen:
+            seen.add(ev.plan.to_string())
+            distinct.append(ev)
+    verdicts = Runners(problem.model, problem.cluster, problem.assumptions, group).refusals([ev.plan for ev in distinct])
+    kept, reasons = [], []
+    for ev, why in zip(distinct, verdicts, strict=True):
+        if None in why.values():
             kept.append(ev)
         else:
-            reasons.append("; ".join(_clip(r) for r in why if r))
+            reasons.append("; ".join(_clip(r) for r in why.values() if r))
     return kept, reasons, plans
 
 

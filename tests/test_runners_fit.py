@@ -1,0 +1,90 @@
+"""A plan runs with a framework when the framework's config expresses it *and* the plan fits memory
+as the framework runs it.  ``--framework any`` searches under one shared costing, so a plan at the
+capacity edge may be one that Megatron-LM expresses but runs out of memory with (its fp32 gradients,
+its loss fusion that leaves the MLP unfused): it must not be labelled as running with Megatron, and
+its bundle must not hold Megatron's arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplace import frameworks
+from autoplace.bundle import write_bundle
+from autoplace.cost.assumptions import DEFAULT
+from autoplace.cost.layers import layer_table
+from autoplace.evaluation import evaluate
+from autoplace.frameworks.search import Runners
+from autoplace.plan import Plan, build_plan, parse_plan_string
+from autoplace.specs.cluster import load_cluster
+from autoplace.specs.model import load_model
+from tests.test_cli import H100_64, MODELS, invoke, strict_json
+
+LLAMA_8B = MODELS / "llama-3-8b.json"
+# fits under the shared costing (65.5 GiB of 79.7), but not as Megatron-LM runs it (87.4 GiB):
+# fp32 gradients, and its fused cross-entropy leaves the SwiGLU unfused
+EDGE = "dp=64,tp=1,pp=1,zero=1,mbs=1,fused_loss=true"
+
+
+def _plan(text: str) -> Plan:
+    model = load_model(LLAMA_8B)
+    return build_plan(parse_plan_string(text), world=64, blocks=layer_table(model).blocks,
+                      global_batch=model.training.global_batch, gpus_per_node=8)
+
+
+def _fits_as_run_by(name: str, plan: Plan) -> bool:
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    costed, assumptions = frameworks.get(name).costing(model, DEFAULT)
+    return evaluate(costed, cluster, plan, assumptions).fits
+
+
+def test_a_plan_megatron_expresses_but_runs_out_of_memory_with_does_not_run_with_megatron() -> None:
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    plan = _plan(EDGE + ",recompute=none")
+    assert evaluate(model, cluster, plan).fits and frameworks.get("megatron").refusal(plan, model) is None
+    assert not _fits_as_run_by("megatron", plan)
+    runners = Runners(model, cluster)
+    assert "megatron" not in runners.of(plan)
+    [(name, why)] = runners.unfit(plan).items()
+    assert name == "megatron" and why.startswith("megatron: out of memory as Megatron-LM runs it (87.")
+
+
+@pytest.mark.parametrize("text", [EDGE + ",recompute=none", EDGE + ",recompute=full", "dp=64,zero=1,mbs=1",
+                                  "dp=32,tp=2,zero=3,mbs=2,recompute=selective", "dp=8,tp=8,zero=1,mbs=4"])
+def test_runs_with_means_expresses_and_fits_as_each_framework_runs_it(text: str) -> None:
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    plan = _plan(text)
+    expected = [f for f in frameworks.FRAMEWORKS
+                if frameworks.get(f).refusal(plan, model) is None and _fits_as_run_by(f, plan)]
+    assert Runners(model, cluster).of(plan) == expected
+
+
+def test_solve_lists_only_frameworks_each_plan_fits_and_says_why_others_were_left_out() -> None:
+    result = invoke("solve", LLAMA_8B, H100_64, "--fix", EDGE, "--top", "3", "--json", "--time-limit", "10")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["plans"]
+    for p in doc["plans"]:
+        assert p["frameworks"] and all(_fits_as_run_by(f, Plan.from_dict(p)) for f in p["frameworks"])
+    assert any("out of memory as Megatron-LM runs it" in n for n in doc["notes"])
+    # the same search pinned to no recompute finds nothing any framework runs
+    pinned = invoke("solve", LLAMA_8B, H100_64, "--fix", EDGE + ",recompute=none", "--time-limit", "10")
+    assert pinned.exit_code == 3, pinned.output
+
+
+def test_a_bundle_leaves_out_the_framework_that_would_run_out_of_memory(tmp_path: Path) -> None:
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    ev = evaluate(model, cluster, _plan(EDGE + ",recompute=none"))
+    files = write_bundle(ev, model, cluster, tmp_path, unfit=Runners(model, cluster).unfit(ev.plan))
+    assert "megatron_args.sh" not in files
+    readme = (tmp_path / "README.txt").read_text()
+    assert "(not written) megatron: out of memory as Megatron-LM runs it" in readme
+    assert "launch scripts run Megatron-LM" not in readme  # nobody left runs it: the user's script
+
+
+def test_notes_keep_square_brackets_in_the_table() -> None:
+    """A reason naming a TOML table ("[compile]") is text, not rich markup."""
+    result = invoke("solve", LLAMA_8B, H100_64, "--fix", EDGE, "--top", "3", "--time-limit", "10")
+    assert result.exit_code == 0, result.output
+    assert "([compile] components)" in " ".join(result.stdout.split())
