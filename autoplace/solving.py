@@ -171,9 +171,11 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     if request.framework not in (ANY, NONE):
         return {}
     left = dataclasses.replace(request.budget(), time_limit_s=max(request.left(), 0.0))  # none: none searched
+    band = step_band(inputs.cluster, request.band)[0]
     bests = search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver), left,
-                                      fixed=dict(request.fixed),
-                                      features=set(request.features), fallback=best.plan,
+                                      fixed=dict(request.fixed), features=set(request.features), fallback=best.plan,
+                                      depth=depth(1, request.rank), pick=lambda result, p: rerank(
+                                          result, p.model, p.cluster, band, 1, request.rank),
                                       **request.search_options())
     per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
     doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}

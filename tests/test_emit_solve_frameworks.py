@@ -123,6 +123,20 @@ def test_each_framework_gets_its_best_plan_with_its_slowdown(bundle) -> None:
         assert f"{out.parent / 'c' / f}/: " in line and "vs the best plan" in line
 
 
+def test_a_frameworks_bundle_is_the_plan_solve_recommends_for_it(tmp_path: Path) -> None:
+    """Ranked as ``solve --framework F`` ranks its plans (robustly: within the error band, fewer
+    moving parts first), not only the fastest: Llama-3-8B on 8 H100, where torchtitan's fastest
+    plan is not the one recommended."""
+    model = MODELS / "llama-3-8b.json"
+    alone = invoke("solve", model, "1x8xh100", "--framework", "torchtitan", "--top", "1", "--json", "--time-limit", "10")
+    assert alone.exit_code == 0, alone.output
+    doc = strict_json(alone.stdout)
+    assert doc["status"] == "optimal" and doc["ranking"]["reordered"]  # so the ranking has something to change
+    result = invoke("solve", model, "1x8xh100", "--out", tmp_path / "b", "--json", "--time-limit", "30")
+    assert result.exit_code == 0, result.output
+    assert _plan(tmp_path / "b" / "torchtitan").to_string() == Plan.from_dict(doc["plans"][0]).to_string()
+
+
 def test_deepspeed_folder_is_its_own_plan(bundle, monkeypatch) -> None:
     folder = bundle[0] / "deepspeed"
     plan = _plan(folder)

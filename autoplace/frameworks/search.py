@@ -392,12 +392,18 @@ def solve(framework: str, solver: Any, problem: Any, budget: Any, top: int) -> A
 
 
 def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budget: Any, *, fixed: dict[str, Any],
-                       features: set[str], fallback: Plan | None = None, **options: Any) -> dict[str, tuple[Any, Any]]:
+                       features: set[str], fallback: Plan | None = None, depth: int = 1,
+                       pick: Callable[[Any, Any], Any] | None = None, **options: Any) -> dict[str, tuple[Any, Any]]:
     """Each framework's best plan, costed as it runs it: name -> (Evaluation, costed model), or
     (None, why there is none); the frameworks share ``budget``'s time limit, and once it is spent
     the rest are not searched: each gets ``fallback`` (the overall best plan) costed as it runs it
-    when it can run it, else the reason says it was not searched.  A searched framework keeps
-    ``fallback`` too when it runs it faster than the plan its own (time-limited) search found.
+    when it can run it, else the reason says it was not searched.  A framework whose search the
+    time limit cut short keeps ``fallback`` too when it runs it faster than the plan it found.
+
+    Args:
+        depth, pick: how many plans each framework's search returns, and which of them it keeps
+            (``pick(result, problem)`` -> the result whose first plan is kept: the ranking solve
+            uses, :func:`autoplace.ranking.rerank`); by default its fastest.
 
     Each framework is searched alone: a search shared by several frameworks keeps each
     configuration's best plan, which may be one that only another framework runs, so the first
@@ -415,13 +421,16 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
                 None, f"not searched: the time limit was spent before {name}'s own search (--time-limit)"))
             continue
         try:
-            problem = problem_for(name, model, cluster, top_k=1, fixed=dict(fixed), features=set(features), **options)
-            result = solve_for([get(name)], solver, problem, dataclasses.replace(budget, time_limit_s=left), 1, name)
+            problem = problem_for(name, model, cluster, top_k=depth, fixed=dict(fixed), features=set(features),
+                                  **options)
+            result = solve_for([get(name)], solver, problem, dataclasses.replace(budget, time_limit_s=left), depth, name)
+            result = pick(result, problem) if pick else result
         except AutoplaceError as exc:
             out[name] = (None, exc)
             continue
         seed = _fallback_for(get(name), model, cluster, fallback, assume)
-        if result.plans and (seed is None or result.plans[0].step_time_s <= seed[0].step_time_s):
+        proven = result.status == "optimal"  # else the time limit cut its search short
+        if result.plans and (seed is None or proven or result.plans[0].step_time_s <= seed[0].step_time_s):
             out[name] = (result.plans[0], problem.model)
         elif seed is not None:  # a search the time limit cut short can miss the overall best plan it runs
             out[name] = seed
