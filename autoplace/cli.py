@@ -626,7 +626,7 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
              "smaller one: a slower plan found is replaced by the smaller plan on a subset of the GPUs (the note says so)"]
     if opts.framework == "none":
         notes.append("--framework none: the theoretical optimum at each size; 'runs with' lists the frameworks "
-                     "whose config can express each plan")
+                     "whose config expresses each plan and that fit it in memory as they run it")
     if batches and len(batches) > 1:
         notes.append(f"batches compared by tokens to the same loss: E grows as 1 + B/B_crit with B_crit = "
                      f"{fmt_count(advice.critical_tokens)} tokens (McCandlish et al. 2018); throughput is scaled to "
