@@ -73,6 +73,7 @@ def plan_for(model: ModelSpec, cluster: ClusterSpec, plan: str | Plan | None = N
 
 def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
     """What a plan.json (``solve --out``) or a framework's config (by its suffix) runs."""
+    from autoplace.frameworks import FRAMEWORKS
     from autoplace.frameworks import read_config as read_framework_config
     from autoplace.frameworks.base import ReadConfig
 
@@ -86,7 +87,9 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
             recipe = doc.get("recipe", {})  # the keys it leaves out: the model file's pins, else the defaults
             if isinstance(recipe, dict):
                 doc = {**doc, "recipe": {**model.training.recipe_pins.values(), **recipe}}
-            return ReadConfig(Plan.from_dict(doc, source=str(path)), "plan.json", True)
+            named = doc.get("framework")  # a framework's own bundle (solve --out DIR/<framework>/)
+            label = f"{named} plan.json" if isinstance(named, str) and named in FRAMEWORKS else "plan.json"
+            return ReadConfig(Plan.from_dict(doc, source=str(path)), label, True)
     return read_framework_config(p, model, cluster)
 
 
@@ -116,7 +119,9 @@ def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
     """Pre-submit check of an existing config against the model and cluster.
 
     The config's own batch numbers are the truth: the plan is judged against the global batch
-    the config states (the model file's batch is used only when the config states none).
+    the config states (the model file's batch is used only when the config states none).  A
+    framework's config (or a framework's plan.json) is costed as that framework runs it: its
+    precision recipe and behaviour (Megatron-LM's fp32 gradients, FSDP2's fp32 shards).
 
     Raises:
         SpecError: the config runs a recipe key at another value than the model file pins
@@ -131,7 +136,13 @@ def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
         from autoplace.specs.model import with_overrides
 
         model = with_overrides(model, {"global_batch": read.plan.global_batch}, source=str(config))
-    ev = evaluate(model, cluster, read.plan)
+    from autoplace import frameworks
+    from autoplace.cost.assumptions import DEFAULT
+
+    name = read.framework.removesuffix(" plan.json")
+    costed, assumptions = frameworks.get(name).costing(model, DEFAULT) if name in frameworks.FRAMEWORKS else (
+        model, DEFAULT)
+    ev = evaluate(costed, cluster, read.plan, assumptions)
     return Checked(ev.ok, ev, reasons(ev), read.framework, read.notes)
 
 

@@ -6,6 +6,7 @@ its bundle must not hold Megatron's arguments."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,26 @@ def test_notes_keep_square_brackets_in_the_table() -> None:
     result = invoke("solve", LLAMA_8B, H100_64, "--fix", EDGE, "--top", "3", "--time-limit", "10")
     assert result.exit_code == 0, result.output
     assert "([compile] components)" in " ".join(result.stdout.split())
+
+
+def test_check_costs_a_frameworks_config_as_that_framework_runs_it(tmp_path: Path) -> None:
+    """The pre-submit hook on Megatron-LM's arguments for the edge plan: out of memory, as Megatron
+    runs it, though the same plan fits under the shared costing (and as DeepSpeed would run it)."""
+    from autoplace.bundle import emit
+
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    plan = _plan(EDGE + ",recompute=none")
+    emit(plan, model, cluster, ["megatron"], tmp_path)
+    result = invoke("check", tmp_path / "megatron_args.sh", LLAMA_8B, H100_64, "--json")
+    assert result.exit_code == 1, result.output
+    doc = strict_json(result.stdout)
+    assert doc["framework"] == "megatron" and not doc["ok"]
+    assert any("out-of-memory" in r or "GiB" in r for r in doc["reasons"]), doc["reasons"]
+    ev = evaluate(model, cluster, plan)  # the shared costing says it fits: the hook must not use it for Megatron
+    assert ev.ok
+    bundle = tmp_path / "megatron_plan.json"
+    bundle.write_text(json.dumps({**ev.to_dict(), "framework": "megatron"}))
+    framed = strict_json(invoke("check", bundle, LLAMA_8B, H100_64, "--json").stdout)
+    assert framed["framework"] == "megatron plan.json" and not framed["ok"]
+    bundle.write_text(json.dumps(ev.to_dict()))  # the overall best plan's plan.json: shared costing
+    assert strict_json(invoke("check", bundle, LLAMA_8B, H100_64, "--json").stdout)["ok"]
