@@ -679,9 +679,14 @@ def emit(
                                                 "the framework's entry point: Megatron-LM's pretrain_gpt.py, "
                                                 "torchtitan.train, else train.py).")] = None,
 ) -> None:
-    """Write framework configs and launch scripts for a plan."""
+    """Write framework configs and launch scripts for a plan.
+
+    Without --format, a framework that expresses the plan but would run out of memory running it
+    is left out (README.txt says why); asked for by --format, its files are written with a warning.
+    """
     from autoplace.bundle import emit as write
     from autoplace.emit.launch import Launch
+    from autoplace.frameworks.search import Runners
     from autoplace.plan import Plan
     from autoplace.specs._io import read_document
 
@@ -691,9 +696,15 @@ def emit(
     if not model_path or not cluster_path:
         raise SpecError("names no model/cluster file; pass --model and --cluster", source=str(plan_json))
     m, c = _load(Path(model_path), Path(cluster_path), None, None)
-    files = write(Plan.from_dict(doc, source=str(plan_json)), m, c, fmt or None, out, launch=Launch(script=script))
+    plan = Plan.from_dict(doc, source=str(plan_json))
+    unfit = Runners(m, c).unfit(plan)  # a framework that would run out of memory running the plan
+    asked = {name: why for name, why in unfit.items() if fmt and name in fmt}
+    files = write(plan, m, c, fmt or None, out, launch=Launch(script=script),
+                  unfit={name: why for name, why in unfit.items() if name not in asked})
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+    for why in asked.values():  # written as asked, with the warning
+        typer.echo(f"autoplace: warning: {why}", err=True)
 
 
 @app.command()

@@ -112,3 +112,18 @@ def test_check_costs_a_frameworks_config_as_that_framework_runs_it(tmp_path: Pat
     assert framed["framework"] == "megatron plan.json" and not framed["ok"]
     bundle.write_text(json.dumps(ev.to_dict()))  # the overall best plan's plan.json: shared costing
     assert strict_json(invoke("check", bundle, LLAMA_8B, H100_64, "--json").stdout)["ok"]
+
+
+def test_emit_leaves_out_or_warns_about_a_framework_that_would_run_out_of_memory(tmp_path: Path) -> None:
+    model, cluster = load_model(LLAMA_8B), load_cluster(H100_64)
+    plan_json = tmp_path / "plan.json"
+    ev = evaluate(model, cluster, _plan(EDGE + ",recompute=none"))
+    plan_json.write_text(json.dumps({**ev.to_dict(), "inputs": {"model": str(LLAMA_8B), "cluster": str(H100_64)}}))
+    every = invoke("emit", plan_json, "--out", tmp_path / "all")
+    assert every.exit_code == 0, every.output
+    assert not (tmp_path / "all" / "megatron_args.sh").exists()
+    assert "(not written) megatron: out of memory" in (tmp_path / "all" / "README.txt").read_text()
+    asked = invoke("emit", plan_json, "--format", "megatron", "--out", tmp_path / "m")
+    assert asked.exit_code == 0, asked.output
+    assert (tmp_path / "m" / "megatron_args.sh").is_file()
+    assert asked.stderr.strip().startswith("autoplace: warning: megatron: out of memory as Megatron-LM runs it")
