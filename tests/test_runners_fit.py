@@ -2,7 +2,8 @@
 as the framework runs it.  ``--framework any`` searches under one shared costing, so a plan at the
 capacity edge may be one that Megatron-LM expresses but runs out of memory with (its fp32 gradients,
 its loss fusion that leaves the MLP unfused): it must not be labelled as running with Megatron, and
-its bundle must not hold Megatron's arguments."""
+its bundle must not hold Megatron's arguments.  What such a filtered search proves: the best plan
+it keeps is the runnable optimum, the bound its gap is measured from."""
 
 from __future__ import annotations
 
@@ -127,3 +128,19 @@ def test_emit_leaves_out_or_warns_about_a_framework_that_would_run_out_of_memory
     assert asked.exit_code == 0, asked.output
     assert (tmp_path / "m" / "megatron_args.sh").is_file()
     assert asked.stderr.strip().startswith("autoplace: warning: megatron: out of memory as Megatron-LM runs it")
+
+
+def test_the_gap_is_plan_1s_distance_from_the_proven_runnable_optimum() -> None:
+    """A proven search's bound is the best plan it keeps (every better one was found and left out),
+    so a robust plan 1 reports how far it is from that optimum, and the fastest plan reports 0."""
+    result = invoke("solve", LLAMA_8B, "1x8xh100", "--framework", "torchtitan", "--top", "3", "--json",
+                    "--time-limit", "10")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["status"] == "optimal" and doc["ranking"]["reordered"]
+    fastest = min(p["step_time_s"] for p in doc["plans"])
+    assert doc["bound"] == pytest.approx(fastest, rel=1e-6)
+    assert doc["gap"] == pytest.approx(1 - fastest / doc["plans"][0]["step_time_s"], abs=1e-6) and doc["gap"] > 0
+    fastest_first = strict_json(invoke("solve", LLAMA_8B, "1x8xh100", "--framework", "torchtitan", "--top", "3",
+                                       "--json", "--time-limit", "10", "--rank", "fastest").stdout)
+    assert fastest_first["gap"] == pytest.approx(0, abs=1e-9)

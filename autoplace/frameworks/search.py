@@ -269,6 +269,8 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     Args:
         framework: the name the user gave (``any`` or one framework), for messages.
     """
+    from solvers.problem import objective_key
+
     who = framework or ", ".join(f.name for f in group)
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = _uniform_modes(group) if "recompute" not in problem.fixed else None
@@ -307,7 +309,12 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     for r in results:
         for name, seconds in r.phases.items():
             phases[name] = phases.get(name, 0.0) + seconds
-    return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes,
+    # proven: the best plan kept is the runnable optimum (every better plan was found and left
+    # out), so it is the bound; else the searches' weakest bound, which holds for what they left out
+    bounds = [r.bound for r in results if r.status != "infeasible"]
+    bound = (objective_key(kept[0], problem.objective)[0] if status == "optimal" else
+             min(bounds) if bounds and None not in bounds else None)
+    return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes, bound=bound,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
 
