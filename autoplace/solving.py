@@ -95,7 +95,7 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
     from autoplace.cost.layers import layer_table
 
     m, c = problem.model, inputs.cluster
-    runners = search.Runners(m, c, problem.assumptions).refusals([ev.plan for ev in result.plans])
+    runners = _runners(inputs, request).refusals([ev.plan for ev in result.plans])
     doc = {"schema": "autoplace.solution/v1", "status": result.status, "objective": result.objective,
            "solve_seconds": round(time.perf_counter() - request.started, 3), "bound": result.bound, "gap": result.gap,
            "disagreement": result.disagreement, "advice": result.advice, "framework": request.framework,
@@ -118,6 +118,12 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
     if hint:
         doc["notes"].append(hint)
     return doc
+
+
+def _runners(inputs: Inputs, request: Request) -> search.Runners:
+    """Who runs the plans: each framework's costing from the model and assumptions as given (a
+    single framework's Problem holds its own costing, which must not leak into the others')."""
+    return search.Runners(inputs.model, inputs.cluster, request.search_options()["assumptions"])
 
 
 def step_band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:
@@ -165,7 +171,7 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     from solvers.registry import get_solver
 
     best = result.plans[0]
-    unfit = search.Runners(problem.model, inputs.cluster, problem.assumptions).unfit(best.plan)
+    unfit = _runners(inputs, request).unfit(best.plan)
     files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs, unfit=unfit)
     doc["bundle"] = {k: str(v) for k, v in files.items()}
     if request.framework not in (ANY, NONE):
