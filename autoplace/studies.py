@@ -132,7 +132,7 @@ class _BeatingRDBStorage(optuna.storages.RDBStorage):
     def __init__(self, url: str, heartbeat: Heartbeat, on_stale: Callable[[Any, Any], None]) -> None:
         self.outage = heartbeat.outage()
         super().__init__(url, heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s,
-                         heartbeat_stale_trial_callback=on_stale, engine_kwargs={"pool_pre_ping": True})
+                         heartbeat_stale_trial_callback=on_stale, engine_kwargs=engine_kwargs(url))
 
     def record_heartbeat(self, trial_id: int) -> None:
         _noting_faults(self.outage, super().record_heartbeat, trial_id)
@@ -152,6 +152,20 @@ class _BeatingRDBStorage(optuna.storages.RDBStorage):
                              models.TrialModel._datetime_start_utc < oldest, ~models.TrialModel.heartbeats.any())
                      .all())
         return stale + [row[0] for row in never if row[0] not in stale]
+
+
+# libpq's limits on a PostgreSQL connection: a worker whose server went away mid-query (a restart,
+# a network partition) gets an error it can retry with patience instead of waiting forever for a
+# reply (a chaos run's worker sat 200 s in a SELECT after the server restarted)
+POSTGRES_LIMITS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                   "keepalives_count": 3, "options": "-c statement_timeout=60000"}
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLAlchemy engine options of a study storage URL: connections checked before use, and
+    PostgreSQL's with :data:`POSTGRES_LIMITS`."""
+    limits = {"connect_args": dict(POSTGRES_LIMITS)} if url.startswith(("postgresql", "postgres:")) else {}
+    return {"pool_pre_ping": True, **limits}
 
 
 def _noting_faults(outage: Outage, write: Callable[..., Any], *args: Any) -> None:

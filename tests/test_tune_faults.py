@@ -255,3 +255,23 @@ def test_a_tell_whose_reply_was_lost_is_told_once(tmp_path: Path, quick_backoff:
     st.tell(trial, 1.5)  # committed, reply lost, retried: finds it told and counts it done
     [t] = st.get_trials()
     assert t.state == TrialState.COMPLETE and t.value == 1.5
+
+
+def test_a_postgres_storage_never_waits_forever_for_its_server(tmp_path: Path) -> None:
+    """libpq's limits on every connection (keepalives, connect and statement timeouts), and a
+    statement the server cancelled is an outage, retried with patience."""
+    from autoplace.patience import transient
+    from autoplace.studies import engine_kwargs
+    from benchmarks.chaos import throwaway_postgres
+
+    assert engine_kwargs(f"sqlite:///{tmp_path / 's.db'}") == {"pool_pre_ping": True}
+    with throwaway_postgres() as pg:
+        if pg is None:
+            pytest.skip("needs PostgreSQL's server binaries (Debian: apt-get install postgresql)")
+        store, _ = open_storage(pg.database("limits"), tmp_path, BEAT)
+        with store.engine.connect() as con:
+            assert con.execute(sqlalchemy.text("SHOW statement_timeout")).scalar() == "1min"
+            con.execute(sqlalchemy.text("SET statement_timeout = 50"))
+            with pytest.raises(sqlalchemy.exc.OperationalError) as cancelled:
+                con.execute(sqlalchemy.text("SELECT pg_sleep(2)"))
+        assert transient(cancelled.value)
