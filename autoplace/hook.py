@@ -88,8 +88,9 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
             if isinstance(recipe, dict):
                 doc = {**doc, "recipe": {**model.training.recipe_pins.values(), **recipe}}
             named = doc.get("framework")  # a framework's own bundle (solve --out DIR/<framework>/)
-            label = f"{named} plan.json" if isinstance(named, str) and named in FRAMEWORKS else "plan.json"
-            return ReadConfig(Plan.from_dict(doc, source=str(path)), label, True)
+            runner = named if isinstance(named, str) and named in FRAMEWORKS else None
+            return ReadConfig(Plan.from_dict(doc, source=str(path)), f"{runner} plan.json" if runner else "plan.json",
+                              True, runner=runner)
     return read_framework_config(p, model, cluster)
 
 
@@ -139,7 +140,7 @@ def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
     from autoplace import frameworks
     from autoplace.cost.assumptions import DEFAULT
 
-    name = read.framework.removesuffix(" plan.json")
+    name = read.runner or read.framework
     costed, assumptions = frameworks.get(name).costing(model, DEFAULT) if name in frameworks.FRAMEWORKS else (
         model, DEFAULT)
     ev = evaluate(costed, cluster, read.plan, assumptions)

@@ -130,9 +130,8 @@ def patient(cls: S) -> S:
     """Make every storage call of ``cls`` (but heartbeats) wait out transient faults, those a
     Study's cache makes on it directly included; the instance needs an ``outage`` attribute
     (:class:`Outage`)."""
-    for name in (*dir(BaseStorage), *BACKEND_CALLS):
-        if (name.startswith("_") and name not in BACKEND_CALLS) or name in NOT_RETRIED \
-                or not callable(getattr(cls, name, None)):
+    for name in (*(n for n in dir(BaseStorage) if not n.startswith("_")), *BACKEND_CALLS):
+        if name in NOT_RETRIED or not callable(getattr(cls, name, None)):
             continue
         setattr(cls, name, _retrying(name, getattr(cls, name)))
     return cls

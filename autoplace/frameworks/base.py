@@ -52,12 +52,15 @@ class ReadConfig:
         framework: the registered name of the framework whose file it is (or ``plan.json``).
         batch_stated: whether the config itself fixes the global batch (accelerate's does not).
         notes: what was filled in from the model or cluster, or left unresolved ("auto" values).
+        runner: for a plan.json, the registered framework whose own bundle it is (its plan is
+            costed as that framework runs it); a framework's config is run by ``framework``.
     """
 
     plan: Plan
     framework: str
     batch_stated: bool
     notes: tuple[str, ...] = ()
+    runner: str | None = None
 
 
 @dataclass(frozen=True)

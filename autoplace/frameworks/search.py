@@ -211,13 +211,28 @@ class Runners:
         self._costings: dict[str, tuple[ModelSpec, Any]] = {}
 
     def refusals(self, plans: Sequence[Plan]) -> list[dict[str, str | None]]:
-        """Per plan: framework -> why it cannot run the plan, or None when it runs it (the fits
-        of each framework's plans judged in one vectorized pass)."""
+        """Per plan: framework -> why it cannot run the plan, or None when it runs it."""
+        return [{name: expressed[name] or fit[name] for name in expressed} for expressed, fit in self._judged(plans)]
+
+    def unfit(self, plan: Plan) -> dict[str, str]:
+        """The frameworks that express ``plan`` but run out of memory running it, with why."""
+        [(_, fit)] = self._judged([plan])
+        return {name: why for name, why in fit.items() if why}
+
+    def of(self, plan: Plan) -> list[str]:
+        """The frameworks that run ``plan``."""
+        return [name for name, why in self.refusals([plan])[0].items() if why is None]
+
+    def _judged(self, plans: Sequence[Plan]) -> list[tuple[dict[str, str | None], dict[str, str | None]]]:
+        """Per plan: (framework -> why its config cannot express the plan, framework -> why the
+        plan does not fit as it runs it; judged only where expressed), the fits of each
+        framework's plans in one vectorized pass."""
         from autoplace.evaluation import evaluate_many
 
-        out = [{name: check(plan) for name, check in self.checks.items()} for plan in plans]
+        out = [({name: check(plan) for name, check in self.checks.items()}, dict.fromkeys(self.checks))
+               for plan in plans]
         for f in self.frameworks:
-            todo = [i for i, why in enumerate(out) if why[f.name] is None]
+            todo = [i for i, (expressed, _) in enumerate(out) if expressed[f.name] is None]
             if not todo:
                 continue
             if f.name not in self._costings:
@@ -225,16 +240,8 @@ class Runners:
             costed, assumptions = self._costings[f.name]
             evs = evaluate_many(costed, self.cluster, [plans[i] for i in todo], assumptions)
             for i, ev in zip(todo, evs, strict=True):
-                out[i][f.name] = None if ev.fits else _unfit(f, ev)
+                out[i][1][f.name] = None if ev.fits else _unfit(f, ev)
         return out
-
-    def unfit(self, plan: Plan) -> dict[str, str]:
-        """The frameworks that express ``plan`` but run out of memory running it, with why."""
-        return {name: why for name, why in self.refusals([plan])[0].items() if why and self.checks[name](plan) is None}
-
-    def of(self, plan: Plan) -> list[str]:
-        """The frameworks that run ``plan``."""
-        return [name for name, why in self.refusals([plan])[0].items() if why is None]
 
 
 def runnable_by(plan: Plan, model: ModelSpec, cluster: ClusterSpec, assumptions: Any = DEFAULT) -> list[str]:
@@ -272,16 +279,17 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     from solvers.problem import objective_key
 
     who = framework or ", ".join(f.name for f in group)
+    runners = Runners(problem.model, problem.cluster, problem.assumptions, group)  # every search below: one model
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
     modes = _uniform_modes(group) if "recompute" not in problem.fixed else None
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
     uniform_later = modes is None and "recompute" not in problem.fixed  # may be needed after the wide search
     reserve = RESOLVE_SHARE * budget.time_limit_s if uniform_later else 0.0
     results = _solve_runs(solver, wide, budget, modes, who, deadline - reserve)
-    kept, reasons, plans = _keep(results, problem, group)
+    kept, reasons, plans = _keep(results, problem, runners)
     if len(kept) < top and uniform_later:  # plans found recompute per layer in ways no one can say
         results += _solve_runs(solver, wide, budget, UNIFORM_MODES, who, deadline)
-        kept, reasons, plans = _keep(results, problem, group)
+        kept, reasons, plans = _keep(results, problem, runners)
     pinned = _forced_splits(group, wide, plans)
     for run in pinned:  # the pipeline depths whose best split the group cannot make, searched at its own split
         try:
@@ -289,11 +297,11 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
         except Infeasible:  # nothing fits at that split
             continue
     if pinned:
-        kept, reasons, plans = _keep(results, problem, group)
+        kept, reasons, plans = _keep(results, problem, runners)
     while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
         wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
         results = _solve_runs(solver, wide, budget, modes, who, deadline) + results
-        kept, reasons, plans = _keep(results, problem, group)
+        kept, reasons, plans = _keep(results, problem, runners)
     notes = [note for r in results for note in r.notes]
     if reasons:
         nobody = "no supported framework can" if framework == ANY else f"{who} cannot"
@@ -369,9 +377,9 @@ def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] |
                          "theoretical optimum)") from None
 
 
-def _keep(results: list[Any], problem: Any, group: Sequence[Framework]) -> tuple[list[Any], list[str], list[Any]]:
-    """(plans a framework of ``group`` runs -- expresses, and fits as it runs them -- best first and
-    distinct; reasons for the others; all plans)."""
+def _keep(results: list[Any], problem: Any, runners: Runners) -> tuple[list[Any], list[str], list[Any]]:
+    """(plans a framework of ``runners`` runs -- expresses, and fits as it runs them -- best first
+    and distinct; reasons for the others; all plans)."""
     from solvers.problem import objective_key
 
     plans = sorted((ev for r in results for ev in r.plans), key=lambda ev: objective_key(ev, problem.objective))
@@ -380,7 +388,7 @@ def _keep(results: list[Any], problem: Any, group: Sequence[Framework]) -> tuple
         if ev.plan.to_string() not in seen:
             seen.add(ev.plan.to_string())
             distinct.append(ev)
-    verdicts = Runners(problem.model, problem.cluster, problem.assumptions, group).refusals([ev.plan for ev in distinct])
+    verdicts = runners.refusals([ev.plan for ev in distinct])
     kept, reasons = [], []
     for ev, why in zip(distinct, verdicts, strict=True):
         if None in why.values():
@@ -435,11 +443,11 @@ def best_per_framework(model: ModelSpec, cluster: ClusterSpec, solver: Any, budg
         except AutoplaceError as exc:
             out[name] = (None, exc)
             continue
-        seed = _fallback_for(get(name), model, cluster, fallback, assume)
-        proven = result.status == "optimal"  # else the time limit cut its search short
-        if result.plans and (seed is None or proven or result.plans[0].step_time_s <= seed[0].step_time_s):
+        # a search the time limit cut short can miss the overall best plan it runs
+        seed = None if result.status == "optimal" else _fallback_for(get(name), model, cluster, fallback, assume)
+        if result.plans and (seed is None or result.plans[0].step_time_s <= seed[0].step_time_s):
             out[name] = (result.plans[0], problem.model)
-        elif seed is not None:  # a search the time limit cut short can miss the overall best plan it runs
+        elif seed is not None:
             out[name] = seed
         else:
             detail = next((n for n in result.notes if "left out" in n), "; ".join(result.advice) or "no plan fits")
