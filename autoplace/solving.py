@@ -142,7 +142,8 @@ def compression_hint(problem: Any, result: Any) -> str | None:
         return None
     from autoplace.explain import compression_hint as hint
 
-    return hint(problem.model, problem.cluster, result.plans[0], problem.assumptions)
+    model, assumptions = problem.costing_of(result.plans[0].plan)
+    return hint(model, problem.cluster, result.plans[0], assumptions)
 
 
 def add_batch_hint(doc: dict[str, Any], problem: Any, result: Any, request: Request) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.evaluation import Evaluation, evaluate, evaluate_many
-from autoplace.plan import Config
+from autoplace.evaluation import Evaluation, evaluate_many
+from autoplace.plan import Config, Plan
 from solvers.problem import Problem, SolveResult, objective_key
 from solvers.space import Space, plan_from, to_candidates
 
@@ -25,9 +25,7 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
             relative difference from the evaluator's is recorded (``disagreement``).
     """
     rescore = time.perf_counter()
-    plans = evaluate_many(problem.model, problem.cluster,
-                          [plan_from(cf, space.table, split, modes) for cf, split, modes in chosen],
-                          problem.assumptions, allow_tp_across_nodes="tp-across-nodes" in problem.features)
+    plans = evaluated(problem, [plan_from(cf, space.table, split, modes) for cf, split, modes in chosen])
     disagreement = None
     if model_values:
         rescored = [objective_key(ev, problem.objective)[0] for ev in plans]
@@ -39,6 +37,20 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
                        notes=notes or [], advice=advice(problem, nearest) if nearest else [],
                        disagreement=disagreement,
                        phases={**(phases or {}), "rescore": time.perf_counter() - rescore}, model_size=model_size or {})
+
+
+def evaluated(problem: Problem, plans: list[Plan]) -> list[Evaluation]:
+    """``plans`` by the evaluator, each under its recipe's costing (:meth:`Problem.costing_of`), in order."""
+    out: list[Evaluation | None] = [None] * len(plans)
+    which = [problem.costing_index(plan) for plan in plans]
+    for k in sorted(set(which)):
+        model, assumptions = problem.costing(k)
+        rows = [i for i, w in enumerate(which) if w == k]
+        evs = evaluate_many(model, problem.cluster, [plans[i] for i in rows], assumptions,
+                            allow_tp_across_nodes="tp-across-nodes" in problem.features)
+        for i, ev in zip(rows, evs, strict=True):
+            out[i] = ev
+    return [ev for ev in out if ev is not None]
 
 
 def advice(problem: Problem, nearest: Evaluation) -> list[str]:
@@ -88,5 +100,4 @@ def nearest_plan(problem: Problem, space: Space) -> Evaluation:
     counts = to_candidates([space.configs[i]], space.table, mode=2).counts[0]
     split = [int(counts[s].sum()) for s in range(space.configs[i].pp)]
     modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]
-    plan = plan_from(space.configs[i], space.table, split, modes)
-    return evaluate(problem.model, problem.cluster, plan, problem.assumptions)
+    return evaluated(problem, [plan_from(space.configs[i], space.table, split, modes)])[0]

@@ -361,7 +361,7 @@ class CpSatSolver(Solver):
         """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
         pins another recompute mode reads its bounds off the last space's summary."""
         # the objects themselves, compared by identity: held here, their ids cannot be reused
-        key = (problem.model, problem.cluster, problem.admissible, problem.assumptions)
+        key = (problem.model, problem.cluster, problem.admissible, problem.assumptions, problem.costings)
         if self._space is not None and all(a is b for a, b in zip(self._space[0], key, strict=True)) \
                 and self._space[1].configs is configs:
             return self._space[1].for_problem(problem)

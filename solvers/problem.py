@@ -38,6 +38,10 @@ class Problem:
         recipes: the recipe keys (plan.RECIPE_KEYS) each configuration is tried with, one
             mapping per alternative (keys left out keep their defaults; tp_overlap applies
             only where tp > 1): :func:`autoplace.frameworks.search.recipe_choices`.
+        costings, costing_key: other (model, assumptions) pairs, and which a configuration is
+            costed with (``costing_key(config)`` = k >= 1: ``costings[k - 1]``; 0, or no key:
+            ``model`` and ``assumptions``): ``--framework any`` prices a configuration as the
+            frameworks that run it do when they cost alike (:func:`autoplace.frameworks.search.admissible`).
     """
 
     model: ModelSpec
@@ -50,6 +54,8 @@ class Problem:
     top_k: int = 3
     admissible: Callable[[Config], bool] | None = None
     recipes: tuple[Mapping[str, Any], ...] = ({},)
+    costings: tuple[tuple[ModelSpec, Assumptions], ...] = ()
+    costing_key: Callable[[Config], int] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -59,6 +65,18 @@ class Problem:
     def fixed_split(self) -> tuple[int, ...] | None:
         """Blocks per stage pinned by ``--fix layers=...``, if any (parsed once per problem)."""
         return parse_layers(self.fixed["layers"], source="--fix") if "layers" in self.fixed else None
+
+    def costing(self, k: int) -> tuple[ModelSpec, Assumptions]:
+        """(model, assumptions) of costing ``k``: 0 the problem's own, else ``costings[k - 1]``."""
+        return (self.model, self.assumptions) if k == 0 else self.costings[k - 1]
+
+    def costing_index(self, config: Config) -> int:
+        """The costing (:meth:`costing`) of a configuration or plan."""
+        return 0 if self.costing_key is None else self.costing_key(config)
+
+    def costing_of(self, config: Config) -> tuple[ModelSpec, Assumptions]:
+        """(model, assumptions) a configuration or plan is costed with."""
+        return self.costing(self.costing_index(config))
 
     @property
     def fixed_mode(self) -> int | None:

@@ -123,7 +123,7 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
 
 
 def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
-           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]]]:
+           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[int]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
@@ -131,8 +131,9 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     shapes ``problem.admissible`` accepts.
 
     Returns:
-        The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1) and,
-        per micro-batching (mbs, grad_accum), the indices of the shapes it applies to.
+        The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1),
+        per micro-batching (mbs, grad_accum) the indices of the shapes it applies to, and each
+        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike).
     """
     fx, feat, pp = problem.fixed, problem.features, base.pp
     per_replica = B // dp
@@ -151,6 +152,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     compressions = _compressions(problem, base, reduce_bytes)
     recipes = _recipes(problem, base)
     shapes: list[Config] = []
+    costings: list[int] = []  # each shape's Problem.costing_index
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -158,21 +160,26 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            taken: list[dict[str, Any]] = []
-            for recipe in recipes:  # best first: a recipe no better than one admitted is not enumerated
-                if any(_dominates(t, recipe) for t in taken):
+            taken: list[tuple[dict[str, Any], int]] = []
+            for recipe in recipes:  # best first: a recipe no better than one admitted and costed alike is left out
+                better = [c for t, c in taken if _dominates(t, recipe)]
+                if better and not problem.costings:
                     continue
                 shape = base.replaced({"vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
                                        "compress": comp, "powersgd_rank": rank} | recipe)
+                costing = problem.costing_index(shape)
+                if costing in better:
+                    continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
-                    taken.append(recipe)
+                    costings.append(costing)
+                    taken.append((recipe, costing))
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
         batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
-    return shapes, batchings
+    return shapes, batchings, costings
 
 
 def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
@@ -228,16 +235,18 @@ class _Listing:
     """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
 
     def __init__(self) -> None:
+        self.costing: list[int] = []  # each shape's (Problem.costing_index)
         self.shapes: list[Config] = []
         self.configs: list[Config] = []
         self.rows: list[int] = []  # each configuration's shape (an index into shapes)
         self.mbs: list[int] = []
         self.ga: list[int] = []
 
-    def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]]) -> None:
-        """The configurations of one set of degrees (:func:`_micro`'s shapes and batchings)."""
+    def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]], costings: list[int]) -> None:
+        """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings and costings)."""
         first = len(self.shapes)
         self.shapes.extend(shapes)
+        self.costing.extend(costings)
         for mbs, ga, chosen in batchings:
             self.configs.extend(shapes[k].with_micro_batching(mbs, ga) for k in chosen)
             self.rows.extend([first + k for k in chosen])
@@ -247,9 +256,10 @@ class _Listing:
     def done(self, stopped: bool = False) -> ConfigList:
         """The configurations with their arrays: the shapes' (packed once each), taken per configuration."""
         shapes = pack(self.shapes, np.zeros((len(self.shapes), 0, 0, 3)))
-        arrays = dataclasses.replace(shapes.take(np.array(self.rows, dtype=np.int64)),
-                                     mbs=np.array(self.mbs, dtype=np.int64), ga=np.array(self.ga, dtype=np.int64))
-        return ConfigList(self.configs, arrays, stopped=stopped)
+        rows = np.array(self.rows, dtype=np.int64)
+        arrays = dataclasses.replace(shapes.take(rows), mbs=np.array(self.mbs, dtype=np.int64),
+                                     ga=np.array(self.ga, dtype=np.int64))
+        return ConfigList(self.configs, arrays, stopped=stopped, costing=np.array(self.costing, dtype=np.int64)[rows])
 
 
 class ConfigList(list[Config]):
@@ -259,14 +269,17 @@ class ConfigList(list[Config]):
     of tens of thousands of configurations.  Read it as a list: the arrays describe the list
     as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space."""
 
-    def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False) -> None:
+    def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False,
+                 costing: np.ndarray | None = None) -> None:
         super().__init__(configs)
         self.arrays = arrays
         self.stopped = stopped
+        self.costing = np.zeros(len(configs), dtype=np.int64) if costing is None else costing  # Problem.costing_index
 
     def subset(self, rows: Sequence[int] | np.ndarray) -> ConfigList:
         """The configurations ``rows``, in that order, with their arrays."""
-        return ConfigList([self[i] for i in rows], self.arrays.take(np.asarray(rows, dtype=np.int64)), self.stopped)
+        rows = np.asarray(rows, dtype=np.int64)
+        return ConfigList([self[i] for i in rows], self.arrays.take(rows), self.stopped, self.costing[rows])
 
 
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
@@ -337,7 +350,8 @@ class Space:
     def scored(self, rows: Sequence[int]) -> Scored:
         """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
         configs = self.configs.subset(rows) if isinstance(self.configs, ConfigList) else [self.configs[i] for i in rows]
-        return Scored(configs, self.table, _terms(self.problem, self.table, to_candidates(configs, self.table)))
+        return Scored(configs, self.table, _terms(self.problem, self.table, to_candidates(configs, self.table),
+                                                  costing_rows(self.problem, configs)))
 
     def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         """Every configuration with an even split and recompute ``mode`` on every block, by the
@@ -345,27 +359,70 @@ class Space:
         value, short = np.full(len(self.configs), np.inf), np.zeros(len(self.configs))
         p = self.problem
         for rows in _groups(self.configs):
-            b = evaluate_batch(self.table, p.cluster, to_candidates(self.configs, self.table, mode, rows),
-                               p.model.training.recipe(), p.assumptions)
-            objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
-            value[rows] = np.where(b.fits, objective, np.inf)
-            short[rows] = np.maximum(b.shortfall, b.host_shortfall)
+            cand = to_candidates(self.configs, self.table, mode, rows)
+            which = costing_rows(p, self.configs, rows)
+            for k in np.unique(which):
+                model, assumptions = p.costing(int(k))
+                part = np.flatnonzero(which == k)
+                b = evaluate_batch(self.table, p.cluster, cand.take(part) if len(part) < len(rows) else cand,
+                                   model.training.recipe(), assumptions)
+                objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
+                value[rows[part]] = np.where(b.fits, objective, np.inf)
+                short[rows[part]] = np.maximum(b.shortfall, b.host_shortfall)
         return value, short
 
 
 def _groups(configs: list[Config]) -> list[np.ndarray]:
-    """Row indices by pipeline depth (so stage arrays are as deep as the group's pp), in
-    chunks of at most GROUP_ROWS."""
+    """Row indices by pipeline depth (so stage arrays are as deep as the group's pp) and costing
+    (:meth:`Problem.costing_index`: one costing per numpy pass), in chunks of at most GROUP_ROWS."""
     pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
+    costing = configs.costing if isinstance(configs, ConfigList) else np.zeros(len(pp), dtype=np.int64)
+    key = pp * (int(costing.max(initial=0)) + 1) + costing
     out: list[np.ndarray] = []
-    for depth in np.unique(pp):
-        rows = np.flatnonzero(pp == depth)
+    for value in np.unique(key):
+        rows = np.flatnonzero(key == value)
         out.extend(rows[k:k + GROUP_ROWS] for k in range(0, len(rows), GROUP_ROWS))
     return out
 
 
-def _terms(problem: Problem, table: LayerTable, cand: Candidates) -> StageTerms:
-    return stage_terms(table, problem.cluster, cand, problem.model.training.recipe(), problem.assumptions)
+def _terms(problem: Problem, table: LayerTable, cand: Candidates, which: np.ndarray | None = None) -> StageTerms:
+    """The candidates' coefficient tables, each row under its costing ``which`` (:meth:`Problem.costing`; 0 for all
+    when None)."""
+    kinds = [0] if which is None else np.unique(which).tolist()
+    parts = []
+    for k in kinds:
+        model, assumptions = problem.costing(int(k))
+        rows = np.arange(len(cand.tp)) if len(kinds) == 1 else np.flatnonzero(which == k)
+        parts.append((rows, stage_terms(table, problem.cluster, cand if len(kinds) == 1 else cand.take(rows),
+                                        model.training.recipe(), assumptions)))
+    return parts[0][1] if len(parts) == 1 else _merged(parts, len(cand.tp))
+
+
+def _merged(parts: list[tuple[np.ndarray, StageTerms]], n: int) -> StageTerms:
+    """Coefficient tables of disjoint row sets (the same stage depth) as one table of ``n`` rows."""
+    first = parts[0][1]
+    fields = {}
+    for f in dataclasses.fields(first):
+        values = [getattr(terms, f.name) for _, terms in parts]
+        if not isinstance(values[0], np.ndarray):  # a scalar every costing shares
+            if any(v != values[0] for v in values):
+                raise ValueError(f"costings disagree on {f.name}, which the search reads as one number")
+            fields[f.name] = values[0]
+            continue
+        out = np.empty((n, *values[0].shape[1:]), dtype=values[0].dtype)
+        for (rows, _), v in zip(parts, values, strict=True):
+            out[rows] = v
+        fields[f.name] = out
+    return type(first)(**fields)
+
+
+def costing_rows(problem: Problem, configs: Sequence[Config],
+                 rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    """Each configuration's (of ``rows``, or all) :meth:`Problem.costing_index` ``[C]``."""
+    picked = np.arange(len(configs)) if rows is None else np.asarray(rows, dtype=np.int64)
+    if isinstance(configs, ConfigList):
+        return configs.costing[picked]
+    return np.array([problem.costing_index(configs[i]) for i in picked], dtype=np.int64)
 
 
 def score_space(problem: Problem, configs: list[Config], deadline: float = math.inf) -> Space:
@@ -378,7 +435,7 @@ def score_space(problem: Problem, configs: list[Config], deadline: float = math.
     parts = []
     for rows in _groups(configs):
         cand = to_candidates(configs, table, rows=rows)
-        parts.append((rows, summarize(table, cand, _terms(problem, table, cand))))
+        parts.append((rows, summarize(table, cand, _terms(problem, table, cand, costing_rows(problem, configs, rows)))))
         if time.perf_counter() > deadline and isinstance(configs, ConfigList) and \
                 sum(len(r) for r, _ in parts) < len(configs):
             configs, parts = _scored_part(configs, parts)

@@ -70,11 +70,14 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         return framework_problem(get(framework), model, cluster, fixed=fixed, features=features, **options)
     from solvers.problem import Problem
 
-    test = None if framework == NONE else admissible(members(ANY), model)
     able = [f for f in members(ANY) if f.model_refusal(model) is None]  # a refused one's recipes would all fail
     recipes = recipe_choices(able if framework == ANY else [], cluster, features)
+    test = None
     if framework == ANY:
-        options["assumptions"] = shared_costing(able, options.get("assumptions", DEFAULT))
+        given = options.get("assumptions", DEFAULT)
+        options["assumptions"] = shared_costing(able, given)
+        test = admissible(members(ANY), model, given)
+        options["costings"], options["costing_key"] = test.costings, test.costing
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -148,41 +151,68 @@ def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str
     return None
 
 
-def admissible(group: Sequence[Framework], model: ModelSpec) -> Callable[[Config], bool]:
+def admissible(group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> Admission:
     """A solver configuration filter (``Problem.admissible``): whether at least one framework of
     ``group`` can express the configuration (its degrees, ZeRO level, schedule and offload),
     judged on the configuration's plan with an even split and no recompute.  Per-layer recompute
     and uneven splits are judged on the final plans (:func:`refusal`)."""
-    from autoplace.cost.layers import layer_table
+    return Admission(group, model, assumptions)
 
-    # Megatron-LM first: it expresses nearly every configuration some framework can in the default space
-    ordered = sorted((f for f in group if f.model_refusal(model) is None), key=lambda f: f.name != "megatron")
-    checks = [(f, f.config_check(model)) for f in ordered]
-    table = layer_table(model)
-    no_recompute = (RECOMPUTE[0],) * table.blocks
-    layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage: one split per depth
-    # a framework that cannot state a configuration's recipe refuses it whatever its degrees: the
-    # checks of the others only (a recipe is one framework's best, which the others rarely state)
-    by_recipe: dict[tuple[Any, ...], list[PlanCheck]] = {}
-    verdicts: dict[Config, bool] = {}  # a Problem's other solves (the batch hint's) judge the same shapes
 
-    def ok(config: Config) -> bool:
-        if config in verdicts:
-            return verdicts[config]
+class Admission:
+    """Which frameworks of a group express a configuration (:func:`admissible`), and how the
+    search costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it
+    run it when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs),
+    else under the shared costing, whose plans :class:`Runners` judges again."""
+
+    def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
+        from autoplace.cost.layers import layer_table
+
+        able = [f for f in group if f.model_refusal(model) is None]
+        # one group per distinct costing, Megatron-LM's first: it expresses nearly every
+        # configuration some framework can in the default space
+        self.costings: tuple[tuple[ModelSpec, Any], ...] = ()
+        by_costing: dict[int, list[tuple[Framework, PlanCheck]]] = {}
+        for f in sorted(able, key=lambda f: f.name != "megatron"):
+            costed = f.costing(model, assumptions)
+            if costed not in self.costings:
+                self.costings += (costed,)
+            by_costing.setdefault(self.costings.index(costed) + 1, []).append((f, f.config_check(model)))
+        self._by_costing = by_costing
+        self._table = layer_table(model)
+        self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
+        self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
+        # a framework that cannot state a configuration's recipe refuses it whatever its degrees
+        self._by_recipe: dict[tuple[Any, ...], list[tuple[int, list[PlanCheck]]]] = {}
+        self._verdicts: dict[Config, tuple[bool, int]] = {}  # a Problem's other solves judge the same shapes
+
+    def __call__(self, config: Config) -> bool:
+        return self._judged(config)[0]
+
+    def costing(self, config: Config) -> int:
+        """The costing of ``config`` (``Problem.costing_key``): k >= 1 when the frameworks that
+        express it all cost as ``costings[k - 1]``, else 0 (the shared costing)."""
+        return self._judged(config)[1]
+
+    def _judged(self, config: Config) -> tuple[bool, int]:
+        if config in self._verdicts:
+            return self._verdicts[config]
         recipe = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
-        if recipe not in by_recipe:
-            by_recipe[recipe] = [check for f, check in checks if unstated_recipe(config, f) is None]
-        if not by_recipe[recipe]:
-            return False
+        if recipe not in self._by_recipe:
+            self._by_recipe[recipe] = [(k, checks) for k, members in self._by_costing.items()
+                                       if (checks := [c for f, c in members if unstated_recipe(config, f) is None])]
+        groups = self._by_recipe[recipe]
+        if not groups:
+            self._verdicts[config] = (False, 0)
+            return False, 0
         key = (config.pp, config.vpp)
-        if key not in layouts:
-            split = even_split(table.blocks, config.pp * config.vpp)
-            layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp, ...
-        plan = config.to_plan(layouts[key], no_recompute)
-        verdicts[config] = verdict = any(check(plan) is None for check in by_recipe[recipe])
+        if key not in self._layouts:
+            split = even_split(self._table.blocks, config.pp * config.vpp)
+            self._layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp
+        plan = config.to_plan(self._layouts[key], self._no_recompute)
+        costed = [k for k, checks in groups if any(check(plan) is None for check in checks)]
+        self._verdicts[config] = verdict = (bool(costed), costed[0] if len(costed) == 1 else 0)
         return verdict
-
-    return ok
 
 
 def refusal(plan: Plan, model: ModelSpec, framework: str) -> str | None:

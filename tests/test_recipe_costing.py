@@ -1,0 +1,112 @@
+"""``--framework any`` costs each recipe as the framework that states it runs it: a plan with a
+recipe only Megatron-LM states (userbuffers TP-comm overlap) is priced with Megatron's fp32
+gradients and unfused SwiGLU, the number ``--framework megatron`` gives the same plan; a recipe
+frameworks that cost apart all state keeps the shared costing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplace import frameworks
+from autoplace.cost.assumptions import DEFAULT
+from autoplace.cost.layers import layer_table
+from autoplace.evaluation import evaluate
+from autoplace.frameworks.search import problem_for
+from autoplace.plan import Config, Plan
+from autoplace.specs.cluster import load_cluster
+from autoplace.specs.model import load_model, model_from_dict
+from solvers.problem import Budget, objective_key
+from solvers.registry import get_solver
+from solvers.space import _terms, costing_rows, enumerate_configs, to_candidates
+from tests.helpers import gpu_cluster
+from tests.test_cli import H100_64, MODELS, invoke, strict_json
+
+LLAMA_8B = MODELS / "llama-3-8b.json"
+CLUSTER = H100_64
+
+
+def _any_problem():  # type: ignore[no-untyped-def]
+    model, cluster = load_model(LLAMA_8B), load_cluster(CLUSTER)
+    return problem_for("any", model, cluster, fixed={"tp": 2, "pp": 1}, features={"offload"})
+
+
+def test_a_configuration_only_megatron_expresses_is_costed_as_megatron_runs_it() -> None:
+    problem = _any_problem()
+    megatron = frameworks.get("megatron").costing(problem.model, DEFAULT)
+    k = problem.costings.index(megatron) + 1
+    userbuffers = Config(tp=2, dp_shard=32, zero=1, sp=True, fused_loss=True, tp_overlap="userbuffers")
+    assert problem.admissible(userbuffers) and problem.costing_index(userbuffers) == k
+    assert problem.costing_of(userbuffers) == megatron
+    # DeepSpeed, FSDP2 and Megatron-LM, which cost apart, all express plain ZeRO-1 data parallelism: shared costing
+    plain = Config(dp_shard=64, zero=1)
+    assert problem.admissible(plain) and problem.costing_index(plain) == 0
+
+
+def test_any_prices_a_megatron_only_plan_as_megatron_does() -> None:
+    result = invoke("solve", LLAMA_8B, CLUSTER, "--fix", "tp=2,tp_overlap=userbuffers", "--top", "3", "--json",
+                    "--time-limit", "10")
+    assert result.exit_code == 0, result.output
+    model, cluster = load_model(LLAMA_8B), load_cluster(CLUSTER)
+    costed, assumptions = frameworks.get("megatron").costing(model, DEFAULT)
+    for p in strict_json(result.stdout)["plans"]:
+        plan = Plan.from_dict(p)
+        assert plan.tp_overlap == "userbuffers" and p["frameworks"] == ["megatron"]
+        assert p["step_time_s"] == pytest.approx(evaluate(costed, cluster, plan, assumptions).step_time_s, rel=1e-6)
+        shared = evaluate(model, cluster, plan).step_time_s  # the shared costing prices it apart
+        assert shared != pytest.approx(p["step_time_s"], rel=1e-4)
+    alone = strict_json(invoke("solve", LLAMA_8B, CLUSTER, "--framework", "megatron", "--fix",
+                               "tp=2,tp_overlap=userbuffers", "--top", "1", "--json", "--time-limit", "10").stdout)
+    assert alone["plans"][0]["step_time_s"] == pytest.approx(
+        strict_json(result.stdout)["plans"][0]["step_time_s"], rel=1e-6)
+
+
+def test_mixed_costings_score_each_row_as_its_own_costing_alone() -> None:
+    """The coefficient tables of rows under several costings are, row by row, those each costing
+    gives its rows scored alone."""
+    problem = _any_problem()
+    configs = enumerate_configs(problem)
+    table = layer_table(problem.model)
+    cand = to_candidates(configs, table)
+    which = costing_rows(problem, configs)
+    assert len(set(which.tolist())) >= 2
+    mixed = _terms(problem, table, cand, which)
+    for k in set(which.tolist()):
+        rows = np.flatnonzero(which == k)
+        model, assumptions = problem.costing(k)
+        alone = _terms(dataclasses.replace(problem, model=model, assumptions=assumptions), table, cand.take(rows))
+        for f in dataclasses.fields(mixed):
+            got, want = getattr(mixed, f.name), getattr(alone, f.name)
+            if isinstance(got, np.ndarray):
+                np.testing.assert_array_equal(got[rows], want, err_msg=f.name)
+            else:
+                assert got == want
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([4, 6]), hidden=st.sampled_from([512, 1024]), gpus=st.sampled_from([4, 8]),
+       objective=st.sampled_from(["time", "memory"]), seq=st.sampled_from([512, 2048]))
+def test_cpsat_equals_exhaustive_over_several_costings(layers: int, hidden: int, gpus: int, objective: str,
+                                                       seq: int) -> None:
+    """With each configuration costed as the frameworks that express it run it, CP-SAT's optimum
+    is still the oracle's, and each plan's numbers are its own costing's."""
+    model = model_from_dict({"name": "small", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden,
+                             "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": seq, "training": {"global_batch": 16}})
+    cluster = gpu_cluster(gpus, gpu="a100-sxm4-40gb")
+    problem = dataclasses.replace(problem_for("any", model, cluster, fixed={}, features={"offload", "interleave"}),
+                                  objective=objective, top_k=1)
+    assert problem.costings
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
+    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
+    assert a.status == b.status
+    if b.plans:
+        assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
+                                                                         rel=1e-6)
+        for ev in (a.plans[0], b.plans[0]):
+            costed, assumptions = problem.costing_of(ev.plan)
+            again = evaluate(costed, cluster, ev.plan, assumptions)
+            assert objective_key(again, objective) == pytest.approx(objective_key(ev, objective), rel=1e-9)
