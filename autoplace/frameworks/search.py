@@ -210,7 +210,12 @@ class Admission:
             split = even_split(self._table.blocks, config.pp * config.vpp)
             self._layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp
         plan = config.to_plan(self._layouts[key], self._no_recompute)
-        costed = [k for k, checks in groups if any(check(plan) is None for check in checks)]
+        costed: list[int] = []
+        for k, checks in groups:  # until two costings express it: then the shared one
+            if any(check(plan) is None for check in checks):
+                costed.append(k)
+                if len(costed) == 2:
+                    break
         self._verdicts[config] = verdict = (bool(costed), costed[0] if len(costed) == 1 else 0)
         return verdict
 
