@@ -52,9 +52,12 @@ class PublishedRun:
     raw: dict[str, Any]
 
     @property
-    def group(self) -> tuple[str, str, int]:
-        """Runs of the same model on the same cluster: the pairs a ranking compares."""
-        return self.model.name, self.cluster.pools[0].gpu.name, self.cluster.gpus
+    def group(self) -> tuple[str, str, int, float]:
+        """Runs of the same model on the same cluster (GPU, count and network per GPU): the pairs a
+        ranking compares.  The ZeRO++ post measures one model over four networks; a faster network is
+        not a configuration a planner chooses, so those runs are not paired across networks."""
+        pool = self.cluster.pools[0]
+        return self.model.name, pool.gpu.name, self.cluster.gpus, round(pool.inter_Bps_per_gpu / 1e9, 3)
 
 
 def gpu_family(profile: str) -> str:
@@ -178,6 +181,12 @@ def _run(row: dict[str, Any]) -> PublishedRun:
     plan = _plan(row, model.layers, cluster.gpus)  # type: ignore[union-attr]
     model = model.model_copy(update={"training": model.training.model_copy(update={"global_batch": plan.global_batch})})
     assume = DEFAULT.replace(**_declared(row["framework"], "behaviour", {}))
+    config = (row.get("options") or {}).get("framework_config")
+    if config:  # what the run's own configuration states (bucket sizes, the framework's version)
+        stated = _declared(row["framework"], "run_assumptions", None)
+        if stated is None:
+            raise SpecError(f"options.framework_config is read for deepspeed runs, not {row['framework']}", source=row["id"])
+        assume = assume.replace(**stated(config))
     # a configuration its source reports out of memory is scored for whether it fits, not for time
     metric, measured = ("oom", float("nan")) if (row.get("measured") or {}).get("oom") else _metric(row)
     return PublishedRun(id=row["id"], source=row["source"], framework=row["framework"], model=model,

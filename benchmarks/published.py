@@ -187,6 +187,23 @@ def print_regimes(console: Console, runs: list[PublishedRun], rows: list[dict[st
     console.print(f"sharded-vs-3-D pairs (same model and cluster): {good} of {pairs} ordered as measured")
 
 
+def sharded_at_scale_section(console: Console, runs: list[PublishedRun], rows: list[dict[str, object]]) -> None:
+    """Fully sharded runs over 256 ranks or more, with what sets their exposure: tokens per GPU per
+    micro-batch (the compute a block's gathers hide under) and the network each GPU gets."""
+    table = Table(title="Sharded DP at 256+ ranks: tokens per GPU and network per GPU (error = predicted / measured - 1)")
+    for col in ("run", "ranks", "tokens/GPU", "Gb/s per GPU", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for run, row in zip(runs, rows, strict=True):
+        ranks = run.plan.dp_shard * run.plan.cp
+        if run.plan.zero < 3 or ranks < 256:
+            continue
+        tokens = run.plan.mbs * run.model.seq_len
+        gbps = run.cluster.pools[0].inter_Bps_per_gpu * 8 / 1e9
+        table.add_row(str(row["id"])[:60], str(ranks), str(tokens), f"{gbps:.3g}", f"{row['measured']:.4g}",
+                      f"{row['predicted']:.4g}", f"{row['error']:+.1%}")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -224,6 +241,7 @@ def main() -> None:
     no_recompute_section(console, runs)
     small_models_section(console, runs, rows)
     print_regimes(console, runs, rows)
+    sharded_at_scale_section(console, runs, rows)
 
 
 if __name__ == "__main__":

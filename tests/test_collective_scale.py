@@ -213,3 +213,161 @@ def test_deepspeed_prefetch_depth_matters_only_for_modules_larger_than_its_bucke
     small = gpt_model(24, 1024, 16, seq=2048, batch=64, precision="bf16")  # 4 x 1024^2 = 4.2M-parameter MLP matrices
     plan = "dp=64,tp=1,pp=1,zero=3,mbs=1,recompute=none"
     assert _step(small, _cluster(8, None), plan, _deepspeed_prefetch(5e7)) == _step(small, _cluster(8, None), plan)
+
+
+# --- DeepSpeed's ZeRO-3 at scale: bucket counts, host loops, blocking offload copies (branch zero25)
+
+def _runs(prefix: str):
+    return [r for r in load_runs(REPO / "tests" / "reference" / "published_runs.yaml") if r.id.startswith(prefix)]
+
+
+def _ctx(model: ModelSpec, cluster, plans: list[str], assume):
+    table = layer_table(model)
+    built = [build_plan(parse_plan_string(p), world=cluster.gpus, blocks=table.blocks,
+                        global_batch=model.training.global_batch) for p in plans]
+    return context(table, cluster, candidates_from_plans(built, table), model.training.recipe(), assume)
+
+
+def test_the_reduce_host_loop_grows_with_ranks_and_tensors_and_is_zero_for_fsdp2() -> None:
+    """DeepSpeed's reduce_scatter_coalesced loops over (tensor, rank): host time linear in the
+    shard group; FSDP2 (zero3_reduce_host_us = 0) and ZeRO-1/2 plans have none."""
+    model = gpt_model(4, 4096, 32, seq=2048, batch=4096, precision="bf16")
+    cluster = _cluster(512, None)
+    deepspeed = DEFAULT.replace(**frameworks.get("deepspeed").behaviour)
+    plans = [f"dp={n},tp=1,pp=1,zero=3,mbs=1,recompute=full" for n in (8, 64, 512, 4096)]
+    loop = terms_time.zero3_reduce_host(_ctx(model, cluster, plans, deepspeed))[:, 0, 0]
+    assert np.all(np.diff(loop) > 0) and loop[-1] / loop[0] == pytest.approx(4096 / 8)
+    tensors = layer_table(model).kinds[0].tensors
+    assert loop[0] == pytest.approx(tensors * 8 * deepspeed.zero3_reduce_host_us * 1e-6)
+    assert not terms_time.zero3_reduce_host(_ctx(model, cluster, plans, DEFAULT)).any()
+    zero1 = _ctx(model, cluster, ["dp=4096,tp=1,pp=1,zero=1,mbs=1,recompute=full"], deepspeed)
+    assert not terms_time.zero3_reduce_host(zero1).any()
+
+
+def test_a_block_counts_its_parameter_tensors() -> None:
+    """Megatron's GPT block: QKV, out, fc1, fc2 with biases and two layernorms (scale + shift) = 12;
+    a Llama block (no biases, RMSNorm) counts its fused matmuls and two norm scales."""
+    assert layer_table(gpt_model(2, 1024, 16)).kinds[0].tensors == 12
+    llama = gpt_model(2, 1024, 16, bias=False, norm="rmsnorm", ffn="swiglu")
+    assert layer_table(llama).kinds[0].tensors == 6
+
+
+@pytest.mark.parametrize("ranks", [64, 512, 1536])
+def test_smaller_reduce_buckets_never_make_a_step_faster(ranks: int) -> None:
+    """Smaller buckets, more reduce-scatters for the same bytes (DeepSpeed's reduce_bucket_size;
+    a matrix larger than the bucket goes alone, after a flush of the small tensors before it):
+    each pays the ring's latency over every rank, so the step is never faster, and slower at scale."""
+    model = gpt_model(8, 12288, 96, seq=2048, batch=ranks, precision="bf16")
+    cluster = _cluster(ranks // 8, None)
+    plan = f"dp={ranks},tp=1,pp=1,zero=3,mbs=1,recompute=full"
+    base = DEFAULT.replace(**frameworks.get("deepspeed").behaviour).replace(zero3_buckets_per_hidden_sq=0.0)
+    steps = [_step(model, cluster, plan, base.replace(zero3_reduce_bucket_params=b)) for b in (5e8, 1.5e8, 9e7, 1e7)]
+    assert all(b >= a for a, b in zip(steps, steps[1:], strict=False)), steps
+    if ranks >= 512:
+        assert steps[-1] > steps[0], steps
+
+
+def test_deepspeed_buckets_follow_the_config_autoplace_writes() -> None:
+    """zero_section writes reduce_bucket_size = h^2 and stage3_prefetch_bucket_size = 0.9 h^2;
+    the DeepSpeed costing reads the same sizes."""
+    from autoplace.frameworks.deepspeed import zero_section
+
+    model = gpt_model(4, 12288, 96, seq=2048, batch=64, precision="bf16")
+    plan = build_plan(parse_plan_string("dp=64,tp=1,pp=1,zero=3,mbs=1"), world=64, blocks=4, global_batch=64)
+    written = zero_section(plan, model, "/tmp")
+    ctx = _ctx(model, _cluster(8, None), ["dp=64,tp=1,pp=1,zero=3,mbs=1"],
+               DEFAULT.replace(**frameworks.get("deepspeed").behaviour))
+    reduce, prefetch = terms_time.zero3_buckets(ctx)
+    assert reduce == written["reduce_bucket_size"]
+    assert prefetch == pytest.approx(written["stage3_prefetch_bucket_size"], rel=1e-6)
+
+
+def test_a_blocking_offload_copy_exposes_the_reduction_only_with_an_offloaded_optimizer() -> None:
+    """DeepSpeed before 0.16 copies each reduced gradient partition to the host with a blocking
+    copy_: with an offloaded optimizer the step is never faster (slower at 1,024 ranks); without
+    offload the flag changes nothing."""
+    model = gpt_model(8, 12288, 96, seq=1024, batch=1024, precision="fp16")
+    cluster = _cluster(128, None)
+    ds = DEFAULT.replace(**frameworks.get("deepspeed").behaviour)
+    legacy = ds.replace(zero3_offload_grad_copy_blocks=True)
+    offload = "dp=1024,tp=1,pp=1,zero=3,mbs=1,recompute=full,offload_optimizer=cpu"
+    assert _step(model, cluster, offload, legacy) > _step(model, cluster, offload, ds)
+    plain = "dp=1024,tp=1,pp=1,zero=3,mbs=1,recompute=full"
+    assert _step(model, cluster, plain, legacy) == _step(model, cluster, plain, ds)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"reduce_bucket_size": 9e7}, {"zero3_reduce_bucket_params": 9e7, "zero3_buckets_per_hidden_sq": 0.0}),
+    ({"version": "0.6.2"}, {"zero3_offload_grad_copy_blocks": True}),
+    ({"version": "0.16.0"}, {"zero3_offload_grad_copy_blocks": False}),
+])
+def test_a_runs_deepspeed_config_sets_its_assumptions(config: dict, expected: dict) -> None:
+    from autoplace.frameworks.deepspeed import run_assumptions
+
+    assert run_assumptions(config) == expected
+
+
+@pytest.mark.parametrize("config", [{"reduce_bucket": 1}, {"version": "new"}])
+def test_an_unknown_deepspeed_config_key_or_version_is_refused(config: dict) -> None:
+    from autoplace.errors import SpecError
+    from autoplace.frameworks.deepspeed import run_assumptions
+
+    with pytest.raises(SpecError, match="framework_config"):
+        run_assumptions(config)
+
+
+def test_zeropp_post_zero3_baselines_on_384_v100() -> None:
+    """The ZeRO++ post's ZeRO-3 baselines (18B GPT, 384 V100 on 24 DGX-2 nodes, 100-800 Gb/s per
+    node, 1K or 2K tokens per GPU): the network-bound runs (100 and 200 Gb/s per node) within 10%;
+    the 400-800 Gb/s runs are predicted 23-36% optimistic, a gap left open (within 40%); all
+    ordered as measured: more network, more throughput; twice the tokens per GPU, more."""
+    runs = {r.id.rsplit("-", 2)[-2] + "-" + r.id.rsplit("-", 1)[-1]: r for r in _runs("zeropp-blog-zero3")}
+    assert len(runs) == 6
+    pred = {k: predict(r)[0] for k, r in runs.items()}
+    for k, r in runs.items():
+        band = 0.10 if k.startswith(("ib1", "200gbps")) else 0.40
+        assert pred[k] == pytest.approx(r.measured, rel=band), (k, pred[k], r.measured)
+    two_k = ["ib1-2k", "200gbps-2k", "ib4-2k", "800gbps-2k"]
+    assert all(pred[a] < pred[b] for a, b in zip(two_k, two_k[1:], strict=False)), pred
+    assert pred["ib1-1k"] < pred["ib1-2k"] and pred["ib4-1k"] < pred["ib4-2k"]
+
+
+def test_deepspeed_on_azure_zero3_collapses_at_small_micro_batch_and_many_ranks() -> None:
+    """DeepSpeed on Azure, Figure 5(b): GPT-175B ZeRO-3 at sequence 1,024 on 256-1,024 A100.
+    Micro-batch 1 falls from 80.9 to 48.8 TFLOP/s per GPU as the ranks quadruple while micro-batch
+    16 stays near 190 (ratio 0.26 at 1,024); predicted within 30% each at 256+ ranks (256-512
+    within 10%, 1,024 at micro-batch 1-2 +23-26%), falling with ranks at micro-batch 1 as measured
+    (collectives' ring latency over every rank, the blocking offload copy of DeepSpeed 0.6, the
+    per-rank host loops), and under 0.4 of micro-batch 16 at 1,024."""
+    runs = {(r.cluster.gpus, r.plan.mbs): r for r in _runs("deepspeed-azure-zero3-gpt-175b-seq1024")}
+    pred = {k: predict(r)[0] for k, r in runs.items() if k[0] >= 256}
+    for k, value in pred.items():
+        band = 0.10 if k[0] <= 512 else 0.30
+        assert value == pytest.approx(runs[k].measured, rel=band), (k, value, runs[k].measured)
+    mbs1 = [pred[(n, 1)] for n in (256, 512, 1024)]
+    assert mbs1[0] > mbs1[1] > mbs1[2], mbs1
+    assert pred[(1024, 1)] < 0.4 * pred[(1024, 16)]
+
+
+def test_the_sharded_runs_at_256_ranks_and_more_stay_in_band() -> None:
+    """Every sharded development run at 256+ ranks: mean absolute error under 12% (17.3% and 40.1%
+    for 256-1,023 and 1,024+ ranks before this branch's terms), none beyond 40%."""
+    runs = [r for r in load_runs(REPO / "tests" / "reference" / "published_runs.yaml")
+            if r.plan.zero >= 3 and r.plan.dp_shard * r.plan.cp >= 256]
+    errors = np.array([predict(r)[0] / r.measured - 1 for r in runs])
+    assert len(runs) >= 40
+    assert np.mean(np.abs(errors)) < 0.12 and np.max(np.abs(errors)) < 0.40, errors
+
+
+def test_the_blocking_offload_copy_costs_once_a_step_not_once_a_micro_batch() -> None:
+    """The copy runs at the gradient-accumulation boundary: with four micro-batches a step pays it
+    about once, as with one (not four times)."""
+    cluster = _cluster(128, None)
+    ds = DEFAULT.replace(**frameworks.get("deepspeed").behaviour)
+    legacy = ds.replace(zero3_offload_grad_copy_blocks=True)
+    extra = []
+    for ga in (1, 4):
+        plan = f"dp=1024,tp=1,pp=1,zero=3,mbs=1,ga={ga},recompute=full,offload_optimizer=cpu"
+        m = gpt_model(8, 12288, 96, seq=1024, batch=1024 * ga, precision="fp16")
+        extra.append(_step(m, cluster, plan, legacy) - _step(m, cluster, plan, ds))
+    assert extra[0] > 0 and 0 < extra[1] < 2 * extra[0], extra

@@ -40,6 +40,22 @@ class Assumptions:
             block (FSDP2's one-unit prefetch), DeepSpeed's ``stage3_prefetch_bucket_size``
             default 5e7 otherwise (modules larger than it hide only under their neighbour:
             :func:`autoplace.cost.terms_time.zero3_hidden`).
+        zero3_buckets_per_hidden_sq: when > 0, ZeRO-3's reduce bucket is this times hidden^2
+            elements and its prefetch bucket 0.9 times that, in place of the two above: the
+            Hugging Face integration's "auto" rule, which autoplace's DeepSpeed config writes
+            (``autoplace.frameworks.deepspeed.zero_section``).  0 (the absolute sizes) by default.
+        zero3_offload_grad_copy_blocks: whether a ZeRO-3 backward with an offloaded optimizer
+            waits for every gradient bucket's reduce-scatter: DeepSpeed 0.6-0.15 copy each
+            reduced partition to the host with a blocking ``copy_`` (stage3.py
+            ``__partition_grads``), 0.16 on without blocking
+            (:func:`autoplace.cost.terms_time.zero3_reduce_blocks`).  False by default; a
+            published run on an older DeepSpeed states its version.
+        zero3_reduce_host_us: host microseconds per (parameter tensor, rank) the framework spends
+            building each ZeRO-3 gradient reduce-scatter in Python
+            (:func:`autoplace.cost.terms_time.zero3_reduce_host`): 0 for FSDP2 (C++); DeepSpeed's
+            ``reduce_scatter_coalesced`` measures 5.0-7.6 us (median 5.2) on one core of this
+            machine (benchmarks/deepspeed_host_loops.py runs DeepSpeed's own function with the
+            collective stubbed out).
         overlap_slowdown: share of a collective's time that still shows up as lost compute
             while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
             kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
@@ -140,6 +156,9 @@ class Assumptions:
     zero3_gather_unit: str = "block"
     zero3_reduce_bucket_params: float = 0.0
     zero3_prefetch_bucket_params: float = 0.0
+    zero3_buckets_per_hidden_sq: float = 0.0
+    zero3_reduce_host_us: float = 0.0
+    zero3_offload_grad_copy_blocks: bool = False
     overlap_slowdown: float = 0.19
     cpu_adam_params_per_s: float = 1.5e9
     host_reserve_fraction: float = 0.15

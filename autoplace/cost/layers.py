@@ -110,6 +110,9 @@ class BlockKind:
     quant_expert: float = 0.0
     frozen_flops: float = 0.0
     frozen_gemms: tuple[Gemm, ...] = ()
+    # parameter tensors (weights, biases, norm scales and shifts): what a framework's
+    # per-parameter host loops iterate over (DeepSpeed's ZeRO-3 reduce-scatter)
+    tensors: float = 0.0
 
     @property
     def params(self) -> float:
@@ -204,6 +207,15 @@ def _attention_gemms(m: TransformerSpec) -> tuple[Gemm, ...]:
                 Gemm(h, m.heads * a.v_head_dim, "k"))
     q, kv = m.heads * m.dim_head, m.n_kv_heads * m.dim_head
     return Gemm(q + 2 * kv, h, "n"), Gemm(h, q, "k")
+
+
+def _tensors(m: TransformerSpec, gemms: tuple[Gemm, ...]) -> float:
+    """Parameter tensors of a block: a weight per matmul (one per routed expert), its bias when the
+    model has biases, and each norm's scale (and shift, for layernorm).  The table fuses QKV and
+    gate/up as Megatron's GPT does; code that keeps them apart (Hugging Face Llama) has more."""
+    weights = sum(max(g.experts, 1) for g in gemms)
+    norms = m.block_norms * (2 if m.norm == "layernorm" else 1) + (2 if m.qk_norm is not None else 0)
+    return float(weights * (2 if m.bias else 1) + norms)
 
 
 def _mlp_gemms(h: int, f: int, gated: bool, experts: int = 0, top_k: int = 0) -> tuple[Gemm, ...]:
@@ -325,7 +337,8 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
-        act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)), **common))  # type: ignore[arg-type]
+        act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)),
+        tensors=_tensors(m, (*attention, *_mlp_gemms(h, m.ffn_hidden, gated))), **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
@@ -345,6 +358,9 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         # Mixtral saves its source); int64 token/slot indices and fp32 + 16-bit gates, 32 B
         # (measured with FSDPMemTracker on autoplace.runtime.moe, autoplace.fidelity)
         routing = (1 + 2 * e.top_k) * b * h + 32 * e.top_k
+        moe_gemms = (*attention, Gemm(e.experts, h), *_mlp_gemms(h, e.expert_ffn_hidden, gated, e.experts, e.top_k),
+                     *(_mlp_gemms(h, e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden), gated)
+                       if e.shared_experts else ()))
         kinds.append(BlockKind(
             name="moe", params_tp=att_tp + shared_tp, params_rep=att_rep + norms + shared_rep + router,
             params_expert=e.experts * (expert_tp + expert_rep),
@@ -357,10 +373,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                        + e.shared_experts * _mlp_fused(e.shared_ffn_hidden or e.expert_ffn_hidden, gated, b)),
             act_glu=gated * b * (e.top_k * e.expert_ffn_hidden
                                  + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden)),
-            gemms=(*attention, Gemm(e.experts, h), *_mlp_gemms(h, e.expert_ffn_hidden, gated, e.experts, e.top_k),
-                   *(_mlp_gemms(h, e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden), gated)
-                     if e.shared_experts else ())),
-            **common))  # type: ignore[arg-type]
+            gemms=moe_gemms, tensors=_tensors(m, moe_gemms), **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
     if m.training.frozen_base:
         kinds = [_tuned(m, k, b) for k in kinds]

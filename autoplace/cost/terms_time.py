@@ -139,6 +139,12 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
     fwd, bwd_none = host_bound(fwd, bwd_none, kernels[:, None, None], assume.host_dispatch_us)
     backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
+    # the backward's host time: its kernels (twice the forward's, plus a recomputed forward's)
+    # and the sharded reduction's per-tensor, per-rank Python loops
+    host = kernels[:, None, None, None] * assume.host_dispatch_us * 1e-6
+    blocked = zero3_reduce_blocks(ctx) / ctx.cand.ga  # exposed in _block_comm instead
+    loop = zero3_reduce_host(ctx) * (1 - blocked)[:, None, None]
+    backward = np.maximum(backward, host * np.array([2.0, 2.0, 3.0]) + loop[..., None])
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
 
 
@@ -152,6 +158,40 @@ def host_bound(forward: Array, backward: Array, kernels: Array, dispatch_us: flo
     """
     host = kernels * dispatch_us * 1e-6
     return np.maximum(forward, host), np.maximum(backward, 2 * host)
+
+
+def zero3_reduce_blocks(ctx: Context) -> Array:
+    """``[C]`` 1 where a candidate's ZeRO-3 backward waits for every gradient bucket's
+    reduce-scatter, else 0: DeepSpeed 0.6-0.15 with an offloaded optimizer copies each reduced
+    gradient partition into the host's fp32 gradient with a blocking ``copy_`` (stage3.py
+    ``__partition_grads``: ``fp32_grad_tensor.copy_(grad_buffer)``; ``non_blocking=True`` from
+    0.16), so the autograd thread stops at each bucket until its reduce-scatter and copy are
+    done: the reduce-scatter and its host loops (:func:`zero3_reduce_host`) hide under nothing
+    (``Assumptions.zero3_offload_grad_copy_blocks``).  The copy runs at the gradient-accumulation
+    boundary only (``is_gradient_accumulation_boundary``): the last micro-batch of a step."""
+    on = float(ctx.assume.zero3_offload_grad_copy_blocks)
+    return np.where((ctx.cand.zero >= 3) & ctx.cand.off_opt, on, 0.0)
+
+
+def zero3_reduce_host(ctx: Context) -> Array:
+    """Host seconds ``[C, 1, K]`` one block's backward spends preparing its ZeRO-3 gradient
+    reduce-scatter, per micro-batch: ``tensors x ranks x zero3_reduce_host_us``.
+
+    DeepSpeed's ZeRO-3 reduces every gradient bucket through
+    ``deepspeed/runtime/comm/coalesced_collectives.py`` ``reduce_scatter_coalesced`` (0.6 to 0.19,
+    called by stage3's ``__avg_scatter_grads``): a Python list comprehension slices each gradient
+    into one view per rank, a second Python loop interleaves the views rank by rank, and
+    ``torch.cat`` joins them -- host work per (parameter tensor, rank), on the autograd thread
+    that issues the backward's kernels, so a block whose backward is shorter than that waits on
+    the host (at 1,024 ranks a GPT-175B block's 12 tensors take ~60 ms).  FSDP2 builds its
+    reduce-scatter input with one ``torch.split`` + ``_chunk_cat`` per group in C++
+    (``zero3_reduce_host_us`` = 0).  The block's tensors are :attr:`BlockKind.tensors`."""
+    us = ctx.assume.zero3_reduce_host_us
+    if us <= 0:
+        return np.zeros((ctx.cand.size, 1, len(ctx.table.kinds)))
+    tensors = np.array([k.tensors for k in ctx.table.kinds]).reshape(1, 1, -1)
+    ranks = ctx.size["zero"].astype(float).reshape(-1, 1, 1)
+    return np.where(ctx.cand.zero.reshape(-1, 1, 1) >= 3, tensors * ranks * us * 1e-6, 0.0)
 
 
 def compiled_kernels(assume: Assumptions, c: Candidates) -> tuple[Array, Array]:
@@ -225,9 +265,13 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     all_reduce_12 = ctx.assume.zero12_grad_reduce == "all-reduce"
     grad_t = sh.ar if all_reduce_12 else sh.rs
     ov = col(c.overlap)  # overlap off: gathers and reductions run before / after the compute, exposed
+    # DeepSpeed 0.6-0.15 with an offloaded optimizer copies each reduced gradient partition to the
+    # host with a blocking copy (zero3_offload_grad_copy_blocks): its reduce-scatter never hides
+    blocked = col(zero3_reduce_blocks(ctx)) / ga  # the copy runs at the accumulation boundary: once a step
+    exposed = blocked * (sh.rs + zero3_reduce_host(ctx)[..., None])
     zero_time = np.where(z >= 3, zero3_hidden(ctx, sh.ag_fwd, fwd * ov, backward=False)
-                         + zero3_hidden(ctx, sh.ag_bwd + sh.rs, bwd * ov, backward=True)
-                         + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa), 0.0))
+                         + zero3_hidden(ctx, sh.ag_bwd + sh.rs * (1 - blocked), bwd * ov, backward=True)
+                         + exposed + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa), 0.0))
     zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
 
     # offloaded parameters stream in over PCIe for forward and again for backward
@@ -314,8 +358,9 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     submodule, prefetching at most ``stage3_prefetch_bucket_size`` = 5e7 elements ahead, which a
     large block's weights each exceed), so a block costs one gather per weight matrix (its
     GEMMs; norms and biases under ``stage3_param_persistence_threshold`` = 1e5 elements are
-    never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size`` =
-    5e8 elements (deepspeed/runtime/zero/config.py defaults), i.e. ``params / bucket`` per block.
+    never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size``
+    elements (:func:`zero3_buckets`): a weight matrix larger than the bucket on its own, after a
+    flush of the small tensors gathered before it, the rest ``params / bucket``.
     The layer table fuses QKV, gate/up and each routed expert set into one GEMM, as Megatron's GPT
     does (four per dense block); code that keeps them apart (Hugging Face Llama: seven linears,
     one module per expert) issues more, so this is a lower bound there.
@@ -323,9 +368,32 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     assume, table = ctx.assume, ctx.table
     per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
     gathers = per_module if assume.zero3_gather_unit == "module" else np.ones_like(per_module)
-    bucket = assume.zero3_reduce_bucket_params
-    reduces = params / bucket if bucket > 0 else np.ones_like(params)
+    bucket = zero3_buckets(ctx)[0]
+    if bucket <= 0:
+        return gathers, np.ones_like(params)
+    # DeepSpeed flushes its bucket before a gradient that would overflow it (stage3.py
+    # reduce_independent_p_g_buckets_and_remove_grads): a weight matrix larger than the bucket
+    # is reduced on its own and first flushes the small tensors (biases, norms) gathered before it
+    share = module_shares(table)[0]  # [1, 1, K, 1, M]
+    local = np.asarray(params)[..., None] * share
+    big = (local >= bucket) & (share > 0)
+    n_big = big.sum(axis=-1)
+    tensors = np.array([k.tensors for k in table.kinds]).reshape(1, 1, -1, 1)
+    flushed = np.minimum(n_big, np.maximum(tensors - n_big, 0))
+    reduces = n_big + flushed + (params - (local * big).sum(axis=-1)) / bucket
     return gathers, reduces
+
+
+def zero3_buckets(ctx: Context) -> tuple[float, float]:
+    """(reduce bucket, prefetch bucket) in elements, as the framework is configured: absolute
+    (``zero3_reduce_bucket_params``, ``zero3_prefetch_bucket_params``), or scaled with the
+    hidden size h (``zero3_buckets_per_hidden_sq``: h^2 and 0.9 h^2, the Hugging Face
+    integration's "auto" sizes that autoplace's DeepSpeed config writes)."""
+    assume = ctx.assume
+    if assume.zero3_buckets_per_hidden_sq > 0:
+        reduce = assume.zero3_buckets_per_hidden_sq * float(ctx.table.hidden) ** 2
+        return reduce, 0.9 * reduce
+    return assume.zero3_reduce_bucket_params, assume.zero3_prefetch_bucket_params
 
 
 def module_shares(table: LayerTable) -> tuple[Array, Array]:
@@ -358,7 +426,7 @@ def zero3_hidden(ctx: Context, seconds: Array, window: Array, *, backward: bool)
     output projection) is partly exposed however long the block runs.  Never hides more than
     the block-wide prefetch."""
     kappa = ctx.assume.overlap_slowdown
-    bucket = ctx.assume.zero3_prefetch_bucket_params
+    bucket = zero3_buckets(ctx)[1]
     if bucket <= 0:
         return hidden(seconds, window, kappa)
     seconds, window = np.broadcast_arrays(seconds, window)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, environment, exports, header
+from autoplace.errors import SpecError
 from autoplace.frameworks.accelerate import peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
@@ -35,6 +37,33 @@ from autoplace.specs.model import ModelSpec
 
 FMT = "deepspeed"
 DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points it at a real NVMe mount
+
+
+# a published run's stated DeepSpeed configuration, as the assumptions it sets (run_assumptions)
+CONFIG_ASSUMPTIONS = {"reduce_bucket_size": "zero3_reduce_bucket_params",
+                      "stage3_prefetch_bucket_size": "zero3_prefetch_bucket_params"}
+NON_BLOCKING_OFFLOAD_COPY = (0, 16)  # stage3.py __partition_grads: copy_(..., non_blocking=True) from v0.16.0
+
+
+def run_assumptions(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The assumptions a run's stated DeepSpeed configuration sets: its ``reduce_bucket_size``
+    and ``stage3_prefetch_bucket_size`` (absolute sizes in place of the h^2 rule autoplace's
+    config writes), and its ``version``: before 0.16 a ZeRO-3 backward with an offloaded
+    optimizer waits for each gradient bucket (``zero3_offload_grad_copy_blocks``)."""
+    unknown = sorted(set(config) - {*CONFIG_ASSUMPTIONS, "version"})
+    if unknown:
+        raise SpecError(f"framework_config: unknown DeepSpeed key(s) {', '.join(unknown)}; "
+                        f"known: {', '.join([*CONFIG_ASSUMPTIONS, 'version'])}")
+    out: dict[str, Any] = {name: float(config[key]) for key, name in CONFIG_ASSUMPTIONS.items() if key in config}
+    if out:
+        out["zero3_buckets_per_hidden_sq"] = 0.0
+    if "version" in config:
+        try:
+            version = tuple(int(x) for x in str(config["version"]).split(".")[:2])
+        except ValueError:
+            raise SpecError(f"framework_config: version {config['version']!r} is not MAJOR.MINOR[.PATCH]") from None
+        out["zero3_offload_grad_copy_blocks"] = version < NON_BLOCKING_OFFLOAD_COPY
+    return out
 
 
 def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
@@ -254,11 +283,15 @@ class DeepSpeed(Framework):
     name = FMT
     title = "DeepSpeed"
     bf16_recipe = "bf16"
-    # ZeRO-1/2 all-reduce their buckets; ZeRO-3 gathers module by module, prefetching 5e7
-    # elements ahead, and reduce-scatters in 5e8-element buckets (runtime/zero/config.py
-    # defaults; cost.terms_time.zero3_collective_counts and zero3_hidden)
+    # ZeRO-1/2 all-reduce their buckets; ZeRO-3 gathers module by module and reduce-scatters in
+    # buckets, sized as zero_section writes them: reduce h^2, prefetch 0.9 h^2 elements
+    # (cost.terms_time.zero3_buckets, zero3_collective_counts and zero3_hidden; DeepSpeed's own
+    # defaults, runtime/zero/config.py, are 5e8 and 5e7); zero3_reduce_host_us:
+    # reduce_scatter_coalesced's per-(tensor, rank) Python loops, measured by
+    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here)
     behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
-                 "zero3_prefetch_bucket_params": 5e7}
+                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0}
+    run_assumptions = staticmethod(run_assumptions)
     denied_features = frozenset({"cp", "interleave"})
     uniform_recompute = ("none", "selective", "full")
     compressions = frozenset({"zeropp"})
