@@ -6,8 +6,10 @@ live in ``hardware_profiles/gpu/*.yaml``):
 * GEMMs, by shape: ``2 M N K`` FLOPs at the dtype's large-GEMM efficiency, scaled by the
   share of SMs the output tiles keep busy (cuBLAS computes ``ceil(M / tm) ceil(N / tn)`` tiles
   in waves of one per SM; the last wave's idle SMs are the wave-quantization loss, NVIDIA's
-  "Matrix Multiplication Background User's Guide"); never faster than streaming its three
-  matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
+  "Matrix Multiplication Background User's Guide"), and by the share of each tile's time spent in
+  its K loop (:func:`k_loop_share`: a tile's fixed prologue and epilogue cost ``k_overhead`` K-steps,
+  which a short loop -- hidden sizes of 768 to 2,048 -- does not amortize); never faster than
+  streaming its three matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
   and weight gradients), so twice the forward time.
 * attention: a flash kernel (Dao 2023; Shah et al. 2024) at its measured efficiency for the
   sequence length, executing half the full ``QK^T`` and ``PV`` FLOPs when causal; backward
@@ -47,19 +49,27 @@ class Kernels:
     attn_forward: Array  # [[sequence, fraction of the 16-bit peak], ...]
     attn_backward: Array
     hbm_Bps: float  # achieved HBM bandwidth, bytes/s
+    k_overhead: float = 0.0  # a tile's fixed prologue + epilogue, in K-loop elements (GPUProfile)
 
     def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
         """Share of SM-slots the output tiles fill over all waves (1 when tiles fill every wave)."""
         tiles = np.ceil(np.maximum(m, 1) / self.tile[0]) * np.ceil(np.maximum(n, 1) / self.tile[1])
         return tiles / (np.ceil(tiles / self.sm_count) * self.sm_count)
 
-    def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float) -> Array:
+    def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float,
+             k_share: bool = True) -> Array:
         """Seconds of one ``[m x k] @ [k x n]`` GEMM (its roofline with shape-dependent efficiency).
 
         Backward's two GEMMs (``[m x n] @ [n x k]`` and ``[k x m] @ [m x n]``) tile other pairs of
-        dimensions; with training's large token dimension they fill their waves as well.
+        dimensions; with training's large token dimension they fill their waves as well, and are
+        taken to pay the forward's K-loop share (the input gradient loops over ``n``, which over
+        a block's pairs of matrices -- QKV and output projection, the MLP's two -- spans the
+        forward's set of ``k``).  ``k_share=False`` leaves the K-loop share out (unfused
+        attention's batched GEMMs: the score GEMM, K = head dim, is bound by writing its
+        scores, the roofline's ``m n`` term, which is what its epilogue does).
         """
-        eff = self.gemm_efficiency * self.wave_utilization(m, n)
+        share = k_loop_share(k, self.k_overhead) if k_share else 1.0
+        eff = self.gemm_efficiency * self.wave_utilization(m, n) * share
         math = 2 * m * n * k / (self.peak_flops * eff)
         memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps
         return np.maximum(math, memory)
@@ -76,6 +86,21 @@ class Kernels:
     def stream(self, nbytes: Array) -> Array:
         """Seconds of memory-bound kernels moving ``nbytes`` through HBM."""
         return nbytes / self.hbm_Bps
+
+
+def k_loop_share(k: Array | float, k_overhead: float) -> Array:
+    """Share of an output tile's time spent in its K loop: ``k / (k + k_overhead)``.
+
+    Each thread block of a tiled GEMM fills its multistage operand pipeline before the first
+    tensor-core step (the prologue: one memory latency) and, after the loop, converts its fp32
+    accumulators and writes the output tile through shared memory (the epilogue: CUTLASS's
+    ``Epilogue``, the "tiled outer product" of NVIDIA's Matrix Multiplication Background
+    User's Guide, Sec. 2.1); neither grows with K, so a GEMM with a short reduction
+    dimension spends a larger share of each tile outside the math.  ``k_overhead`` is that
+    fixed cost in K-loop elements (a profile field, 0 where not stated).
+    """
+    loop = np.maximum(np.asarray(k, dtype=float), 1.0)
+    return np.asarray(loop / (loop + k_overhead))
 
 
 def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array | float,

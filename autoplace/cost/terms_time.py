@@ -112,7 +112,8 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
                 a_f, a_b = kern.attention(score, seq_local)
             else:  # QK^T and PV as batched GEMMs per head (their softmax streams with the activations)
                 heads = k.flops_score / (4 * table.seq_len * k.head_dim) / tp * c.mbs[:, None]
-                a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem) + kern.gemm(seq_local, k.head_dim, seq, elem))
+                a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem, k_share=False)
+                               + kern.gemm(seq_local, k.head_dim, seq, elem, k_share=False))
                 a_b = 2 * a_f
             fwd.append(gemm + a_f)
             afwd.append(a_f)
