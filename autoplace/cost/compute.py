@@ -35,6 +35,7 @@ from autoplace.cost.layers import Gemm
 Array = np.ndarray
 
 FA_BACKWARD_FLOPS = 2.5  # backward / forward FLOPs of flash attention (Dao 2023, Sec. 4.1)
+ATTN_TABLE_HEAD_DIM = 128.0  # the head dim of every profile's attention_efficiency rows
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Kernels:
     attn_backward: Array
     hbm_Bps: float  # achieved HBM bandwidth, bytes/s
     k_overhead: float = 0.0  # a tile's fixed prologue + epilogue, in K-loop elements (GPUProfile)
+    attn_head_overhead: float = 0.0  # a score's fixed softmax work, in head-dim elements (AttentionEfficiency)
 
     def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
         """Share of SM-slots the output tiles fill over all waves (1 when tiles fill every wave)."""
@@ -74,13 +76,22 @@ class Kernels:
         memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps
         return np.maximum(math, memory)
 
-    def attention(self, flops: Array, seq: Array, causal: bool = True) -> tuple[Array, Array]:
+    def attention(self, flops: Array, seq: Array, causal: bool = True,
+                  head_dim: float = ATTN_TABLE_HEAD_DIM) -> tuple[Array, Array]:
         """Forward and backward seconds of flash attention whose full (unmasked) forward costs
-        ``flops``, over sequences of ``seq`` keys."""
+        ``flops``, over sequences of ``seq`` keys, with heads of ``head_dim``.
+
+        The efficiency tables are at head dim 128; a score's softmax (max, exp, rescale) is fixed
+        work beside its ``2 d`` matmul FLOPs, so smaller heads run at
+        :func:`k_loop_share` ``(d) / k_loop_share(128)`` of the table (``attn_head_overhead``),
+        larger ones no faster (FlashAttention-2 at head dim 256 is slower than at 128).
+        """
         executed = flops * (0.5 if causal else 1.0)
         x = np.log(np.maximum(seq, 1.0))
-        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1])
-        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1])
+        head = np.minimum(1.0, k_loop_share(head_dim, self.attn_head_overhead)
+                          / k_loop_share(ATTN_TABLE_HEAD_DIM, self.attn_head_overhead))
+        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1]) * head
+        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1]) * head
         return executed / (self.peak16_flops * fwd), FA_BACKWARD_FLOPS * executed / (self.peak16_flops * bwd)
 
     def stream(self, nbytes: Array) -> Array:
