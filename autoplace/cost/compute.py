@@ -7,9 +7,10 @@ live in ``hardware_profiles/gpu/*.yaml``):
   share of SMs the output tiles keep busy (cuBLAS computes ``ceil(M / tm) ceil(N / tn)`` tiles
   in waves of one per SM; the last wave's idle SMs are the wave-quantization loss, NVIDIA's
   "Matrix Multiplication Background User's Guide"), and by the share of each tile's time spent in
-  its K loop (:func:`k_loop_share`: a tile's fixed prologue and epilogue cost ``k_overhead`` K-steps,
-  which a short loop -- hidden sizes of 768 to 2,048 -- does not amortize); never faster than
-  streaming its three matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
+  its K loop relative to the measured shape's (:func:`k_loop_share`: a tile's fixed prologue and
+  epilogue cost ``k_overhead`` K-steps, which a short loop -- hidden sizes of 768 to 2,048 -- does
+  not amortize; a longer loop than the measured shape's runs no faster, the measured rate being
+  the best over shapes); never faster than streaming its three matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
   and weight gradients), so twice the forward time.
 * attention: a flash kernel (Dao 2023; Shah et al. 2024) at its measured efficiency for the
   sequence length, executing half the full ``QK^T`` and ``PV`` FLOPs when causal; backward
@@ -51,6 +52,7 @@ class Kernels:
     attn_backward: Array
     hbm_Bps: float  # achieved HBM bandwidth, bytes/s
     k_overhead: float = 0.0  # a tile's fixed prologue + epilogue, in K-loop elements (GPUProfile)
+    k_ref: float = 4096.0  # the K at which ``gemm_efficiency`` was measured: no K runs faster
     attn_head_overhead: float = 0.0  # a score's fixed softmax work, in head-dim elements (AttentionEfficiency)
 
     def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
@@ -70,7 +72,8 @@ class Kernels:
         attention's batched GEMMs: the score GEMM, K = head dim, is bound by writing its
         scores, the roofline's ``m n`` term, which is what its epilogue does).
         """
-        share = k_loop_share(k, self.k_overhead) if k_share else 1.0
+        share = np.minimum(1.0, k_loop_share(k, self.k_overhead) / k_loop_share(self.k_ref, self.k_overhead)) \
+            if k_share else 1.0
         eff = self.gemm_efficiency * self.wave_utilization(m, n) * share
         math = 2 * m * n * k / (self.peak_flops * eff)
         memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps

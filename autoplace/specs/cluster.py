@@ -147,8 +147,8 @@ class GPUProfile(Strict):
     The efficiency numbers say how fast each class of kernel runs on it (autoplace.cost.compute):
     large GEMMs reach ``gemm_efficiency`` of the dtype's dense peak, less when their output
     tiles (``gemm_tile``, M x N) leave part of the last wave of ``sm_count`` SMs idle, and less
-    when their reduction dimension K is short beside a tile's fixed prologue and epilogue
-    (``gemm_k_overhead`` K-loop elements; ``gemm_efficiency`` is then the K -> infinity rate); fused
+    when their reduction dimension K is shorter than ``gemm_efficiency_k`` (the measured shape's)
+    beside a tile's fixed prologue and epilogue (``gemm_k_overhead`` K-loop elements); fused
     attention follows ``attention_efficiency``; memory-bound kernels stream at
     ``hbm_efficiency`` of the HBM bandwidth.  ``sustained_fraction`` is the share of those
     (short-benchmark) compute rates the GPU keeps through hours of training, at its power and
@@ -166,6 +166,7 @@ class GPUProfile(Strict):
     sm_count: int = Field(100, ge=1, le=100_000)
     gemm_tile: list[Annotated[int, Field(ge=1, le=4096)]] = Field([128, 128], min_length=2, max_length=2)
     gemm_k_overhead: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    gemm_efficiency_k: float = Field(default=4096.0, ge=1, le=1e7, allow_inf_nan=False)
     attention_efficiency: AttentionEfficiency = AttentionEfficiency()
     hbm_efficiency: Fraction = 0.8
     sustained_fraction: Fraction = 1.0
