@@ -124,6 +124,22 @@ def small_models_section(console: Console, runs: list[PublishedRun], rows: list[
                   f"{np.mean(np.abs(errors)):.1%}, mean signed {np.mean(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
 
 
+def small_models_by_source(console: Console, runs: list[PublishedRun], rows: list[dict[str, object]]) -> None:
+    """The small single-node runs per source (the run id's first word: flashattn, llmc) and per hidden
+    size, so a term that helps one trainer's runs and hurts another's shows."""
+    small = {r.id: r.model.hidden for r in runs  # type: ignore[union-attr]
+             if r.cluster.gpus <= r.cluster.pools[0].gpus_per_node and getattr(r.model, "hidden", 1 << 30) <= 2048}
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        if row["id"] in small:
+            err = float(row["error"])  # type: ignore[arg-type]
+            groups.setdefault(f"source {str(row['id']).split('-')[0]}", []).append(err)
+            groups.setdefault(f"hidden {small[str(row['id'])]}", []).append(err)
+    said = [f"{name} ({len(e)}) {np.mean(e):+.1%}" for name, e in sorted(groups.items())]
+    if said:
+        console.print("small models, mean signed by source and hidden size: " + "; ".join(said))
+
+
 SHARD_BUCKETS = ((1, 8, "sharded DP, 1-8 ranks"), (9, 64, "sharded DP, 9-64 ranks"),
                  (65, 255, "sharded DP, 65-255 ranks"), (256, 1023, "sharded DP, 256-1023 ranks"),
                  (1024, 10**9, "sharded DP, 1024+ ranks"))
@@ -240,6 +256,7 @@ def main() -> None:
     console.print(by_gap(ordered))
     no_recompute_section(console, runs)
     small_models_section(console, runs, rows)
+    small_models_by_source(console, runs, rows)
     print_regimes(console, runs, rows)
     sharded_at_scale_section(console, runs, rows)
 

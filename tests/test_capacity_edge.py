@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.evaluation import evaluate
@@ -117,3 +119,33 @@ def test_a_pipeline_that_defers_fsdp_sync_keeps_full_fp32_gradients() -> None:
     flat = {"pp": 1, "zero": 3, "mbs": 1, "dp_shard": 8}  # no pipeline: FSDP2 reduce-scatters every backward
     assert _eval(model, flat, DEFAULT.replace(pipeline_defers_grad_sync=True), gpus=8).model_states["grads"] == \
         pytest.approx(_eval(model, flat, gpus=8).model_states["grads"])
+
+
+def _zero3_compute_s(model, mbs: int, assume) -> float:
+    return _eval(model, {"mbs": mbs, "zero": 3}, assume).time["compute"]
+
+
+def test_zero3_hooks_add_host_work_to_each_block() -> None:
+    """A ZeRO-3 unit's hooks (Assumptions.zero3_hook_ops_*, benchmarks/fsdp_hooks.py: ~120 and ~155
+    eager-op equivalents per block) make a small block host-bound: 4 tiny blocks take at least
+    4 x (20 + 120 + 40 + 155) x 10 us; without hooks they are bound by their kernels alone, and a
+    large block's compute hides the hooks."""
+    tiny = gpt_model(4, 256, 4, seq=64, batch=1, vocab=1024)
+    with_hooks = _zero3_compute_s(tiny, 1, DEFAULT)
+    no_hooks = _zero3_compute_s(tiny, 1, DEFAULT.replace(zero3_hook_ops_forward=0.0, zero3_hook_ops_backward=0.0))
+    ops = 3 * DEFAULT.kernels_per_block + DEFAULT.zero3_hook_ops_forward + DEFAULT.zero3_hook_ops_backward
+    assert with_hooks >= 4 * ops * DEFAULT.host_dispatch_us * 1e-6
+    assert no_hooks < with_hooks
+    big = gpt_model(2, 8192, 64, seq=4096, batch=8, vocab=1024)
+    assert _zero3_compute_s(big, 4, DEFAULT) == pytest.approx(
+        _zero3_compute_s(big, 4, DEFAULT.replace(zero3_hook_ops_forward=0.0, zero3_hook_ops_backward=0.0)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(fwd=st.floats(0, 500), bwd=st.floats(0, 500), mbs=st.sampled_from([1, 2, 8]))
+def test_more_host_work_never_shortens_a_step(fwd: float, bwd: float, mbs: int) -> None:
+    """Adding hook work (any amount) to a ZeRO-3 plan never makes its compute faster."""
+    model = gpt_model(2, 512, 8, seq=256, batch=8, vocab=1024)
+    base = DEFAULT.replace(zero3_hook_ops_forward=0.0, zero3_hook_ops_backward=0.0)
+    assert _zero3_compute_s(model, mbs, DEFAULT.replace(zero3_hook_ops_forward=fwd, zero3_hook_ops_backward=bwd)) \
+        >= _zero3_compute_s(model, mbs, base) * (1 - 1e-12)

@@ -243,3 +243,14 @@ def test_shipped_profiles_read_the_same_with_libyaml_as_with_the_guarded_reader(
     broken.write_text("name: x\n  bad: [1, 2\n")
     with pytest.raises(SpecError, match="invalid YAML"):
         read_shipped(broken)
+
+
+@pytest.mark.parametrize(("path", "value", "said"), [
+    (("gpu", "gemm_k_overhead"), -5, "gpu.gemm_k_overhead: must be in [0, 1e+06] (got -5)"),
+    (("gpu", "gemm_efficiency_k"), 0, "gpu.gemm_efficiency_k: must be in [1, 1e+07] (got 0)"),
+    (("gpu", "attention_efficiency", "head_dim_overhead"), "a", "gpu.attention_efficiency.head_dim_overhead: Input should be a valid number"),
+])
+def test_small_model_kernel_fields_are_checked(path: tuple[str, ...], value: Any, said: str) -> None:
+    """The K-loop and head-dim overheads (issue 25 item 3) are one line naming the field."""
+    message = _cluster_error(_with(INLINE, path, value))
+    assert said in message and "\n" not in message

@@ -97,6 +97,18 @@ class Assumptions:
             (tiny tensors, so the work is ~0); the PyTorch dispatch path is itemised at 5-25 us
             per op (Python ~1, pybind ~1, autograd 1-3, dispatcher 1-2, backend 1-5,
             cudaLaunchKernel 1-3 us).  Default 10.
+        zero3_hook_ops_forward, zero3_hook_ops_backward: host work of a ZeRO-3 unit's hooks per block, in
+            eager-op equivalents (each costs ``host_dispatch_us``): FSDP2's pre-forward all-gather
+            copy-in, the copy-out into per-parameter views, the post-forward reshard, the
+            pre-backward re-gather and the post-backward reduce-scatter bookkeeping, all Python
+            per unit.  benchmarks/fsdp_hooks.py measures ``fully_shard`` per GPT-2 block (fake
+            process group, world 8, so the collectives cost nothing) at 109-129 op-equivalents
+            in forward and 152-176 in backward, 1.5-2.3 ms per block on one shared core of this
+            machine; a published profile of FSDP2 (PyTorch issue #173680, torch 2.10, a Xeon host)
+            shows ~1 ms per ``FSDP::pre_forward``, half of a small model's step.  A block runs
+            no faster than the host issues its kernels and these (:func:`autoplace.cost.terms_time.
+            host_bound`); large blocks hide them under their compute.  DeepSpeed's per-submodule
+            hooks are assumed no cheaper.  Defaults 120 and 155.
         fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
             scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
             et al. 2022, torchao's Float8Linear.  Default 5.
@@ -170,6 +182,8 @@ class Assumptions:
     kernels_per_block_compiled: float = 10.0
     kernel_overhead_us: float = 2.5
     host_dispatch_us: float = 10.0
+    zero3_hook_ops_forward: float = 120.0
+    zero3_hook_ops_backward: float = 155.0
     fp8_cast_bytes: float = 5.0
     fp8_rowwise_gemm_time: float = 1.5
     zero12_grad_reduce: str = "reduce-scatter"

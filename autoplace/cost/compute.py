@@ -6,8 +6,11 @@ live in ``hardware_profiles/gpu/*.yaml``):
 * GEMMs, by shape: ``2 M N K`` FLOPs at the dtype's large-GEMM efficiency, scaled by the
   share of SMs the output tiles keep busy (cuBLAS computes ``ceil(M / tm) ceil(N / tn)`` tiles
   in waves of one per SM; the last wave's idle SMs are the wave-quantization loss, NVIDIA's
-  "Matrix Multiplication Background User's Guide"); never faster than streaming its three
-  matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
+  "Matrix Multiplication Background User's Guide"), and by the share of each tile's time spent in
+  its K loop relative to the measured shape's (:func:`k_loop_share`: a tile's fixed prologue and
+  epilogue cost ``k_overhead`` K-steps, which a short loop -- hidden sizes of 768 to 2,048 -- does
+  not amortize; a longer loop than the measured shape's runs no faster, the measured rate being
+  the best over shapes); never faster than streaming its three matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
   and weight gradients), so twice the forward time.
 * attention: a flash kernel (Dao 2023; Shah et al. 2024) at its measured efficiency for the
   sequence length, executing half the full ``QK^T`` and ``PV`` FLOPs when causal; backward
@@ -33,6 +36,7 @@ from autoplace.cost.layers import Gemm
 Array = np.ndarray
 
 FA_BACKWARD_FLOPS = 2.5  # backward / forward FLOPs of flash attention (Dao 2023, Sec. 4.1)
+ATTN_TABLE_HEAD_DIM = 128.0  # the head dim of every profile's attention_efficiency rows
 
 
 @dataclass(frozen=True)
@@ -47,35 +51,70 @@ class Kernels:
     attn_forward: Array  # [[sequence, fraction of the 16-bit peak], ...]
     attn_backward: Array
     hbm_Bps: float  # achieved HBM bandwidth, bytes/s
+    k_overhead: float = 0.0  # a tile's fixed prologue + epilogue, in K-loop elements (GPUProfile)
+    k_ref: float = 4096.0  # the K at which ``gemm_efficiency`` was measured: no K runs faster
+    attn_head_overhead: float = 0.0  # a score's fixed softmax work, in head-dim elements (AttentionEfficiency)
 
     def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
         """Share of SM-slots the output tiles fill over all waves (1 when tiles fill every wave)."""
         tiles = np.ceil(np.maximum(m, 1) / self.tile[0]) * np.ceil(np.maximum(n, 1) / self.tile[1])
         return tiles / (np.ceil(tiles / self.sm_count) * self.sm_count)
 
-    def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float) -> Array:
+    def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float,
+             k_share: bool = True) -> Array:
         """Seconds of one ``[m x k] @ [k x n]`` GEMM (its roofline with shape-dependent efficiency).
 
         Backward's two GEMMs (``[m x n] @ [n x k]`` and ``[k x m] @ [m x n]``) tile other pairs of
-        dimensions; with training's large token dimension they fill their waves as well.
+        dimensions; with training's large token dimension they fill their waves as well, and are
+        taken to pay the forward's K-loop share (the input gradient loops over ``n``, which over
+        a block's pairs of matrices -- QKV and output projection, the MLP's two -- spans the
+        forward's set of ``k``).  ``k_share=False`` leaves the K-loop share out (unfused
+        attention's batched GEMMs: the score GEMM, K = head dim, is bound by writing its
+        scores, the roofline's ``m n`` term, which is what its epilogue does).
         """
-        eff = self.gemm_efficiency * self.wave_utilization(m, n)
+        share = np.minimum(1.0, k_loop_share(k, self.k_overhead) / k_loop_share(self.k_ref, self.k_overhead)) \
+            if k_share else 1.0
+        eff = self.gemm_efficiency * self.wave_utilization(m, n) * share
         math = 2 * m * n * k / (self.peak_flops * eff)
         memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps
         return np.maximum(math, memory)
 
-    def attention(self, flops: Array, seq: Array, causal: bool = True) -> tuple[Array, Array]:
+    def attention(self, flops: Array, seq: Array, causal: bool = True,
+                  head_dim: float = ATTN_TABLE_HEAD_DIM) -> tuple[Array, Array]:
         """Forward and backward seconds of flash attention whose full (unmasked) forward costs
-        ``flops``, over sequences of ``seq`` keys."""
+        ``flops``, over sequences of ``seq`` keys, with heads of ``head_dim``.
+
+        The efficiency tables are at head dim 128; a score's softmax (max, exp, rescale) is fixed
+        work beside its ``2 d`` matmul FLOPs, so smaller heads run at
+        :func:`k_loop_share` ``(d) / k_loop_share(128)`` of the table (``attn_head_overhead``),
+        larger ones no faster (FlashAttention-2 at head dim 256 is slower than at 128).
+        """
         executed = flops * (0.5 if causal else 1.0)
         x = np.log(np.maximum(seq, 1.0))
-        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1])
-        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1])
+        head = np.minimum(1.0, k_loop_share(head_dim, self.attn_head_overhead)
+                          / k_loop_share(ATTN_TABLE_HEAD_DIM, self.attn_head_overhead))
+        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1]) * head
+        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1]) * head
         return executed / (self.peak16_flops * fwd), FA_BACKWARD_FLOPS * executed / (self.peak16_flops * bwd)
 
     def stream(self, nbytes: Array) -> Array:
         """Seconds of memory-bound kernels moving ``nbytes`` through HBM."""
         return nbytes / self.hbm_Bps
+
+
+def k_loop_share(k: Array | float, k_overhead: float) -> Array:
+    """Share of an output tile's time spent in its K loop: ``k / (k + k_overhead)``.
+
+    Each thread block of a tiled GEMM fills its multistage operand pipeline before the first
+    tensor-core step (the prologue: one memory latency) and, after the loop, converts its fp32
+    accumulators and writes the output tile through shared memory (the epilogue: CUTLASS's
+    ``Epilogue``, the "tiled outer product" of NVIDIA's Matrix Multiplication Background
+    User's Guide, Sec. 2.1); neither grows with K, so a GEMM with a short reduction
+    dimension spends a larger share of each tile outside the math.  ``k_overhead`` is that
+    fixed cost in K-loop elements (a profile field, 0 where not stated).
+    """
+    loop = np.maximum(np.asarray(k, dtype=float), 1.0)
+    return np.asarray(loop / (loop + k_overhead))
 
 
 def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array | float,

@@ -58,7 +58,8 @@ def kernels_of(gpu: GPUProfile, dtype: str) -> Kernels:
         sm_count=gpu.sm_count, tile=(gpu.gemm_tile[0], gpu.gemm_tile[1]),
         attn_forward=np.asarray(gpu.attention_efficiency.forward, dtype=float),
         attn_backward=np.asarray(gpu.attention_efficiency.backward, dtype=float),
-        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency)
+        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency, k_overhead=gpu.gemm_k_overhead, k_ref=gpu.gemm_efficiency_k,
+        attn_head_overhead=gpu.attention_efficiency.head_dim_overhead)
 
 
 def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageHardware:

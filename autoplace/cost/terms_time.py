@@ -109,10 +109,11 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
                     gemm = np.where(fp8, fp8_gemm(kern8, k), gemm)
             score = tokens * k.flops_score / tp  # full (unmasked) forward FLOPs of the attention core
             if k.flash:
-                a_f, a_b = kern.attention(score, seq_local)
+                a_f, a_b = kern.attention(score, seq_local, head_dim=k.head_dim)
             else:  # QK^T and PV as batched GEMMs per head (their softmax streams with the activations)
                 heads = k.flops_score / (4 * table.seq_len * k.head_dim) / tp * c.mbs[:, None]
-                a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem) + kern.gemm(seq_local, k.head_dim, seq, elem))
+                a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem, k_share=False)
+                               + kern.gemm(seq_local, k.head_dim, seq, elem, k_share=False))
                 a_b = 2 * a_f
             fwd.append(gemm + a_f)
             afwd.append(a_f)
@@ -137,7 +138,9 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     bwd_none = bwd_none - ctx.hw.slowest([p[4] for p in per_pool]) * scale
     dequant = ctx.hw.slowest([ctx.quantized[..., 0] * assume.nf4_dequant_bytes / k.hbm_Bps for k in ctx.hw.kernels])
     fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
-    fwd, bwd_none = host_bound(fwd, bwd_none, kernels[:, None, None], assume.host_dispatch_us)
+    hooks = (c.zero >= 3)[:, None, None]  # a ZeRO-3 unit per block runs its hooks every pass
+    fwd, bwd_none = host_bound(fwd, bwd_none, kernels[:, None, None] + hooks * assume.zero3_hook_ops_forward,
+                               2 * kernels[:, None, None] + hooks * assume.zero3_hook_ops_backward, assume.host_dispatch_us)
     backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
     # the backward's host time: its kernels (twice the forward's, plus a recomputed forward's)
     # and the sharded reduction's per-tensor, per-rank Python loops
@@ -148,16 +151,19 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
 
 
-def host_bound(forward: Array, backward: Array, kernels: Array, dispatch_us: float) -> tuple[Array, Array]:
-    """A block's forward and backward seconds, no shorter than the host takes to issue their kernels.
+def host_bound(forward: Array, backward: Array, forward_ops: Array, backward_ops: Array,
+               dispatch_us: float) -> tuple[Array, Array]:
+    """A block's forward and backward seconds, no shorter than the host takes to issue them.
 
     The host issues kernels asynchronously, one eager op at a time (Python, the dispatcher,
     autograd's bookkeeping, the launch call: ``dispatch_us`` each); the GPU runs them as they
     come, so a block whose kernels finish faster than the host issues them is launch-bound
-    (small models at small batches).  Backward issues two kernels per forward kernel.
+    (small models at small batches).  ``forward_ops`` and ``backward_ops`` count what the host
+    does per pass in eager-op equivalents: the block's kernels (backward issues two per forward
+    kernel) and, for a ZeRO-3 unit, its hooks (``Assumptions.zero3_hook_ops_forward`` / ``_backward``).
     """
-    host = kernels * dispatch_us * 1e-6
-    return np.maximum(forward, host), np.maximum(backward, 2 * host)
+    us = dispatch_us * 1e-6
+    return np.maximum(forward, forward_ops * us), np.maximum(backward, backward_ops * us)
 
 
 def zero3_reduce_blocks(ctx: Context) -> Array:

@@ -127,10 +127,13 @@ class AttentionEfficiency(Strict):
     """Fused (flash) causal attention: achieved fraction of the 16-bit dense peak by sequence
     length, forward and backward, counting the FLOPs a causal kernel executes.  Rows of
     [sequence length > 0, fraction], in any order (sorted here, for interpolation in log length);
-    a bad row or cell is reported at its own index (``attention_efficiency.forward.1.0``)."""
+    a bad row or cell is reported at its own index (``attention_efficiency.forward.1.0``).
+    The rows are at head dim 128; a smaller head dim runs at ``d / (d + head_dim_overhead)`` of
+    that (each score's softmax work is fixed, its matmul work grows with d), never faster."""
 
     forward: TableRows = [[1.0, 0.5]]
     backward: TableRows = [[1.0, 0.4]]
+    head_dim_overhead: float = Field(default=0.0, ge=0, le=1e4, allow_inf_nan=False)
 
     @field_validator("forward", "backward")
     @classmethod
@@ -143,7 +146,9 @@ class GPUProfile(Strict):
 
     The efficiency numbers say how fast each class of kernel runs on it (autoplace.cost.compute):
     large GEMMs reach ``gemm_efficiency`` of the dtype's dense peak, less when their output
-    tiles (``gemm_tile``, M x N) leave part of the last wave of ``sm_count`` SMs idle; fused
+    tiles (``gemm_tile``, M x N) leave part of the last wave of ``sm_count`` SMs idle, and less
+    when their reduction dimension K is shorter than ``gemm_efficiency_k`` (the measured shape's)
+    beside a tile's fixed prologue and epilogue (``gemm_k_overhead`` K-loop elements); fused
     attention follows ``attention_efficiency``; memory-bound kernels stream at
     ``hbm_efficiency`` of the HBM bandwidth.  ``sustained_fraction`` is the share of those
     (short-benchmark) compute rates the GPU keeps through hours of training, at its power and
@@ -160,6 +165,8 @@ class GPUProfile(Strict):
     gemm_efficiency: DtypeFractions = DtypeFractions(bf16=0.7)
     sm_count: int = Field(100, ge=1, le=100_000)
     gemm_tile: list[Annotated[int, Field(ge=1, le=4096)]] = Field([128, 128], min_length=2, max_length=2)
+    gemm_k_overhead: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    gemm_efficiency_k: float = Field(default=4096.0, ge=1, le=1e7, allow_inf_nan=False)
     attention_efficiency: AttentionEfficiency = AttentionEfficiency()
     hbm_efficiency: Fraction = 0.8
     sustained_fraction: Fraction = 1.0
