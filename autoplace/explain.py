@@ -106,16 +106,21 @@ def _compressed_twin(plan: Plan, name: str, rank: int) -> Plan:
     return twin
 
 
+HINT_GAIN = 0.01  # the least share of the step a compression hint must save: below it, not worth its accuracy risk
+
+
 def compression_hint(model: ModelSpec, cluster: ClusterSpec, best: Evaluation,
                      assume: Assumptions = DEFAULT) -> str | None:
     """For a solve that did not search compression: the option that would shorten ``best``'s step
-    most (the same plan, at the ZeRO level the option needs), or None when none would."""
+    most (the same plan, at the ZeRO level the option needs), or None when none would save at
+    least ``HINT_GAIN`` of it."""
     if best.plan.compress != "none":
         return None
     reduce_bytes = model.training.recipe().reduce_bytes
     twins = [_compressed_twin(best.plan, name, rank) for name, rank in CHOICES[1:]]
     scored = [evaluate(model, cluster, twin, assume) for twin in twins if applies(twin, reduce_bytes)]
-    faster = [ev for ev in scored if ev.fits and not ev.violations and ev.step_time_s < best.step_time_s]
+    faster = [ev for ev in scored if ev.fits and not ev.violations
+              and ev.step_time_s < (1 - HINT_GAIN) * best.step_time_s]
     if not faster:
         return None
     ev = min(faster, key=lambda e: e.step_time_s)

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -215,3 +216,27 @@ def test_scale_replicates_an_inline_network_and_searches_compression_when_allowe
 
     assert all(p["plan"]["compress"] == "none" for p in sweep()["points"])
     assert sweep("--allow", "compress")["points"][1]["plan"]["compress"] != "none"
+
+
+def test_no_hint_for_a_compression_that_saves_almost_nothing() -> None:
+    """Llama-3-70B on 64 H100 (NDR), the plan the README shows: bf16 would save a few
+    millionths of its step, not worth an accuracy risk, so no hint (the slow-network test above
+    shows one that pays)."""
+    from autoplace.cost.assumptions import DEFAULT
+    from autoplace.evaluation import evaluate
+    from autoplace.explain import HINT_GAIN, compression_hint
+    from autoplace.frameworks import get as get_framework
+    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    cluster = load_cluster(root / "clusters" / "8x8-h100.yaml")
+    model, _ = get_framework("megatron").costing(load_model(root / "models" / "llama-3-70b.json"), DEFAULT)
+    plan = build_plan(parse_plan_string("dp=4,tp=4,pp=4,zero=1,mbs=1,fused_loss=true,tp_overlap=userbuffers,"
+                                        "layers=18:21:21:20,recompute=none"), world=64, blocks=80,
+                      global_batch=model.training.global_batch, gpus_per_node=8)
+    best = evaluate(model, cluster, plan)
+    saved = 1 - evaluate(model, cluster, dataclasses.replace(plan, compress="bf16")).step_time_s / best.step_time_s
+    assert 0 < saved < HINT_GAIN
+    assert compression_hint(model, cluster, best) is None
