@@ -358,25 +358,21 @@ class Space:
         evaluator: (objective value, inf where it does not fit; memory or host shortfall)."""
         value, short = np.full(len(self.configs), np.inf), np.zeros(len(self.configs))
         p = self.problem
-        for rows in _groups(self.configs):
-            cand = to_candidates(self.configs, self.table, mode, rows)
-            which = costing_rows(p, self.configs, rows)
-            for k in np.unique(which):
-                model, assumptions = p.costing(int(k))
-                part = np.flatnonzero(which == k)
-                b = evaluate_batch(self.table, p.cluster, cand.take(part) if len(part) < len(rows) else cand,
-                                   model.training.recipe(), assumptions)
-                objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
-                value[rows[part]] = np.where(b.fits, objective, np.inf)
-                short[rows[part]] = np.maximum(b.shortfall, b.host_shortfall)
+        which = costing_rows(p, self.configs)
+        for rows in _groups(self.configs, which):
+            model, assumptions = p.costing(int(which[rows[0]]))
+            b = evaluate_batch(self.table, p.cluster, to_candidates(self.configs, self.table, mode, rows),
+                               model.training.recipe(), assumptions)
+            objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
+            value[rows] = np.where(b.fits, objective, np.inf)
+            short[rows] = np.maximum(b.shortfall, b.host_shortfall)
         return value, short
 
 
-def _groups(configs: list[Config]) -> list[np.ndarray]:
+def _groups(configs: list[Config], costing: np.ndarray) -> list[np.ndarray]:
     """Row indices by pipeline depth (so stage arrays are as deep as the group's pp) and costing
-    (:meth:`Problem.costing_index`: one costing per numpy pass), in chunks of at most GROUP_ROWS."""
+    (``costing[i]``, :meth:`Problem.costing_index`: one per numpy pass), in chunks of at most GROUP_ROWS."""
     pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
-    costing = configs.costing if isinstance(configs, ConfigList) else np.zeros(len(pp), dtype=np.int64)
     key = pp * (int(costing.max(initial=0)) + 1) + costing
     out: list[np.ndarray] = []
     for value in np.unique(key):
@@ -433,9 +429,10 @@ def score_space(problem: Problem, configs: list[Config], deadline: float = math.
     configurations say :attr:`ConfigList.stopped`."""
     table = layer_table(problem.model)
     parts = []
-    for rows in _groups(configs):
+    which = costing_rows(problem, configs)
+    for rows in _groups(configs, which):
         cand = to_candidates(configs, table, rows=rows)
-        parts.append((rows, summarize(table, cand, _terms(problem, table, cand, costing_rows(problem, configs, rows)))))
+        parts.append((rows, summarize(table, cand, _terms(problem, table, cand, which[rows]))))
         if time.perf_counter() > deadline and isinstance(configs, ConfigList) and \
                 sum(len(r) for r, _ in parts) < len(configs):
             configs, parts = _scored_part(configs, parts)

@@ -74,7 +74,9 @@ def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int,
     assert isinstance(configs, ConfigList) and configs.arrays.size == len(configs)
     table = layer_table(problem.model)
     plain = list(configs)
-    for rows in _groups(configs):  # as score_space takes them
+    # each configuration's costing as enumeration recorded it is the one its problem gives it
+    assert configs.costing.tolist() == [problem.costing_index(cf) for cf in plain]
+    for rows in _groups(configs, configs.costing):  # as score_space takes them
         _assert_same(to_candidates(configs, table, mode, rows), _reference_candidates([plain[i] for i in rows], table,
                                                                                       mode))
     rows = np.random.default_rng(seed).permutation(len(configs))[:50]  # any rows, in any order, as Space.scored's
