@@ -17,7 +17,6 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -177,7 +176,7 @@ def sharded_vs_3d(runs: list[PublishedRun], rows: list[dict[str, object]]) -> tu
     """(pairs ordered as measured, pairs) over runs of the same model and cluster where one is
     fully sharded data parallel alone (ZeRO-3, no TP/PP) and the other splits its layers."""
     good = total = 0
-    by_group: dict[tuple[Any, ...], list[tuple[PublishedRun, dict[str, object]]]] = {}
+    by_group: dict[tuple[str, str, int, float], list[tuple[PublishedRun, dict[str, object]]]] = {}
     for run, row in zip(runs, rows, strict=True):
         by_group.setdefault(run.group, []).append((run, row))
     for members in by_group.values():

@@ -333,12 +333,13 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                   tp_allreduce=2 * b * h, cp_kv=b * (kw + vw), head_dim=qw / m.heads, flash=m.flash_attention)
     attention = _attention_gemms(m)
     gated = m.ffn == "swiglu"
+    dense_gemms = (*attention, *_mlp_gemms(h, m.ffn_hidden, gated))
     kinds.append(BlockKind(
         name="dense", params_tp=att_tp + dense_tp, params_rep=att_rep + norms + dense_rep, params_expert=0.0,
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
-        act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=(*attention, *_mlp_gemms(h, m.ffn_hidden, gated)),
-        tensors=_tensors(m, (*attention, *_mlp_gemms(h, m.ffn_hidden, gated))), **common))  # type: ignore[arg-type]
+        act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=dense_gemms,
+        tensors=_tensors(m, dense_gemms), **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
