@@ -42,6 +42,12 @@ class Mode(StrEnum):
 
 
 RECOMPUTE = ("none", "selective", "full")
+# The recompute forms the search gives a configuration's plans (solvers.problem.Problem.recompute_forms, as
+# bits 1 << form): every block in one mode (0, 1, 2: RECOMPUTE's indices); full on the first k blocks and none
+# after, on one stage (FIRST_FULL: Megatron-LM's block method without a pipeline); or any mix per layer
+# (PER_LAYER, or the mode --fix pins).  It tries each form a configuration may take as a row of its own.
+FIRST_FULL, PER_LAYER = 3, 4
+FORMS = (0, 1, 2, FIRST_FULL, PER_LAYER)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 OFFLOAD = ("none", "cpu", "nvme")
 # communication compression (autoplace.compression says what each moves, costs and risks)

@@ -96,8 +96,8 @@ def _in_nodes(problem: Problem, gpus: int) -> str:
 def nearest_plan(problem: Problem, space: Space) -> Evaluation:
     """The uniform plan (even split, full recompute) whose fullest stage misses by the least."""
     _, short = space.uniform(2)
-    i = int(np.argmin(short))
-    counts = to_candidates([space.configs[i]], space.table, mode=2).counts[0]
-    split = [int(counts[s].sum()) for s in range(space.configs[i].pp)]
+    config = space.listed[int(np.argmin(short))]
+    counts = to_candidates([config], space.table, mode=2).counts[0]
+    split = [int(counts[s].sum()) for s in range(config.pp)]
     modes = [[[0, 0, int(n)] for n in counts[s, :, 2]] for s in range(len(split))]
-    return evaluated(problem, [plan_from(space.configs[i], space.table, split, modes)])[0]
+    return evaluated(problem, [plan_from(config, space.table, split, modes)])[0]

@@ -300,15 +300,16 @@ class CpSatSolver(Solver):
         enumerated = len(configs)
         clock("score")
         space = self._score(problem, configs, deadline)
-        configs = space.configs
+        configs = space.listed
         stopped = [f"the time limit stopped enumeration and scoring at {len(configs):,} configurations"
                    f"{'' if len(configs) == enumerated else f' of {enumerated:,}'}: the rest of the space was not "
                    "searched"] if getattr(configs, "stopped", False) else []
         clock("bound")
         one_kind = len(space.table.kinds) == 1
         bounded = (bound_with_tables if one_kind else bound_mixed)(problem, space, deadline)
-        notes = [*stopped, f"{len(configs)} configurations scored, {len(bounded.scored.configs) if bounded else 0} "
-                 "kept after bounding"]
+        forms = "" if len(space.configs) == len(configs) else f" ({len(space.configs)} with their recompute forms)"
+        notes = [*stopped, f"{len(configs)} configurations scored{forms}, "
+                 f"{len(bounded.scored.configs) if bounded else 0} kept after bounding"]
         if bounded is None:
             return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes, phases=clock.done())
@@ -341,13 +342,13 @@ class CpSatSolver(Solver):
 
     @staticmethod
     def _key(problem: Problem) -> tuple[Any, ...]:
-        """What enumeration reads: everything but a pinned recompute mode."""
+        """What enumeration reads."""
         return (id(problem.model), id(problem.cluster), id(problem.admissible), problem.features, problem.max_mbs,
-                tuple(sorted((k, str(v)) for k, v in problem.fixed.items() if k != "recompute")))
+                tuple(sorted((k, str(v)) for k, v in problem.fixed.items())))
 
     def _enumerate(self, problem: Problem, deadline: float) -> list[Config]:
-        """The configurations, shared by this solver's solves that differ only in a pinned
-        recompute mode (a framework's uniform-recompute runs): enumeration does not read it.
+        """The configurations, shared by this solver's solves that differ only in what enumeration
+        does not read (how many plans they keep: a deeper search for more runnable plans).
         One the time limit stopped is not kept (a later solve may have the time to finish)."""
         key = self._key(problem)
         if key in self._configs:
@@ -358,12 +359,12 @@ class CpSatSolver(Solver):
         return configs
 
     def _score(self, problem: Problem, configs: list[Config], deadline: float) -> Space:
-        """The scored space, shared like the configurations (:meth:`_enumerate`): a solve that
-        pins another recompute mode reads its bounds off the last space's summary."""
+        """The scored space, shared like the configurations (:meth:`_enumerate`): a solve of the
+        same configurations reads its bounds off the last space's summary."""
         # the objects themselves, compared by identity: held here, their ids cannot be reused
         key = (problem.model, problem.cluster, problem.admissible, problem.assumptions, problem.costings)
         if self._space is not None and all(a is b for a, b in zip(self._space[0], key, strict=True)) \
-                and self._space[1].configs is configs:
+                and self._space[1].listed is configs:
             return self._space[1].for_problem(problem)
         space = score_space(problem, configs, deadline)
         self._space = (key, space)

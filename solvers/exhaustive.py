@@ -19,9 +19,10 @@ import numpy as np
 from autoplace.cost.layers import layer_table
 from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError, SpecError
+from autoplace.plan import FIRST_FULL
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, enumerate_configs, score_space
+from solvers.space import Scored, enumerate_configs, recompute_of, score_space
 
 MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
 
@@ -43,8 +44,12 @@ def count_compositions(total: int, parts: int, step: int) -> int:
     return math.comb(total // step - 1, parts - 1) if total % step == 0 and total >= parts * step else 0
 
 
-def _options(counts: tuple[int, ...], fixed_mode: int | None) -> np.ndarray:
-    """Every recompute assignment for a stage with ``counts[k]`` blocks of kind k: [O, K, 3]."""
+def _options(counts: tuple[int, ...], fixed_mode: int | None, first: np.ndarray | None = None) -> np.ndarray:
+    """Every recompute assignment for a stage with ``counts[k]`` blocks of kind k: [O, K, 3]
+    (FIRST_FULL: full on the first b blocks and none after, ``first[b]`` of each kind full)."""
+    if fixed_mode == FIRST_FULL:
+        full = np.asarray(first, dtype=float)  # [n + 1, K]
+        return np.stack([np.asarray(counts) - full, np.zeros_like(full), full], axis=-1)
     per_kind = []
     for n in counts:
         if fixed_mode is not None:
@@ -70,7 +75,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     """Best split and recompute counts of configuration ``i``, or None when nothing fits."""
     cf, t, table = scored.configs[i], scored.terms, scored.table
     P, v, m = cf.pp, cf.vpp, cf.grad_accum
-    fixed_mode = problem.fixed_mode
+    fixed_mode = recompute_of(scored.configs, i, problem.fixed_mode)
     splits = compositions(table.blocks, P, v)
     if problem.fixed_split is not None:
         splits = [s for s in splits if s == problem.fixed_split]
@@ -79,7 +84,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     @cache
     def stage(s: int, start: int, stop: int) -> _Stage | None:
         counts = tuple(int(x) for x in prefix[stop] - prefix[start])
-        opts = _options(counts, fixed_mode)  # [O, K, 3]
+        opts = _options(counts, fixed_mode, prefix[start:stop + 1] - prefix[start])  # [O, K, 3]
         N = opts.sum(-1)  # [O, K]
         static, per_block, mult = (x[i, s] for x in t.phases)
         mem = (static[None, :] + N @ per_block.T + mult[None, :] * (opts * t.act_block[i, 0]).sum((1, 2))[:, None]).max(-1)
@@ -125,6 +130,7 @@ class ExhaustiveSolver(Solver):
             raise SpecError(f"exhaustive search would enumerate {work:,} splits (its limit is {MAX_WORK:,}); "
                             "valid for this problem: cpsat", source="--solver")
         space = score_space(problem, configs)
+        configs = space.configs  # each once per recompute form
         scored = space.scored(range(len(configs)))
         found = []
         for i in range(len(configs)):
@@ -136,7 +142,7 @@ class ExhaustiveSolver(Solver):
         found.sort(key=lambda f: f[0])
         chosen = [(configs[i], split, modes) for _, i, split, modes in found[: problem.top_k]]
         return finish(problem, space, chosen, "optimal" if found else "infeasible",
-                      bound=None, start=start, n_evaluated=len(configs))
+                      bound=None, start=start, n_evaluated=len(space.listed))
 
 
 __all__ = ["ExhaustiveSolver", "best_inner", "compositions"]

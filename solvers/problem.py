@@ -10,11 +10,12 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SolverError
 from autoplace.evaluation import Evaluation
-from autoplace.plan import RECOMPUTE, Config, parse_layers
+from autoplace.plan import PER_LAYER, RECOMPUTE, Config, parse_layers
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "comm", "memory")
+
 # compress and fp8 are opt-in: every option changes the numbers the optimizer sees (autoplace.compression;
 # fp8 GEMMs, and only on GPUs with fp8 units)
 FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
@@ -42,6 +43,9 @@ class Problem:
             costed with (``costing_key(config)`` = k >= 1: ``costings[k - 1]``; 0, or no key:
             ``model`` and ``assumptions``): ``--framework any`` prices a configuration as the
             frameworks that run it do when they cost alike (:func:`autoplace.frameworks.search.admissible`).
+        recompute_forms: the per-layer recompute a configuration's plans may take, as a set of
+            :data:`autoplace.plan.FORMS` bits (``recompute_forms(config)``; no callable: any mix, ``PER_LAYER``):
+            what the frameworks that express it can state.  A pinned recompute mode overrides it.
     """
 
     model: ModelSpec
@@ -56,6 +60,7 @@ class Problem:
     recipes: tuple[Mapping[str, Any], ...] = ({},)
     costings: tuple[tuple[ModelSpec, Assumptions], ...] = ()
     costing_key: Callable[[Config], int] | None = None
+    recompute_forms: Callable[[Config], int] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -77,6 +82,13 @@ class Problem:
     def costing_of(self, config: Config) -> tuple[ModelSpec, Assumptions]:
         """(model, assumptions) a configuration or plan is costed with."""
         return self.costing(self.costing_index(config))
+
+    def forms(self, config: Config) -> int:
+        """The recompute forms (:data:`autoplace.plan.FORMS` bits) of a configuration's plans: one per-layer
+        search (``PER_LAYER``) when any mix may be stated or a mode is pinned."""
+        if self.recompute_forms is None or "recompute" in self.fixed:
+            return 1 << PER_LAYER
+        return self.recompute_forms(config)
 
     @property
     def fixed_mode(self) -> int | None:

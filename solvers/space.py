@@ -26,7 +26,7 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import FIRST_FULL, FORMS, PER_LAYER, RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -123,7 +123,7 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
 
 
 def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
-           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[int]]:
+           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[tuple[int, int]]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
@@ -133,7 +133,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     Returns:
         The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1),
         per micro-batching (mbs, grad_accum) the indices of the shapes it applies to, and each
-        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike).
+        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike)
+        and recompute forms (:meth:`Problem.forms`).
     """
     fx, feat, pp = problem.fixed, problem.features, base.pp
     per_replica = B // dp
@@ -152,7 +153,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     compressions = _compressions(problem, base, reduce_bytes)
     recipes = _recipes(problem, base)
     shapes: list[Config] = []
-    costings: list[int] = []  # each shape's Problem.costing_index
+    costings: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -172,7 +173,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
                     continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
-                    costings.append(costing)
+                    costings.append((costing, problem.forms(shape)))
                     taken.append((recipe, costing))
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
@@ -235,15 +236,16 @@ class _Listing:
     """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
 
     def __init__(self) -> None:
-        self.costing: list[int] = []  # each shape's (Problem.costing_index)
+        self.costing: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
         self.shapes: list[Config] = []
         self.configs: list[Config] = []
         self.rows: list[int] = []  # each configuration's shape (an index into shapes)
         self.mbs: list[int] = []
         self.ga: list[int] = []
 
-    def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]], costings: list[int]) -> None:
-        """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings and costings)."""
+    def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]],
+            costings: list[tuple[int, int]]) -> None:
+        """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings, costings and forms)."""
         first = len(self.shapes)
         self.shapes.extend(shapes)
         self.costing.extend(costings)
@@ -259,7 +261,8 @@ class _Listing:
         rows = np.array(self.rows, dtype=np.int64)
         arrays = dataclasses.replace(shapes.take(rows), mbs=np.array(self.mbs, dtype=np.int64),
                                      ga=np.array(self.ga, dtype=np.int64))
-        return ConfigList(self.configs, arrays, stopped=stopped, costing=np.array(self.costing, dtype=np.int64)[rows])
+        costing, forms = np.array(self.costing, dtype=np.int64).reshape(-1, 2)[rows].T
+        return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms)
 
 
 class ConfigList(list[Config]):
@@ -267,19 +270,44 @@ class ConfigList(list[Config]):
     (:class:`Candidates` without block counts), built from the few thousand shapes they were
     enumerated from: :func:`to_candidates` takes rows of it instead of reading the attributes
     of tens of thousands of configurations.  Read it as a list: the arrays describe the list
-    as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space."""
+    as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space.
+
+    Each configuration has its costing (:meth:`Problem.costing_index`) and recompute forms
+    (:meth:`Problem.forms`); :meth:`by_form` lists it once per form, :attr:`form` says which."""
 
     def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False,
-                 costing: np.ndarray | None = None) -> None:
+                 costing: np.ndarray | None = None, forms: np.ndarray | None = None,
+                 form: np.ndarray | None = None) -> None:
         super().__init__(configs)
         self.arrays = arrays
         self.stopped = stopped
-        self.costing = np.zeros(len(configs), dtype=np.int64) if costing is None else costing  # Problem.costing_index
+        n = len(configs)
+        self.costing = np.zeros(n, dtype=np.int64) if costing is None else costing  # Problem.costing_index
+        self.forms = np.full(n, 1 << PER_LAYER, dtype=np.int64) if forms is None else forms  # Problem.forms
+        self.form = np.full(n, PER_LAYER, dtype=np.int64) if form is None else form  # the one each row takes
 
     def subset(self, rows: Sequence[int] | np.ndarray) -> ConfigList:
         """The configurations ``rows``, in that order, with their arrays."""
         rows = np.asarray(rows, dtype=np.int64)
-        return ConfigList([self[i] for i in rows], self.arrays.take(rows), self.stopped, self.costing[rows])
+        return ConfigList([self[i] for i in rows], self.arrays.take(rows), self.stopped, self.costing[rows],
+                          self.forms[rows], self.form[rows])
+
+    def by_form(self) -> tuple[ConfigList, np.ndarray]:
+        """Each configuration once per recompute form it may take (forms in :data:`FORMS` order),
+        :attr:`form` set, and each row's index into this list."""
+        if (self.forms == 1 << PER_LAYER).all():
+            return self, np.arange(len(self))
+        rows, form = np.nonzero((self.forms[:, None] >> np.array(FORMS)) & 1)
+        out = self.subset(rows)
+        out.form = np.array(FORMS)[form]
+        return out, rows
+
+
+def recompute_of(configs: Sequence[Config], i: int, pinned: int | None) -> int | None:
+    """The recompute configuration ``i``'s tables take: a mode (RECOMPUTE's index), FIRST_FULL,
+    or None for any mix per layer (``pinned``, the problem's pinned mode, when it has one)."""
+    form = int(configs.form[i]) if isinstance(configs, ConfigList) else PER_LAYER
+    return pinned if form == PER_LAYER else form
 
 
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
@@ -329,23 +357,39 @@ GROUP_ROWS = 4096  # configurations scored per numpy pass (bounds the arrays' si
 
 @dataclass(frozen=True)
 class Space:
-    """The whole space bounded: every configuration and its sound lower bounds.  Coefficient
-    tables are built on demand for the few configurations a search visits (:meth:`scored`),
-    so the [configurations x stages] arrays of the whole space are never held at once."""
+    """The whole space bounded: every configuration, once per recompute form it may take
+    (:meth:`ConfigList.by_form`), and their sound lower bounds.  Coefficient tables are built
+    on demand for the few configurations a search visits (:meth:`scored`), so the
+    [configurations x stages] arrays of the whole space are never held at once."""
 
     problem: Problem
     configs: list[Config]
     table: LayerTable
     lower_bound: np.ndarray  # [C] objective lower bound over all inner choices
     memory_lb: np.ndarray  # [C] lower bound of the fullest stage's memory minus capacity (> 0: cannot fit)
-    summary: Summary  # what the bounds of any objective and recompute mode read
+    summary: Summary  # what the bounds of any objective and recompute mode read, per configuration listed
+    listed: list[Config]  # the configurations as enumerated (the summary's rows)
+
+    @staticmethod
+    def of(problem: Problem, listed: list[Config], table: LayerTable, summary: Summary) -> Space:
+        """The space of the configurations ``listed`` and their summary, for ``problem``: each
+        configuration once per recompute form (once in the mode the problem pins, if it does),
+        bounded in that form."""
+        by_form = isinstance(listed, ConfigList) and problem.fixed_mode is None
+        configs, source = listed.by_form() if by_form else (listed, np.arange(len(listed)))
+        form = configs.form if isinstance(configs, ConfigList) else np.full(len(configs), PER_LAYER)
+        lower_bound, memory_lb = np.empty(len(configs)), np.empty(len(configs))
+        for f in np.unique(form).tolist():  # FIRST_FULL is bounded as any mix: it is one
+            rows = np.flatnonzero(form == f)
+            lb, mem = summary.bounds(problem.objective, problem.fixed_mode if f in (PER_LAYER, FIRST_FULL) else f)
+            lower_bound[rows], memory_lb[rows] = lb[source[rows]], mem[source[rows]]
+        return Space(problem, configs, table, lower_bound, memory_lb, summary, listed)
 
     def for_problem(self, problem: Problem) -> Space:
-        """This space for ``problem``, which differs from its own at most in the objective and
-        the recompute mode it pins (the same configurations and coefficient tables): its
-        bounds without scoring again."""
-        return Space(problem, self.configs, self.table, *self.summary.bounds(problem.objective, problem.fixed_mode),
-                     self.summary)
+        """This space for ``problem``, which differs from its own at most in the objective, the
+        recompute mode it pins and the plans it keeps (the same configurations and coefficient
+        tables): its bounds without scoring again."""
+        return Space.of(problem, self.listed, self.table, self.summary)
 
     def scored(self, rows: Sequence[int]) -> Scored:
         """The configurations ``rows`` with their coefficient tables (re-indexed in that order)."""
@@ -354,14 +398,14 @@ class Space:
                                                   costing_rows(self.problem, configs)))
 
     def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every configuration with an even split and recompute ``mode`` on every block, by the
-        evaluator: (objective value, inf where it does not fit; memory or host shortfall)."""
-        value, short = np.full(len(self.configs), np.inf), np.zeros(len(self.configs))
+        """Every configuration listed with an even split and recompute ``mode`` on every block, by
+        the evaluator: (objective value, inf where it does not fit; memory or host shortfall) ``[len(listed)]``."""
+        value, short = np.full(len(self.listed), np.inf), np.zeros(len(self.listed))
         p = self.problem
-        which = costing_rows(p, self.configs)
-        for rows in _groups(self.configs, which):
+        which = costing_rows(p, self.listed)
+        for rows in _groups(self.listed, which):
             model, assumptions = p.costing(int(which[rows[0]]))
-            b = evaluate_batch(self.table, p.cluster, to_candidates(self.configs, self.table, mode, rows),
+            b = evaluate_batch(self.table, p.cluster, to_candidates(self.listed, self.table, mode, rows),
                                model.training.recipe(), assumptions)
             objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
             value[rows] = np.where(b.fits, objective, np.inf)
@@ -437,8 +481,7 @@ def score_space(problem: Problem, configs: list[Config], deadline: float = math.
                 sum(len(r) for r, _ in parts) < len(configs):
             configs, parts = _scored_part(configs, parts)
             break
-    summary = Summary.stack(parts, len(configs))
-    return Space(problem, configs, table, *summary.bounds(problem.objective, problem.fixed_mode), summary)
+    return Space.of(problem, configs, table, Summary.stack(parts, len(configs)))
 
 
 def _scored_part(configs: ConfigList, parts: list[tuple[np.ndarray, Summary]]) -> tuple[ConfigList,

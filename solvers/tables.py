@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cost.step import pipeline_time, pipeline_weights
-from autoplace.plan import even_split
-from solvers.space import Scored
+from autoplace.plan import FIRST_FULL, even_split
+from solvers.space import Scored, recompute_of
 
 INF = np.inf
 
@@ -118,7 +118,7 @@ def stage_tables_many(scored: Scored, rows: Sequence[int], objective: str, fixed
     hi = np.where(reach < fit, np.where(n > reach[:, None], floors, INF).min(-1), INF)
     out = StageTables(value=np.full((len(i), L + 1), INF), time=np.full((len(i), L + 1), INF), tail=tail,
                       sel=np.zeros((len(i), L + 1), dtype=int), full=np.zeros((len(i), L + 1), dtype=int))
-    for at in _buckets(reach, fixed_mode is None):
+    for at in _buckets(reach, fixed_mode in (None, FIRST_FULL)):
         N = int(reach[at].max()) + 1
         parts = _best_counts(co.take(at) if len(at) < len(i) else co, N, limit[at], objective, fixed_mode)
         for table, part in zip((out.value, out.time, out.sel, out.full), parts, strict=True):
@@ -208,10 +208,11 @@ class _Coefficients:
 def _best_counts(co: _Coefficients, N: int, limit: np.ndarray, objective: str,
                  fixed_mode: int | None) -> tuple[np.ndarray, ...]:
     """For every row and stage size ``n < N`` (``<= limit``), the best recompute counts (see
-    the module docstring): the objective term, the micro-batch time and the selective and
-    full counts ``[R, N]`` (``inf``, 0 where none fits)."""
+    the module docstring; FIRST_FULL: no selective ones): the objective term, the micro-batch
+    time and the selective and full counts ``[R, N]`` (``inf``, 0 where none fits)."""
     n = np.arange(N, dtype=float)[None, :, None]  # [1, N, 1]
-    b = np.arange(N, dtype=float)[None, None, :] if fixed_mode is None else np.where(fixed_mode == 2, n, 0.0)
+    any_b = fixed_mode in (None, FIRST_FULL)
+    b = np.arange(N, dtype=float)[None, None, :] if any_b else np.where(fixed_mode == 2, n, 0.0)
     n4, b4 = n[..., None], b[..., None]
     act, mult, room = co.act, co.mult, co.room
     base = n4 * (co.state + mult * act[0]) - b4 * mult * (act[0] - act[2])  # [R,N,B,F] with a = 0
@@ -221,9 +222,9 @@ def _best_counts(co: _Coefficients, N: int, limit: np.ndarray, objective: str,
         need = np.where(save_sel > 0, np.ceil((base - room) / np.where(save_sel > 0, save_sel, 1) - 1e-9), 0.0)
         a = np.clip(_last_max(need), 0, None)
         ok = (b <= n) & (a <= n - b) & _last_all(base - a[..., None] * save_sel <= room)
-    else:  # b is the one count of fully recomputed blocks the mode allows
+    else:  # b is the one count of fully recomputed blocks the mode allows (any b for FIRST_FULL)
         a = np.where(fixed_mode == 1, n, 0.0) + 0 * b
-        ok = _last_all(base - a[..., None] * save_sel <= room)
+        ok = (b <= n) & _last_all(base - a[..., None] * save_sel <= room)
     a = np.broadcast_to(a, ok.shape)
     tb = co.t_block
     time = co.t_static + (n - a - b) * tb[..., 0] + a * tb[..., 1] + b * tb[..., 2]
@@ -247,7 +248,7 @@ def _best_counts(co: _Coefficients, N: int, limit: np.ndarray, objective: str,
     host = (co.host_static + n * co.host_block <= co.host_capacity)[..., 0]
     feasible = np.isfinite(pick(key)) & host & (np.arange(N) <= limit[:, None])
     return (np.where(feasible, pick(cost), INF), np.where(feasible, pick(time), INF),
-            np.where(feasible, pick(a), 0), np.where(feasible, pick(b) if fixed_mode is not None else j, 0))
+            np.where(feasible, pick(a), 0), np.where(feasible, j if any_b else pick(b), 0))
 
 
 def _last_max(x: np.ndarray) -> np.ndarray:
@@ -339,14 +340,19 @@ class TableBound:
 def bound_many(scored: Scored, rows: Sequence[int], objective: str, fixed_mode: int | None,
                caps: Sequence[float], fixed_split: tuple[int, ...] | None) -> dict[int, TableBound]:
     """Tables, split bounds and a good split of configurations ``rows`` (any mix), each built
-    knowing a plan of objective ``caps[k]``: the tables by groups of :func:`table_groups`,
+    knowing a plan of objective ``caps[k]``: the tables by recompute form
+    (:func:`solvers.space.recompute_of`, ``fixed_mode`` pinned) and groups of :func:`table_groups`,
     the DPs by groups of one pipeline depth."""
     L = scored.table.blocks
     cap_of = dict(zip(rows, caps, strict=True))
     built: dict[int, tuple[StageTables, float, float]] = {}
-    for group in table_groups(scored, rows):
-        tables, los, his = stage_tables_many(scored, group, objective, fixed_mode, [cap_of[i] for i in group])
-        built.update((i, (tb, float(a), float(b))) for i, tb, a, b in zip(group, tables, los, his, strict=True))
+    by_mode: dict[int | None, list[int]] = {}
+    for i in rows:
+        by_mode.setdefault(recompute_of(scored.configs, i, fixed_mode), []).append(i)
+    for mode, part in by_mode.items():
+        for group in table_groups(scored, part):
+            tables, los, his = stage_tables_many(scored, group, objective, mode, [cap_of[i] for i in group])
+            built.update((i, (tb, float(a), float(b))) for i, tb, a, b in zip(group, tables, los, his, strict=True))
     out = {}
     for pp, group in _by_depth(scored, rows).items():
         stacked = StageTables(*(np.stack([getattr(built[i][0], f) for i in group]) for f in StageTables.__annotations__))

@@ -28,6 +28,7 @@ import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import pipeline_time, pipeline_weights
+from autoplace.plan import FIRST_FULL
 from solvers.space import Scored
 from solvers.tables import INF, size_limits
 
@@ -82,10 +83,13 @@ def mixed_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None,
 
     With a finite ``cap`` (the objective of a known plan), stage sizes that no split within it
     can use are left out, as in :func:`solvers.tables.stage_tables`; with ``fixed_split`` only
-    its stages are tabulated.
+    its stages are tabulated.  ``fixed_mode``: a recompute mode for every block, FIRST_FULL
+    (full on the first blocks, none after: one stage only), or None (any mix).
     """
     t, L, cf = scored.terms, scored.table.blocks, scored.configs[i]
     P = cf.pp
+    if fixed_mode == FIRST_FULL and P != 1:
+        raise ValueError("full recompute of the first blocks is tabulated for one stage only")
     prefix = kind_prefix(scored.table)
     limit = mixed_limits(scored, i, objective, cap, np.zeros(P))  # first without the tails
     arcs = stage_arcs(P, cf.vpp, L, int(limit.max()) + 1) & (np.arange(int(limit.max()) + 1) <= limit[:, None, None])
@@ -157,6 +161,9 @@ def best_recompute(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray
     out = (np.full(R, INF), np.full(R, INF), np.zeros((R, K), dtype=int), np.zeros((R, K), dtype=int))
     if R == 0:
         return out
+    if fixed_mode == FIRST_FULL:  # one stage, from block 0: full on the first b blocks, b = 0..L
+        first = kind_prefix(scored.table)
+        return _best_of(scored, i, stage, counts, (np.zeros_like(first), first, 0), objective, fixed_mode)
     if fixed_mode is not None:
         return _best_of(scored, i, stage, counts, _options(counts.max(0), fixed_mode), objective, fixed_mode)
     none = _best_of(scored, i, stage, counts, _options(counts.max(0), 0), objective, 0)
@@ -214,8 +221,8 @@ def _best_of(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray,
     rows' no-recompute values plus the option's counts times each mode's extra per block."""
     t = scored.terms
     c = counts.astype(float)  # [R, K]
-    if fixed_mode is None:
-        A, B, z = options  # [O, K], shared by the rows
+    if fixed_mode in (None, FIRST_FULL):
+        A, B, z = options  # [O, K], shared by the rows (FIRST_FULL: each one whole, no selective to fill in)
     else:  # one option per row: every block in the pinned mode
         A, B, z = c[:, None] * (fixed_mode == 1), c[:, None] * (fixed_mode == 2), options[2]  # [R, 1, K]
 
@@ -260,7 +267,9 @@ def _best_of(scored: Scored, i: int, stage: np.ndarray, counts: np.ndarray,
     rows = np.arange(len(c))
     fits = np.isfinite(key[rows, j])
     value, seconds = main.reshape(len(c), -1)[rows, j], time.reshape(len(c), -1)[rows, j]
-    if fixed_mode is not None:
+    if fixed_mode == FIRST_FULL:
+        sel, full = A[j], B[j]
+    elif fixed_mode is not None:
         sel, full = A[:, 0], B[:, 0]
     else:
         o = j // 2

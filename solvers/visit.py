@@ -18,7 +18,7 @@ import numpy as np
 from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
 from solvers.base import Problem
-from solvers.space import Scored, Space
+from solvers.space import Scored, Space, recompute_of
 from solvers.splits import best_arc_split
 from solvers.tables import StageTables, TableBound, bound_many
 from solvers.tables_mixed import MixedTables, mixed_split_bounds, mixed_split_value, mixed_tables
@@ -189,7 +189,8 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
                 stopped = True
                 break
             cf = space.configs[i]
-            tb = mixed_tables(batch, j, objective, problem.fixed_mode, caps.cap, fixed_split)
+            tb = mixed_tables(batch, j, objective, recompute_of(batch.configs, j, problem.fixed_mode), caps.cap,
+                              fixed_split)
             if objective == "time" and not fixed_split:  # the exact optimum over splits (or a bound and a split)
                 w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
                 found = best_arc_split(tb.time, tb.tail, float(w_max), float(w_sum))
@@ -225,6 +226,7 @@ def _even_cap(problem: Problem, space: Space) -> float:
     for j, i in enumerate(first):
         cf = space.configs[i]
         even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
-        tb = mixed_tables(batch, j, problem.objective, problem.fixed_mode, fixed_split=tuple(even))
+        tb = mixed_tables(batch, j, problem.objective, recompute_of(batch.configs, j, problem.fixed_mode),
+                          fixed_split=tuple(even))
         values.append(mixed_split_value(tb, even, cf.vpp, cf.grad_accum, problem.objective))
     return float(np.sort(values)[k - 1]) if len(values) >= k else np.inf

@@ -1,4 +1,5 @@
-"""Work CP-SAT shares between the solves a framework runs in turn (one per uniform recompute mode)."""
+"""Work CP-SAT shares between the solves a framework runs in turn (a deeper search for more plans), and
+the bounds a scored space gives another problem (objective, pinned recompute)."""
 
 from __future__ import annotations
 
@@ -34,18 +35,20 @@ def test_bounds_read_off_a_scored_space_are_the_bounds_scored_afresh(objective: 
         assert np.array_equal(derived.memory_lb, alone.memory_lb)
 
 
-def test_uniform_mode_solves_score_once_and_find_the_same_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    alone = [get_solver("cpsat").solve(run, Budget(time_limit_s=60)) for run in _runs()]
+def test_deeper_solves_score_once_and_find_the_same_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _runs()[0]
+    runs = [first, dataclasses.replace(first, top_k=6), dataclasses.replace(first, top_k=18)]
+    alone = [get_solver("cpsat").solve(run, Budget(time_limit_s=60)) for run in runs]
     scorings = []
     real = solvers.space.summarize
     monkeypatch.setattr(solvers.space, "summarize", lambda *a: scorings.append(1) or real(*a))
     solver = get_solver("cpsat")
-    shared = [solver.solve(run, Budget(time_limit_s=60)) for run in _runs()]
+    shared = [solver.solve(run, Budget(time_limit_s=60)) for run in runs]
     once = len(scorings)
     scorings.clear()
-    for run in _runs():
+    for run in runs:
         get_solver("cpsat").solve(run, Budget(time_limit_s=60))
-    assert once * len(MODES + (None,)) == len(scorings)  # one scoring pass instead of one per solve
+    assert once * len(runs) == len(scorings)  # one scoring pass instead of one per solve
     for a, b in zip(alone, shared, strict=True):
         assert a.status == b.status == "optimal"
         assert [ev.plan for ev in a.plans] == [ev.plan for ev in b.plans]

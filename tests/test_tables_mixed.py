@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 
 from autoplace.cost.step import pipeline_weights
+from autoplace.plan import FIRST_FULL
 from solvers.exhaustive import _options, compositions
 from solvers.problem import Problem
-from solvers.space import Scored, enumerate_configs, score_space
+from solvers.space import Scored, enumerate_configs, plan_from, score_space
 from solvers.tables import stage_tables
 from solvers.tables_mixed import (
     MixedTables,
     kind_prefix,
     mixed_arcs,
+    mixed_modes,
     mixed_split_bounds,
     mixed_split_value,
     mixed_tables,
@@ -29,11 +31,13 @@ from tests.test_tables import dropped_by_a_cap
 MODES = ("none", "selective", "full")
 
 
-def _brute(scored: Scored, i: int, s: int, counts: np.ndarray, objective: str, fixed_mode: int | None) -> float:
+def _brute(scored: Scored, i: int, s: int, counts: np.ndarray, objective: str, fixed_mode: int | None,
+           first: np.ndarray | None = None) -> float:
     """Stage ``s``'s best objective term holding ``counts`` blocks of each kind: every
-    recompute assignment (the oracle's :func:`solvers.exhaustive._options`)."""
+    recompute assignment (the oracle's :func:`solvers.exhaustive._options`; FIRST_FULL:
+    ``first[b]``, the blocks of each kind among the stage's first b, fully recomputed)."""
     t = scored.terms
-    opts = _options(tuple(int(x) for x in counts), fixed_mode)  # [O, K, 3]
+    opts = _options(tuple(int(x) for x in counts), fixed_mode, first)  # [O, K, 3]
     N = opts.sum(-1)
     static, per_block, mult = (x[i, s] for x in t.phases)
     mem = (static[None, :] + N @ per_block.T + mult[None, :] * (opts * t.act_block[i, 0]).sum((1, 2))[:, None]).max(-1)
@@ -94,6 +98,36 @@ def test_every_entry_is_the_stage_best_recompute(objective: str, fixed_mode: int
         recomputed += int(((tb.full if flash else tb.sel).sum(-1) > 0)[np.isfinite(tb.value)].sum())
     if fixed_mode is None and objective == "time":
         assert recomputed > 0  # full recompute with flash attention, selective without
+
+
+@pytest.mark.parametrize("objective", ["time", "comm", "memory"])
+@pytest.mark.parametrize("case", [None, *CASES])
+def test_first_blocks_recomputed_is_the_best_such_prefix(objective: str, case: tuple[int, int, int | None, bool] | None) -> None:
+    """FIRST_FULL (Megatron-LM's block method on one stage): the entry is the best of full
+    recompute on the first b blocks and none after (b = 0..L) that fits, by enumerating them,
+    with one block kind and several; the counts chosen lay out as exactly that (plan_from puts
+    full recompute first); and where it fits, no selective recompute is chosen."""
+    model = _model(8, 1024, 16, 2048) if case is None else _moe_model(
+        6, 1024, 16, 2048, dense=case[0], every=case[1], window=case[2], flash=case[3])
+    scored = _scored(model, 8, "v100-sxm2-32gb", objective, None, 200, seed=3, squeeze=True)
+    L, table = scored.table.blocks, scored.table
+    prefix = kind_prefix(table)
+    one_stage = [j for j, cf in enumerate(scored.configs) if cf.pp == 1]
+    assert len(one_stage) >= 3
+    some_recompute = 0
+    for j in one_stage:
+        tb = mixed_tables(scored, j, objective, FIRST_FULL)
+        want = _brute(scored, j, 0, prefix[L], objective, FIRST_FULL, first=prefix)
+        assert tb.value[0, 0, L] == pytest.approx(want, rel=1e-12)
+        if case is None:  # the single-kind tables agree
+            assert stage_tables(scored, j, objective, FIRST_FULL).value[0, L] == pytest.approx(want, rel=1e-12)
+        if np.isfinite(want):
+            plan = plan_from(scored.configs[j], table, [L], mixed_modes(tb, [L]))
+            k = plan.recompute.count("full")
+            assert plan.recompute == ("full",) * k + ("none",) * (L - k)
+            some_recompute += 0 < k < L
+    if objective == "time":
+        assert some_recompute  # the squeeze makes some fit only with part of the blocks recomputed
 
 
 @pytest.mark.parametrize("objective", ["time", "memory"])

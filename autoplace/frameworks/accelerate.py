@@ -167,6 +167,7 @@ class Accelerate(Framework):
     denied_features = frozenset({"interleave", "ep"})
     pinned_degrees = {"pp": 1, "ep": 1}
     uniform_recompute = ("none", "full")
+    layer_recompute = None
     compressions = frozenset({"bf16"})
     config_suffixes = (".yaml", ".yml")
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)

@@ -90,8 +90,12 @@ class Framework:
     behaviour: ClassVar[Mapping[str, Any]] = {}
     denied_features: ClassVar[frozenset[str]] = frozenset()  # solvers.problem.FEATURES it never has
     pinned_degrees: ClassVar[Mapping[str, int]] = {}  # degrees it runs only at this value
-    # recompute modes it can apply to all blocks alike, when it cannot choose per layer (None: per layer)
-    uniform_recompute: ClassVar[tuple[str, ...] | None] = None
+    # recompute modes it can apply to all blocks alike
+    uniform_recompute: ClassVar[tuple[str, ...]] = ("none", "selective", "full")
+    # what else it states per layer: "any" mix (it chooses per block), "first" (full on the first k
+    # blocks of every pipeline chunk: Megatron-LM's block method), "every" (full on every N-th block:
+    # torchtitan's layer SAC), or None; the search tries "any" and, without a pipeline, "first"
+    layer_recompute: ClassVar[str | None] = "any"
     compressions: ClassVar[frozenset[str]] = frozenset()  # compress options it configures (besides none)
     config_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes :meth:`read` takes
     # whether the TFLOP/s it logs count the recompute forward (hardware FLOPs, not model FLOPs)

@@ -293,7 +293,7 @@ class DeepSpeed(Framework):
                  "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0}
     run_assumptions = staticmethod(run_assumptions)
     denied_features = frozenset({"cp", "interleave"})
-    uniform_recompute = ("none", "selective", "full")
+    layer_recompute = None
     compressions = frozenset({"zeropp"})
     recipes = {"overlap": (True, False)}  # zero_optimization.overlap_comm
     config_suffixes = (".json",)

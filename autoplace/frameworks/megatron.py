@@ -455,6 +455,7 @@ class Megatron(Framework):
     recipes = {"fused_loss": (True, False), "tp_overlap": ("userbuffers", "none"), "overlap": (True, False),
                "fp8": ("none", "delayed", "tensorwise", "mxfp8")}
     reports_hardware_flops = True
+    layer_recompute = "first"  # --recompute-method block
     # its fused bias-SwiGLU and in-place vocab-parallel cross-entropy (Assumptions' docs)
     behaviour = {"swiglu_kept": 3.0, "fused_loss_fuses_mlp": False, "loss_workspace_bytes_per_vocab": 2.0,
                  "loss_workspace_bytes_per_vocab_tp": 2.0}

@@ -20,11 +20,19 @@ from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
 from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, unstated_recipe
-from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS, RECOMPUTE, Config, Plan, even_split, with_pins
+from autoplace.plan import (
+    FIRST_FULL,
+    PER_LAYER,
+    RECIPE_DEFAULTS,
+    RECIPE_KEYS,
+    RECOMPUTE,
+    Config,
+    Plan,
+    even_split,
+    with_pins,
+)
 from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
-
-UNIFORM_MODES = ("none", "selective", "full")
 
 
 def members(framework: str) -> list[Framework]:
@@ -77,7 +85,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         given = options.get("assumptions", DEFAULT)
         options["assumptions"] = shared_costing(able, given)
         test = admissible(members(ANY), model, given)
-        options["costings"], options["costing_key"] = test.costings, test.costing
+        options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -136,8 +144,9 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
         raise Infeasible(why)
     fixed, features = search_limits(framework, fixed, features)
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
-    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=admissible([framework], model),
-                   assumptions=assumptions, recipes=recipe_choices([framework], cluster, features), **options)
+    test = admissible([framework], model)
+    return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
+                   recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms, **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
@@ -160,10 +169,11 @@ def admissible(group: Sequence[Framework], model: ModelSpec, assumptions: Any = 
 
 
 class Admission:
-    """Which frameworks of a group express a configuration (:func:`admissible`), and how the
-    search costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it
-    run it when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs),
-    else under the shared costing, whose plans :class:`Runners` judges again."""
+    """Which frameworks of a group express a configuration (:func:`admissible`), how the search
+    costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it run it
+    when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs), else
+    under the shared costing, whose plans :class:`Runners` judges again -- and the recompute
+    its plans may take (``Problem.recompute_forms``): what those frameworks can state."""
 
     def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
         from autoplace.cost.layers import layer_table
@@ -172,7 +182,7 @@ class Admission:
         # one group per distinct costing, Megatron-LM's first: it expresses nearly every
         # configuration some framework can in the default space
         self.costings: tuple[tuple[ModelSpec, Any], ...] = ()
-        by_costing: dict[int, list[tuple[Framework, PlanCheck]]] = {}
+        by_costing: dict[int, list[tuple[int, PlanCheck]]] = {}
         for f in sorted(able, key=lambda f: f.name != "megatron"):
             costed = f.costing(model, assumptions)
             if costed not in self.costings:
@@ -183,8 +193,8 @@ class Admission:
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
         self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
         # a framework that cannot state a configuration's recipe refuses it whatever its degrees
-        self._by_recipe: dict[tuple[Any, ...], list[tuple[int, list[PlanCheck]]]] = {}
-        self._verdicts: dict[Config, tuple[bool, int]] = {}  # a Problem's other solves judge the same shapes
+        self._by_recipe: dict[tuple[Any, ...], list[tuple[int, list[tuple[Framework, PlanCheck]]]]] = {}
+        self._verdicts: dict[Config, tuple[bool, int, int]] = {}  # a Problem's other solves judge the same shapes
 
     def __call__(self, config: Config) -> bool:
         return self._judged(config)[0]
@@ -194,30 +204,52 @@ class Admission:
         express it all cost as ``costings[k - 1]``, else 0 (the shared costing)."""
         return self._judged(config)[1]
 
-    def _judged(self, config: Config) -> tuple[bool, int]:
+    def forms(self, config: Config) -> int:
+        """The recompute forms of ``config``'s plans (``Problem.recompute_forms``): those some
+        framework that expresses it can state (:func:`recompute_forms`)."""
+        return self._judged(config)[2]
+
+    def _judged(self, config: Config) -> tuple[bool, int, int]:
         if config in self._verdicts:
             return self._verdicts[config]
         recipe = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
         if recipe not in self._by_recipe:
-            self._by_recipe[recipe] = [(k, checks) for k, members in self._by_costing.items()
-                                       if (checks := [c for f, c in members if unstated_recipe(config, f) is None])]
+            self._by_recipe[recipe] = [(k, able) for k, members in self._by_costing.items()
+                                       if (able := [(f, c) for f, c in members if unstated_recipe(config, f) is None])]
         groups = self._by_recipe[recipe]
         if not groups:
-            self._verdicts[config] = (False, 0)
-            return False, 0
+            self._verdicts[config] = (False, 0, 0)
+            return False, 0, 0
         key = (config.pp, config.vpp)
         if key not in self._layouts:
             split = even_split(self._table.blocks, config.pp * config.vpp)
             self._layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp
         plan = config.to_plan(self._layouts[key], self._no_recompute)
         costed: list[int] = []
-        for k, checks in groups:  # until two costings express it: then the shared one
-            if any(check(plan) is None for check in checks):
-                costed.append(k)
-                if len(costed) == 2:
-                    break
-        self._verdicts[config] = verdict = (bool(costed), costed[0] if len(costed) == 1 else 0)
+        forms = 0
+        for k, able in groups:  # while a framework may add a costing (two: the shared one) or a form
+            for f, check in able:
+                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER
+                if news and check(plan) is None:
+                    costed += [] if k in costed else [k]
+                    forms = recompute_forms(f, config, forms)
+        self._verdicts[config] = verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
         return verdict
+
+
+def recompute_forms(framework: Framework, config: Config, others: int = 0) -> int:
+    """The recompute forms (``solvers.problem.FORMS`` bits) ``framework`` can state for plans of
+    ``config``, joined with ``others`` (another framework's): any mix per layer when either
+    states it, else each mode it applies to every block, and full recompute on the first blocks
+    (Megatron-LM's block method) without a pipeline -- which holds all-none and all-full."""
+    if framework.layer_recompute == "any" or others == 1 << PER_LAYER:
+        return 1 << PER_LAYER
+    forms = others | sum(1 << RECOMPUTE.index(mode) for mode in framework.uniform_recompute)
+    if framework.layer_recompute == "first" and config.pp == 1:
+        forms |= 1 << FIRST_FULL
+    if forms & 1 << FIRST_FULL:
+        forms &= ~(1 << RECOMPUTE.index("none") | 1 << RECOMPUTE.index("full"))
+    return forms
 
 
 def refusal(plan: Plan, model: ModelSpec, framework: str) -> str | None:
@@ -294,19 +326,16 @@ def _unfit(framework: Framework, ev: Any) -> str:
             f"GiB per GPU of {ev.host['capacity'] / gib:.1f})")
 
 
-RESOLVE_SHARE = 0.25  # of --time-limit, kept from the wide search for the uniform re-solves it may need
-
-
 def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any, top: int,
               framework: str | None = None) -> Any:
     """Solve ``problem`` (from :func:`problem_for`) and keep the ``top``
     plans at least one framework of ``group`` can express.
 
-    The search asks for ``4 * top`` plans (at most 20) because a plan's per-layer choices may
-    still be something no framework of the group can say; a note counts those left out.  A group
-    whose frameworks all recompute every block alike is searched once per mode they offer and
-    the plans merged by the objective; other groups run those uniform searches only when none
-    of the wide search's per-layer plans can be expressed.
+    The search gives each configuration's plans only the recompute the frameworks that express
+    it can state (``Problem.recompute_forms``), and asks for ``4 * top`` plans (at most 20)
+    because a plan may still be one no framework of the group runs (an uneven split, memory as
+    the framework runs it); a note counts those left out, and it searches deeper while fewer
+    than ``top`` are kept.
 
     Args:
         framework: the name the user gave (``any`` or one framework), for messages.
@@ -316,26 +345,20 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     who = framework or ", ".join(f.name for f in group)
     runners = Runners(problem.model, problem.cluster, problem.assumptions, group)  # every search below: one model
     wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
-    modes = _uniform_modes(group) if "recompute" not in problem.fixed else None
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
-    uniform_later = modes is None and "recompute" not in problem.fixed  # may be needed after the wide search
-    reserve = RESOLVE_SHARE * budget.time_limit_s if uniform_later else 0.0
-    results = _solve_runs(solver, wide, budget, modes, who, deadline - reserve)
+    results = [_solve_run(solver, wide, budget, who, deadline)]
     kept, reasons, plans = _keep(results, problem, runners)
-    if len(kept) < top and uniform_later:  # plans found recompute per layer in ways no one can say
-        results += _solve_runs(solver, wide, budget, UNIFORM_MODES, who, deadline)
-        kept, reasons, plans = _keep(results, problem, runners)
     pinned = _forced_splits(group, wide, plans)
     for run in pinned:  # the pipeline depths whose best split the group cannot make, searched at its own split
         try:
-            results += _solve_runs(solver, run, budget, modes, who, deadline)
+            results.append(_solve_run(solver, run, budget, who, deadline))
         except Infeasible:  # nothing fits at that split
             continue
     if pinned:
         kept, reasons, plans = _keep(results, problem, runners)
     while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
         wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
-        results = _solve_runs(solver, wide, budget, modes, who, deadline) + results
+        results.insert(0, _solve_run(solver, wide, budget, who, deadline))
         kept, reasons, plans = _keep(results, problem, runners)
     notes = [note for r in results for note in r.notes]
     if reasons:
@@ -383,29 +406,13 @@ def _more_to_find(results: list[Any], wide: Any) -> bool:
     return any(len(r.plans) >= wide.top_k for r in results if r.status != "infeasible")
 
 
-def _uniform_modes(group: Sequence[Framework]) -> tuple[str, ...] | None:
-    """The uniform recompute modes to search one at a time: those of a group whose frameworks
-    all recompute every block alike (their union), else None (per-layer plans first)."""
-    if any(f.uniform_recompute is None for f in group):
-        return None
-    return tuple(m for m in UNIFORM_MODES if any(m in (f.uniform_recompute or ()) for f in group))
-
-
-def _solve_runs(solver: Any, problem: Any, budget: Any, modes: tuple[str, ...] | None, who: str,
-                deadline: float) -> list[Any]:
-    """One solve per uniform recompute mode (or one solve), within the deadline; an empty
-    admissible space says whose."""
-    runs = [dataclasses.replace(problem, fixed={**problem.fixed, "recompute": m}) for m in modes] if modes else [problem]
-    out = []
+def _solve_run(solver: Any, problem: Any, budget: Any, who: str, deadline: float) -> Any:
+    """One solve within the deadline; an empty admissible space says whose."""
     try:
-        for k, run in enumerate(runs):  # the runs share what is left of the time limit
-            left = max(deadline - time.perf_counter(), 0.1) / (len(runs) - k)
-            result = solver.solve(run, dataclasses.replace(budget, time_limit_s=left))
-            if modes:  # each search says which it was
-                label = f"recompute={modes[k]}" + (f", top {run.top_k}" if run.top_k > 20 else "")
-                result = dataclasses.replace(result, notes=[f"{label}: {n}" for n in result.notes])
-            out.append(result)
-        return out
+        result = solver.solve(problem, dataclasses.replace(budget, time_limit_s=max(deadline - time.perf_counter(), 0.1)))
+        if problem.top_k > 20:  # a deeper search says which it was
+            result = dataclasses.replace(result, notes=[f"top {problem.top_k}: {n}" for n in result.notes])
+        return result
     except Infeasible as exc:
         whose = "some supported framework" if who == ANY else who
         raise Infeasible(f"{exc}, among the configurations {whose} can run (--framework none shows the "
