@@ -195,7 +195,7 @@ EXTRA = 2  # plans asked for beyond --top when ranking robustly
 def depth(top: int, rank: str) -> int:
     """How many plans to ask the search for: ``EXTRA`` more than ``top`` when ranking robustly, so a
     simpler plan just below the first ``top`` can be found.  Few more: the search's first pass looks
-    at 4x the plans asked for (at most 20) anyway, but it searches deeper, within the time limit,
+    at 2x the plans asked for (at most 20) anyway, but it searches deeper, within the time limit,
     while fewer than that many runnable plans are found (frameworks.search.solve_for)."""
     return top if rank == "fastest" else max(top, min(top + EXTRA, MAX_DEPTH))
 

@@ -332,7 +332,7 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     plans at least one framework of ``group`` can express.
 
     The search gives each configuration's plans only the recompute the frameworks that express
-    it can state (``Problem.recompute_forms``), and asks for ``4 * top`` plans (at most 20)
+    it can state (``Problem.recompute_forms``), and asks for ``2 * top`` plans (at most 20)
     because a plan may still be one no framework of the group runs (an uneven split, memory as
     the framework runs it); a note counts those left out, and it searches deeper while fewer
     than ``top`` are kept.
@@ -344,7 +344,7 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
 
     who = framework or ", ".join(f.name for f in group)
     runners = Runners(problem.model, problem.cluster, problem.assumptions, group)  # every search below: one model
-    wide = dataclasses.replace(problem, top_k=min(20, 4 * top))
+    wide = dataclasses.replace(problem, top_k=min(20, 2 * top))
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
     results = [_solve_run(solver, wide, budget, who, deadline)]
     kept, reasons, plans = _keep(results, problem, runners)
