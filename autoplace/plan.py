@@ -179,7 +179,9 @@ def check_config(config: Config) -> None:
     """
     for name in _DEGREES:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        # an int passes without the slow Integral check (its type is not bool, a subclass)
+        if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral))) \
+                or value < 1:
             raise SpecError(f"{name} must be a whole number >= 1, got {value!r}", field=name)
     if config.zero not in (0, 1, 2, 3):
         raise SpecError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}", field="zero")

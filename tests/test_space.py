@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.layers import LayerTable, layer_table
-from autoplace.errors import Infeasible
+from autoplace.errors import Infeasible, SpecError
 from autoplace.frameworks import search
 from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
 from autoplace.specs.model import ModelSpec, model_from_dict
@@ -109,6 +109,16 @@ def test_enumerated_configurations_are_what_init_makes() -> None:
 def test_from_fields_refuses_anything_but_every_field(values: dict[str, Any]) -> None:
     with pytest.raises(TypeError, match="Config needs the fields tp, pp, cp"):
         Config.from_fields(values)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "2", None])
+def test_a_degree_that_is_no_whole_number_above_zero_is_refused(value: Any) -> None:
+    with pytest.raises(SpecError, match=f"tp must be a whole number >= 1, got {value!r}"):
+        Config(tp=value)
+
+
+def test_a_whole_number_of_any_integral_type_is_a_degree() -> None:
+    assert Config(tp=np.int64(2), mbs=4).tp == 2
 
 
 @settings(max_examples=30, deadline=None)
