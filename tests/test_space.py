@@ -12,10 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoplace.cost.assumptions import DEFAULT
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.errors import Infeasible, SpecError
 from autoplace.frameworks import search
+from autoplace.frameworks.base import unstated_recipe
 from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
 from autoplace.specs.model import ModelSpec, model_from_dict
 from solvers.problem import FEATURES, Problem
@@ -86,6 +88,46 @@ def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int,
     assert subset == [plain[i] for i in rows]
     _assert_same(to_candidates(subset, table, mode), want)
     _assert_same(to_candidates(plain, table, mode, rows), want)  # a plain list is packed
+
+
+def _reference_admission(problem: Problem) -> Any:
+    """``--framework any``'s verdict as it was: every framework that states the configuration's
+    recipe asked its configuration check, on the configuration's plan (an even split of pp x vpp
+    chunks, stage s holding chunks s, s + pp; no recompute): (admitted, the costing of the
+    frameworks that express it when they all cost alike, else 0)."""
+    model, blocks = problem.model, layer_table(problem.model).blocks
+    able = [f for f in search.members(search.ANY) if f.model_refusal(model) is None]
+    judges = [(problem.costings.index(f.costing(model, DEFAULT)) + 1, f, f.config_check(model)) for f in able]
+
+    def verdict(config: Config) -> tuple[bool, int]:
+        split = even_split(blocks, config.pp * config.vpp)
+        plan = config.to_plan([sum(split[s::config.pp]) for s in range(config.pp)], ["none"] * blocks)
+        costings = {k for k, f, check in judges if unstated_recipe(config, f) is None and check(plan) is None}
+        return bool(costings), (costings.pop() if len(costings) == 1 else 0)
+
+    return verdict
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([3, 4, 8]), gpus=st.sampled_from([2, 4, 8, 16]), batch=st.sampled_from([8, 16]),
+       moe=st.booleans(), features=st.sets(st.sampled_from(ONE_NODE)), fix=st.sampled_from(FIXES))
+def test_the_frameworks_admission_is_every_frameworks_check(layers: int, gpus: int, batch: int, moe: bool,
+                                                            features: set[str], fix: dict[str, Any]) -> None:
+    """Enumeration under ``--framework any`` (its screens by recipe and pinned degree, its checks
+    memoized by the fields they read) keeps the configurations, and records the costings, that
+    asking every framework's check of every configuration gives."""
+    problem = search.problem_for("any", _model(layers, batch, moe), gpu_cluster(gpus), fixed=fix, features=features)
+    verdict = _reference_admission(problem)
+    reference = dataclasses.replace(problem, admissible=lambda cf: verdict(cf)[0],
+                                    costing_key=lambda cf: verdict(cf)[1])
+    try:
+        want = enumerate_configs(reference)
+    except Infeasible:
+        with pytest.raises(Infeasible):
+            enumerate_configs(problem)
+        return
+    got = enumerate_configs(problem)
+    assert got == want and got.costing.tolist() == want.costing.tolist()
 
 
 def test_enumerated_configurations_are_what_init_makes() -> None:
