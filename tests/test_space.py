@@ -18,10 +18,10 @@ from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.errors import Infeasible, SpecError
 from autoplace.frameworks import search
 from autoplace.frameworks.base import unstated_recipe
-from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
+from autoplace.plan import CONFIG_FIELDS, RECIPE_KEYS, Config, Plan, even_split
 from autoplace.specs.model import ModelSpec, model_from_dict
 from solvers.problem import FEATURES, Problem
-from solvers.space import ConfigList, _groups, enumerate_configs, to_candidates
+from solvers.space import ConfigList, _dominates, _groups, _recipes, enumerate_configs, to_candidates
 from tests.helpers import gpu_cluster
 
 
@@ -128,6 +128,37 @@ def test_the_frameworks_admission_is_every_frameworks_check(layers: int, gpus: i
         return
     got = enumerate_configs(problem)
     assert got == want and got.costing.tolist() == want.costing.tolist()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([4, 8]), gpus=st.sampled_from([4, 8]), moe=st.booleans(),
+       framework=st.sampled_from(["megatron", "torchtitan", "fsdp"]),
+       features=st.sets(st.sampled_from(ONE_NODE)).map(lambda f: f | {"fp8"}))  # fp8 recipes dominate no others
+def test_a_recipe_is_left_out_exactly_when_a_kept_one_dominates_it(layers: int, gpus: int, moe: bool, framework: str,
+                                                                   features: set[str]) -> None:
+    """Under one framework's costing, each shape keeps the recipes its framework states that no
+    kept recipe dominates (never slower nor larger): the best first, the rest only where it
+    cannot state the better ones."""
+    h100 = gpu_cluster(gpus, "h100-sxm5-80gb", intra="nvlink4")  # fp8 units: the fp8 recipes are searched
+    try:  # a framework may not train the MoE model, or run no configuration of it
+        problem = search.problem_for(framework, _model(layers, 16, moe), h100, fixed={}, features=features)
+        configs = enumerate_configs(problem)
+    except Infeasible:
+        return
+    kept: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for cf in configs:
+        rest = tuple((k, v) for k, v in vars(cf).items() if k not in RECIPE_KEYS)
+        recipe = {k: getattr(cf, k) for k in RECIPE_KEYS}
+        if recipe not in kept.setdefault(rest, []):
+            kept[rest].append(recipe)
+    for rest, recipes in kept.items():
+        shape = Config(**dict(rest))
+        for recipe in _recipes(problem, shape):
+            others = [r for r in recipes if r != recipe]
+            if recipe in recipes:
+                assert not any(_dominates(r, recipe) for r in others)
+            else:
+                assert not problem.admissible(shape.replaced(recipe)) or any(_dominates(r, recipe) for r in others)
 
 
 def test_enumerated_configurations_are_what_init_makes() -> None:
