@@ -155,7 +155,7 @@ class Config:
         """``dataclasses.replace(self, **changes)`` without its check (:func:`check_config`), for a
         caller whose values are valid by construction: the solver's enumeration, which checks each
         value it combines once and builds tens of thousands of configurations from them."""
-        return _instance(type(self), vars(self), **changes)
+        return _instance(type(self), vars(self) | changes)  # one dict merge: no keyword arguments to unpack
 
     def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
         """This configuration with its per-layer decisions."""

@@ -173,6 +173,9 @@ def test_enumerated_configurations_are_what_init_makes() -> None:
         assert list(vars(cf)) == list(CONFIG_FIELDS)  # in field order, as __init__ sets them
     cf = configs[-1]
     assert cf.with_micro_batching(3, 5) == dataclasses.replace(cf, mbs=3, grad_accum=5)
+    changed = cf.replaced({"tp": 4, "vpp": 1, "fp8": "rowwise"})
+    assert changed == dataclasses.replace(cf, tp=4, vpp=1, fp8="rowwise") and list(vars(changed)) == list(CONFIG_FIELDS)
+    assert vars(cf) == vars(configs[-1])  # the configuration it was made from is left as it was
     plan = cf.to_plan([8], ["full"] * 8)
     assert plan == Plan(**vars(cf), recompute=("full",) * 8, layers_per_stage=(8,))
     assert vars(plan).keys() == vars(Plan()).keys() and plan.to_plan([8], ["none"] * 8).recompute == ("none",) * 8
