@@ -161,7 +161,7 @@ class Config:
         """``dataclasses.replace(self, **changes)`` without its check (:func:`check_config`), for a
         caller whose values are valid by construction: the solver's enumeration, which checks each
         value it combines once and builds tens of thousands of configurations from them."""
-        return _instance(type(self), vars(self), **changes)
+        return _instance(type(self), vars(self) | changes)  # one dict merge: no keyword arguments to unpack
 
     def to_plan(self, layers_per_stage: Sequence[int], recompute: Sequence[str]) -> Plan:
         """This configuration with its per-layer decisions."""
@@ -185,7 +185,9 @@ def check_config(config: Config) -> None:
     """
     for name in _DEGREES:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        # an int passes without the slow Integral check (its type is not bool, a subclass)
+        if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral))) \
+                or value < 1:
             raise SpecError(f"{name} must be a whole number >= 1, got {value!r}", field=name)
     if config.zero not in (0, 1, 2, 3):
         raise SpecError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}", field="zero")

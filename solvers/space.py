@@ -88,6 +88,7 @@ def _enumerate(problem: Problem, deadline: float) -> ConfigList:
         raise SpecError(f"needs counts (one per pipeline stage) adding up to the model's {L} layers, got "
                         f"{fx['layers']}", source="--fix", field="layers")
     out = _Listing()
+    recipes: dict[bool, Ranked] = {}  # by tp > 1, all _recipes reads of the degrees
     for tp, cp in itertools.product(tps, cps):
         if W % (tp * cp):
             continue
@@ -102,7 +103,9 @@ def _enumerate(problem: Problem, deadline: float) -> ConfigList:
                 for dp_rep, dp_shard in _dp_splits(dp, zero, G // (tp * cp) if tp * cp <= G else 1, fx, feat):
                     base = Config(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, sp=tp > 1,
                                   zero=zero)
-                    out.add(*_micro(problem, L, B, dp, base, reduce_bytes))
+                    if (tp > 1) not in recipes:
+                        recipes[tp > 1] = _ranked(_recipes(problem, base))
+                    out.add(*_micro(problem, L, B, dp, base, reduce_bytes, recipes[tp > 1]))
                     if out.configs and time.perf_counter() > deadline:
                         return out.done(stopped=True)
     if not out.configs:
@@ -122,13 +125,16 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
             if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
 
 
-def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
-           reduce_bytes: float) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[tuple[int, int]]]:
+def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes: float,
+           recipes: Ranked) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[tuple[int, int]]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
     multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it); only the
     shapes ``problem.admissible`` accepts.
+
+    Args:
+        recipes: the recipe alternatives of ``base`` (:func:`_recipes`), ranked (:func:`_ranked`).
 
     Returns:
         The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1),
@@ -151,7 +157,6 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
-    recipes = _recipes(problem, base)
     shapes: list[Config] = []
     costings: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
     for vpp in vpps:
@@ -161,20 +166,21 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config,
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
-            taken: list[tuple[dict[str, Any], int]] = []
-            for recipe in recipes:  # best first: a recipe no better than one admitted and costed alike is left out
-                better = [c for t, c in taken if _dominates(t, recipe)]
+            taken: dict[int, int] = {}  # the recipes admitted (their indices), with their costings
+            choices = {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
+                       "compress": comp, "powersgd_rank": rank}
+            for i, (recipe, dominators) in enumerate(recipes):  # best first: a recipe no better than one
+                better = [taken[j] for j in dominators if j in taken]  # admitted and costed alike is left out
                 if better and not problem.costings:
                     continue
-                shape = base.replaced({"vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
-                                       "compress": comp, "powersgd_rank": rank} | recipe)
+                shape = base.replaced(choices | recipe)
                 costing = problem.costing_index(shape)
                 if costing in better:
                     continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
                     costings.append((costing, problem.forms(shape)))
-                    taken.append((recipe, costing))
+                    taken[i] = costing
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
@@ -199,6 +205,14 @@ def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
             _check_recipe(tuple(values.items()))  # the shapes take it unchecked
             out.append(values)
     return sorted(out, key=lambda r: -sum(_on(r).values()))
+
+
+Ranked = list[tuple[dict[str, Any], tuple[int, ...]]]  # recipes, best first, each with its dominators' indices
+
+
+def _ranked(recipes: list[dict[str, Any]]) -> Ranked:
+    """Each recipe (best first) with the indices of the earlier ones that dominate it (:func:`_dominates`)."""
+    return [(r, tuple(j for j in range(i) if _dominates(recipes[j], r))) for i, r in enumerate(recipes)]
 
 
 @functools.cache
@@ -229,7 +243,7 @@ def _compressions(problem: Problem, base: Config, reduce_bytes: float) -> list[t
     options = CHOICES if searched else CHOICES[:1]
     return [(c, r) for c, r in options
             if fx.get("compress", c) == c and fx.get("powersgd_rank", r) == r
-            and applies(Config.from_fields(vars(base) | {"compress": c, "powersgd_rank": r}), reduce_bytes)]
+            and applies(base.replaced({"compress": c, "powersgd_rank": r}), reduce_bytes)]  # CHOICES: valid
 
 
 class _Listing:

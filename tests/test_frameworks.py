@@ -21,7 +21,18 @@ from autoplace.errors import EmitError, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, all_frameworks, check_name, get, read_config
 from autoplace.frameworks.base import Framework
 from autoplace.frameworks.search import admissible
-from autoplace.plan import COMPRESS, FP8, OFFLOAD, RECIPE_KEYS, RECOMPUTE, SCHEDULES, TP_OVERLAP, Config, Plan
+from autoplace.plan import (
+    COMPRESS,
+    FP8,
+    OFFLOAD,
+    RECIPE_DEFAULTS,
+    RECIPE_KEYS,
+    RECOMPUTE,
+    SCHEDULES,
+    TP_OVERLAP,
+    Config,
+    Plan,
+)
 from tests.test_emit_plans import CLUSTER16, MODEL, small_model
 
 # every plan key a refusal may name, and the words for what is not a key
@@ -138,6 +149,34 @@ def test_the_configuration_check_admits_every_plan_the_plan_check_admits(framewo
     configuration one of whose plans the framework runs."""
     if framework.plan_check(MODEL)(plan) is None:
         assert framework.config_check(MODEL)(plan) is None
+
+
+@FRAMEWORK
+@SETTINGS
+@given(plan=plans())
+def test_a_degree_it_pins_held_at_another_value_is_refused(framework: Framework, plan: Plan) -> None:
+    """The search asks a framework's check only of configurations that hold its pinned degrees
+    (search.Admission): it must refuse every other one, also one it would run but for that degree
+    (the plan with its pins held, no compression, offload or recipe key on)."""
+    check = framework.config_check(MODEL)
+    plain = plan.replaced({**RECIPE_DEFAULTS, "compress": "none", "powersgd_rank": 0, "offload_optimizer": "none",
+                           "offload_params": "none", **framework.pinned_degrees})
+    for key, value in framework.pinned_degrees.items():
+        assert check(plain.replaced({key: value + 1})) is not None
+
+
+@pytest.mark.parametrize("framework", [f for f in all_frameworks() if f.config_fields], ids=lambda f: f.name)
+@SETTINGS
+@given(plan=plans(), other=plans(), dtype=st.sampled_from(sorted(MODELS)))
+def test_the_fields_it_declares_decide_its_configuration_check(framework: Framework, plan: Plan, other: Plan,
+                                                               dtype: str) -> None:
+    """The search judges a configuration once per value of the fields the framework says its
+    configuration check reads (``config_fields``): two plans that agree on them get one verdict,
+    whatever else they hold (degrees, interleave, micro-batching, split, recompute)."""
+    assert framework.config_fields is not None
+    check = framework.config_check(MODELS[dtype])
+    alike = other.replaced({name: getattr(plan, name) for name in framework.config_fields})
+    assert check(alike) == check(plan)
 
 
 ROUND_TRIPS = ["zero=3", "tp=2,zero=3,recompute=full", "dp_replicate=2,dp_shard=8,zero=3", "tp=2,pp=2,zero=1,recompute=selective",

@@ -5,6 +5,7 @@ and the even-split block counts, all against the scalar code they replaced."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -12,14 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoplace.cost.assumptions import DEFAULT
 from autoplace.cost.candidates import Candidates, pack
 from autoplace.cost.layers import LayerTable, layer_table
-from autoplace.errors import Infeasible
+from autoplace.errors import Infeasible, SpecError
 from autoplace.frameworks import search
-from autoplace.plan import CONFIG_FIELDS, Config, Plan, even_split
+from autoplace.frameworks.base import unstated_recipe
+from autoplace.plan import CONFIG_FIELDS, RECIPE_KEYS, Config, Plan, even_split
 from autoplace.specs.model import ModelSpec, model_from_dict
 from solvers.problem import FEATURES, Problem
-from solvers.space import ConfigList, _groups, enumerate_configs, to_candidates
+from solvers.space import ConfigList, _dominates, _groups, _recipes, enumerate_configs, to_candidates
 from tests.helpers import gpu_cluster
 
 
@@ -88,6 +91,79 @@ def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int,
     _assert_same(to_candidates(plain, table, mode, rows), want)  # a plain list is packed
 
 
+def _reference_admission(problem: Problem) -> Any:
+    """``--framework any``'s verdict as it was: every framework that states the configuration's
+    recipe asked its configuration check, on the configuration's plan (an even split of pp x vpp
+    chunks, stage s holding chunks s, s + pp; no recompute): (admitted, the costing of the
+    frameworks that express it when they all cost alike, else 0, the recompute forms of them all)."""
+    model, blocks = problem.model, layer_table(problem.model).blocks
+    able = [f for f in search.members(search.ANY) if f.model_refusal(model) is None]
+    judges = [(problem.costings.index(f.costing(model, DEFAULT)) + 1, f, f.config_check(model)) for f in able]
+
+    def verdict(config: Config) -> tuple[bool, int, int]:
+        split = even_split(blocks, config.pp * config.vpp)
+        plan = config.to_plan([sum(split[s::config.pp]) for s in range(config.pp)], ["none"] * blocks)
+        express = [(k, f) for k, f, check in judges if unstated_recipe(config, f) is None and check(plan) is None]
+        forms = functools.reduce(lambda acc, kf: search.recompute_forms(kf[1], config, acc), express, 0)
+        costings = {k for k, _ in express}
+        return bool(costings), (costings.pop() if len(costings) == 1 else 0), forms
+
+    return verdict
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([3, 4, 8]), gpus=st.sampled_from([2, 4, 8, 16]), batch=st.sampled_from([8, 16]),
+       moe=st.booleans(), features=st.sets(st.sampled_from(ONE_NODE)), fix=st.sampled_from(FIXES))
+def test_the_frameworks_admission_is_every_frameworks_check(layers: int, gpus: int, batch: int, moe: bool,
+                                                            features: set[str], fix: dict[str, Any]) -> None:
+    """Enumeration under ``--framework any`` (its screens by recipe and pinned degree, its checks
+    memoized by the fields they read) keeps the configurations, and records the costings and
+    recompute forms, that asking every framework's check of every configuration gives."""
+    problem = search.problem_for("any", _model(layers, batch, moe), gpu_cluster(gpus), fixed=fix, features=features)
+    verdict = _reference_admission(problem)
+    reference = dataclasses.replace(problem, admissible=lambda cf: verdict(cf)[0],
+                                    costing_key=lambda cf: verdict(cf)[1], recompute_forms=lambda cf: verdict(cf)[2])
+    try:
+        want = enumerate_configs(reference)
+    except Infeasible:
+        with pytest.raises(Infeasible):
+            enumerate_configs(problem)
+        return
+    got = enumerate_configs(problem)
+    assert got == want and got.costing.tolist() == want.costing.tolist() and got.forms.tolist() == want.forms.tolist()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.sampled_from([4, 8]), gpus=st.sampled_from([4, 8]), moe=st.booleans(),
+       framework=st.sampled_from(["megatron", "torchtitan", "fsdp"]),
+       features=st.sets(st.sampled_from(ONE_NODE)).map(lambda f: f | {"fp8"}))  # fp8 recipes dominate no others
+def test_a_recipe_is_left_out_exactly_when_a_kept_one_dominates_it(layers: int, gpus: int, moe: bool, framework: str,
+                                                                   features: set[str]) -> None:
+    """Under one framework's costing, each shape keeps the recipes its framework states that no
+    kept recipe dominates (never slower nor larger): the best first, the rest only where it
+    cannot state the better ones."""
+    h100 = gpu_cluster(gpus, "h100-sxm5-80gb", intra="nvlink4")  # fp8 units: the fp8 recipes are searched
+    try:  # a framework may not train the MoE model, or run no configuration of it
+        problem = search.problem_for(framework, _model(layers, 16, moe), h100, fixed={}, features=features)
+        configs = enumerate_configs(problem)
+    except Infeasible:
+        return
+    kept: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for cf in configs:
+        rest = tuple((k, v) for k, v in vars(cf).items() if k not in RECIPE_KEYS)
+        recipe = {k: getattr(cf, k) for k in RECIPE_KEYS}
+        if recipe not in kept.setdefault(rest, []):
+            kept[rest].append(recipe)
+    for rest, recipes in kept.items():
+        shape = Config(**dict(rest))
+        for recipe in _recipes(problem, shape):
+            others = [r for r in recipes if r != recipe]
+            if recipe in recipes:
+                assert not any(_dominates(r, recipe) for r in others)
+            else:
+                assert not problem.admissible(shape.replaced(recipe)) or any(_dominates(r, recipe) for r in others)
+
+
 def test_enumerated_configurations_are_what_init_makes() -> None:
     """Configurations made from their fields' dict (Config.from_fields, with_micro_batching)
     are the ones ``__init__`` makes: equal, same hash and repr, no stray attribute."""
@@ -100,6 +176,9 @@ def test_enumerated_configurations_are_what_init_makes() -> None:
         assert list(vars(cf)) == list(CONFIG_FIELDS)  # in field order, as __init__ sets them
     cf = configs[-1]
     assert cf.with_micro_batching(3, 5) == dataclasses.replace(cf, mbs=3, grad_accum=5)
+    changed = cf.replaced({"tp": 4, "vpp": 1, "fp8": "rowwise"})
+    assert changed == dataclasses.replace(cf, tp=4, vpp=1, fp8="rowwise") and list(vars(changed)) == list(CONFIG_FIELDS)
+    assert vars(cf) == vars(configs[-1])  # the configuration it was made from is left as it was
     plan = cf.to_plan([8], ["full"] * 8)
     assert plan == Plan(**vars(cf), recompute=("full",) * 8, layers_per_stage=(8,))
     assert vars(plan).keys() == vars(Plan()).keys() and plan.to_plan([8], ["none"] * 8).recompute == ("none",) * 8
@@ -109,6 +188,16 @@ def test_enumerated_configurations_are_what_init_makes() -> None:
 def test_from_fields_refuses_anything_but_every_field(values: dict[str, Any]) -> None:
     with pytest.raises(TypeError, match="Config needs the fields tp, pp, cp"):
         Config.from_fields(values)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "2", None])
+def test_a_degree_that_is_no_whole_number_above_zero_is_refused(value: Any) -> None:
+    with pytest.raises(SpecError, match=f"tp must be a whole number >= 1, got {value!r}"):
+        Config(tp=value)
+
+
+def test_a_whole_number_of_any_integral_type_is_a_degree() -> None:
+    assert Config(tp=np.int64(2), mbs=4).tp == 2
 
 
 @settings(max_examples=30, deadline=None)

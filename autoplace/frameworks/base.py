@@ -23,6 +23,7 @@ The call sequence, as ``autoplace solve`` makes it:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autoplace.emit.launch import Launch, Program, user_program
 from autoplace.errors import EmitError
-from autoplace.plan import RECIPE_DEFAULTS
+from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
@@ -107,6 +108,10 @@ class Framework:
     # search takes first (fp8: the recipes it implements, searched only with --allow fp8).  A key
     # not listed takes only its default (plan.RECIPE_DEFAULTS).
     recipes: ClassVar[Mapping[str, tuple[Any, ...]]] = {"overlap": (True,)}
+    # the plan fields :meth:`config_check` reads when it reads neither the layer split nor the
+    # recompute modes (the model's are judged once): the search judges a configuration once per
+    # distinct value of them.  None: undeclared (it is asked of every configuration)
+    config_fields: ClassVar[tuple[str, ...] | None] = None
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -200,15 +205,15 @@ class Framework:
 def unstated_recipe(config: Config, framework: type[Framework] | Framework) -> str | None:
     """The first recipe key ``config`` sets to a value ``framework`` cannot state
     (:attr:`Framework.recipes`; a key it does not declare has only its default), or None."""
-    values = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
-    key = (framework.name, values)  # judged once per framework and recipe: the search asks per configuration
+    key = (framework.name, _RECIPE_VALUES(config))  # judged once per framework and recipe (the search asks often)
     if key not in _UNSTATED:
-        _UNSTATED[key] = next((k for k, value in zip(RECIPE_DEFAULTS, values, strict=True)
+        _UNSTATED[key] = next((k for k, value in zip(RECIPE_KEYS, key[1], strict=True)
                                if recipe_refusal(framework, k, value)), None)
     return _UNSTATED[key]
 
 
 _UNSTATED: dict[tuple[str, tuple[Any, ...]], str | None] = {}
+_RECIPE_VALUES = operator.attrgetter(*RECIPE_KEYS)  # a configuration's recipe values, in RECIPE_KEYS order
 
 
 def check_recipe(plan: Plan, framework: type[Framework]) -> None:

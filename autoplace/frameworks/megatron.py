@@ -25,7 +25,7 @@ from autoplace.emit._common import (
 from autoplace.emit.launch import Launch, bash_array
 from autoplace.frameworks._megatron_read import plan_from_megatron
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
-from autoplace.plan import Plan
+from autoplace.plan import RECIPE_KEYS, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
 
@@ -456,6 +456,9 @@ class Megatron(Framework):
                "fp8": ("none", "delayed", "tensorwise", "mxfp8")}
     reports_hardware_flops = True
     layer_recompute = "first"  # --recompute-method block
+    # what check_expressible and the compress=bf16 rule read (no cp, ep or vpp: Megatron runs them all)
+    config_fields = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "zero", "schedule", "offload_optimizer",
+                     "offload_params", "compress", *RECIPE_KEYS)
     # its fused bias-SwiGLU and in-place vocab-parallel cross-entropy (Assumptions' docs)
     behaviour = {"swiglu_kept": 3.0, "fused_loss_fuses_mlp": False, "loss_workspace_bytes_per_vocab": 2.0,
                  "loss_workspace_bytes_per_vocab_tp": 2.0}

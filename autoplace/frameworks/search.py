@@ -12,6 +12,7 @@ declarations (:meth:`~autoplace.frameworks.base.Framework.plan_check`), never fr
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,17 +21,7 @@ from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
 from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, unstated_recipe
-from autoplace.plan import (
-    FIRST_FULL,
-    PER_LAYER,
-    RECIPE_DEFAULTS,
-    RECIPE_KEYS,
-    RECOMPUTE,
-    Config,
-    Plan,
-    even_split,
-    with_pins,
-)
+from autoplace.plan import FIRST_FULL, PER_LAYER, RECIPE_KEYS, RECOMPUTE, Config, Plan, even_split, with_pins
 from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
 
@@ -182,19 +173,24 @@ class Admission:
         # one group per distinct costing, Megatron-LM's first: it expresses nearly every
         # configuration some framework can in the default space
         self.costings: tuple[tuple[ModelSpec, Any], ...] = ()
-        by_costing: dict[int, list[tuple[int, PlanCheck]]] = {}
+        by_costing: dict[int, list[_Judge]] = {}
         for f in sorted(able, key=lambda f: f.name != "megatron"):
             costed = f.costing(model, assumptions)
             if costed not in self.costings:
                 self.costings += (costed,)
-            by_costing.setdefault(self.costings.index(costed) + 1, []).append((f, f.config_check(model)))
+            by_costing.setdefault(self.costings.index(costed) + 1, []).append(_Judge(f, f.config_check(model)))
         self._by_costing = by_costing
         self._table = layer_table(model)
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
         self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
-        # a framework that cannot state a configuration's recipe refuses it whatever its degrees
-        self._by_recipe: dict[tuple[Any, ...], list[tuple[int, list[tuple[Framework, PlanCheck]]]]] = {}
-        self._verdicts: dict[Config, tuple[bool, int, int]] = {}  # a Problem's other solves judge the same shapes
+        # a framework that cannot state a configuration's recipe, or that runs one of its degrees
+        # only at another value (FSDP2's pp=1), refuses it whatever else it holds: its check is
+        # asked only of the configurations it may express, found by those values
+        pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
+        self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
+        self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
+        self._last: tuple[Config | None, tuple[bool, int, int]] = (None, (False, 0, 0))
+        self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
 
     def __call__(self, config: Config) -> bool:
         return self._judged(config)[0]
@@ -210,31 +206,67 @@ class Admission:
         return self._judged(config)[2]
 
     def _judged(self, config: Config) -> tuple[bool, int, int]:
-        if config in self._verdicts:
-            return self._verdicts[config]
-        recipe = tuple(getattr(config, key) for key in RECIPE_DEFAULTS)
-        if recipe not in self._by_recipe:
-            self._by_recipe[recipe] = [(k, able) for k, members in self._by_costing.items()
-                                       if (able := [(f, c) for f, c in members if unstated_recipe(config, f) is None])]
-        groups = self._by_recipe[recipe]
-        if not groups:
-            self._verdicts[config] = (False, 0, 0)
-            return False, 0, 0
-        key = (config.pp, config.vpp)
-        if key not in self._layouts:
-            split = even_split(self._table.blocks, config.pp * config.vpp)
-            self._layouts[key] = tuple(sum(split[s::config.pp]) for s in range(config.pp))  # stage s: chunks s, s+pp
-        plan = config.to_plan(self._layouts[key], self._no_recompute)
+        """(whether a framework expresses ``config``, its costing, its recompute forms), from the
+        frameworks' verdicts."""
+        if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
+            return self._last[1]
         costed: list[int] = []
         forms = 0
-        for k, able in groups:  # while a framework may add a costing (two: the shared one) or a form
-            for f, check in able:
+        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one) or a form
+            for judge in judges:
                 news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER
-                if news and check(plan) is None:
+                if news and judge.admits(config, self._plan_of):
                     costed += [] if k in costed else [k]
-                    forms = recompute_forms(f, config, forms)
-        self._verdicts[config] = verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
+                    forms = recompute_forms(judge.framework, config, forms)
+        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
+        self._last = (config, verdict)
         return verdict
+
+    def _screen(self, config: Config) -> list[tuple[int, list[_Judge]]]:
+        """Per costing, the checks of the frameworks that may express ``config``: those that state its
+        recipe and hold its pinned degrees (tests/test_frameworks.py: the others' checks refuse it)."""
+        key = self._screen_key(config)
+        if key not in self._screened:
+            self._screened[key] = [
+                (k, kept) for k, judges in self._by_costing.items()
+                if (kept := [j for j in judges if unstated_recipe(config, j.framework) is None
+                             and all(getattr(config, d) == v for d, v in j.framework.pinned_degrees.items())])]
+        return self._screened[key]
+
+    def _plan_of(self, config: Config) -> Plan:
+        """``config``'s plan as the search judges it: an even split, no recompute."""
+        judged, plan = self._plan
+        if judged is not config or plan is None:
+            plan = config.to_plan(self._layout(config.pp, config.vpp), self._no_recompute)
+            self._plan = (config, plan)
+        return plan
+
+    def _layout(self, pp: int, vpp: int) -> tuple[int, ...]:
+        """Blocks per stage of an even split into ``pp`` stages of ``vpp`` chunks (stage s: chunks s, s+pp)."""
+        if (pp, vpp) not in self._layouts:
+            split = even_split(self._table.blocks, pp * vpp)
+            self._layouts[pp, vpp] = tuple(sum(split[s::pp]) for s in range(pp))
+        return self._layouts[pp, vpp]
+
+
+class _Judge:
+    """One framework's configuration check in a search, memoized by the fields it reads
+    (:attr:`Framework.config_fields`) when it declares them: the search asks it of thousands of
+    configurations that differ only in fields it does not read."""
+
+    def __init__(self, framework: Framework, check: PlanCheck) -> None:
+        self.framework, self.check = framework, check
+        self._key = operator.attrgetter(*framework.config_fields) if framework.config_fields else None
+        self._verdicts: dict[Any, bool] = {}
+
+    def admits(self, config: Config, plan_of: Callable[[Config], Plan]) -> bool:
+        """Whether the check admits ``config``'s plan (``plan_of(config)``, built only when asked)."""
+        if self._key is None:
+            return self.check(plan_of(config)) is None
+        key = self._key(config)
+        if key not in self._verdicts:
+            self._verdicts[key] = self.check(plan_of(config)) is None
+        return self._verdicts[key]
 
 
 def recompute_forms(framework: Framework, config: Config, others: int = 0) -> int:
