@@ -2,8 +2,8 @@
 
 One scoring pass reduces each configuration's coefficient tables over its stages to a
 :class:`Summary` -- a few numbers per configuration and block kind -- from which the bounds
-of every recompute mode follow (:meth:`Summary.bounds`).  A solve that pins another mode
-(a framework's uniform-recompute runs) then needs no second pass over the tables.
+of every recompute mode follow (:meth:`Summary.bounds`): the space bounds each configuration in
+each recompute form it may take (:meth:`solvers.space.Space.of`) from one pass over the tables.
 """
 
 from __future__ import annotations

@@ -152,8 +152,8 @@ def test_framework_refuses_a_pinned_degree_it_cannot_run() -> None:
 
 
 def test_top_k_means_k_runnable_plans_or_says_why_fewer() -> None:
-    """Llama-3-70B on 32 H100, --top 3: the widest search's best plans recompute per layer in ways no
-    framework can say, so the search looks further (uniform recompute, then deeper) until 3 run."""
+    """Llama-3-70B on 32 H100, --top 3: three runnable plans (the search gives each configuration
+    only the recompute its frameworks can state, and looks deeper while fewer than 3 run)."""
     from tests.test_cli import LLAMA_70B
 
     doc = strict_json(invoke("solve", LLAMA_70B, "--cluster", "4x8xh100", "--json", "--top", "3").stdout)
