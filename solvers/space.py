@@ -324,7 +324,11 @@ class Scored:
     terms: StageTerms
 
 
-GROUP_ROWS = 4096  # configurations scored per numpy pass (bounds the arrays' size)
+# configurations scored per numpy pass, and configuration-stages: they bound the arrays' size (a
+# pass costs ~5 ms besides its rows, so no finer than that: 4,096 rows split DeepSeek-V3's
+# 1,024-GPU costings at every depth into 4,096 and a few hundred)
+GROUP_ROWS = 8192
+GROUP_CELLS = 8192 * 32
 
 
 @dataclass(frozen=True)
@@ -371,13 +375,15 @@ class Space:
 
 def _groups(configs: list[Config], costing: np.ndarray) -> list[np.ndarray]:
     """Row indices by pipeline depth (so stage arrays are as deep as the group's pp) and costing
-    (``costing[i]``, :meth:`Problem.costing_index`: one per numpy pass), in chunks of at most GROUP_ROWS."""
+    (``costing[i]``, :meth:`Problem.costing_index`: one per numpy pass), in chunks of at most GROUP_ROWS
+    configurations and GROUP_CELLS configuration-stages."""
     pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
     key = pp * (int(costing.max(initial=0)) + 1) + costing
     out: list[np.ndarray] = []
     for value in np.unique(key):
         rows = np.flatnonzero(key == value)
-        out.extend(rows[k:k + GROUP_ROWS] for k in range(0, len(rows), GROUP_ROWS))
+        size = max(1, min(GROUP_ROWS, GROUP_CELLS // int(pp[rows[0]])))
+        out.extend(rows[k:k + size] for k in range(0, len(rows), size))
     return out
 
 
