@@ -2,7 +2,8 @@
 :class:`solvers.bounds.Stages`, the memory phases' per-block bytes, and every field of
 :func:`solvers.bounds.summarize`, against the code as it was, on the coefficient tables of
 small spaces (groups of one pipeline depth, as scoring takes them, and rows of mixed depths,
-as :meth:`solvers.space.Space.scored` takes them; one pool and two)."""
+as :meth:`solvers.space.Space.scored` takes them; one pool and two); and a deep pipeline's time
+terms computed on its ends (:meth:`autoplace.cost.context.Context.ends`) against every stage's."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from autoplace.cost.candidates import Candidates
+from autoplace.cost.context import Context
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms
 from autoplace.errors import Infeasible
@@ -24,6 +27,7 @@ from autoplace.frameworks import search
 from autoplace.specs.cluster import ClusterSpec, load_cluster
 from autoplace.specs.model import model_from_dict
 from solvers.bounds import Stages, Summary, _recompute_time_lb, _shared, summarize
+from solvers.problem import Problem
 from solvers.space import _groups, _terms, enumerate_configs, to_candidates
 from tests.helpers import REPO, gpu_cluster
 
@@ -36,8 +40,9 @@ def _cluster(name: str) -> ClusterSpec:
 
 
 def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
-            seed: int) -> Iterator[tuple[LayerTable, Candidates, StageTerms]]:
-    """Every scoring group of a small space, then 40 random rows of it together (mixed depths)."""
+            seed: int) -> Iterator[tuple[Problem, LayerTable, Candidates, np.ndarray, StageTerms]]:
+    """Every scoring group of a small space, then 40 random rows of it together (mixed depths):
+    the problem, its layer table, the candidates, their costings and their tables."""
     spec: dict[str, Any] = {"name": "small", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden, "heads": 8,
                             "kv_heads": 4, "vocab": 32000, "seq_len": 4096, "training": {"global_batch": 32}}
     if moe:
@@ -53,7 +58,7 @@ def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[st
              np.random.default_rng(seed).choice(len(configs), size=min(40, len(configs)), replace=False)]
     for rows in picks:
         cand = to_candidates(configs, table, rows=rows)
-        yield table, cand, _terms(problem, table, cand, configs.costing[rows])
+        yield problem, table, cand, configs.costing[rows], _terms(problem, table, cand, configs.costing[rows])
 
 
 SPACES = dict(layers=st.sampled_from([4, 6, 9]), hidden=st.sampled_from([512, 4096, 8192]), moe=st.booleans(), cluster=st.sampled_from(["8", "32", "mixed"]),
@@ -64,7 +69,7 @@ SPACES = dict(layers=st.sampled_from([4, 6, 9]), hidden=st.sampled_from([512, 40
 @given(**SPACES)
 def test_summaries_are_the_plain_reductions(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
                                             seed: int) -> None:
-    for table, cand, terms in _tables(layers, hidden, moe, cluster, features, seed):
+    for _, table, cand, _, terms in _tables(layers, hidden, moe, cluster, features, seed):
         got, want = summarize(table, cand, terms), _reference_summary(table, cand, terms)
         for f in dataclasses.fields(Summary):
             a, b = getattr(got, f.name), getattr(want, f.name)
@@ -72,6 +77,27 @@ def test_summaries_are_the_plain_reductions(layers: int, hidden: int, moe: bool,
         _, per_block, _ = terms.phases
         np.testing.assert_allclose(per_block, np.einsum("cokp,csfp->csfk", terms.state_block, terms.state_live),
                                    rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize(("layers", "hidden", "moe", "cluster", "features"), [
+    (9, 4096, True, "32", ["interleave", "offload"]), (8, 8192, False, "8", ["hsdp", "cp"]),
+    (6, 512, True, "32", ["ep", "interleave"]), (9, 8192, True, "mixed", ["interleave"])])
+def test_time_terms_on_the_ends_are_every_stages(monkeypatch: pytest.MonkeyPatch, layers: int, hidden: int,
+                                                 moe: bool, cluster: str, features: list[str]) -> None:
+    """A deep pipeline's time terms computed on its first, second and last stages and spread
+    (Context.ends) are the ones computed on every stage, to the bit and in the same layout."""
+    spread = 0
+    for problem, table, cand, costing, terms in _tables(layers, hidden, moe, cluster, features, 0):
+        with monkeypatch.context() as m:
+            m.setattr(Context, "ends", lambda self: None)
+            every = _terms(problem, table, cand, costing)
+        spread += cand.counts.shape[1] > 3 and cluster != "mixed" and bool((cand.pp == cand.pp.max()).all())
+        for f in dataclasses.fields(StageTerms):
+            a, b = getattr(terms, f.name), getattr(every, f.name)
+            if isinstance(a, np.ndarray):
+                assert a.shape == b.shape and np.array_equal(a, b), f.name
+                assert a.flags.c_contiguous == b.flags.c_contiguous, f.name
+    assert spread or cluster == "mixed"  # pipelines deep enough to spread (on one pool)
 
 
 @settings(max_examples=60, deadline=None)

@@ -143,7 +143,10 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recip
     """Build every coefficient table for the candidates (see the module docstring)."""
     ctx = context(table, cluster, cand, recipe, assume)
     mem = memory_terms(ctx)
-    tim = time_terms(ctx, mem.act_block[..., 0])
+    ends = ctx.ends()  # a deep pipeline's time terms on its first, second and last stages only
+    tim = time_terms(ends or ctx, mem.act_block[..., 0])
+    if ends is not None:
+        tim = TimeTerms(**{f.name: ends.spread(getattr(tim, f.name), ctx.S) for f in fields(TimeTerms)})
     c = cand
     tp, cp, pp = (x.astype(float) for x in (c.tp, c.cp, c.pp))
     ga = c.ga.astype(float)
