@@ -84,7 +84,7 @@ def test_summaries_are_the_plain_reductions(layers: int, hidden: int, moe: bool,
     (6, 512, True, "32", ["ep", "interleave"]), (9, 8192, True, "mixed", ["interleave"])])
 def test_time_terms_on_the_ends_are_every_stages(monkeypatch: pytest.MonkeyPatch, layers: int, hidden: int,
                                                  moe: bool, cluster: str, features: list[str]) -> None:
-    """A deep pipeline's time terms computed on its first, second and last stages and spread
+    """A deep pipeline's time terms and edge states computed on its first, second and last stages and spread
     (Context.ends) are the ones computed on every stage, to the bit and in the same layout."""
     spread = 0
     for problem, table, cand, costing, terms in _tables(layers, hidden, moe, cluster, features, 0):
