@@ -61,7 +61,8 @@ def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[st
         yield problem, table, cand, configs.costing[rows], _terms(problem, table, cand, configs.costing[rows])
 
 
-SPACES = dict(layers=st.sampled_from([4, 6, 9]), hidden=st.sampled_from([512, 4096, 8192]), moe=st.booleans(), cluster=st.sampled_from(["8", "32", "mixed"]),
+SPACES = dict(layers=st.sampled_from([4, 6, 9]), hidden=st.sampled_from([512, 4096, 8192]), moe=st.booleans(),
+              cluster=st.sampled_from(["8", "32", "mixed"]),
               features=st.lists(st.sampled_from(FEATURES), unique=True), seed=st.integers(0, 2**16))
 
 

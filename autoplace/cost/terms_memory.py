@@ -119,7 +119,8 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     on = ends or ctx
     edge_states = states(on.train_edge[..., None, None], none, (on.frozen_edge[..., None, None], none,
                                                                 on.frozen_edge_wire[..., None, None], none))
-    edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :] * state_live  # [C,S,2,3]
+    edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :]
+    edge_states = edge_states * state_live  # [C,S,2,3]
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
