@@ -28,7 +28,7 @@ from autoplace.specs.cluster import ClusterSpec, load_cluster
 from autoplace.specs.model import model_from_dict
 from solvers.bounds import Stages, Summary, _recompute_time_lb, _shared, summarize
 from solvers.problem import Problem
-from solvers.space import _groups, _terms, enumerate_configs, to_candidates
+from solvers.space import _groups, _terms, enumerate_configs, score_space, to_candidates
 from tests.helpers import REPO, gpu_cluster
 
 FEATURES = ["ep", "offload", "interleave", "hsdp", "cp"]
@@ -39,16 +39,19 @@ def _cluster(name: str) -> ClusterSpec:
         else gpu_cluster(int(name), gpu="a100-sxm4-40gb")
 
 
-def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
-            seed: int) -> Iterator[tuple[Problem, LayerTable, Candidates, np.ndarray, StageTerms]]:
-    """Every scoring group of a small space, then 40 random rows of it together (mixed depths):
-    the problem, its layer table, the candidates, their costings and their tables."""
+def _problem(layers: int, hidden: int, moe: bool, cluster: str, features: list[str]) -> Problem:
     spec: dict[str, Any] = {"name": "small", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden, "heads": 8,
                             "kv_heads": 4, "vocab": 32000, "seq_len": 4096, "training": {"global_batch": 32}}
     if moe:
         spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1}
-    problem = search.problem_for("any", model_from_dict(spec), _cluster(cluster), fixed={},
-                                 features=set(features))
+    return search.problem_for("any", model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
+
+
+def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
+            seed: int) -> Iterator[tuple[Problem, LayerTable, Candidates, np.ndarray, StageTerms]]:
+    """Every scoring group of a small space, then 40 random rows of it together (mixed depths):
+    the problem, its layer table, the candidates, their costings and their tables."""
+    problem = _problem(layers, hidden, moe, cluster, features)
     try:
         configs = enumerate_configs(problem)
     except Infeasible:
@@ -78,6 +81,30 @@ def test_summaries_are_the_plain_reductions(layers: int, hidden: int, moe: bool,
         _, per_block, _ = terms.phases
         np.testing.assert_allclose(per_block, np.einsum("cokp,csfp->csfk", terms.state_block, terms.state_live),
                                    rtol=1e-15, atol=0)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**SPACES)
+def test_groups_sharing_a_pass_are_scored_as_alone(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
+                                                   seed: int) -> None:
+    """Small groups of a costing scored in one numpy pass (solvers.space._passes), as deep as its
+    deepest pipeline, give each configuration the bounds and summary a pass of its own gives."""
+    problem = _problem(layers, hidden, moe, cluster, features)
+    try:
+        configs = enumerate_configs(problem)
+    except Infeasible:
+        return
+    together = score_space(problem, configs)
+    table = layer_table(problem.model)
+    parts = []
+    for rows in _groups(configs, configs.costing):  # a pass of its own each, as score_space took them
+        cand = to_candidates(configs, table, rows=rows)
+        parts.append((rows, summarize(table, cand, _terms(problem, table, cand, configs.costing[rows]))))
+    alone = Summary.stack(parts, len(configs))
+    assert (np.array_equal(together.lower_bound, alone.bounds(problem.objective, problem.fixed_mode)[0])
+            and np.array_equal(together.memory_lb, alone.bounds(problem.objective, problem.fixed_mode)[1]))
+    for f in dataclasses.fields(Summary):
+        assert np.array_equal(getattr(together.summary, f.name), getattr(alone, f.name)), f.name
 
 
 @pytest.mark.parametrize(("layers", "hidden", "moe", "cluster", "features"), [
