@@ -39,19 +39,20 @@ def _cluster(name: str) -> ClusterSpec:
         else gpu_cluster(int(name), gpu="a100-sxm4-40gb")
 
 
-def _problem(layers: int, hidden: int, moe: bool, cluster: str, features: list[str]) -> Problem:
+def _problem(layers: int, hidden: int, moe: bool, cluster: str, features: list[str], method: str = "full") -> Problem:
     spec: dict[str, Any] = {"name": "small", "layers": layers, "hidden": hidden, "ffn_hidden": 4 * hidden, "heads": 8,
-                            "kv_heads": 4, "vocab": 32000, "seq_len": 4096, "training": {"global_batch": 32}}
+                            "kv_heads": 4, "vocab": 32000, "seq_len": 4096,
+                            "training": {"global_batch": 32, "method": method}}
     if moe:
         spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1}
     return search.problem_for("any", model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
 
 
-def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str],
-            seed: int) -> Iterator[tuple[Problem, LayerTable, Candidates, np.ndarray, StageTerms]]:
+def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str], seed: int,
+            method: str = "full") -> Iterator[tuple[Problem, LayerTable, Candidates, np.ndarray, StageTerms]]:
     """Every scoring group of a small space, then 40 random rows of it together (mixed depths):
     the problem, its layer table, the candidates, their costings and their tables."""
-    problem = _problem(layers, hidden, moe, cluster, features)
+    problem = _problem(layers, hidden, moe, cluster, features, method)
     try:
         configs = enumerate_configs(problem)
     except Infeasible:
@@ -107,15 +108,16 @@ def test_groups_sharing_a_pass_are_scored_as_alone(layers: int, hidden: int, moe
         assert np.array_equal(getattr(together.summary, f.name), getattr(alone, f.name)), f.name
 
 
-@pytest.mark.parametrize(("layers", "hidden", "moe", "cluster", "features"), [
-    (9, 4096, True, "32", ["interleave", "offload"]), (8, 8192, False, "8", ["hsdp", "cp"]),
-    (6, 512, True, "32", ["ep", "interleave"]), (9, 8192, True, "mixed", ["interleave"])])
+@pytest.mark.parametrize(("layers", "hidden", "moe", "cluster", "features", "method"), [
+    (9, 4096, True, "32", ["interleave", "offload"], "full"), (8, 8192, False, "8", ["hsdp", "cp"], "full"),
+    (6, 512, True, "32", ["ep", "interleave"], "full"), (9, 8192, True, "mixed", ["interleave"], "full"),
+    (8, 4096, False, "32", ["offload"], "lora"), (9, 4096, True, "8", ["interleave"], "qlora")])
 def test_time_terms_on_the_ends_are_every_stages(monkeypatch: pytest.MonkeyPatch, layers: int, hidden: int,
-                                                 moe: bool, cluster: str, features: list[str]) -> None:
+                                                 moe: bool, cluster: str, features: list[str], method: str) -> None:
     """A deep pipeline's time terms and edge states computed on its first, second and last stages and spread
     (Context.ends) are the ones computed on every stage, to the bit and in the same layout."""
     spread = 0
-    for problem, table, cand, costing, terms in _tables(layers, hidden, moe, cluster, features, 0):
+    for problem, table, cand, costing, terms in _tables(layers, hidden, moe, cluster, features, 0, method):
         with monkeypatch.context() as m:
             m.setattr(Context, "ends", lambda self: None)
             every = _terms(problem, table, cand, costing)
