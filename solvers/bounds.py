@@ -35,6 +35,27 @@ class Stages:
         trailing axes of ``x`` beyond [C, S])."""
         return x if self.full else np.where(self.mask[(...,) + (None,) * extra], x, fill)
 
+    def sum(self, x: Array, extra: int = 0) -> Array:
+        """``x [C, S, ...]`` summed over the real stages ``[C, ...]``."""
+        return _over_stages(np.add, self.where(x, 0.0, extra))
+
+    def min(self, x: Array, extra: int = 0) -> Array:
+        """The least of ``x [C, S or 1, ...]`` over the real stages ``[C, ...]``."""
+        return x[:, 0] if x.shape[1] == 1 else _over_stages(np.minimum, self.where(x, np.inf, extra))
+
+    def max(self, x: Array, extra: int = 0, fill: float = -np.inf) -> Array:
+        """The largest of ``x [C, S or 1, ...]`` over the real stages ``[C, ...]`` (and ``fill``, past pp)."""
+        return x[:, 0] if x.shape[1] == 1 else _over_stages(np.maximum, self.where(x, fill, extra))
+
+
+def _over_stages(op: np.ufunc, x: Array) -> Array:
+    """``op.reduce(x, axis=1)`` of ``x [C, S, ...]``.  Over this middle axis (a few entries
+    after it) numpy reduces one stage at a time, in order, but several times slower than the
+    same loop written out; over a last axis (``x [C, S]``) it sums pairwise, and fast."""
+    if x.ndim == 2:
+        return op.reduce(x, axis=1)
+    return functools.reduce(op, (x[:, s] for s in range(x.shape[1])))
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -99,29 +120,27 @@ class Summary:
 def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary:
     """The :class:`Summary` of candidates and their coefficient tables."""
     st = Stages(cand.pp, cand.counts.shape[1])
-    mask = st.mask
-    t_sum = _shared(terms.t_block).sum(-1)  # [C, S or 1, K, 3]
+    t_min = st.min(_shared(terms.t_block).sum(-1), 2)  # [C, K, 3]
     n_kind = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
-    rest_blocks = np.where(mask[..., None], terms.gather_block + terms.opt_block, np.inf).min(axis=1)  # [C, K]
+    rest_blocks = st.min(_shared(terms.gather_block) + _shared(terms.opt_block), 1)  # [C, K]
     static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
-    static_real = st.where(static, 0, 1)
     return Summary(
         n_kind=n_kind, pp=cand.pp.astype(float), ga=cand.ga.astype(float), vpp=cand.vpp.astype(float),
-        static_time=st.where(terms.t_static.sum(-1), 0).sum(1), t_min=st.where(t_sum, np.inf, 2).min(axis=1),
-        recompute=_recompute_time_lb(terms, st, n_kind, t_sum),
-        rest=np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1),
-        static_mem=static_real.sum(1), static_max=static_real.max(1), state=st.where(per_block, np.inf, 2).min(1),
-        mult_min=st.where(mult, np.inf, 1).min(1), act=terms.act_block[:, 0], cap_max=st.where(_shared(terms.capacity), 0).max(1),
-        comm_static=np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)),
+        static_time=st.sum(terms.t_static.sum(-1)), t_min=t_min, recompute=_recompute_time_lb(terms, st, n_kind, t_min),
+        rest=st.sum(terms.gather_static + terms.opt_static) + (rest_blocks * n_kind).sum(-1),
+        static_mem=st.sum(static, 1), static_max=st.max(static, 1, fill=0.0), state=st.min(per_block, 2),
+        mult_min=st.min(mult, 1), act=terms.act_block[:, 0], cap_max=st.max(_shared(terms.capacity), fill=0.0),
+        comm_static=np.where(st.mask[..., None], terms.bytes_static, 0).sum((1, 2)),
         comm_block=terms.bytes_block[:, 0].sum(-1),
         split_fits=_some_split_fits(terms, st, cand.vpp, table.blocks, n_kind),
-        host_fits=_host_fits(terms, mask, n_kind))
+        host_fits=_host_fits(terms, st, n_kind))
 
 
-def _host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray) -> np.ndarray:
+def _host_fits(terms: StageTerms, st: Stages, n_kind: np.ndarray) -> np.ndarray:
     """Whether the offloaded states can fit the hosts: every block on the stage with the least
     host memory per block, and the stages' edges, within the largest host share (necessary)."""
-    host_block = np.where(mask[..., None], terms.host_block, np.inf).min(1)  # [C, K]
+    host_block = st.min(_shared(terms.host_block), 1)  # [C, K]
+    mask = st.mask
     total = np.where(mask, terms.host_static, 0).sum(1) + (host_block * n_kind).sum(-1)
     pp = mask.sum(1)
     return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
@@ -137,22 +156,27 @@ def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int
     which keeps this a necessary condition; and the stages must also hold the blocks of each
     kind alone at that kind's bytes (a DeepSeek stack's MoE blocks, not only its few dense ones).
     """
-    static, state, mult = terms.phases
-    act = terms.act_block[:, 0, None, None]  # [C, 1, 1, K, 3]
-    per_block = (state[..., None] + mult[..., None, None] * act).min(-2)  # [C, S, F, 3]
-    room = (_shared(terms.capacity)[..., None] - static)[..., None]
-    n_max = np.full(np.broadcast_shapes(room.shape, per_block.shape), float(blocks))
-    np.divide(room, per_block, out=n_max, where=per_block > 0)
-    n_max = np.floor(functools.reduce(np.minimum, np.moveaxis(n_max, -2, 0)))  # [C, S, 3]: the tightest phase
-    v = vpp[:, None, None]
-    n_max = np.floor(np.clip(n_max, 0, blocks) / v) * v
-    ok = st.where(n_max >= v, True, 1).all(1) & (st.where(n_max, 0, 1).sum(1) >= blocks)
-    if len(n_kind) > 1:  # and the blocks of each kind alone, at their own bytes (the others only take room)
-        kind = state[..., None] + mult[..., None, None] * act  # [C, S, F, K, 3]
-        most = np.full(np.broadcast_shapes(room[..., None].shape, kind.shape), float(blocks))
-        np.divide(room[..., None], kind, out=most, where=kind > 0)
-        most = np.floor(np.clip(functools.reduce(np.minimum, np.moveaxis(most, 2, 0)), 0, blocks))  # [C, S, K, 3]
-        ok &= (st.where(most, 0, 2).sum(1) >= n_kind[None, :, None]).all(1)
+    static, state, mult = terms.phases  # [C, S, F], [C, S, F, K], [C, S, F]
+    act = terms.act_block[:, 0]  # [C, K, 3]
+    room = _shared(terms.capacity)[..., None] - static  # [C, S, F]
+    v = vpp[:, None]
+
+    def held(per_block: Array) -> Array:
+        """Blocks of ``per_block [C, S, F]`` bytes each stage holds, in its tightest phase ``[C, S]``."""
+        most = np.full(per_block.shape, float(blocks))
+        np.divide(room, per_block, out=most, where=per_block > 0)
+        return np.floor(functools.reduce(np.minimum, np.moveaxis(most, -1, 0)))
+
+    # one recompute mode and kind at a time: [C, S, F] arrays numpy runs through in long strides
+    # (a [C, S, F, K, 3] array ran three times slower, its inner loops three entries long)
+    ok = np.empty((len(vpp), 3), dtype=bool)
+    for r in range(3):
+        kinds = [state[..., k] + mult * act[:, k, r, None, None] for k in range(len(n_kind))]  # [C, S, F] each
+        n_max = np.floor(np.clip(held(functools.reduce(np.minimum, kinds)), 0, blocks) / v) * v  # the lightest kind
+        ok[:, r] = st.where(n_max >= v, True).all(1) & (st.where(n_max, 0).sum(1) >= blocks)
+        if len(n_kind) > 1:  # and the blocks of each kind alone, at their own bytes (the others only take room)
+            for k, kind in enumerate(kinds):
+                ok[:, r] &= st.where(np.floor(np.clip(held(kind), 0, blocks)), 0).sum(1) >= n_kind[k]
     return ok
 
 
@@ -163,7 +187,7 @@ def _shared(x: Array) -> Array:
     return x[:, :1] if x.ndim > 1 and x.shape[1] > 1 and x.strides[1] == 0 else x
 
 
-def _recompute_time_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, t_sum: np.ndarray) -> np.ndarray:
+def _recompute_time_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Least recompute time any split needs to fit (summed over stages), the largest of the
     bounds :func:`_kind_recompute_lb` finds for the blocks of each kind alone.
 
@@ -175,8 +199,8 @@ def _recompute_time_lb(terms: StageTerms, st: Stages, n_kind: np.ndarray, t_sum:
     pressure, and so the recompute of deep MoE pipelines, almost uncounted.
     """
     static_s, per_block, mult = (x[:, :, 0] for x in terms.phases)  # the start-of-backward phase
-    # seconds (fastest stage) and bytes saved per block, per kind and step (none->selective, selective->full)
-    t = st.where(t_sum, np.inf, 2).min(axis=1)  # [C, K, 3]
+    # seconds (``t``: on the fastest stage, [C, K, 3]) and bytes saved per block, per kind and
+    # step (none->selective, selective->full)
     act = terms.act_block[:, 0]  # [C, K, 3]
     cost, drop = _hull(np.maximum(t[..., 1:] - t[..., :1], 0.0), np.maximum(act[..., :1] - act[..., 1:], 0.0))
     return functools.reduce(np.maximum, (

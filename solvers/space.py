@@ -366,7 +366,11 @@ class Scored:
     terms: StageTerms
 
 
-GROUP_ROWS = 4096  # configurations scored per numpy pass (bounds the arrays' size)
+# configurations scored per numpy pass, and configuration-stages: they bound the arrays' size (a
+# pass costs ~5 ms besides its rows, so no finer than that: 4,096 rows split DeepSeek-V3's
+# 1,024-GPU costings at every depth into 4,096 and a few hundred)
+GROUP_ROWS = 8192
+GROUP_CELLS = 8192 * 32
 
 
 @dataclass(frozen=True)
@@ -429,14 +433,52 @@ class Space:
 
 def _groups(configs: list[Config], costing: np.ndarray) -> list[np.ndarray]:
     """Row indices by pipeline depth (so stage arrays are as deep as the group's pp) and costing
-    (``costing[i]``, :meth:`Problem.costing_index`: one per numpy pass), in chunks of at most GROUP_ROWS."""
+    (``costing[i]``, :meth:`Problem.costing_index`: one per numpy pass), in chunks of at most GROUP_ROWS
+    configurations and GROUP_CELLS configuration-stages."""
     pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
     key = pp * (int(costing.max(initial=0)) + 1) + costing
     out: list[np.ndarray] = []
     for value in np.unique(key):
         rows = np.flatnonzero(key == value)
-        out.extend(rows[k:k + GROUP_ROWS] for k in range(0, len(rows), GROUP_ROWS))
+        size = max(1, min(GROUP_ROWS, GROUP_CELLS // int(pp[rows[0]])))
+        out.extend(rows[k:k + size] for k in range(0, len(rows), size))
     return out
+
+
+SMALL_GROUP = 512  # a group of fewer configurations shares its numpy pass with its costing's other small ones
+
+
+def _passes(groups: list[np.ndarray], costing: np.ndarray, pp: np.ndarray) -> list[list[np.ndarray]]:
+    """:func:`_groups` (by pipeline depth, then costing) in numpy passes: a group of SMALL_GROUP
+    configurations or more alone, the smaller ones of each costing together (a pass costs ~5 ms
+    besides its rows: DeepSeek-V3's recipes that only one framework runs have ~100
+    configurations at each depth), within GROUP_ROWS and GROUP_CELLS at the pass's deepest pipeline
+    (``pp``: each configuration's)."""
+    passes: list[list[np.ndarray]] = []
+    shared: dict[int, list[np.ndarray]] = {}  # the pass each costing's next small group joins
+    for rows in groups:
+        if len(rows) >= SMALL_GROUP:
+            passes.append([rows])
+            continue
+        current = shared.get(int(costing[rows[0]]))
+        n = len(rows) + sum(len(r) for r in current or [])
+        if current is None or n > GROUP_ROWS or n * int(pp[rows[0]]) > GROUP_CELLS:  # (groups come by depth)
+            current = shared[int(costing[rows[0]])] = []
+            passes.append(current)
+        current.append(rows)
+    return passes
+
+
+def _depth_part(cand: Candidates, terms: StageTerms, rows: slice, stages: int) -> tuple[Candidates, StageTerms]:
+    """Rows ``rows`` of a pass's candidates and coefficient tables, on their first ``stages``
+    stages (views): the tables these rows have scored alone, at their own pipeline depth."""
+    def cut(x: Any) -> Any:
+        if not isinstance(x, np.ndarray):
+            return x
+        return x[rows, :stages] if x.ndim > 1 else x[rows]
+
+    return (dataclasses.replace(cand.take(rows), counts=cand.counts[rows, :stages]),  # type: ignore[arg-type]
+            type(terms)(**{f.name: cut(getattr(terms, f.name)) for f in dataclasses.fields(terms)}))
 
 
 def _terms(problem: Problem, table: LayerTable, cand: Candidates, which: np.ndarray | None = None) -> StageTerms:
@@ -480,7 +522,7 @@ def costing_rows(problem: Problem, configs: Sequence[Config],
 
 
 def score_space(problem: Problem, configs: list[Config], deadline: float = math.inf) -> Space:
-    """Sound lower bounds of every configuration, scored group by group (:func:`_groups`),
+    """Sound lower bounds of every configuration, scored group by group (:func:`_summaries`),
     for the recompute mode the problem pins (if any); the space keeps what the bounds of the
     other modes need (:class:`solvers.bounds.Summary`).  Past ``deadline`` (a
     ``time.perf_counter()`` value) the space holds the groups scored so far, and its
@@ -488,14 +530,29 @@ def score_space(problem: Problem, configs: list[Config], deadline: float = math.
     table = layer_table(problem.model)
     parts = []
     which = costing_rows(problem, configs)
-    for rows in _groups(configs, which):
-        cand = to_candidates(configs, table, rows=rows)
-        parts.append((rows, summarize(table, cand, _terms(problem, table, cand, which[rows]))))
+    for rows, summary in _summaries(problem, table, configs, which):
+        parts.append((rows, summary))
         if time.perf_counter() > deadline and isinstance(configs, ConfigList) and \
                 sum(len(r) for r, _ in parts) < len(configs):
             configs, parts = _scored_part(configs, parts)
             break
     return Space.of(problem, configs, table, Summary.stack(parts, len(configs)))
+
+
+def _summaries(problem: Problem, table: LayerTable, configs: list[Config],
+               which: np.ndarray) -> Iterator[tuple[np.ndarray, Summary]]:
+    """Each group's rows (:func:`_groups`) and summary, the small groups of a costing scored in
+    one numpy pass (:func:`_passes`), each summarized on its own stages (as scored alone)."""
+    pp = configs.arrays.pp if isinstance(configs, ConfigList) else np.array([cf.pp for cf in configs])
+    for groups in _passes(_groups(configs, which), which, pp):
+        rows = np.concatenate(groups)
+        cand = to_candidates(configs, table, rows=rows)
+        terms = _terms(problem, table, cand, which[rows])  # as deep as the pass's deepest pipeline
+        start = 0
+        for group in groups:
+            yield group, summarize(table, *_depth_part(cand, terms, slice(start, start + len(group)),
+                                                       int(cand.pp[start])))
+            start += len(group)
 
 
 def _scored_part(configs: ConfigList, parts: list[tuple[np.ndarray, Summary]]) -> tuple[ConfigList,

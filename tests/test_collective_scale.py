@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplace import frameworks
 from autoplace.cost import comm, terms_time
@@ -27,6 +29,38 @@ REPO = Path(__file__).resolve().parents[1]
 # one NVLink tier and one network tier with the shipped profiles' numbers (nvlink3, ib-hdr)
 LINKS = comm.Links(np.asarray(300e9), np.asarray(3.4e-6), np.asarray(24e9), np.asarray(14e-6), 8)
 RANKS = np.array([8, 16, 64, 128, 384, 768, 1536, 4096])
+
+
+def _plain_collective_time(intra, intra_steps, inter, inter_steps, links, count=1.0):  # type: ignore[no-untyped-def]
+    """comm.collective_time as it was: every protocol's time divided out and folded into a minimum."""
+    best = np.asarray(np.inf)
+    wire = intra / links.intra_Bps + inter / links.inter_Bps
+    for p in comm.PROTOCOLS:
+        latency = (p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
+                   + inter_steps * p.inter_latency_share * links.inter_latency_s)
+        best = np.minimum(best, count * latency + wire / p.efficiency)
+    return np.where((intra_steps + inter_steps) > 0, best, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.floats(0, 1e11), min_size=1, max_size=6), per_node=st.sampled_from([1, 4, 8, 72]),
+       nodes=st.integers(1, 300), count=st.sampled_from([1.0, 3.0, 17.5]), seed=st.integers(0, 2**16))
+def test_collective_times_are_the_plain_formula(sizes: list[float], per_node: int, nodes: int, count: float,
+                                                seed: int) -> None:
+    """collective_time (each protocol's bytes-over-bandwidth shared, and an all-reduce's ring and
+    tree sharing it) gives the plain formula's numbers, to the bit."""
+    rng = np.random.default_rng(seed)
+    size = np.array(sizes)[:, None]  # [C, S]-like against [C, 1] groups
+    n_in = rng.choice([1, per_node], size=(len(sizes), 1))
+    n = n_in * rng.integers(1, nodes + 1, size=(len(sizes), 1))
+    n_out = n // n_in
+    intra, inter, t = comm.allreduce(size, n, n_in, LINKS, count)
+    ring = _plain_collective_time(intra, 2 * (n - n_out), inter, 2 * (n_out - 1), LINKS, count)
+    tree = _plain_collective_time(intra, 2 * (n_in - 1), inter, 2 * np.ceil(np.log2(np.maximum(n_out, 1))), LINKS,
+                                  count)
+    assert np.array_equal(t, np.where(n_out > 1, np.minimum(ring, tree), ring))
+    intra, inter, t = comm.allgather(size, n, n_in, LINKS, count)
+    assert np.array_equal(t, _plain_collective_time(intra, n - n_out, inter, n_out - 1, LINKS, count))
 
 
 @pytest.mark.parametrize("collective", [comm.allgather, comm.reducescatter, comm.allreduce])

@@ -35,6 +35,7 @@ its own) pays the latency ``count`` times and the bytes once.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,12 +103,19 @@ def collective_time(intra: Array, intra_steps: Array, inter: Array, inter_steps:
     each in the given numbers of sequential steps on each tier, with the fastest NCCL protocol
     (chosen per message: ``count`` smaller messages lean towards LL); 0 when it moves nothing
     (a group of one)."""
-    best: Array = np.asarray(np.inf)
-    wire = intra / links.intra_Bps + inter / links.inter_Bps  # seconds at full bandwidth, every protocol's
-    for p in PROTOCOLS:
+    return _fastest(intra / links.intra_Bps + inter / links.inter_Bps, intra_steps, inter_steps, links, count)
+
+
+def _fastest(wire: Array, intra_steps: Array, inter_steps: Array, links: Links, count: Array | float) -> Array:
+    """:func:`collective_time` of collectives whose bytes take ``wire`` seconds at full bandwidth
+    (every protocol's; an all-reduce's ring and tree share it)."""
+    def seconds(p: Protocol) -> Array:
         latency = (p.base_s + intra_steps * p.intra_latency_share * links.intra_latency_s
                    + inter_steps * p.inter_latency_share * links.inter_latency_s)
-        best = np.minimum(best, count * latency + wire / p.efficiency)
+        # array-wide passes are most of a scoring's time: none spent dividing by 1
+        return count * latency + (wire if p.efficiency == 1.0 else wire / p.efficiency)
+
+    best = functools.reduce(np.minimum, (seconds(p) for p in PROTOCOLS))
     return np.where((intra_steps + inter_steps) > 0, best, 0.0)
 
 
@@ -134,9 +142,10 @@ def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links,
     intra = 2 * (n_in - 1) / n_in * size_bytes
     inter = 2 * (n_out - 1) / n_out * size_bytes / n_in
     ring_in, ring_out = ring_steps(n, n_out)
-    ring = collective_time(intra, 2 * ring_in, inter, 2 * ring_out, links, count)
+    wire = intra / links.intra_Bps + inter / links.inter_Bps
+    ring = _fastest(wire, 2 * ring_in, 2 * ring_out, links, count)
     tree_out = 2 * np.ceil(np.log2(np.maximum(n_out, 1)))
-    tree = collective_time(intra, 2 * (n_in - 1), inter, tree_out, links, count)
+    tree = _fastest(wire, 2 * (n_in - 1), tree_out, links, count)
     return intra, inter, np.where(n_out > 1, np.minimum(ring, tree), ring)
 
 

@@ -8,6 +8,7 @@ recompute modes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,7 @@ class Context:
     frozen_exp_wire: Array  # [C, 1, K, 1]
     frozen_edge_wire: Array  # [C, S]
     quantized: Array  # 4-bit parameters of one block on one device (QLoRA) [C, 1, K, 1]
+    stages: Array | None = None  # the stage each entry of the stage axis stands for (None: 0..S-1; see ends)
 
     @property
     def C(self) -> int:
@@ -101,12 +103,44 @@ class Context:
     @property
     def first(self) -> Array:
         """1.0 on each candidate's first stage ``[C, S]``."""
-        return (np.arange(self.S)[None, :] == 0).astype(float)
+        return (self._stage_index()[None, :] == 0).astype(float)
 
     @property
     def last(self) -> Array:
         """1.0 on each candidate's last stage ``[C, S]``."""
-        return (np.arange(self.S)[None, :] == (self.cand.pp[:, None] - 1)).astype(float)
+        return (self._stage_index()[None, :] == (self.cand.pp[:, None] - 1)).astype(float)
+
+    def _stage_index(self) -> Array:
+        return np.arange(self.S) if self.stages is None else self.stages
+
+    def ends(self) -> Context | None:
+        """This context on three stages that stand for all S: the first, the second and the last,
+        when every candidate has S > 3 stages on hardware they all share (one pool); else None.
+
+        Edge parameters (embedding, head) and the hardware are all that tell one stage from
+        another outside memory (whose in-flight micro-batches count down the pipeline), so every
+        term of a middle stage but memory's is the second stage's: computed once, not S - 2 times
+        (:meth:`spread` copies it back), the same numbers for a deep pipeline's edges at a tenth of the work.
+        """
+        S = self.S
+        if S <= 3 or self.hw.span.shape[-1] != 1 or not bool((self.cand.pp == S).all()):
+            return None
+        at = np.array([0, 1, S - 1])
+        return dataclasses.replace(
+            self, cand=dataclasses.replace(self.cand, counts=self.cand.counts[:, at]), stages=at,
+            edge_dense=self.edge_dense[:, at], train_edge=self.train_edge[:, at], frozen_edge=self.frozen_edge[:, at],
+            frozen_edge_wire=self.frozen_edge_wire[:, at])
+
+    def spread(self, x: Array, stages: int) -> Array:
+        """``x [C, 1 or 3, ...]`` of an :meth:`ends` context on all ``stages`` stages (the middle
+        ones the second's copies; a stage-broadcast array stays a view)."""
+        if x.ndim < 2 or x.shape[1] == 1:
+            return x
+        if x.strides[1] == 0:
+            return np.broadcast_to(x[:, :1], (x.shape[0], stages, *x.shape[2:]))
+        # (np.take lays the copy out row by row, as the full computation would: x[:, index] does not,
+        # and numpy's sums over the stages then add in another order)
+        return np.take(x, np.minimum(np.arange(stages), 1) + (np.arange(stages) == stages - 1), axis=1)
 
 
 def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: Precision,

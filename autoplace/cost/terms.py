@@ -78,7 +78,9 @@ class StageTerms(MemoryTerms, TimeTerms):
         Returns ``static [C, S, 2]``, ``per_block [C, S, 2, K]`` (state bytes of one block)
         and ``mult [C, S, 2]``; a stage fits when every phase does.
         """
-        per_block = np.einsum("cokp,csfp->csfk", self.state_block, self.state_live)
+        block, live = self.state_block[:, :, None], self.state_live[:, :, :, None]  # [C,1,1,K,3], [C,S,F,1,3]
+        # written out (an einsum over three states runs four times slower): params and optimizer, then gradients
+        per_block = (block[..., 0] * live[..., 0] + block[..., 2] * live[..., 2]) + block[..., 1] * live[..., 1]
         return self.mem_static.sum(-1), per_block, self.act_mult
 
     def binding_phases(self, i: int, stages: int) -> list[int]:
@@ -141,7 +143,10 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recip
     """Build every coefficient table for the candidates (see the module docstring)."""
     ctx = context(table, cluster, cand, recipe, assume)
     mem = memory_terms(ctx)
-    tim = time_terms(ctx, mem.act_block[..., 0])
+    ends = ctx.ends()  # a deep pipeline's time terms on its first, second and last stages only
+    tim = time_terms(ends or ctx, mem.act_block[..., 0])
+    if ends is not None:
+        tim = TimeTerms(**{f.name: ends.spread(getattr(tim, f.name), ctx.S) for f in fields(TimeTerms)})
     c = cand
     tp, cp, pp = (x.astype(float) for x in (c.tp, c.cp, c.pp))
     ga = c.ga.astype(float)

@@ -111,13 +111,16 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
     # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
     live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)
-    ones = np.ones((C, S))
-    state_live = np.stack([np.stack([ones, live, ones], axis=-1), np.ones((C, S, 3))], axis=2)  # [C,S,2,3]
+    state_live = np.ones((C, S, 2, 3))
+    state_live[:, :, 0, 1] = live
     e, h = table.embed, table.head
     none = np.zeros((1, 1, 1, 1))
-    edge_states = states(ctx.train_edge[..., None, None], none, (ctx.frozen_edge[..., None, None], none,
-                                                                 ctx.frozen_edge_wire[..., None, None], none)
-                         )[:, :, None, 0, :] * state_live  # [C,S,2,3]
+    ends = ctx.ends()  # the edges' states differ only on the first and last stages (Context.ends)
+    on = ends or ctx
+    edge_states = states(on.train_edge[..., None, None], none, (on.frozen_edge[..., None, None], none,
+                                                                on.frozen_edge_wire[..., None, None], none))
+    edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :]
+    edge_states = edge_states * state_live  # [C,S,2,3]
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
