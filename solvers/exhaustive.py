@@ -130,17 +130,17 @@ class ExhaustiveSolver(Solver):
             raise SpecError(f"exhaustive search would enumerate {work:,} splits (its limit is {MAX_WORK:,}); "
                             "valid for this problem: cpsat", source="--solver")
         space = score_space(problem, configs)
-        configs = space.configs  # each once per recompute form
-        scored = space.scored(range(len(configs)))
+        rows = space.configs  # each configuration once per recompute form
+        scored = space.scored(range(len(rows)))
         found = []
-        for i in range(len(configs)):
+        for i in range(len(rows)):
             inner = best_inner(scored, i, problem)
             if inner is not None:
                 found.append((inner[0], i, inner[1], inner[2]))
             if time.perf_counter() - start > budget.time_limit_s * 50:
                 raise SolverError("exhaustive search ran far past the time limit")
         found.sort(key=lambda f: f[0])
-        chosen = [(configs[i], split, modes) for _, i, split, modes in found[: problem.top_k]]
+        chosen = [(rows[i], split, modes) for _, i, split, modes in found[: problem.top_k]]
         return finish(problem, space, chosen, "optimal" if found else "infeasible",
                       bound=None, start=start, n_evaluated=len(space.listed))
 

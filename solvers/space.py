@@ -393,8 +393,10 @@ class Space:
         """The space of the configurations ``listed`` and their summary, for ``problem``: each
         configuration once per recompute form (once in the mode the problem pins, if it does),
         bounded in that form."""
-        by_form = isinstance(listed, ConfigList) and problem.fixed_mode is None
-        configs, source = listed.by_form() if by_form else (listed, np.arange(len(listed)))
+        configs: list[Config] = listed
+        source = np.arange(len(listed))
+        if isinstance(listed, ConfigList) and problem.fixed_mode is None:
+            configs, source = listed.by_form()
         form = configs.form if isinstance(configs, ConfigList) else np.full(len(configs), PER_LAYER)
         lower_bound, memory_lb = np.empty(len(configs)), np.empty(len(configs))
         for f in np.unique(form).tolist():  # FIRST_FULL is bounded as any mix: it is one

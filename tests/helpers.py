@@ -61,3 +61,20 @@ def survivors(text: str, timeout: float = 40.0) -> list[int]:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def cpsat_and_oracle(problem: Any) -> tuple[Any, Any]:
+    """The CP-SAT and exhaustive results of ``problem``, after checking they agree: the same
+    status and, when plans exist, the same optimum (the contract every search change must keep)."""
+    import pytest
+
+    from solvers.problem import Budget, objective_key
+    from solvers.registry import get_solver
+
+    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
+    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
+    assert a.status == b.status
+    if b.plans:
+        best = [objective_key(r.plans[0], problem.objective)[0] for r in (a, b)]
+        assert best[0] == pytest.approx(best[1], rel=1e-6)
+    return a, b

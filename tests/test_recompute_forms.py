@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,9 +16,8 @@ from autoplace.frameworks.search import problem_for, recompute_forms
 from autoplace.plan import FIRST_FULL, PER_LAYER, RECOMPUTE, Config
 from autoplace.specs.cluster import load_cluster
 from autoplace.specs.model import load_model
-from solvers.problem import Budget, Problem, objective_key
-from solvers.registry import get_solver
-from tests.helpers import gpu_cluster
+from solvers.problem import Problem
+from tests.helpers import cpsat_and_oracle, gpu_cluster
 from tests.test_cli import H100_64, MODELS, REPO, invoke, strict_json
 from tests.test_solvers import _model, _moe_model
 
@@ -56,12 +54,7 @@ def test_cpsat_equals_exhaustive_when_configurations_take_different_forms(kinds:
     cluster = gpu_cluster(gpus, gpu="a100-sxm4-40gb")
     problem = Problem(model, cluster, objective=objective, top_k=3, features=frozenset({"offload", "interleave"}),
                       recompute_forms=_some_forms)
-    a = get_solver("cpsat").solve(problem, Budget(time_limit_s=300))
-    b = get_solver("exhaustive").solve(problem, Budget(time_limit_s=300))
-    assert a.status == b.status
-    if b.plans:
-        assert objective_key(a.plans[0], objective)[0] == pytest.approx(objective_key(b.plans[0], objective)[0],
-                                                                         rel=1e-6)
+    a, b = cpsat_and_oracle(problem)
     for ev in [*a.plans, *b.plans]:
         assert _taken(ev.plan.recompute, _some_forms(ev.plan)), ev.plan.to_string()
 

@@ -270,7 +270,7 @@ class _Judge:
 
 
 def recompute_forms(framework: Framework, config: Config, others: int = 0) -> int:
-    """The recompute forms (``solvers.problem.FORMS`` bits) ``framework`` can state for plans of
+    """The recompute forms (``autoplace.plan.FORMS`` bits) ``framework`` can state for plans of
     ``config``, joined with ``others`` (another framework's): any mix per layer when either
     states it, else each mode it applies to every block, and full recompute on the first blocks
     (Megatron-LM's block method) without a pipeline -- which holds all-none and all-full."""
