@@ -28,7 +28,7 @@ from autoplace.specs.cluster import ClusterSpec, load_cluster
 from autoplace.specs.model import model_from_dict
 from solvers.bounds import Stages, Summary, _recompute_time_lb, _shared, summarize
 from solvers.problem import Problem
-from solvers.space import _groups, _terms, enumerate_configs, score_space, to_candidates
+from solvers.space import Space, _groups, _terms, enumerate_configs, score_space, to_candidates
 from tests.helpers import REPO, gpu_cluster
 
 FEATURES = ["ep", "offload", "interleave", "hsdp", "cp"]
@@ -102,8 +102,8 @@ def test_groups_sharing_a_pass_are_scored_as_alone(layers: int, hidden: int, moe
         cand = to_candidates(configs, table, rows=rows)
         parts.append((rows, summarize(table, cand, _terms(problem, table, cand, configs.costing[rows]))))
     alone = Summary.stack(parts, len(configs))
-    assert (np.array_equal(together.lower_bound, alone.bounds(problem.objective, problem.fixed_mode)[0])
-            and np.array_equal(together.memory_lb, alone.bounds(problem.objective, problem.fixed_mode)[1]))
+    want = Space.of(problem, configs, table, alone)  # each configuration bounded in each of its recompute forms
+    assert np.array_equal(together.lower_bound, want.lower_bound) and np.array_equal(together.memory_lb, want.memory_lb)
     for f in dataclasses.fields(Summary):
         assert np.array_equal(getattr(together.summary, f.name), getattr(alone, f.name)), f.name
 
