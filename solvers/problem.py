@@ -15,7 +15,6 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "comm", "memory")
-
 # compress and fp8 are opt-in: every option changes the numbers the optimizer sees (autoplace.compression;
 # fp8 GEMMs, and only on GPUs with fp8 units)
 FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")

@@ -158,7 +158,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
     shapes: list[Config] = []
-    costings: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+    labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -179,14 +179,14 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                     continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
-                    costings.append((costing, problem.forms(shape)))
+                    labels.append((costing, problem.forms(shape)))
                     taken[i] = costing
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
         batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
-    return shapes, batchings, costings
+    return shapes, batchings, labels
 
 
 def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
@@ -250,7 +250,7 @@ class _Listing:
     """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
 
     def __init__(self) -> None:
-        self.costing: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+        self.labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
         self.shapes: list[Config] = []
         self.configs: list[Config] = []
         self.rows: list[int] = []  # each configuration's shape (an index into shapes)
@@ -258,11 +258,12 @@ class _Listing:
         self.ga: list[int] = []
 
     def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]],
-            costings: list[tuple[int, int]]) -> None:
-        """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings, costings and forms)."""
+            labels: list[tuple[int, int]]) -> None:
+        """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings, and the shapes'
+        costings and forms)."""
         first = len(self.shapes)
         self.shapes.extend(shapes)
-        self.costing.extend(costings)
+        self.labels.extend(labels)
         for mbs, ga, chosen in batchings:
             self.configs.extend(shapes[k].with_micro_batching(mbs, ga) for k in chosen)
             self.rows.extend([first + k for k in chosen])
@@ -275,7 +276,7 @@ class _Listing:
         rows = np.array(self.rows, dtype=np.int64)
         arrays = dataclasses.replace(shapes.take(rows), mbs=np.array(self.mbs, dtype=np.int64),
                                      ga=np.array(self.ga, dtype=np.int64))
-        costing, forms = np.array(self.costing, dtype=np.int64).reshape(-1, 2)[rows].T
+        costing, forms = np.array(self.labels, dtype=np.int64).reshape(-1, 2)[rows].T
         return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms)
 
 

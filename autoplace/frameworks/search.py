@@ -216,7 +216,8 @@ class Admission:
             for judge in judges:
                 news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER
                 if news and judge.admits(config, self._plan_of):
-                    costed += [] if k in costed else [k]
+                    if k not in costed:
+                        costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
         verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
         self._last = (config, verdict)
