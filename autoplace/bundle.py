@@ -163,7 +163,7 @@ def _write(path: Path, text: str, *, executable: bool) -> Path:
 
 
 def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
-                 launch: Launch | None = None, inputs: dict[str, str] | None = None,
+                 launch: Launch | None = None, inputs: dict[str, Any] | None = None,
                  formats: Sequence[str] | None = None, framework: str | None = None,
                  unfit: Mapping[str, str] | None = None) -> dict[str, Path]:
     """plan.json plus the files of every framework that can express the plan (README.txt lists them),
@@ -210,7 +210,7 @@ class FrameworkBundle:
 
 def write_framework_bundles(best: Evaluation, per_framework: dict[str, tuple[Any, Any]], cluster: ClusterSpec,
                             out_dir: str | Path, *, launch: Launch | None = None,
-                            inputs: dict[str, str] | None = None) -> dict[str, FrameworkBundle]:
+                            inputs: dict[str, Any] | None = None) -> dict[str, FrameworkBundle]:
     """Each framework's best plan, with its files, into ``out_dir/<framework>/``.
 
     Args:

@@ -428,7 +428,11 @@ def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | 
     from autoplace.solving import Inputs
 
     m, c, origin = _load_recorded(model, cluster, seq_len, global_batch, tuning)
-    refs = {"model": model_ref(model), "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
+    refs: dict[str, Any] = {"model": model_ref(model),
+                            "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
+    overrides = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch, **tuning}.items() if v is not None}
+    if overrides:  # what the flags changed, so `autoplace dryrun` loads the same model again
+        refs["overrides"] = overrides
     return Inputs(m, c, origin, refs)
 
 
@@ -739,6 +743,39 @@ def check(
         for line in checked.reasons:
             typer.echo(f"  {line}")
     raise typer.Exit(0 if checked.ok else 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@guarded
+def dryrun(
+    ctx: typer.Context,
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE_DIR", help="A folder `autoplace solve --out` wrote "
+                                           "(the best plan's, or one framework's OUT/<framework>/).")],
+    rank: Annotated[list[int] | None, typer.Option("--rank", min=0, help="Global rank to build (repeatable; "
+                                                   "default: 0 and the first rank of the last pipeline stage).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build what the bundle's launch builds before its first step, with the framework's own code, on a fake
+    process group at the planned world size; words after -- are passed as the launch would pass them."""
+    from autoplace.dryrun.run import dry_run
+
+    progress = None
+    if not as_json:
+        from autoplace.dryrun.show import DryRunProgress
+
+        progress = DryRunProgress()
+    try:
+        run = dry_run(bundle, rank, extra=tuple(ctx.args), progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    if as_json:
+        typer.echo(_json(run.to_dict()))
+    else:
+        from autoplace.dryrun.show import print_dry_run
+
+        print_dry_run(run)
+    raise typer.Exit(0 if run.ok else 1)
 
 
 class Scheduler(StrEnum):

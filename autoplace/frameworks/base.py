@@ -18,7 +18,9 @@ The call sequence, as ``autoplace solve`` makes it:
 4. :meth:`Framework.render` for the plans written to a bundle (which raises
    :class:`~autoplace.errors.EmitError` exactly when the check refuses: a contract test holds
    every framework to it), :meth:`Framework.program` for its launch line and environment;
-5. :meth:`Framework.read` when ``autoplace check`` reads one of its files back into a plan.
+5. :meth:`Framework.read` when ``autoplace check`` reads one of its files back into a plan;
+6. :meth:`Framework.dry_run` when ``autoplace dryrun`` builds, with the framework's own code, what one
+   rank of a bundle's launch builds before its first step (:mod:`autoplace.dryrun`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
+    from autoplace.dryrun.steps import DryContext, Steps
     from autoplace.plan import Config, Plan
     from autoplace.specs.cluster import ClusterSpec
     from autoplace.specs.model import ModelSpec
@@ -99,6 +102,7 @@ class Framework:
     layer_recompute: ClassVar[str | None] = "any"
     compressions: ClassVar[frozenset[str]] = frozenset()  # compress options it configures (besides none)
     config_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes :meth:`read` takes
+    config_file: ClassVar[str | None] = None  # the bundle file :meth:`read` reads back (its plan)
     # whether the TFLOP/s it logs count the recompute forward (hardware FLOPs, not model FLOPs)
     reports_hardware_flops: ClassVar[bool] = False
     # training methods (specs.model Training.method) its files can run: full, lora, qlora
@@ -195,6 +199,19 @@ class Framework:
             SpecError: unknown or contradictory keys, naming the file and the key.
         """
         raise EmitError(f"{self.name}: autoplace reads no {self.title} config back")
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """Build, with this framework's own code, what rank ``ctx.rank`` of the bundle's launch builds
+        before its first step: on a fake process group of ``ctx.world`` ranks and the meta device, from
+        the words ``ctx.launched`` passes its program (never from plan.json: the files are what runs).
+
+        Each step runs inside ``steps.step(name)`` (the framework's first error ends the run, with the
+        fix autoplace suggests); a step that needs a GPU is ``steps.skip``-ped, saying why; the rank's
+        pipeline stage goes to ``steps.stage`` and the bytes it allocated per training state to
+        ``steps.measured``.  Heavy imports (torch, the framework) happen inside.
+        """
+        del ctx
+        steps.skip(f"{self.title}'s setup", f"autoplace has no dry run of {self.title} bundles")
 
     def refuse(self, reason: str | None) -> None:
         """Raise the EmitError of ``reason`` (its render's guard), or nothing for None."""

@@ -463,6 +463,7 @@ class Megatron(Framework):
     behaviour = {"swiglu_kept": 3.0, "fused_loss_fuses_mlp": False, "loss_workspace_bytes_per_vocab": 2.0,
                  "loss_workspace_bytes_per_vocab_tp": 2.0}
     config_suffixes = (".sh",)
+    config_file = ARGS_FILE
 
     def architecture_refusal(self, model: ModelSpec) -> str | None:
         why = model_refusal(model)

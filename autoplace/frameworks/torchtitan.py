@@ -528,6 +528,7 @@ class Torchtitan(Framework):
     title = "torchtitan"
     bf16_recipe = "bf16-fsdp2"
     config_suffixes = (".toml",)
+    config_file = CONFIG
     layer_recompute = "every"  # [activation_checkpoint] selective_ac_option = N
     # its pipelines (torch.distributed.pipelining) hold FSDP2's gradient sync to the last micro-batch
     behaviour = {"pipeline_defers_grad_sync": True}
