@@ -9,6 +9,7 @@ prediction for the rank's pipeline stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -150,45 +151,61 @@ def _world_edit(bundle: Bundle, launched: Launched) -> list[str]:
             f"{planned} GPUs"]
 
 
+def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> RankRun:
+    """One rank built in this process (tests build many bundles without a process each; the framework's
+    dry run leaves no global state behind).  The launch is recorded as :func:`dry_run` records it."""
+    from autoplace.dryrun.steps import DryContext, Steps
+
+    bundle = read_bundle(path)
+    launches = record_all(bundle.path, extra=extra)
+    launched = launches.get(PRIMARY)
+    if not isinstance(launched, Launched):
+        raise StepFailed("record the launch", str(launched))
+    events: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    ctx = DryContext(bundle=bundle.path, launched=launched, plan=bundle.plan, model=bundle.model,
+                     cluster=bundle.cluster, rank=rank, world=launched.world, extra=tuple(extra))
+    try:
+        bundle.framework.dry_run(ctx, Steps(events.append))
+    except StepFailed:
+        pass
+    return _collect(bundle, rank, events, time.perf_counter() - started)
+
+
 def _build_rank(bundle: Bundle, launched: Launched, rank: int, extra: Sequence[str], progress: Progress | None,
                 timeout: float) -> RankRun:
     """Run the worker for ``rank`` and gather its events into a RankRun."""
     started = time.perf_counter()
     job = {"bundle": str(bundle.path), "rank": rank, "launched": launched.to_dict(), "extra": list(extra)}
-    steps: list[dict[str, Any]] = []
-    notes: list[str] = []
-    measured: dict[str, tuple[int, str]] = {}
-    stage: int | None = None
+    events: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="autoplace-dryrun-") as scratch:
         job_file, log_file = Path(scratch) / "job.json", Path(scratch) / "stderr.log"
         job_file.write_text(json.dumps(job))
         with log_file.open("w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "autoplace.dryrun.worker", str(job_file)],
                                     stdout=subprocess.PIPE, stderr=log, text=True, stdin=subprocess.DEVNULL)
-            assert proc.stdout is not None
-            deadline = started + timeout
+            assert proc.stdout is not None  # stdout=PIPE
             for line in proc.stdout:
-                if not line.startswith(EVENT_PREFIX):
-                    continue
-                event = json.loads(line[len(EVENT_PREFIX):])
-                if progress is not None:
-                    progress(rank, event)
-                kind = event["event"]
-                if kind == "step":
-                    steps.append({k: v for k, v in event.items() if k != "event"})
-                elif kind == "note":
-                    notes.append(event["text"])
-                elif kind == "stage":
-                    stage = event["stage"]
-                elif kind == "measured":
-                    measured[event["state"]] = (event["bytes"], event["how"])
-                if time.perf_counter() > deadline:
+                if line.startswith(EVENT_PREFIX):
+                    events.append(json.loads(line[len(EVENT_PREFIX):]))
+                    if progress is not None:
+                        progress(rank, events[-1])
+                if time.perf_counter() > started + timeout:
                     proc.kill()
                     break
             code = proc.wait()
         tail = log_file.read_text(errors="replace").strip().splitlines()[-12:]
-    crash = None
-    if code not in (0, 1) or (code == 1 and not any(s["status"] == "failed" for s in steps)):
-        crash = "\n".join(tail) or f"the worker exited with code {code}"
+    run = _collect(bundle, rank, events, time.perf_counter() - started)
+    if code not in (0, 1) or (code == 1 and run.failed is None):
+        return dataclasses.replace(run, crash="\n".join(tail) or f"the worker exited with code {code}")
+    return run
+
+
+def _collect(bundle: Bundle, rank: int, events: list[dict[str, Any]], seconds: float) -> RankRun:
+    """A rank's events as a RankRun, beside plan.json's prediction for the stage it reported."""
+    steps = tuple({k: v for k, v in e.items() if k != "event"} for e in events if e["event"] == "step")
+    notes = tuple(e["text"] for e in events if e["event"] == "note")
+    measured = {e["state"]: (e["bytes"], e["how"]) for e in events if e["event"] == "measured"}
+    stage = next((e["stage"] for e in reversed(events) if e["event"] == "stage"), None)
     predicted = predicted_states(bundle.predicted(stage if stage is not None else 0))
-    return RankRun(rank, stage, tuple(steps), tuple(notes), measured, predicted, time.perf_counter() - started, crash)
+    return RankRun(rank, stage, steps, notes, measured, predicted, seconds)
