@@ -24,7 +24,8 @@ from unittest import mock
 # what cuda_as_meta redirects, said once (the dry run notes it)
 REDIRECTED = ("tensors megatron-core allocates on torch.cuda.current_device() or device='cuda' are made on the "
               "meta device (shapes and dtypes only); meta tensors answer Tensor.type() as torch.cuda.* tensors "
-              "(the distributed optimizer checks it); CUDA streams are stand-ins")
+              "(the distributed optimizer checks it); pinned host memory is plain host memory; CUDA streams are "
+              "stand-ins")
 
 
 @contextmanager
@@ -33,14 +34,20 @@ def cuda_as_meta() -> Iterator[None]:
     import torch
     from torch.overrides import TorchFunctionMode
 
+    def cuda(device: Any) -> bool:
+        return isinstance(device, int) or (isinstance(device, str | torch.device) and str(device).startswith("cuda"))
+
     class _CudaAsMeta(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            device = kwargs.get("device")
-            if device is not None and (isinstance(device, int) or str(device).startswith("cuda")):
+            if cuda(kwargs.get("device")):
                 kwargs = {**kwargs, "device": "meta"}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
             if func is torch.Tensor.cuda:
                 return args[0]
+            if func is torch.Tensor.to and len(args) > 1 and cuda(args[1]):
+                args = (args[0], "meta", *args[2:])
             if func is torch.Tensor.type and len(args) == 1 and not kwargs:
                 return str(func(*args)).replace("torch.meta.", "torch.cuda.")
             return func(*args, **kwargs)
@@ -53,11 +60,14 @@ def cuda_as_meta() -> Iterator[None]:
             pass
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: "meta"))
+        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: 0))
         stack.enter_context(mock.patch("torch.cuda.Stream", _Stream))
         stack.enter_context(mock.patch("torch.cuda.current_stream", lambda *a, **k: _Stream()))
         stack.enter_context(mock.patch("torch.cuda.default_stream", lambda *a, **k: _Stream()))
-        stack.enter_context(torch.device("meta"))
+        # megatron-core's MLA takes the duplicated branch for TE's Linear: _ReplicatedLinear stands for it
+        stack.enter_context(mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False))
+        stack.enter_context(mock.patch("megatron.core.transformer.multi_latent_attention.TELinear",
+                                       _ReplicatedLinear))
         stack.enter_context(_CudaAsMeta())
         yield
 
@@ -150,6 +160,7 @@ def model_chunks(args: Any, config: Any) -> list[Any]:
     ``Float16Module`` under --bf16 / --fp16.  Built on the meta device, parameters not initialised
     (``use_cpu_initialization``, ``perform_initialization`` off: the dry run notes it).
     """
+    import torch
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.enums import ModelType
     from megatron.core.pipeline_parallel.utils import is_pp_first_stage, is_pp_last_stage
@@ -163,7 +174,7 @@ def model_chunks(args: Any, config: Any) -> list[Any]:
     stages: list[int | None] = list(range(vp)) if parallel_state.get_pipeline_model_parallel_world_size() > 1 \
         and vp is not None else [None]
     chunks = []
-    with cuda_as_meta(), local_norms_without_fused_kernels():
+    with torch.device("meta"), cuda_as_meta(), local_norms_without_fused_kernels():
         for i in stages:
             pre = first and i in (None, 0)
             post = last and i in (None, len(stages) - 1)
@@ -215,8 +226,7 @@ def gpt_model(args: Any, config: Any, pre_process: bool, post_process: bool, vp_
                                                vp_stage=vp_stage)
     else:
         spec = _layer_spec(args, config)
-    if args.multi_latent_attention:
-        _mla_core_attention(spec)
+    _as_transformer_engine(spec, args)
     mtp = None
     if args.mtp_num_layers is not None:
         if hasattr(spec, "layer_specs") and len(spec.layer_specs) == 0:
@@ -225,6 +235,7 @@ def gpt_model(args: Any, config: Any, pre_process: bool, post_process: bool, vp_
             last_layer = get_gpt_decoder_layer_specs(config, use_transformer_engine=False,
                                                      normalization=args.normalization,
                                                      qk_l2_norm=args.qk_l2_norm, vp_stage=vp_stage)[-1]
+        _as_transformer_engine(last_layer, args)
         mtp = get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=False, vp_stage=vp_stage)
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
                     max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
@@ -234,6 +245,28 @@ def gpt_model(args: Any, config: Any, pre_process: bool, post_process: bool, vp_
                     position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
                     rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling, mtp_block_spec=mtp,
                     vp_stage=vp_stage, pg_collection=pg_collection)
+
+
+def core_attention_stand_in(args: Any) -> str | None:
+    """Why core attention is built as a stand-in for these arguments (None: megatron-core's own)."""
+    if args.multi_latent_attention:
+        return "multi-latent attention's head sizes"
+    if args.context_parallel_size > 1:
+        return "context parallelism"
+    return None
+
+
+def layout_notes(args: Any) -> list[str]:
+    """What :func:`_as_transformer_engine` changed in the local spec, for the dry run's notes."""
+    notes = []
+    why = core_attention_stand_in(args)
+    if why:
+        notes.append(f"core attention (softmax(QK^T)V, no parameters) built as a parameter-free stand-in: "
+                     f"megatron-core's local DotProductAttention refuses {why}, which Transformer Engine's runs")
+    if args.multi_latent_attention:
+        notes.append("MLA's q/kv down projections built whole on every TP rank, as Transformer Engine's spec "
+                     "builds them (TELinear, parallel_mode duplicated); the local spec would split them over TP")
+    return notes
 
 
 def _layer_spec(args: Any, config: Any) -> Any:
@@ -246,22 +279,41 @@ def _layer_spec(args: Any, config: Any) -> Any:
                                     use_kitchen=config.use_kitchen)
 
 
-def _mla_core_attention(spec: Any) -> None:
-    """megatron-core 0.16's local DotProductAttention takes no ``k_channels`` (its MLA runs on Transformer
-    Engine's): each MLA layer's core attention -- softmax(QK^T)V, no parameters -- is a parameter-free
-    stand-in here."""
+def _as_transformer_engine(spec: Any, args: Any) -> None:
+    """Lay megatron-core's local layer spec out as Transformer Engine's (gpt_layer_specs.py,
+    ``get_gpt_layer_with_transformer_engine_spec``) where the two differ in parameters or refusals:
+
+    * MLA's q / kv down projections are TE ``Linear``s with ``parallel_mode="duplicated"`` (whole on every
+      TP rank), where the local spec splits them over TP: :class:`_ReplicatedLinear` takes their place;
+    * core attention -- softmax(QK^T)V, no parameters -- is a parameter-free stand-in where the local
+      DotProductAttention refuses what TE's runs (context parallelism, MLA's head sizes).
+    """
     layers = spec.layer_specs if hasattr(spec, "layer_specs") else [spec]
     for layer in layers:
-        layer.submodules.self_attention.submodules.core_attention = _ParameterFree
+        attention = layer.submodules.self_attention.submodules
+        if core_attention_stand_in(args):
+            attention.core_attention = _ParameterFree
+        if args.multi_latent_attention:
+            attention.linear_q_down_proj = attention.linear_kv_down_proj = _ReplicatedLinear
 
 
 class _ParameterFree:
-    """A module without parameters in place of one whose parameters are none (MLA's core attention)."""
+    """A module without parameters in place of one whose parameters are none (core attention)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         import torch
 
         return torch.nn.Identity()
+
+
+class _ReplicatedLinear:
+    """Transformer Engine's ``TELinear(parallel_mode="duplicated")``: a whole ``output x input`` weight on
+    every tensor-parallel rank (no TE here: a plain linear layer with that weight)."""
+
+    def __new__(cls, input_size: int, output_size: int, *, config: Any, bias: bool = False, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.nn.Linear(input_size, output_size, bias=bias, dtype=config.params_dtype)
 
 
 @contextmanager
@@ -285,11 +337,20 @@ def local_norms_without_fused_kernels() -> Iterator[None]:
 # ------------------------------------------------------------------ data parallelism
 
 
+# Why Megatron-FSDP (--use-megatron-fsdp: zero=2/3 plans) is not built here
+FSDP_NOT_BUILT = ("megatron-core 0.16's Megatron-FSDP copies every parameter's weights into its sharded buffers and "
+                  "asserts none is on the meta device (fsdp/src/megatron_fsdp/param_and_grad_buffer.py), so it needs "
+                  "the weights, which a dry run does not make")
+
+
 def wrap_data_parallel(args: Any, config: Any, chunks: list[Any]) -> list[Any]:
     """The chunks wrapped for data parallelism as Megatron-LM core_v0.16.1's ``get_model`` wraps them:
-    megatron-core's DistributedDataParallel (or Megatron-FSDP under --use-megatron-fsdp), its config
-    from the args, the bucket size defaulted from the data-parallel size, bucketing only on the
-    first chunk."""
+    megatron-core's DistributedDataParallel, its config from the args, the bucket size defaulted from
+    the data-parallel size, bucketing only on the first chunk.
+
+    Raises:
+        NotImplementedError: --use-megatron-fsdp (:data:`FSDP_NOT_BUILT`).
+    """
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel
 
@@ -297,14 +358,11 @@ def wrap_data_parallel(args: Any, config: Any, chunks: list[Any]) -> list[Any]:
                                       parallel_state.get_data_parallel_world_size(with_context_parallel=True))
     if args.use_torch_fsdp2:
         raise NotImplementedError("--use-torch-fsdp2: autoplace's dry run wraps DDP and Megatron-FSDP only")
-    wrapper: Any = DistributedDataParallel
     if args.use_megatron_fsdp:
-        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
-
-        wrapper = FullyShardedDataParallel
+        raise NotImplementedError(FSDP_NOT_BUILT)
     with cuda_as_meta():
-        return [wrapper(config=config, ddp_config=ddp_config, module=chunk,
-                        disable_bucketing=i > 0 or args.overlap_param_gather_with_optimizer_step)
+        return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                        disable_bucketing=i > 0 or args.overlap_param_gather_with_optimizer_step)
                 for i, chunk in enumerate(chunks)]
 
 
@@ -362,9 +420,10 @@ def optimizer(args: Any, chunks: list[Any]) -> tuple[Any, Any]:
         config_class = SGDOptimizerConfig
     else:
         raise ValueError("Invalid optimizer type!")
-    config = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
-                             if hasattr(args, f.name)})
-    with cuda_as_meta():
+    with transformer_engine_assumed():  # its precision-aware checks ask for TE's version
+        config = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
+                                 if hasattr(args, f.name)})
+    with cuda_as_meta(), transformer_engine_assumed():
         return get_megatron_optimizer(config, chunks, config_overrides=get_standard_config_overrides(config=config),
                                       use_gloo_process_groups=False), config
 

@@ -60,16 +60,25 @@ def _on_the_fake_world(args: argparse.Namespace, config: Any, micro_batches: int
     steps.note(build.TE_ASSUMED)
     steps.note(build.BUILT_HERE)
     steps.note(build.REDIRECTED)
+    for note in build.layout_notes(args):
+        steps.note(note)
     with steps.step("the model chunks: megatron-core's GPTModel per virtual stage (get_model)", fix=fix):
         model = build.model_chunks(args, config)
-    with steps.step("Megatron-FSDP (--use-megatron-fsdp)" if args.use_megatron_fsdp
-                    else "megatron-core's DistributedDataParallel: parameter and gradient buffers", fix=fix):
-        model = build.wrap_data_parallel(args, config, model)
-    _measure_model(model, steps)
-    with steps.step("the distributed optimizer: fp32 main-parameter shards" if args.use_distributed_optimizer
-                    else "the mixed-precision optimizer", fix=lambda e: lr_fix(e, args)):
-        optimizer, optimizer_config = build.optimizer(args, model)
-        _measure_optimizer(optimizer, optimizer_config, steps)
+    if args.use_megatron_fsdp:
+        optimizer = _without_fsdp(args, steps)
+    else:
+        with steps.step("megatron-core's DistributedDataParallel: parameter and gradient buffers", fix=fix):
+            model = build.wrap_data_parallel(args, config, model)
+        _measure_model(model, steps)
+        with steps.step("the distributed optimizer: fp32 main-parameter shards" if args.use_distributed_optimizer
+                        else "the mixed-precision optimizer: fp32 main parameters", fix=lambda e: lr_fix(e, args)):
+            optimizer, optimizer_config = build.optimizer(args, model)
+        if args.optimizer_cpu_offload:
+            steps.note("optimizer state not measured: under --optimizer-cpu-offload megatron-core's "
+                       "HybridDeviceOptimizer moves it to the host by each parameter's is_cuda, which a meta "
+                       "tensor is not")
+        else:
+            _measure_optimizer(optimizer, optimizer_config, steps)
     with steps.step("the learning-rate scheduler (OptimizerParamScheduler)", fix=lambda e: lr_fix(e, args)):
         build.scheduler(args, optimizer)
     _skipped(args, steps)
@@ -96,6 +105,18 @@ def _typed_stand_ins(ctx: DryContext, steps: Steps) -> list[str]:
             steps.note(f"{stand_ins[word]} is not set: {words[i - 1]} {word} read as {words[i]} (set {stand_ins[word]} "
                        "to check the value the job will run with)")
     return words
+
+
+def _without_fsdp(args: argparse.Namespace, steps: Steps) -> Any:
+    """--use-megatron-fsdp: its buffers and optimizer are not built (say why); the scheduler is built on a
+    stand-in optimizer with one parameter group (it only sets each group's lr and weight decay)."""
+    import types
+
+    steps.skip("Megatron-FSDP's sharded parameter and gradient buffers (--use-megatron-fsdp)", build.FSDP_NOT_BUILT)
+    steps.skip("the distributed optimizer over Megatron-FSDP's buffers", "built from Megatron-FSDP's buffers")
+    steps.note("the learning-rate scheduler is built on a stand-in optimizer (one parameter group): Megatron-FSDP's "
+               "is not built")
+    return types.SimpleNamespace(param_groups=[{"params": []}])
 
 
 def _requires_megatron_core() -> None:
@@ -217,11 +238,7 @@ def embedding_ranks(args: argparse.Namespace, config: Any, pp_ranks: list[int]) 
 def _measure_model(model: Sequence[Any], steps: Steps) -> None:
     """Parameters and gradients as megatron-core's DDP laid them out: its contiguous buffers (param
     buffers exist under the distributed optimizer; grads always), padded as it pads them."""
-    buffers = [b for chunk in model for b in (*getattr(chunk, "buffers", []),
-                                               *getattr(chunk, "expert_parallel_buffers", []))]
-    if not buffers:  # Megatron-FSDP: its own buffers, measured by what it holds
-        _measure_fsdp(model, steps)
-        return
+    buffers = [b for chunk in model for b in (*chunk.buffers, *chunk.expert_parallel_buffers)]
     in_buffers = {id(p) for b in buffers if b.param_data is not None for p in b.params}
     loose = [p for chunk in model for p in chunk.parameters() if id(p) not in in_buffers]
     params = sum(tensor_bytes([b.param_data]) for b in buffers if b.param_data is not None) + tensor_bytes(loose)
@@ -233,12 +250,6 @@ def _measure_model(model: Sequence[Any], steps: Steps) -> None:
     grad_dtypes = sorted({str(b.grad_dtype).removeprefix("torch.") for b in buffers})
     steps.measured("grads", grads, f"{'/'.join(grad_dtypes)} DDP grad buffers ({len(buffers)} buffers, "
                                    f"{sum(len(b.buckets) for b in buffers)} buckets, padded)")
-
-
-def _measure_fsdp(model: Sequence[Any], steps: Steps) -> None:
-    """Megatron-FSDP: the parameter and gradient shards its buffers hold on this rank."""
-    params = tensor_bytes(p for chunk in model for p in chunk.parameters())
-    steps.measured("params", params, "Megatron-FSDP parameter shards (this rank's slice)")
 
 
 def _measure_optimizer(optimizer: Any, config: Any, steps: Steps) -> None:

@@ -103,6 +103,8 @@ _RULES: Sequence[Rule] = [(re.compile(p), f) for p, f in [
     (r"[Nn]umber of layers should be divisible by the pipeline-model-parallel size|"
      r"number of layers at middle stage|number of layers of the model must be divisible", _layers_per_stage),
     (r"Number of experts should be a multiple of expert model parallel_size", _experts),
+    (r"num_experts must be non None to use expert model parallelism", _fixed(
+        "set --expert-model-parallel-size 1: the model has no experts (--num-experts) to spread")),
     (r"(num_query_groups|num_attention_heads) \((\d+)\) must be a multiple (?:or divisor )?of "
      r"tensor_model_parallel_size \((\d+)\)", _heads),
     (r"seq-length should be a multiple of 2 \* context-parallel-size", _fixed(
