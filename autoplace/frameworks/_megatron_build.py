@@ -60,7 +60,7 @@ def cuda_as_meta() -> Iterator[None]:
             pass
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: 0))
+        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: "meta"))
         stack.enter_context(mock.patch("torch.cuda.Stream", _Stream))
         stack.enter_context(mock.patch("torch.cuda.current_stream", lambda *a, **k: _Stream()))
         stack.enter_context(mock.patch("torch.cuda.default_stream", lambda *a, **k: _Stream()))

@@ -142,7 +142,10 @@ def _batch_and_pipeline(args: argparse.Namespace) -> None:
     _require(sum(c is not None for c in chosen) <= 1,
              "No more than one of the following arguments can be set at the same time: "
              "--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,"
-             "--pipeline-model-parallel-layout. ")
+             "--pipeline-model-parallel-layout. "
+             f"args.num_layers_per_virtual_pipeline_stage={chosen[0]!r}, "
+             f"args.num_virtual_stages_per_pipeline_rank={chosen[1]!r}, "
+             f"args.pipeline_model_parallel_layout={chosen[2]!r}.")
     args.virtual_pipeline_model_parallel_size = _virtual_size(args)
     if args.virtual_pipeline_model_parallel_size is not None:
         if args.overlap_p2p_comm:
