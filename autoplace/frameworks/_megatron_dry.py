@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import autoplace.frameworks._megatron_build as build
 from autoplace.dryrun.steps import DryContext, Steps, fake_world, tensor_bytes
-from autoplace.frameworks import _megatron_build as build
 from autoplace.frameworks._megatron_fixes import lr_fix, suggest
 
 # The argument step: Megatron-LM's parse_args + validate_args on the launch's words.  One function,

@@ -67,7 +67,8 @@ def validate_args(args: argparse.Namespace, env: Mapping[str, str], arch: int) -
     _batch_and_pipeline(args)
     _overlap_and_fsdp(args, env)
     _precision(args)
-    _iterations_and_shape(args)
+    _iterations(args)
+    _shape(args)
     _model_checks(args, env, arch)
     _moe_and_checkpoint_checks(args)
     _feature_checks(args)
@@ -280,7 +281,7 @@ def _precision(args: argparse.Namespace) -> None:
     args.variable_seq_lengths = False
 
 
-def _iterations_and_shape(args: argparse.Namespace) -> None:
+def _iterations(args: argparse.Namespace) -> None:
     if args.train_iters:
         _require(args.train_samples is None, "expected iteration-based training")
         _require(args.lr_decay_samples is None, "expected iteration-based learning rate decay")
@@ -295,6 +296,9 @@ def _iterations_and_shape(args: argparse.Namespace) -> None:
         if args.lr_warmup_fraction is not None:
             _require(args.lr_warmup_samples == 0,
                      "can only specify one of lr-warmup-fraction and lr-warmup-samples")
+
+
+def _shape(args: argparse.Namespace) -> None:
     if args.num_layers is not None:
         _require(args.encoder_num_layers is None, "cannot have both num-layers and encoder-num-layers specified")
         args.encoder_num_layers = args.num_layers
