@@ -511,8 +511,8 @@ def _cli_words(section: str, key: str, value: Any) -> list[str]:
         return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
     if isinstance(value, list) and value and isinstance(value[0], list):  # list[list[str]]: one comma-joined word
         return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]  # per chunk (torchtitan's list rule)
-    if isinstance(value, list):
-        return [f"--{section}.{key}", *map(str, value)]
+    if isinstance(value, list):  # list[str]: one comma-joined word (torchtitan's ConfigManager list_str_rule)
+        return [f"--{section}.{key}", ",".join(map(str, value))]
     return [f"--{section}.{key}", str(value)]
 
 
