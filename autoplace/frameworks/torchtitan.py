@@ -32,10 +32,12 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, bash_array
+from autoplace.errors import EmitError
+from autoplace.frameworks._torchtitan_pipeline import schedule_refusal
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
-from autoplace.plan import Plan
+from autoplace.plan import Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -329,9 +331,11 @@ def check_expressible(plan: Plan, model: ModelSpec) -> None:
     expressible_check(model)(plan)
 
 
-def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable[[Plan], None]:
+def expressible_check(model: ModelSpec, whole_plan: bool = True) -> Callable[[Plan], None]:
     """:func:`check_expressible` for one model, whose own rules are judged once: ``check(plan)``
-    raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans).
+    raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans);
+    without ``whole_plan``, only the rules of its configuration (not its per-layer recompute or
+    micro-batching: ``Framework.config_check``).
 
     Raises:
         EmitError: an architecture torchtitan does not implement (before any plan is read).
@@ -352,10 +356,18 @@ def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable
         if family == "qwen3" and plan.pp > 1:  # its TrainSpec has pipelining_fn=None
             raise fail(FMT, f"pp={plan.pp}: torchtitan 0.2.2's qwen3 model has no pipeline parallelism")
         _check_plan(plan)
-        if with_recompute:
+        if whole_plan:
             activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
+            check_batching(plan)
 
     return check
+
+
+def check_batching(plan: Plan) -> None:
+    """Raise :func:`batching_refusal`'s line as EmitError."""
+    why = batching_refusal(plan)
+    if why:
+        raise EmitError(why)
 
 
 def _check_plan(plan: Plan) -> None:
@@ -385,16 +397,29 @@ def _check_plan(plan: Plan) -> None:
             raise fail(FMT, f"a middle pipeline stage would hold no modules ({parts}); torchtitan needs one")
 
 
-def training_section(plan: Plan, model: ModelSpec) -> dict[str, Any]:
-    """``[training]``: batch sizes as torchtitan counts them, sequence length, precision, offload.
+def batching_refusal(config: Config) -> str | None:
+    """Why torchtitan cannot build the pipeline schedule of ``config``'s micro-batching (its
+    schedule builder's checks, :func:`schedule_refusal`), or None; it reads only pp, vpp, schedule,
+    mbs and grad_accum (``Framework.batching_refusal``)."""
+    if config.pp == 1:
+        return None
+    why = schedule_refusal(PLAN_TO_TORCH_SCHEDULE[config.schedule], config.pp, config.vpp, local_batch(config),
+                           config.mbs)
+    return f"{FMT}: {why}" if why else None
 
-    torchtitan's gradient accumulation is global / (local * dp).  Without PP, local is one
-    micro-batch; with PP, local is all micro-batches of a step (n_microbatches = local /
-    pipeline_parallel_microbatch_size), so torchtitan accumulates once.
-    """
-    local = plan.mbs * (plan.grad_accum if plan.pp > 1 else 1)
+
+def local_batch(plan: Config) -> int:
+    """``training.local_batch_size``: torchtitan's gradient accumulation is global / (local * dp).
+    Without PP, local is one micro-batch; with PP, local is all micro-batches of a step
+    (n_microbatches = local / pipeline_parallel_microbatch_size), so torchtitan accumulates once."""
+    return plan.mbs * (plan.grad_accum if plan.pp > 1 else 1)
+
+
+def training_section(plan: Plan, model: ModelSpec) -> dict[str, Any]:
+    """``[training]``: batch sizes as torchtitan counts them (:func:`local_batch`), sequence length,
+    precision, offload."""
     return {
-        "local_batch_size": local,
+        "local_batch_size": local_batch(plan),
         "global_batch_size": plan.global_batch,
         "seq_len": model.seq_len,
         "mixed_precision_param": _PARAM_DTYPE[training_dtype(model)],
@@ -530,6 +555,7 @@ class Torchtitan(Framework):
     config_suffixes = (".toml",)
     config_file = CONFIG
     layer_recompute = "every"  # [activation_checkpoint] selective_ac_option = N
+    batching_rules = True  # its pipeline schedules' micro-batch counts (batching_refusal)
     # its pipelines (torch.distributed.pipelining) hold FSDP2's gradient sync to the last micro-batch
     behaviour = {"pipeline_defers_grad_sync": True}
     # [compile], async TP, FSDP2's prefetch (always on), torchao's float8 and MX converters
@@ -548,7 +574,10 @@ class Torchtitan(Framework):
     def config_check(self, model: ModelSpec) -> PlanCheck:
         if model_refusal(model) is not None:
             return self.plan_check(model)
-        return checked(expressible_check(model, with_recompute=False))
+        return checked(expressible_check(model, whole_plan=False))
+
+    def batching_refusal(self, config: Config) -> str | None:
+        return batching_refusal(config)
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         toml = torchtitan_toml(emit_torchtitan(plan, model, cluster),
