@@ -146,6 +146,10 @@ _OTHER_FLAGS = {"use_distributed_optimizer", "num_distributed_optimizer_instance
                 "rotary_percent", "use_rope_scaling", "rope_scaling_factor"}
 
 
+# TransformerConfig fields whose flag is named otherwise (their argparse_meta arg_names), by flag
+_RENAMED = {"norm_epsilon": "layernorm_epsilon"}
+
+
 # Megatron-LM core_v0.16.1 arguments.py defaults of the MLA flags and of the RoPE flags MLATransformerConfig
 # shares (restated): core_transformer_config_from_args copies them into the config whether given or not
 _MLA_ARG_DEFAULTS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
@@ -165,9 +169,10 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
     config_class = MLATransformerConfig if opts.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM
     fields = {f.name for f in dataclasses.fields(config_class)}
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}  # --overlap-grad-reduce, ...
-    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS
+    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS - set(_RENAMED)
     assert not unknown, f"flags Megatron-LM does not define: {unknown}"
     kw = {k: v for k, v in opts.items() if k in fields}
+    kw.update({field: opts[flag] for flag, field in _RENAMED.items() if flag in opts})
     if config_class is MLATransformerConfig:  # arguments.py's defaults reach the MLA config's fields by name
         kw = {**_MLA_ARG_DEFAULTS, **kw}
     if "moe_layer_freq" in kw:  # Megatron's parser evaluates the list string

@@ -300,6 +300,8 @@ def shape_args(m: TransformerSpec) -> list[str]:
         args += ["--kv-channels", str(m.dim_head)]
     args += ["--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
              "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.norm_eps is not None:  # TransformerConfig.layernorm_epsilon: every norm, QK and MLA latent norms too
+        args += ["--norm-epsilon", repr(m.norm_eps)]
     if m.position == "rope":
         theta = m.rope_theta or DEFAULT_ROTARY_BASE
         if not float(theta).is_integer():
