@@ -168,7 +168,7 @@ def megatron_model(args: list[str]) -> Any:
     with torch.device("meta"), warnings.catch_warnings(), mock.patch("torch.cuda.current_device", lambda: "meta"), \
             mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
         warnings.simplefilter("ignore")
-        return GPTModel(config, block, vocab_size=opts["vocab_size"], max_sequence_length=opts["max_position_embeddings"],
+        return GPTModel(config, block, vocab_size=opts["padded_vocab_size"], max_sequence_length=opts["max_position_embeddings"],
                         position_embedding_type=opts["position_embedding_type"],
                         rotary_percent=opts.get("rotary_percent", 1.0), rotary_base=opts.get("rotary_base", 10000),
                         rope_scaling=bool(opts.get("use_rope_scaling")),

@@ -118,7 +118,8 @@ class Framework:
     # recompute modes (the model's are judged once): the search judges a configuration once per
     # distinct value of them.  None: undeclared (it is asked of every configuration)
     config_fields: ClassVar[tuple[str, ...] | None] = None
-    # whether :meth:`batching_refusal` refuses some micro-batchings (the search then asks it of each)
+    # whether :meth:`batching_refusal` refuses a micro-batching the search enumerates (it then asks it of
+    # each); the search builds interleaved schedules only at a multiple of pp micro-batches
     batching_rules: ClassVar[bool] = False
 
     # --- what it can train -------------------------------------------------------------------
