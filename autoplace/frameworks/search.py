@@ -194,6 +194,7 @@ class Admission:
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
         self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
+        self._batchings: dict[tuple[Any, ...], Callable[[int, int], bool]] = {}  # microbatching's rules
 
     def __call__(self, config: Config) -> bool:
         return self._judged(config)[0]
@@ -215,7 +216,19 @@ class Admission:
         ruled = self._judged(config)[3]
         if ruled is None:
             return None
-        return lambda mbs, ga: any(f.batching_refusal(config.with_micro_batching(mbs, ga)) is None for f in ruled)
+        # the rules read only pp, vpp, schedule and the micro-batching: one rule, and one verdict, per value
+        key = (ruled, config.pp, config.vpp, config.schedule)
+        if key not in self._batchings:
+            verdicts: dict[tuple[int, int], bool] = {}
+
+            def runs(mbs: int, ga: int) -> bool:
+                if (mbs, ga) not in verdicts:
+                    batched = config.with_micro_batching(mbs, ga)
+                    verdicts[mbs, ga] = any(f.batching_refusal(batched) is None for f in ruled)
+                return verdicts[mbs, ga]
+
+            self._batchings[key] = runs
+        return self._batchings[key]
 
     def expresses(self, config: Config) -> bool:
         """Whether a framework of the group runs ``config``, its shape and its micro-batching."""
