@@ -459,7 +459,7 @@ def test_the_learning_rate_is_gpt3s_for_the_width_and_the_vocabulary_the_models(
     assert value(launch_words("tp=2,zero=1", qwen, 16), "--padded-vocab-size") == "151936"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_validate_answers_any_words_with_a_line_or_none(data: st.DataObject) -> None:
     """``autoplace dryrun`` hands it what a user's edited files say: whatever the words, one line or None."""
