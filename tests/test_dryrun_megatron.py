@@ -9,8 +9,8 @@ it are within 2% of plan.json's.  A bundle a user edited is refused with Megatro
 autoplace's fix.  Megatron-LM's parser and validate_args, where a checkout of Megatron-LM is at hand,
 are compared with autoplace's restatements of them.
 
-Megatron-LM core_v0.16.1's launch needs --save-interval with --save and a --lr (issue 34, defect 1):
-until the bundles say them, the tests pass them after ``--`` as a user would.
+Megatron-LM core_v0.16.1's launch needs --save-interval with --save, a --lr and an --eval-interval
+(issue 34, defect 1): the bundles now say them; a bundle without them is refused with the fix.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from tests.helpers import REPO
 
 pytest.importorskip("megatron.core", reason="megatron-core is in the test extra")
 HF = REPO / "tests" / "data" / "hf"
-EXTRA = ["--save-interval", "1000", "--lr", "3e-4"]  # what the launches lack (issue 34, defect 1)
 
 # plan shape -> (transformer layers, cluster, plan); dense layers are added to DeepSeek's MoE layers
 DENSE = {"tp": (2, "1x8xh100", "tp=2,zero=1"),
@@ -120,7 +119,7 @@ def test_each_rank_builds_its_stage_with_the_planned_bytes(family: str, shape: s
                                                             bundles: dict[tuple[str, str], Path]) -> None:
     bundle = bundles[family, shape]
     rank, stage = _ranks(bundle)[-1 if last else 0]
-    run = build_in_process(bundle, rank, extra=EXTRA)
+    run = build_in_process(bundle, rank)
     assert run.ok, run.failed
     assert all(s["status"] == "done" or (s["status"] == "skipped" and s["why"]) for s in run.steps)
     assert run.stage == stage
@@ -139,7 +138,7 @@ def test_the_interleaved_stage_holds_its_virtual_chunks(bundles: dict[tuple[str,
     from autoplace.dryrun.steps import DryContext, Steps
 
     b = read_bundle(bundle)
-    launched = record(bundle, "torchrun", extra=EXTRA)
+    launched = record(bundle, "torchrun")
     for rank, chunks in ((0, [0, 4]), (12, [3, 7])):
         events.clear()
         b.framework.dry_run(DryContext(bundle, launched, b.plan, b.model, b.cluster, rank, launched.world),
@@ -153,9 +152,9 @@ def test_builds_leave_nothing_behind(bundles: dict[tuple[str, str], Path]) -> No
     """Two bundles built one after the other give what each gives alone (parallel_state, the micro-batch
     calculator and the process group are reset after each)."""
     a, b = bundles["mixtral-8x7b-v0.1.json", "ep-pp"], bundles["qwen2.5-0.5b.json", "cp"]
-    first = _summary(build_in_process(a, 0, extra=EXTRA))
-    _summary(build_in_process(b, 0, extra=EXTRA))
-    assert _summary(build_in_process(a, 0, extra=EXTRA)) == first
+    first = _summary(build_in_process(a, 0))
+    _summary(build_in_process(b, 0))
+    assert _summary(build_in_process(a, 0)) == first
 
 
 def _summary(run: RankRun) -> tuple[Any, ...]:
@@ -177,7 +176,7 @@ def _edited(bundle: Path, tmp_path: Path, old: str, new: str) -> Path:
     return copy_
 
 
-def _failure(bundle: Path, extra: list[str] = EXTRA) -> dict[str, Any]:
+def _failure(bundle: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     run = build_in_process(bundle, 0, extra=extra)
     assert run.failed is not None, "the dry run built what Megatron-LM refuses"
     return run.failed
@@ -205,29 +204,31 @@ def test_degrees_that_do_not_fill_the_world_are_refused(bundles: dict[tuple[str,
     assert failed["fix"].startswith("tp x pp x cp = 3 does not divide the 8 ranks")
 
 
-def test_the_launch_as_written_stops_where_megatron_lm_does(bundles: dict[tuple[str, str], Path]) -> None:
-    """Issue 34, defect 1: --save without --save-interval, then no --lr."""
-    bundle = bundles["llama-3.1-8b.json", "tp"]
-    words = (bundle / "megatron_args.sh").read_text() + (bundle / "launch_torchrun.sh").read_text()
-    if "--save-interval" not in words:
-        failed = _failure(bundle, extra=[])
-        assert (failed["error"], failed["fix"]) == (
-            "AssertionError: assert args.save_interval is not None",
-            "add --save-interval N (steps between checkpoints): Megatron-LM requires it whenever --save is given")
-    if "--lr " not in words:
-        failed = _failure(bundle, extra=["--save-interval", "1000"])
-        assert failed["step"] == "the distributed optimizer: fp32 main-parameter shards"
-        assert failed["fix"] == megatron_fixes().NO_LR
+@pytest.mark.parametrize(("dropped", "step", "fix"), [
+    (["--save-interval"], "Megatron-LM's arguments: parse_args and validate_args",
+     "add --save-interval N (steps between checkpoints): Megatron-LM requires it whenever --save is given"),
+    (["--lr", "--min-lr"], "the distributed optimizer: fp32 main-parameter shards",
+     "add --lr (the peak learning rate, e.g. --lr 3e-4): Megatron-LM has no default learning rate"),
+    (["--eval-interval"], "the datasets' sizes (get_train_valid_test_num_samples)",
+     "add --eval-interval N (steps between evaluations): the validation set is sized from it; or --full-validation"),
+])
+def test_a_launch_without_what_a_run_needs_stops_where_megatron_lm_does(
+        dropped: list[str], step: str, fix: str, bundles: dict[tuple[str, str], Path], tmp_path: Path) -> None:
+    """Issue 34, defect 1: before the bundles said them, every launch stopped at one of these."""
+    failed = _failure(_without(bundles["llama-3.1-8b.json", "tp"], tmp_path, dropped))
+    assert (failed["step"], failed["fix"]) == (step, fix)
 
 
-def megatron_fixes() -> Any:
-    from autoplace.frameworks import _megatron_fixes
-
-    return _megatron_fixes
+def _without(bundle: Path, tmp_path: Path, flags: list[str]) -> Path:
+    """A copy of ``bundle`` whose megatron_args.sh no longer passes ``flags`` (each on a line of its own)."""
+    text = (bundle / "megatron_args.sh").read_text()
+    kept = [line for line in text.splitlines() if line.split()[:1] not in [[f] for f in flags]]
+    assert len(kept) == len(text.splitlines()) - len(flags)
+    return _edited(bundle, tmp_path, text, "\n".join(kept) + "\n")
 
 
 def test_an_unknown_flag_is_refused_by_megatrons_parser(bundles: dict[tuple[str, str], Path]) -> None:
-    failed = _failure(bundles["qwen2.5-0.5b.json", "cp"], extra=[*EXTRA, "--tensor-parallel-size", "2"])
+    failed = _failure(bundles["qwen2.5-0.5b.json", "cp"], extra=("--tensor-parallel-size", "2"))
     assert failed["error"] == ("MegatronArgumentError: pretrain_gpt.py: error: unrecognized arguments: "
                                "--tensor-parallel-size 2")
     assert failed["fix"] == "remove --tensor-parallel-size: Megatron-LM core_v0.16.1's pretrain_gpt.py has no such flag"
@@ -239,7 +240,7 @@ def test_an_unknown_flag_is_refused_by_megatrons_parser(bundles: dict[tuple[str,
 @pytest.mark.slow
 def test_the_cli_builds_the_default_ranks(bundles: dict[tuple[str, str], Path]) -> None:
     bundle = bundles["mistral-7b-v0.1.json", "pp-uneven"]
-    done = subprocess.run([sys.executable, "-m", "autoplace.cli", "dryrun", str(bundle), "--json", "--", *EXTRA],
+    done = subprocess.run([sys.executable, "-m", "autoplace.cli", "dryrun", str(bundle), "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     doc = json.loads(done.stdout)
     assert [(r["rank"], r["stage"], r["ok"]) for r in doc["ranks"]] == [(0, 0, True), (4, 1, True)]

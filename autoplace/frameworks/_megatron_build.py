@@ -453,3 +453,22 @@ def scheduler(args: Any, optimizer: Any) -> Any:
         use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler, wsd_decay_steps=wsd,
         lr_wsd_decay_style=args.lr_wsd_decay_style)
+
+
+# ------------------------------------------------------------------ the data
+
+
+def dataset_sizes(args: Any) -> tuple[int, int | None, int]:
+    """(train, validation, test) samples the datasets are built for, as ``training.py:
+    get_train_valid_test_num_samples`` computes them at iteration 0 (core_v0.16.1)."""
+    train = args.train_samples if args.train_samples else args.train_iters * args.global_batch_size
+    valid = None
+    if not args.full_validation:
+        if args.skip_train:
+            evals = args.eval_iters
+        else:
+            if args.train_iters is None:
+                raise AssertionError("assert args.train_iters is not None")
+            evals = (args.train_iters // args.eval_interval + 1) * args.eval_iters
+        valid = evals * args.global_batch_size
+    return train, valid, args.eval_iters * args.global_batch_size

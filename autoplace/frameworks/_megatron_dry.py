@@ -18,7 +18,7 @@ from typing import Any
 
 import autoplace.frameworks._megatron_build as build
 from autoplace.dryrun.steps import DryContext, Steps, fake_world, tensor_bytes
-from autoplace.frameworks._megatron_fixes import lr_fix, suggest
+from autoplace.frameworks._megatron_fixes import eval_fix, lr_fix, suggest
 
 # The argument step: Megatron-LM's parse_args + validate_args on the launch's words.  One function,
 # so a fuller restatement can take its place.
@@ -57,6 +57,7 @@ def _on_the_fake_world(args: argparse.Namespace, config: Any, micro_batches: int
     with steps.step("parallel_state.initialize_model_parallel (order tp-cp-ep-dp-pp)", fix=fix):
         stage, chunks = _model_parallel(args, config)
     steps.stage(stage, chunks)
+    _skipped_at_start(args, steps)
     steps.note(build.TE_ASSUMED)
     steps.note(build.BUILT_HERE)
     steps.note(build.REDIRECTED)
@@ -81,7 +82,7 @@ def _on_the_fake_world(args: argparse.Namespace, config: Any, micro_batches: int
             _measure_optimizer(optimizer, optimizer_config, steps)
     with steps.step("the learning-rate scheduler (OptimizerParamScheduler)", fix=lambda e: lr_fix(e, args)):
         build.scheduler(args, optimizer)
-    _skipped(args, steps)
+    _checkpoint_and_data(args, steps)
     with steps.step("the pipeline schedule (get_forward_backward_func)", fix=fix):
         name = schedule(args, config, model, micro_batches)
     steps.note(f"schedule: {name}, {micro_batches} micro-batches of {args.micro_batch_size} per step")
@@ -158,31 +159,50 @@ def _micro_batches(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace, steps: Steps) -> None:
-    """The tokenizer ``set_global_variables`` builds, for the vocabulary the embedding is padded from
-    (tokenizer.py ``_vocab_size_with_padding``: the next multiple of --make-vocab-size-divisible-by x tp)."""
+    """The tokenizer ``set_global_variables`` builds (tokenizer.py ``build_tokenizer``), and the embedding's
+    rows: --padded-vocab-size when given, else the tokenizer's size padded to the next multiple of
+    --make-vocab-size-divisible-by x tp (``_vocab_size_with_padding``)."""
     model = str(args.tokenizer_model or "")
-    name = f"the tokenizer ({args.tokenizer_type}) and the padded vocabulary"
+    name = f"the tokenizer ({args.tokenizer_type}) and the embedding's rows"
+    given = args.padded_vocab_size
+    size = None
     if args.tokenizer_type == "NullTokenizer":
-        size = args.vocab_size + 1  # _NullTokenizer.vocab_size: the ids and one end-of-document id
+        with steps.step(name, fix=lambda e: "add --vocab-size (NullTokenizer's ids)"):
+            _require_flag(args.vocab_size, "assert args.vocab_size is not None")
+            size = args.vocab_size + 1  # _NullTokenizer.vocab_size: the ids and one end-of-document id
     elif args.tokenizer_type == "HuggingFaceTokenizer" and model and not model.startswith(STAND_IN):
         with steps.step(name, fix=lambda e: f"--tokenizer-model {model}: give a local Hugging Face tokenizer "
                                             "directory (or a Hub id in the cache)"):
             size = _hf_tokenizer_size(model, args.trust_remote_code)
-        if args.vocab_size is not None and size != args.vocab_size:
-            steps.note(f"the tokenizer at {model} has {size} tokens, --vocab-size says {args.vocab_size}: "
-                       "Megatron-LM sizes the embedding from the tokenizer")
-    elif args.vocab_size is None:
-        with steps.step(name, fix=lambda e: "add --vocab-size (the tokenizer's length) or a tokenizer to build"):
-            raise ValueError(f"{args.tokenizer_type}: no tokenizer to build here and no --vocab-size")
     else:
-        size = args.vocab_size
         why = (f"--tokenizer-model {model} is a stand-in" if model.startswith(STAND_IN)
                else f"{args.tokenizer_type} reads vocabulary files")
-        steps.skip(name, f"{why}: the embedding is sized from --vocab-size {size}")
-        steps.note(f"the tokenizer was not built ({why}): Megatron-LM sizes the embedding from the tokenizer's "
-                   f"length; set TOKENIZER_MODEL to a local tokenizer directory to check it is {size}")
+        steps.skip(name, f"{why}: not built here")
+    rows = given if given is not None else _padded(args, size if size is not None else args.vocab_size)
+    if rows is None:
+        with steps.step("the embedding's rows", fix=lambda e: "add --padded-vocab-size (the embedding's rows)"):
+            raise ValueError("no tokenizer built here, and neither --padded-vocab-size nor --vocab-size to size "
+                             "the embedding from")
+    if given is None and size is None:
+        steps.note(f"the tokenizer was not built: the embedding is sized from --vocab-size {args.vocab_size} "
+                   f"({rows} rows), as Megatron-LM would size it from len(tokenizer); give --padded-vocab-size to "
+                   "fix it")
+    elif given is not None and size is not None and _padded(args, size) > given:
+        steps.note(f"the tokenizer has {size} tokens, more than --padded-vocab-size {given} rows")
+    args.padded_vocab_size = rows
+
+
+def _require_flag(value: Any, message: str) -> None:
+    if value is None:
+        raise AssertionError(message)
+
+
+def _padded(args: argparse.Namespace, size: int | None) -> int | None:
+    """tokenizer.py ``_vocab_size_with_padding``."""
+    if size is None:
+        return None
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    args.padded_vocab_size = -(-size // multiple) * multiple
+    return -(-size // multiple) * multiple
 
 
 def _hf_tokenizer_size(model: str, trust_remote_code: bool) -> int:
@@ -270,18 +290,25 @@ def _measure_optimizer(optimizer: Any, config: Any, steps: Steps) -> None:
                                               "(megatron-core's init_state_fn, as the first step makes them)")
 
 
-def _skipped(args: argparse.Namespace, steps: Steps) -> None:
-    """What pretrain does before step 1 that needs the cluster's files or its GPUs."""
+def _skipped_at_start(args: argparse.Namespace, steps: Steps) -> None:
+    """What initialize_megatron does after the process groups that needs the cluster's GPUs."""
+    if args.tp_comm_overlap:
+        steps.skip("Transformer Engine's userbuffers (--tp-comm-overlap)", "needs Transformer Engine and CUDA")
+    steps.skip("CUDA RNG states, fused kernels and JIT warm-up", "need a GPU")
+
+
+def _checkpoint_and_data(args: argparse.Namespace, steps: Steps) -> None:
+    """The checkpoint (setup_model_and_optimizer's last step) and the data iterators (pretrain's next)."""
     if args.load is not None:
         steps.skip("the checkpoint at --load (load_checkpoint)", f"{args.load}: checkpoints are read on the "
                    "cluster (none there: Megatron-LM starts from scratch)")
+    with steps.step("the datasets' sizes (get_train_valid_test_num_samples)", fix=lambda e: eval_fix(e, args)):
+        train, valid, test = build.dataset_sizes(args)
+    steps.note(f"datasets sized for {train} training, {valid} validation and {test} test samples")
     source = args.data_path or args.train_data_path or ("mock data" if args.mock_data else None)
     steps.skip("the datasets and data iterators (build_train_valid_test_data_iterators)",
                f"the indexed dataset at {' '.join(source) if isinstance(source, list) else source} is read on "
                "the cluster" if source else "no data source given")
-    if args.tp_comm_overlap:
-        steps.skip("Transformer Engine's userbuffers (--tp-comm-overlap)", "needs Transformer Engine and CUDA")
-    steps.skip("CUDA RNG states, fused kernels and JIT warm-up", "need a GPU")
 
 
 def schedule(args: argparse.Namespace, config: Any, model: Sequence[Any], micro_batches: int) -> str:

@@ -76,6 +76,14 @@ def _heads(m: re.Match[str], args: Any) -> str:
 NO_LR = "add --lr (the peak learning rate, e.g. --lr 3e-4): Megatron-LM has no default learning rate"
 
 
+def eval_fix(exc: BaseException, args: Any = None) -> str | None:
+    """The dataset sizes' fix: a missing --eval-interval (train_iters // None), else the general rules."""
+    if args is not None and getattr(args, "eval_interval", 0) is None:
+        return ("add --eval-interval N (steps between evaluations): the validation set is sized from it; or "
+                "--full-validation")
+    return suggest(exc, args)
+
+
 def lr_fix(exc: BaseException, args: Any = None) -> str | None:
     """The optimizer and scheduler steps' fix: a missing --lr, else the general rules."""
     if args is not None and getattr(args, "lr", 0) is None:
