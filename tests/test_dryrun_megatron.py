@@ -169,6 +169,7 @@ def _edited(bundle: Path, tmp_path: Path, old: str, new: str) -> Path:
     copy_.mkdir()
     for f in bundle.iterdir():
         (copy_ / f.name).write_bytes(f.read_bytes())
+        (copy_ / f.name).chmod(f.stat().st_mode)
     args = copy_ / "megatron_args.sh"
     text = args.read_text()
     assert old in text
@@ -225,6 +226,25 @@ def _without(bundle: Path, tmp_path: Path, flags: list[str]) -> Path:
     kept = [line for line in text.splitlines() if line.split()[:1] not in [[f] for f in flags]]
     assert len(kept) == len(text.splitlines()) - len(flags)
     return _edited(bundle, tmp_path, text, "\n".join(kept) + "\n")
+
+
+@pytest.mark.parametrize(("flag", "step", "fix"), [
+    ("--data-path", "the datasets and data iterators (build_train_valid_test_data_iterators)",
+     "add --data-path PREFIX (your Megatron-indexed dataset) or --mock-data"),
+    ("--tokenizer-model", "the tokenizer (HuggingFaceTokenizer) and the embedding's rows",
+     "add --tokenizer-model (--tokenizer-type HuggingFaceTokenizer reads it)"),
+])
+def test_a_launch_without_its_data_or_tokenizer_is_refused(flag: str, step: str, fix: str,
+                                                           bundles: dict[tuple[str, str], Path],
+                                                           tmp_path: Path) -> None:
+    """The launch line's required words, edited out of launch_torchrun.sh."""
+    bundle = _edited(bundles["qwen3-8b.json", "zero0"], tmp_path, "", "")
+    script = bundle / "launch_torchrun.sh"
+    text = script.read_text()
+    script.write_text(re.sub(rf' {flag} "\$\{{[A-Z_]+:\?[^}}]*\}}"', "", text, count=1))
+    assert flag not in script.read_text()
+    failed = _failure(bundle)
+    assert (failed["step"], failed["fix"]) == (step, fix)
 
 
 def test_an_unknown_flag_is_refused_by_megatrons_parser(bundles: dict[tuple[str, str], Path]) -> None:

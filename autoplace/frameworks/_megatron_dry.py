@@ -27,6 +27,13 @@ Arguments = Callable[..., argparse.Namespace]
 # Blackwell); by the cluster profile's name (hardware_profiles/gpu)
 _ARCH = {"v100": 7, "a100": 8, "l40s": 8, "h100": 9, "h200": 9, "b200": 10, "gb200": 10}
 STAND_IN = "<"  # launches.py fills a required variable the user did not set with "<NAME>"
+# what each tokenizer type of tokenizer.py build_tokenizer asserts it was given (HuggingFaceTokenizer hands
+# --tokenizer-model to AutoTokenizer.from_pretrained, which refuses None)
+_TOKENIZER_FILES = {"BertWordPieceLowerCase": ("vocab_file",), "BertWordPieceCase": ("vocab_file",),
+                    "GPT2BPETokenizer": ("vocab_file", "merge_file"), "SentencePieceTokenizer": ("tokenizer_model",),
+                    "GPTSentencePieceTokenizer": ("tokenizer_model",), "HuggingFaceTokenizer": ("tokenizer_model",),
+                    "Llama2Tokenizer": ("tokenizer_model",), "TikTokenizer": ("tokenizer_model",),
+                    "NullTokenizer": ("vocab_size",)}
 
 
 def dry_run(ctx: DryContext, steps: Steps, arguments: Arguments | None = None) -> None:
@@ -166,11 +173,14 @@ def _tokenizer(args: argparse.Namespace, steps: Steps) -> None:
     name = f"the tokenizer ({args.tokenizer_type}) and the embedding's rows"
     given = args.padded_vocab_size
     size = None
+    needs = [flag for flag in _TOKENIZER_FILES.get(args.tokenizer_type, ()) if getattr(args, flag) is None]
+    if needs:
+        with steps.step(name, fix=lambda e: f"add --{needs[0].replace('_', '-')} (--tokenizer-type "
+                                            f"{args.tokenizer_type} reads it)"):
+            raise AssertionError(f"assert args.{needs[0]} is not None")
     if args.tokenizer_type == "NullTokenizer":
-        with steps.step(name, fix=lambda e: "add --vocab-size (NullTokenizer's ids)"):
-            _require_flag(args.vocab_size, "assert args.vocab_size is not None")
-            size = args.vocab_size + 1  # _NullTokenizer.vocab_size: the ids and one end-of-document id
-    elif args.tokenizer_type == "HuggingFaceTokenizer" and model and not model.startswith(STAND_IN):
+        size = args.vocab_size + 1  # _NullTokenizer.vocab_size: the ids and one end-of-document id
+    elif args.tokenizer_type == "HuggingFaceTokenizer" and not model.startswith(STAND_IN):
         with steps.step(name, fix=lambda e: f"--tokenizer-model {model}: give a local Hugging Face tokenizer "
                                             "directory (or a Hub id in the cache)"):
             size = _hf_tokenizer_size(model, args.trust_remote_code)
@@ -190,11 +200,6 @@ def _tokenizer(args: argparse.Namespace, steps: Steps) -> None:
     elif given is not None and size is not None and _padded(args, size) > given:
         steps.note(f"the tokenizer has {size} tokens, more than --padded-vocab-size {given} rows")
     args.padded_vocab_size = rows
-
-
-def _require_flag(value: Any, message: str) -> None:
-    if value is None:
-        raise AssertionError(message)
 
 
 def _padded(args: argparse.Namespace, size: int | None) -> int | None:
@@ -305,10 +310,14 @@ def _checkpoint_and_data(args: argparse.Namespace, steps: Steps) -> None:
     with steps.step("the datasets' sizes (get_train_valid_test_num_samples)", fix=lambda e: eval_fix(e, args)):
         train, valid, test = build.dataset_sizes(args)
     steps.note(f"datasets sized for {train} training, {valid} validation and {test} test samples")
-    source = args.data_path or args.train_data_path or ("mock data" if args.mock_data else None)
-    steps.skip("the datasets and data iterators (build_train_valid_test_data_iterators)",
-               f"the indexed dataset at {' '.join(source) if isinstance(source, list) else source} is read on "
-               "the cluster" if source else "no data source given")
+    source = args.data_path or args.train_data_path or args.data_args_path or args.per_split_data_args_path
+    name = "the datasets and data iterators (build_train_valid_test_data_iterators)"
+    if not source and not args.mock_data:
+        with steps.step(name, fix=lambda e: "add --data-path PREFIX (your Megatron-indexed dataset) or --mock-data"):
+            raise ValueError("no data source: pretrain_gpt.py builds its GPTDataset from --data-path (or "
+                             "--train-data-path, --data-args-path, --mock-data)")
+    where = "mock data" if args.mock_data else " ".join(source) if isinstance(source, list) else source
+    steps.skip(name, f"{where}: the data is read on the cluster")
 
 
 def schedule(args: argparse.Namespace, config: Any, model: Sequence[Any], micro_batches: int) -> str:
