@@ -302,6 +302,7 @@ def test_validate_args_as_megatron_lm_has_it(megatron_lm: Path, bundles: dict[tu
     base += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128256", "--train-iters", "10", "--lr", "1e-4"]
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     cases = [{"words": base, "world": 16, "env": env},
+             {"words": [*base, "--data-path", "corpus", "--recompute-activations"], "world": 16, "env": env},
              {"words": [*base, "--save", "ckpt"], "world": 16, "env": env},
              {"words": base, "world": 16, "env": {}},
              {"words": base, "world": 12, "env": env},
