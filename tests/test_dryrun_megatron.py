@@ -2,8 +2,8 @@
 
 The contract: over ten model families of tests/data/hf that Megatron-LM does not refuse (layers shrunk,
 as tests/test_architectures.py does) and the plan shapes Megatron expresses -- tensor, pipeline with an
-uneven split, interleaved (virtual) pipeline, context and expert parallelism; ZeRO-1 (the distributed
-optimizer) and ZeRO-0 -- every step is done or skipped with a reason, the rank sits on the pipeline
+uneven split, interleaved (virtual) pipeline, an uneven interleaved layout, context and expert
+parallelism; ZeRO-1 (the distributed optimizer) and ZeRO-0 -- every step is done or skipped with a reason, the rank sits on the pipeline
 stage the plan put it on, and the parameter, gradient and optimizer bytes megatron-core allocated on
 it are within 2% of plan.json's.  A bundle a user edited is refused with Megatron's own message and
 autoplace's fix.  Megatron-LM's parser and validate_args, where a checkout of Megatron-LM is at hand,
@@ -38,13 +38,14 @@ HF = REPO / "tests" / "data" / "hf"
 DENSE = {"tp": (2, "1x8xh100", "tp=2,zero=1"),
          "pp-uneven": (4, "1x8xh100", "pp=2,zero=1,layers=1:3"),
          "vpp": (8, "2x8xh100", "tp=2,pp=4,vpp=2,zero=1"),
+         "layout": (12, "2x8xh100", "tp=2,pp=4,vpp=2,zero=1,layers=2:4:4:2"),  # --pipeline-model-parallel-layout
          "cp": (2, "1x8xh100", "cp=2,zero=1"),
          "zero0": (2, "1x8xh100", "tp=2,zero=0")}
 MOE = {"ep-pp": (4, "2x8xh100", "tp=2,pp=2,ep=4,zero=1"),
        "ep-cp": (2, "1x8xh100", "cp=2,ep=4,zero=1")}
-CASES = [  # each family at two shapes; every shape at least twice
+CASES = [  # each family at two shapes (or three); every shape but the layout at least twice
     ("llama-3.1-8b.json", "tp"), ("llama-3.1-8b.json", "vpp"),
-    ("qwen2.5-0.5b.json", "pp-uneven"), ("qwen2.5-0.5b.json", "cp"),
+    ("qwen2.5-0.5b.json", "pp-uneven"), ("qwen2.5-0.5b.json", "cp"), ("qwen2.5-0.5b.json", "layout"),
     ("qwen3-8b.json", "vpp"), ("qwen3-8b.json", "zero0"),
     ("mistral-7b-v0.1.json", "cp"), ("mistral-7b-v0.1.json", "pp-uneven"),
     ("phi-3-mini-4k-instruct.json", "tp"), ("phi-3-mini-4k-instruct.json", "zero0"),
