@@ -46,7 +46,11 @@ def parse_words(words: Sequence[str]) -> argparse.Namespace:
     Raises:
         MegatronArgumentError: a word the parser refuses, with argparse's message.
     """
-    return _parser().parse_args(list(words))
+    args = _parser().parse_args(list(words))
+    for name, value in vars(args).items():  # a list default is one object per parser: each parse its own copy
+        if isinstance(value, list):
+            setattr(args, name, list(value))
+    return args
 
 
 def value_type(option: str) -> str | None:

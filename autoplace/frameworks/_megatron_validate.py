@@ -387,6 +387,11 @@ def _model_checks(args: argparse.Namespace, env: Mapping[str, str], arch: int) -
             _require(env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1",
                      "Using tensor model parallelism or context parallelism require setting the environment "
                      "variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+    if args.use_torch_fsdp2 or (args.use_megatron_fsdp and arch >= 10):  # high-priority streams for FSDP's groups
+        groups = args.high_priority_stream_groups
+        args.high_priority_stream_groups = [*groups, *(["dp_cp"] if "dp_cp" not in groups else []),
+                                            *(["ep_dp"] if args.expert_model_parallel_size > 1
+                                              and "ep_dp" not in groups else [])]
     if not args.add_bias_linear:
         args.bias_gelu_fusion = False
     if args.add_bias_linear:
