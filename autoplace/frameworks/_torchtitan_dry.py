@@ -133,10 +133,21 @@ def _parse(words: list[str]) -> Any:
         with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
             return ConfigManager().parse_args(words)
     except SystemExit:
-        lines = [ln.strip(" │|") for ln in printed.getvalue().splitlines()]
-        said = [ln.strip() for ln in lines if ln.strip() and not set(ln.strip()) <= set("-─╭╮╰╯ ")
-                and not ln.strip().startswith("For full helptext")]
-        raise ValueError("; ".join(said) or "torchtitan's command line refused the words") from None
+        raise ValueError(_tyro_said(printed.getvalue())) from None
+
+
+def _tyro_said(printed: str) -> str:
+    """tyro's boxed refusal as one line: its lines between the title and "For full helptext" (the title
+    dropped when a line repeats it, e.g. "Unrecognized options: loss")."""
+    lines = [ln.strip(" │|\t") for ln in printed.splitlines()]
+    said: list[str] = []
+    for line in lines:
+        if line.startswith("For full helptext"):
+            break
+        if line and not set(line) <= set("-─╭╮╰╯ "):
+            said.append(line)
+    said = [ln for ln in said if not any(other.startswith(ln + ":") for other in said)]
+    return "; ".join(said) or "torchtitan's command line refused the words"
 
 
 def _model_args(job: Any) -> tuple[Any, Any]:
