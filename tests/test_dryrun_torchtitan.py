@@ -85,8 +85,8 @@ def check_built(run: RankRun, stage: int, chunks: list[int]) -> None:
     assert set(run.measured) == {"params", "grads", "optimizer"}
     for state, error in run.errors().items():
         assert abs(error) <= TOLERANCE, (state, run.measured[state], run.predicted[state])
-    for state, (nbytes, _) in run.measured.items():  # a state plan.json puts off the device is off it here
-        assert (nbytes == 0) == (run.predicted[state] == 0), (state, nbytes)
+    for state in ("params", "optimizer"):  # a state plan.json puts off the device (CPU offload) is off it here
+        assert (run.measured[state][0] == 0) == (run.predicted[state] == 0), (state, run.measured[state])
 
 
 @pytest.mark.parametrize("name", list(CASES))

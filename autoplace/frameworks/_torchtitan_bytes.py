@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from autoplace.dryrun.steps import Steps, tensor_bytes
 
@@ -144,7 +144,8 @@ def _grads_how(units: list[Any], plain: list[Any], deferred: bool) -> str:
                      "reduce-scatter)")
     elif units:
         parts.append("FSDP2's sharded gradients (the reduce-scatter output in the parameters' dtype), from the first "
-                     "backward's reduce-scatter to zero_grad; none on the device with CPU offload")
+                     "backward's reduce-scatter to zero_grad (none yet at the start of the step's first backward); "
+                     "none on the device with CPU offload")
     if plain:
         parts.append("whole gradients of the parameters FSDP2 does not manage (DDP's buckets, TP's local shards)")
     return " + ".join(parts)
@@ -167,10 +168,11 @@ def _fsdp_params(parts: list[Any]) -> list[tuple[Any, Any]]:
     """(FSDPParam, its FSDPParamGroup) of every FSDP2 unit in the chunks (FSDP2's own state per module)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    state = cast(Any, fully_shard).state  # fully_shard's contract adds it; its type stubs do not say so
     groups = {}  # one state may hold several modules (torchtitan's fully_shard([norm, output]))
     for part in parts:
         for module in part.modules():
-            group = fully_shard.state(module)._fsdp_param_group if isinstance(module, FSDPModule) else None
+            group = state(module)._fsdp_param_group if isinstance(module, FSDPModule) else None
             if group is not None:
                 groups[id(group)] = group
     return [(fp, group) for group in groups.values() for fp in group.fsdp_params]

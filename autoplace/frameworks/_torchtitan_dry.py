@@ -49,6 +49,7 @@ def import_torchtitan() -> types.ModuleType:
         def needs_triton(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("torchtitan's MoE permute kernel needs triton, which is not installed here")
 
+        kernels.autoplace_stand_in = True  # type: ignore[attr-defined]
         kernels.generate_permute_indices = needs_triton  # type: ignore[attr-defined]
         kernels.fill_indices_wrapper = needs_triton  # type: ignore[attr-defined]
         sys.modules[KERNELS] = kernels
@@ -59,7 +60,7 @@ def dry_run(ctx: DryContext, steps: Steps) -> None:
     """Build rank ``ctx.rank`` of the bundle's torchtitan launch (see the module docstring)."""
     with steps.step("import torchtitan 0.2.2"):
         import_torchtitan()
-    if sys.modules[KERNELS].__doc__ and "stand-in" in sys.modules[KERNELS].__doc__:
+    if getattr(sys.modules.get(KERNELS), "autoplace_stand_in", False):
         steps.note(f"triton is not installed: {KERNELS} (the MoE permute kernel, called in a forward only) "
                    "is a stand-in")
     if ctx.launched.entry != "torchtitan.train":
@@ -205,11 +206,12 @@ class _Phases:
     next (``pipelining_fn`` splits, parallelizes and builds the schedule in one call)."""
 
     def __init__(self, steps: Steps) -> None:
-        self._steps, self._open, self.name = steps, None, ""  # type: ignore[var-annotated]
+        self._steps = steps
+        self._open: contextlib.AbstractContextManager[None] | None = None
 
     def next(self, name: str, fix: Fix | None = None) -> None:
         self.close()
-        self._open, self.name = self._steps.step(name, fix), name
+        self._open = self._steps.step(name, fix)
         self._open.__enter__()
 
     def close(self) -> None:
@@ -355,7 +357,7 @@ def _schedule_fix(exc: BaseException, job: Any, dims: Any, local_stages: int) ->
     schedule enough micro-batches and still divides the global batch, or what else can change."""
     text = str(exc)
     micro = job.parallelism.pipeline_parallel_microbatch_size
-    local, global_batch = job.training.local_batch_size, job.training.global_batch_size
+    global_batch = job.training.global_batch_size
     degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
     if "divisible by microbatch_size" in text:
         return f"set [training] local_batch_size to a multiple of pipeline_parallel_microbatch_size ({micro})"
@@ -369,11 +371,13 @@ def _schedule_fix(exc: BaseException, job: Any, dims: Any, local_stages: int) ->
         return (f"set [training] local_batch_size = {fits[0]} ({fits[0] // micro} micro-batches of {micro} for "
                 f"{stages} stages; {global_batch} = {fits[0]} x {degree} data-parallel ranks x "
                 f"{global_batch // (fits[0] * degree)} accumulation steps)")
-    return (f"each of the {degree} data-parallel ranks gets at most {global_batch // degree} of the global batch "
-            f"{global_batch}: fewer than the {stages} micro-batches {job.parallelism.pipeline_parallel_schedule} "
-            f"needs with {local_stages} stage(s) per rank; lower pipeline_parallel_microbatch_size, raise "
-            f"global_batch_size to >= {stages * micro * degree}, use fewer pipeline stages, or a schedule that "
-            f"runs fewer micro-batches than stages (Interleaved1F1B)")
+    smaller = f", lower pipeline_parallel_microbatch_size ({micro})" if micro > 1 else ""
+    return (f"the {degree} data-parallel ranks get {global_batch // degree} sequences each of global_batch_size "
+            f"{global_batch}, fewer than the {stages * micro} that {stages} micro-batches of {micro} take "
+            f"({job.parallelism.pipeline_parallel_schedule} runs one per stage, {local_stages} stage(s) per rank): "
+            f"raise global_batch_size to {stages * micro * degree} (local_batch_size {stages * micro}){smaller}, "
+            f"use fewer pipeline stages or data-parallel ranks, or Interleaved1F1B (it runs fewer micro-batches "
+            "than stages)")
 
 
 # --- leave nothing behind ------------------------------------------------------------------------------
