@@ -4,7 +4,8 @@ torchtitan's ``Trainer.__init__`` needs CUDA (``set_device``) even with ``--comm
 dry run goes below it and calls, in the trainer's order (torchtitan/train.py, 0.2.2), the pieces it calls:
 ``ConfigManager.parse_args`` on the launch's words, ``ParallelDims`` and its ``build_mesh`` on the fake
 process group, the experimental ``custom_import`` and the train spec's flavor, ``model_cls`` on the meta
-device with the model converters, the batch check, the train spec's ``pipelining_fn`` (split, the rank's
+device (its float8 / mx converters, which check for an SM89+ GPU, skipped), the batch check, the train
+spec's loss, its ``pipelining_fn`` (split, the rank's
 stages, ``parallelize_fn`` per chunk, ``build_pipeline_schedule``) or ``parallelize_fn`` alone,
 ``build_optimizers_fn`` and ``build_lr_schedulers_fn``.  Optimizer state, which torch creates at the
 first step, is created by torch's own ``Adam._init_group`` on the meta shards; the bytes per state
@@ -22,7 +23,6 @@ import copy
 import importlib
 import importlib.util
 import io
-import re
 import sys
 import types
 from collections.abc import Iterator
@@ -31,6 +31,15 @@ from typing import Any
 from autoplace.dryrun.launches import BUNDLE
 from autoplace.dryrun.steps import DryContext, Fix, StepFailed, Steps, fake_world
 from autoplace.frameworks._torchtitan_bytes import patched
+from autoplace.frameworks._torchtitan_fixes import (
+    batch_fix,
+    config_fix,
+    degrees_fix,
+    flavor_fix,
+    schedule_fix,
+    seq_fix,
+    split_fix,
+)
 
 KERNELS = "torchtitan.models.moe.kernels"  # the one torchtitan module that imports triton (0.2.2)
 
@@ -58,7 +67,8 @@ def import_torchtitan() -> types.ModuleType:
 
 def dry_run(ctx: DryContext, steps: Steps) -> None:
     """Build rank ``ctx.rank`` of the bundle's torchtitan launch (see the module docstring)."""
-    with steps.step("import torchtitan 0.2.2"):
+    with steps.step("import torchtitan 0.2.2", fix=lambda exc: "install torchtitan 0.2.2 (pip install "
+                    "torchtitan==0.2.2 --no-deps tyro tomli tokenizers)" if isinstance(exc, ImportError) else None):
         import_torchtitan()
     if getattr(sys.modules.get(KERNELS), "autoplace_stand_in", False):
         steps.note(f"triton is not installed: {KERNELS} (the MoE permute kernel, called in a forward only) "
@@ -74,39 +84,27 @@ def _build(ctx: DryContext, steps: Steps) -> None:
     """The trainer's build, step by step, on the fake world."""
     from autoplace.frameworks._torchtitan_bytes import create_optimizer_state, init_fsdp_dtypes, measure
 
-    words = [w.replace(BUNDLE, str(ctx.bundle)) for w in ctx.launched.args]
-    with steps.step("torchtitan's ConfigManager on the launch's words", fix=_config_fix):
-        job = _parse(words)
-    p = job.parallelism
-    with steps.step(f"ParallelDims: the job's degrees in a world of {ctx.world} ranks",
-                    fix=lambda exc: _degrees_fix(exc, job, ctx.world)):
-        from torchtitan.distributed import ParallelDims
-
-        dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
-                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-                            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
-                            etp=p.expert_tensor_parallel_degree, world_size=ctx.world)
-    with steps.step("the device mesh (ParallelDims.build_mesh) on the fake process group"):
-        dims.build_mesh()
-    steps.note("torchtitan's device type is cpu for the mesh and the pipeline stages (this machine has no "
-               "accelerator; torchtitan would take cuda); the model stays on the meta device")
+    job, dims = _job_and_mesh(ctx, steps)
     with steps.step(f"the model's args: train spec {job.model.name!r}, flavor {job.model.flavor!r}"
                     + (f" (custom_import {job.experimental.custom_import})" if job.experimental.custom_import
-                       else ""), fix=lambda exc: _flavor_fix(exc, job, ctx)):
+                       else ""), fix=lambda exc: flavor_fix(exc, job, ctx)):
         spec, args = _model_args(job)
-    with steps.step(f"{spec.model_cls.__name__} on the meta device, with the job's model converters",
-                    fix=_converter_fix):
-        model = _model(job, spec, args, dims)
+    with steps.step(f"{spec.model_cls.__name__} on the meta device, in the job's dtype ({job.training.dtype})"):
+        model = _model(job, spec, args)
+    if job.model.converters:
+        steps.skip(f"the model converters ({', '.join(job.model.converters)})",
+                   "torchao's float8 / mx converters check for an SM89+ GPU (and need torchao); they swap the "
+                   "Linear layers' class, not their parameters, so the bytes below are the same")
     steps.skip("the tokenizer and the dataloader", "they read --model.hf_assets_path and the dataset, which the "
                                                     "bundle does not hold (nothing they build is the plan's)")
-    with steps.step("the batch sizes Trainer.__init__ checks", fix=lambda exc: _batch_fix(job, dims)):
+    with steps.step("the batch sizes Trainer.__init__ checks", fix=lambda exc: batch_fix(job, dims)):
         _accumulation(job, dims)
     with steps.step("the train spec's loss function"):
         loss_fn = spec.build_loss_fn(job, parallel_dims=dims)
     if dims.pp_enabled:
         parts, deferred = _pipeline(job, spec, args, model, dims, loss_fn, steps), True
     else:
-        with steps.step(_parallelize_name(job, dims), fix=lambda exc: _seq_fix(exc, job, dims)):
+        with steps.step(_parallelize_name(job, dims), fix=lambda exc: seq_fix(exc, job, dims)):
             parts, deferred = [spec.parallelize_fn(model, dims, job)], False
         steps.stage(0)
     _skip_device_work(job, steps)
@@ -123,6 +121,27 @@ def _build(ctx: DryContext, steps: Steps) -> None:
                    "check is bypassed on the meta shards (the state is what the first step allocates)")
     for state, (nbytes, how) in measure(parts, optimizers, deferred=deferred, steps=steps).items():
         steps.measured(state, nbytes, how)
+
+
+def _job_and_mesh(ctx: DryContext, steps: Steps) -> tuple[Any, Any]:
+    """The job from the launch's words (ConfigManager), its ParallelDims in the world and their mesh."""
+    words = [w.replace(BUNDLE, str(ctx.bundle)) for w in ctx.launched.args]
+    with steps.step("torchtitan's ConfigManager on the launch's words", fix=config_fix):
+        job = _parse(words)
+    p = job.parallelism
+    with steps.step(f"ParallelDims: the job's degrees in a world of {ctx.world} ranks",
+                    fix=lambda exc: degrees_fix(exc, job, ctx.world)):
+        from torchtitan.distributed import ParallelDims
+
+        dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
+                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+                            etp=p.expert_tensor_parallel_degree, world_size=ctx.world)
+    with steps.step("the device mesh (ParallelDims.build_mesh) on the fake process group"):
+        dims.build_mesh()
+    steps.note("torchtitan's device type is cpu for the mesh and the pipeline stages (this machine has no "
+               "accelerator; torchtitan would take cuda); the model stays on the meta device")
+    return job, dims
 
 
 def _parse(words: list[str]) -> Any:
@@ -164,17 +183,14 @@ def _model_args(job: Any) -> tuple[Any, Any]:
     return spec, args
 
 
-def _model(job: Any, spec: Any, args: Any, dims: Any) -> Any:
-    """The model on the meta device in the job's dtype, its converters applied (Trainer.__init__)."""
+def _model(job: Any, spec: Any, args: Any) -> Any:
+    """The model on the meta device in the job's dtype (Trainer.__init__)."""
     import torch
     from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.protocols.model_converter import build_model_converters
     from torchtitan.tools import utils
 
     with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[job.training.dtype]):
-        model = spec.model_cls(args)
-    build_model_converters(job, dims).convert(model)
-    return model
+        return spec.model_cls(args)
 
 
 def _accumulation(job: Any, dims: Any) -> int:
@@ -246,18 +262,18 @@ def _pipeline(job: Any, spec: Any, args: Any, model: Any, dims: Any, loss_fn: An
     def parallelize(chunk: Any, parallel_dims: Any, job_config: Any) -> Any:
         if not chunks:
             phases.next(_parallelize_name(job, dims) + " on each model chunk",
-                        fix=lambda exc: _seq_fix(exc, job, dims))
+                        fix=lambda exc: seq_fix(exc, job, dims))
         chunks.append(chunk)
         return spec.parallelize_fn(chunk, parallel_dims, job_config)
 
     def schedule(job_config: Any, stages: list[Any], loss: Any) -> Any:
         steps.stage(pp_rank, [stage.stage_index for stage in stages])
         phases.next(f"the pipeline schedule: {job.parallelism.pipeline_parallel_schedule} "
-                    f"(build_pipeline_schedule)", fix=lambda exc: _schedule_fix(exc, job, dims, len(stages)))
+                    f"(build_pipeline_schedule)", fix=lambda exc: schedule_fix(exc, job, dims, len(stages)))
         return build_schedule(job_config, stages, loss)
 
     phases.next(f"the pipeline split and pp rank {pp_rank}'s stages (the train spec's pipelining_fn)",
-                fix=_split_fix)
+                fix=split_fix)
     try:
         with patched(pipeline_parallel, "build_pipeline_schedule", schedule):
             _, parts, _, _ = spec.pipelining_fn(model, dims, job, torch.device("cpu"), args, parallelize, loss_fn)
@@ -277,109 +293,6 @@ def _skip_device_work(job: Any, steps: Steps) -> None:
                                           "model chunks stay on the meta device")
 
 
-# --- what the user can change, for the errors they can hit -------------------------------------------
-
-
-def _config_fix(exc: BaseException) -> str | None:
-    text = str(exc)
-    unknown = re.search(r"Unrecognized options: (.+)", text)
-    if unknown and not unknown.group(1).startswith("--"):
-        return ("a list option takes one comma-joined word in torchtitan 0.2.2 (--compile.components model,loss): "
-                f"join {unknown.group(1).strip()} to the word before it with commas")
-    if unknown:
-        return f"remove {unknown.group(1).split(',')[0].strip()}: torchtitan 0.2.2 has no such option " \
-               "(python -m torchtitan.train --help lists them)"
-    if isinstance(exc, FileNotFoundError):
-        return "pass --job.config_file an existing TOML (the bundle's torchtitan.toml)"
-    return None
-
-
-def _degrees_fix(exc: BaseException, job: Any, world: int) -> str | None:
-    p = job.parallelism
-    others = p.data_parallel_replicate_degree * p.context_parallel_degree * p.tensor_parallel_degree \
-        * p.pipeline_parallel_degree
-    if "Invalid parallel dims" not in str(exc):
-        return None
-    if world % others == 0:
-        return (f"set [parallelism] data_parallel_shard_degree = {world // others} (or -1): the degrees' product "
-                f"must be the world of {world} ranks")
-    return (f"the other degrees multiply to {others}, which does not divide the world of {world} ranks: change "
-            "them, or launch a world they divide")
-
-
-def _flavor_fix(exc: BaseException, job: Any, ctx: DryContext) -> str | None:
-    if isinstance(exc, ModuleNotFoundError) and exc.name == job.experimental.custom_import:
-        where = ctx.launched.env.get("PYTHONPATH")
-        return (f"put the bundle on the program's PYTHONPATH (export PYTHONPATH=\"$AUTOPLACE_BUNDLE:$PYTHONPATH\" in "
-                f"{ctx.launched.file}; it now sets {where or 'none'}): [experimental] custom_import "
-                f"{job.experimental.custom_import} is the bundle's {job.experimental.custom_import}.py")
-    if isinstance(exc, KeyError):
-        import torchtitan.protocols.train_spec as train_spec_module
-
-        flavors = sorted(train_spec_module.get_train_spec(job.model.name).model_args)
-        return f"[model] flavor: one of {', '.join(flavors)}"
-    if isinstance(exc, ValueError) and "is not registered" in str(exc):
-        return "[model] name: one of llama3, qwen3, deepseek_v3 (torchtitan 0.2.2's own models autoplace writes)"
-    return None
-
-
-def _converter_fix(exc: BaseException) -> str | None:
-    if isinstance(exc, ImportError) and "torchao" in str(exc):
-        return "install torchao: [model] converters (float8 / mx) are torchao's"
-    return None
-
-
-def _batch_fix(job: Any, dims: Any) -> str:
-    degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
-    local = job.training.local_batch_size
-    return (f"set [training] global_batch_size to a multiple of local_batch_size x the data-parallel degree "
-            f"({local} x {degree} = {local * degree})")
-
-
-def _seq_fix(exc: BaseException, job: Any, dims: Any) -> str | None:
-    if "Sequence length" not in str(exc):
-        return None
-    step = dims.seq_len_divisor
-    return (f"set [training] seq_len to a multiple of tp x 2 x cp = {step} "
-            f"(e.g. {max(step, job.training.seq_len // step * step)})")
-
-
-def _split_fix(exc: BaseException) -> str | None:
-    if "pipeline_parallel_layers_per_stage" in str(exc) or "stages" in str(exc):
-        return ("give [parallelism] module_fqns_per_model_part one list per stage (pp x stages per rank), or a "
-                "pipeline_parallel_layers_per_stage that splits the layers into them")
-    return None
-
-
-def _schedule_fix(exc: BaseException, job: Any, dims: Any, local_stages: int) -> str | None:
-    """For torch's "Number of microbatches (m) must be greater than or equal to the number of stages (s)"
-    and torchtitan's "Batch size b must be divisible by microbatch_size": a local batch that gives the
-    schedule enough micro-batches and still divides the global batch, or what else can change."""
-    text = str(exc)
-    micro = job.parallelism.pipeline_parallel_microbatch_size
-    global_batch = job.training.global_batch_size
-    degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
-    if "divisible by microbatch_size" in text:
-        return f"set [training] local_batch_size to a multiple of pipeline_parallel_microbatch_size ({micro})"
-    needed = re.search(r"number of stages \((\d+)\)", text)
-    if not needed:
-        return None
-    stages = int(needed.group(1))
-    fits = [n for n in range(stages * micro, global_batch // degree + 1, micro)
-            if global_batch % (n * degree) == 0] if global_batch > 0 else []
-    if fits:
-        return (f"set [training] local_batch_size = {fits[0]} ({fits[0] // micro} micro-batches of {micro} for "
-                f"{stages} stages; {global_batch} = {fits[0]} x {degree} data-parallel ranks x "
-                f"{global_batch // (fits[0] * degree)} accumulation steps)")
-    smaller = f", lower pipeline_parallel_microbatch_size ({micro})" if micro > 1 else ""
-    return (f"the {degree} data-parallel ranks get {global_batch // degree} sequences each of global_batch_size "
-            f"{global_batch}, fewer than the {stages * micro} that {stages} micro-batches of {micro} take "
-            f"({job.parallelism.pipeline_parallel_schedule} runs one per stage, {local_stages} stage(s) per rank): "
-            f"raise global_batch_size to {stages * micro * degree} (local_batch_size {stages * micro}){smaller}, "
-            f"use fewer pipeline stages or data-parallel ranks, or Interleaved1F1B (it runs fewer micro-batches "
-            "than stages)")
-
-
 # --- leave nothing behind ------------------------------------------------------------------------------
 
 
@@ -388,12 +301,14 @@ def _launch_path(ctx: DryContext) -> Iterator[None]:
     """The launch's PYTHONPATH on sys.path (custom_import finds the bundle's module there), and the modules
     imported from the bundle forgotten after (another bundle's module of the same name is another model)."""
     entries = [e.replace(BUNDLE, str(ctx.bundle)) for e in ctx.launched.env.get("PYTHONPATH", "").split(":") if e]
-    saved_path, before = list(sys.path), set(sys.modules)
+    saved_path, before, bytecode = list(sys.path), set(sys.modules), sys.dont_write_bytecode
     sys.path[:0] = entries
+    sys.dont_write_bytecode = True  # the dry run writes nothing into the bundle (no __pycache__)
     try:
         yield
     finally:
         sys.path[:] = saved_path
+        sys.dont_write_bytecode = bytecode
         for name in set(sys.modules) - before:
             where = getattr(sys.modules[name], "__file__", None) or ""
             if any(where.startswith(e) for e in entries):
