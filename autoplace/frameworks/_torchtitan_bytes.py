@@ -109,11 +109,12 @@ def measure(parts: list[Any], optimizers: Iterable[Any], *, deferred: bool, step
         kept_ids = {id(fp) for fp in kept}
         resharded = [fp for fp, _ in units if id(fp) not in kept_ids]
         if resharded:
-            steps.note(f"under the pipeline schedule FSDP2 does not reshard after backward until REDUCE_GRAD "
-                       "(torch.distributed.pipelining: set_reshard_after_backward(False)): "
-                       f"{_gib(sum(gathered[id(fp)] for fp in resharded))} of unsharded parameters of "
-                       f"{len(resharded)} parameters that reshard after forward stay gathered from their first "
-                       "backward to the step's end, besides the bytes below")
+            steps.note(f"under the pipeline schedule FSDP2 does not reshard after backward (torch.distributed."
+                       "pipelining's set_reshard_after_backward(False), until REDUCE_GRAD): each unit stays "
+                       "unsharded from its backward to its next forward, so at the end of a backward "
+                       f"{_gib(sum(gathered[id(fp)] for fp in resharded))} of unsharded copies of the "
+                       f"{len(resharded)} parameters that reshard after forward are allocated, counted neither in "
+                       "params below nor in plan.json")
     return {"params": (params, _params_how(units, kept, plain)),
             "grads": (grads, _grads_how(units, plain, deferred)),
             "optimizer": (optimizer, "Adam exp_avg + exp_avg_sq (+ fused Adam's step counters) of the rank's "
