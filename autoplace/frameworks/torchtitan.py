@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplace.emit._common import (
     check_compression,
@@ -40,6 +40,9 @@ from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
 from autoplace.plan import Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "torchtitan"
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
@@ -639,6 +642,14 @@ class Torchtitan(Framework):
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_torchtitan(path, model, cluster), self.name, True)
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """torchtitan 0.2.2's own build below its trainer (which needs CUDA): ConfigManager on the launch's
+        words, ParallelDims and the mesh, the model on the meta device, the pipeline split and schedule,
+        parallelize_fn, the optimizers (:mod:`autoplace.frameworks._torchtitan_dry`)."""
+        from autoplace.frameworks._torchtitan_dry import dry_run
+
+        dry_run(ctx, steps)
 
 
 def plan_from_torchtitan(cfg: Any, model: ModelSpec, cluster: ClusterSpec) -> Plan:
