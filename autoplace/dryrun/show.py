@@ -61,6 +61,8 @@ def print_dry_run(run: DryRun, fmt: str = "table") -> None:
 def rank_sections(rank: RankRun) -> list[Section]:
     """The rank's steps, and its states against plan.json's prediction."""
     where = f"rank {rank.rank}" + (f", pipeline stage {rank.stage}" if rank.stage is not None else "")
+    if len(rank.chunks) > 1:
+        where += f" (virtual stages {', '.join(map(str, rank.chunks))})"
     steps = Section(f"{where}: steps", ("step", "result", "s / why"),
                     [(s["step"], _MARK[s["status"]], _detail(s)) for s in rank.steps], right=frozenset({"s / why"}))
     out = [steps]

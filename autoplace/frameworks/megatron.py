@@ -541,18 +541,18 @@ class Megatron(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders, and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"',
-                 *launch_args(lambda var, what: f'"${{{var}:?set {var} to {what}}}"')]
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *launch_args(lambda var, _: f'"${var}"')]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
-                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
+                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
+                       required={var: what for _, var, what in PLACEHOLDERS})
 
 
 def launch_args(value: Callable[[str, str], str]) -> list[str]:
     """The words the launch passes after the bundle's arguments: the tokenizer type and each of
-    :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: a required variable)."""
+    :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: the required variable's value)."""
     words = ["--tokenizer-type", "HuggingFaceTokenizer"]
     for flag, var, what in PLACEHOLDERS:
         words += [flag, value(var, what)]
