@@ -242,7 +242,7 @@ def test_a_launch_without_its_data_or_tokenizer_is_refused(flag: str, step: str,
     bundle = _edited(bundles["qwen3-8b.json", "zero0"], tmp_path, "", "")
     script = bundle / "launch_torchrun.sh"
     text = script.read_text()
-    script.write_text(re.sub(rf' {flag} "\$\{{[A-Z_]+:\?[^}}]*\}}"', "", text, count=1))
+    script.write_text(re.sub(rf' {flag} "[^"]*"', "", text, count=1))
     assert flag not in script.read_text()
     failed = _failure(bundle)
     assert (failed["step"], failed["fix"]) == (step, fix)
