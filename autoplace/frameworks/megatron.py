@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoplace.emit._common import (
     check_compression,
@@ -30,6 +31,9 @@ from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program,
 from autoplace.plan import RECIPE_KEYS, Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "megatron"
 DEFAULT_ROTARY_BASE = 10000  # Megatron's --rotary-base default, and Hugging Face's rope_theta default
@@ -528,6 +532,12 @@ class Megatron(Framework):
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_megatron(path, model, cluster), self.name, True)
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """What rank ``ctx.rank`` of ``pretrain_gpt.py`` builds before step 1 (:mod:`._megatron_dry`)."""
+        from autoplace.frameworks._megatron_dry import dry_run
+
+        dry_run(ctx, steps)
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
