@@ -125,8 +125,11 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
             if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
 
 
+Label = tuple[int, int, tuple[int, ...] | None]  # a shape's costing index, recompute forms and forced split
+
+
 def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes: float,
-           recipes: Ranked) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[tuple[int, int]]]:
+           recipes: Ranked) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[Label]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
@@ -139,8 +142,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     Returns:
         The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1),
         per micro-batching (mbs, grad_accum) the indices of the shapes it applies to, and each
-        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike)
-        and recompute forms (:meth:`Problem.forms`).
+        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike),
+        recompute forms (:meth:`Problem.forms`) and forced split (:meth:`Problem.split_of`).
     """
     fx, feat, pp = problem.fixed, problem.features, base.pp
     per_replica = B // dp
@@ -158,7 +161,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
     shapes: list[Config] = []
-    labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+    labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -179,7 +182,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                     continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
-                    labels.append((costing, problem.forms(shape)))
+                    labels.append((costing, problem.forms(shape), problem.split_of(shape)))
                     taken[i] = costing
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     batchings = []
@@ -250,7 +253,7 @@ class _Listing:
     """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
 
     def __init__(self) -> None:
-        self.labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+        self.labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
         self.shapes: list[Config] = []
         self.configs: list[Config] = []
         self.rows: list[int] = []  # each configuration's shape (an index into shapes)
@@ -258,9 +261,9 @@ class _Listing:
         self.ga: list[int] = []
 
     def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]],
-            labels: list[tuple[int, int]]) -> None:
+            labels: list[Label]) -> None:
         """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings, and the shapes'
-        costings and forms)."""
+        costings, forms and forced splits)."""
         first = len(self.shapes)
         self.shapes.extend(shapes)
         self.labels.extend(labels)
@@ -276,8 +279,9 @@ class _Listing:
         rows = np.array(self.rows, dtype=np.int64)
         arrays = dataclasses.replace(shapes.take(rows), mbs=np.array(self.mbs, dtype=np.int64),
                                      ga=np.array(self.ga, dtype=np.int64))
-        costing, forms = np.array(self.labels, dtype=np.int64).reshape(-1, 2)[rows].T
-        return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms)
+        costing, forms = np.array([label[:2] for label in self.labels], dtype=np.int64).reshape(-1, 2)[rows].T
+        return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms,
+                          splits=[self.labels[r][2] for r in self.rows])
 
 
 class ConfigList(list[Config]):
@@ -287,12 +291,13 @@ class ConfigList(list[Config]):
     of tens of thousands of configurations.  Read it as a list: the arrays describe the list
     as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space.
 
-    Each configuration has its costing (:meth:`Problem.costing_index`) and recompute forms
-    (:meth:`Problem.forms`); :meth:`by_form` lists it once per form, :attr:`form` says which."""
+    Each configuration has its costing (:meth:`Problem.costing_index`), recompute forms
+    (:meth:`Problem.forms`) and forced split (:meth:`Problem.split_of`, :attr:`splits`);
+    :meth:`by_form` lists it once per form, :attr:`form` says which."""
 
     def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False,
                  costing: np.ndarray | None = None, forms: np.ndarray | None = None,
-                 form: np.ndarray | None = None) -> None:
+                 form: np.ndarray | None = None, splits: list[tuple[int, ...] | None] | None = None) -> None:
         super().__init__(configs)
         self.arrays = arrays
         self.stopped = stopped
@@ -300,12 +305,13 @@ class ConfigList(list[Config]):
         self.costing = np.zeros(n, dtype=np.int64) if costing is None else costing  # Problem.costing_index
         self.forms = np.full(n, 1 << PER_LAYER, dtype=np.int64) if forms is None else forms  # Problem.forms
         self.form = np.full(n, PER_LAYER, dtype=np.int64) if form is None else form  # the one each row takes
+        self.splits = [None] * n if splits is None else splits  # Problem.split_of
 
     def subset(self, rows: Sequence[int] | np.ndarray) -> ConfigList:
         """The configurations ``rows``, in that order, with their arrays."""
         rows = np.asarray(rows, dtype=np.int64)
         return ConfigList([self[i] for i in rows], self.arrays.take(rows), self.stopped, self.costing[rows],
-                          self.forms[rows], self.form[rows])
+                          self.forms[rows], self.form[rows], [self.splits[i] for i in rows])
 
     def by_form(self) -> tuple[ConfigList, np.ndarray]:
         """Each configuration once per recompute form it may take (forms in :data:`FORMS` order),
@@ -323,6 +329,14 @@ def recompute_of(configs: Sequence[Config], i: int, pinned: int | None) -> int |
     or None for any mix per layer (``pinned``, the problem's pinned mode, when it has one)."""
     form = int(configs.form[i]) if isinstance(configs, ConfigList) else PER_LAYER
     return pinned if form == PER_LAYER else form
+
+
+def split_of(configs: Sequence[Config], i: int, problem: Problem) -> tuple[int, ...] | None:
+    """The split configuration ``i``'s plans must take (:meth:`Problem.split_of`), as enumeration
+    labelled it, or None when the search chooses it."""
+    if isinstance(configs, ConfigList) and "layers" not in problem.fixed:
+        return configs.splits[i]
+    return problem.split_of(configs[i])
 
 
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,

@@ -15,7 +15,7 @@ import dataclasses
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
@@ -77,6 +77,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         options["assumptions"] = shared_costing(able, given)
         test = admissible(members(ANY), model, given)
         options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
+        options["forced_split"] = test.split
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -137,7 +138,8 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
-                   recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms, **options)
+                   recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms,
+                   forced_split=test.split, **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
@@ -159,12 +161,26 @@ def admissible(group: Sequence[Framework], model: ModelSpec, assumptions: Any = 
     return Admission(group, model, assumptions)
 
 
+class Verdict(NamedTuple):
+    """What the frameworks of a search say of one configuration (:class:`Admission`)."""
+
+    admitted: bool  # some framework expresses it
+    costing: int  # Problem.costing_key
+    forms: int  # Problem.recompute_forms
+    split: tuple[int, ...] | None  # Problem.forced_split
+
+
 class Admission:
     """Which frameworks of a group express a configuration (:func:`admissible`), how the search
     costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it run it
     when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs), else
     under the shared costing, whose plans :class:`Runners` judges again -- and the recompute
-    its plans may take (``Problem.recompute_forms``): what those frameworks can state."""
+    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- and the
+    split its plans must take (``Problem.forced_split``): the one those frameworks all make when
+    none of them takes an explicit split (DeepSpeed's PipelineModule balances the blocks itself).
+    A search that chose such a configuration's split freely would find plans no framework runs
+    and may leave out every plan one does (a DeepSpeed-only configuration's best split is rarely
+    DeepSpeed's)."""
 
     def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
         from autoplace.cost.layers import layer_table
@@ -189,37 +205,47 @@ class Admission:
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
         self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
-        self._last: tuple[Config | None, tuple[bool, int, int]] = (None, (False, 0, 0))
+        self._last: tuple[Config | None, Verdict] = (None, Verdict(False, 0, 0, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
 
     def __call__(self, config: Config) -> bool:
-        return self._judged(config)[0]
+        return self._judged(config).admitted
 
     def costing(self, config: Config) -> int:
         """The costing of ``config`` (``Problem.costing_key``): k >= 1 when the frameworks that
         express it all cost as ``costings[k - 1]``, else 0 (the shared costing)."""
-        return self._judged(config)[1]
+        return self._judged(config).costing
 
     def forms(self, config: Config) -> int:
         """The recompute forms of ``config``'s plans (``Problem.recompute_forms``): those some
         framework that expresses it can state (:func:`recompute_forms`)."""
-        return self._judged(config)[2]
+        return self._judged(config).forms
 
-    def _judged(self, config: Config) -> tuple[bool, int, int]:
-        """(whether a framework expresses ``config``, its costing, its recompute forms), from the
-        frameworks' verdicts."""
+    def split(self, config: Config) -> tuple[int, ...] | None:
+        """The split ``config``'s plans must take (``Problem.forced_split``): the one every framework
+        that expresses it makes (:meth:`Framework.forced_split`), or None when one of them takes an
+        explicit split -- or when two make different ones (none do today: then the search chooses,
+        and the final check keeps the plans a framework runs)."""
+        return self._judged(config).split
+
+    def _judged(self, config: Config) -> Verdict:
+        """Whether a framework expresses ``config``, its costing, its recompute forms and its
+        forced split, from the frameworks' verdicts."""
         if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
             return self._last[1]
         costed: list[int] = []
         forms = 0
-        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one) or a form
-            for judge in judges:
-                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER
+        splits: set[tuple[int, ...] | None] = set()  # the splits of the frameworks that express it (None: any)
+        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one),
+            for judge in judges:                 # a form, or free the split
+                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or None not in splits
                 if news and judge.admits(config, self._plan_of):
                     if k not in costed:
                         costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
-        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
+                    splits.add(judge.framework.forced_split(self._table.blocks, config.pp) if config.pp > 1 else None)
+        split = next(iter(splits)) if len(splits) == 1 else None
+        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, split)
         self._last = (config, verdict)
         return verdict
 
@@ -365,10 +391,11 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     plans at least one framework of ``group`` can express.
 
     The search gives each configuration's plans only the recompute the frameworks that express
-    it can state (``Problem.recompute_forms``), and asks for ``2 * top`` plans (at most 20)
-    because a plan may still be one no framework of the group runs (an uneven split, memory as
-    the framework runs it); a note counts those left out, and it searches deeper while fewer
-    than ``top`` are kept.
+    it can state (``Problem.recompute_forms``) and the split they make when they take none
+    (``Problem.forced_split``), and asks for ``2 * top`` plans (at most 20) because a plan may
+    still be one no framework of the group runs (memory as the framework runs it, under the
+    shared costing); a note counts those left out, and it searches deeper while fewer than
+    ``top`` are kept.
 
     Args:
         framework: the name the user gave (``any`` or one framework), for messages.
@@ -381,14 +408,6 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
     results = [_solve_run(solver, wide, budget, who, deadline)]
     kept, reasons, plans = _keep(results, problem, runners)
-    pinned = _forced_splits(group, wide, plans)
-    for run in pinned:  # the pipeline depths whose best split the group cannot make, searched at its own split
-        try:
-            results.append(_solve_run(solver, run, budget, who, deadline))
-        except Infeasible:  # nothing fits at that split
-            continue
-    if pinned:
-        kept, reasons, plans = _keep(results, problem, runners)
     while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
         wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
         results.insert(0, _solve_run(solver, wide, budget, who, deadline))
@@ -416,22 +435,6 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes, bound=bound,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
-
-
-def _forced_splits(group: Sequence[Framework], problem: Any, plans: list[Any]) -> list[Any]:
-    """``problem`` pinned, for each pipeline depth among ``plans`` whose split is not the one every
-    framework of ``group`` makes (DeepSpeed takes no explicit split), to that depth and that split."""
-    if "layers" in problem.fixed or not plans:
-        return []
-    blocks = sum(plans[0].plan.layers_per_stage)
-    runs = []
-    for pp in sorted({ev.plan.pp for ev in plans if ev.plan.pp > 1}):
-        splits = {f.forced_split(blocks, pp) for f in group}
-        split = splits.pop() if len(splits) == 1 else None
-        if split is not None and any(ev.plan.pp == pp and tuple(ev.plan.layers_per_stage) != split for ev in plans):
-            runs.append(dataclasses.replace(problem, fixed={**problem.fixed, "pp": pp,
-                                                            "layers": ":".join(map(str, split))}))
-    return runs
 
 
 def _more_to_find(results: list[Any], wide: Any) -> bool:
