@@ -340,15 +340,30 @@ def split_of(configs: Sequence[Config], i: int, problem: Problem) -> tuple[int, 
 
 
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
-                  rows: Sequence[int] | np.ndarray | None = None) -> Candidates:
-    """Configurations (the ``rows`` of ``configs``, or all) as arrays, each with an even split
-    and one recompute mode everywhere."""
+                  rows: Sequence[int] | np.ndarray | None = None,
+                  splits: Sequence[tuple[int, ...] | None] | None = None) -> Candidates:
+    """Configurations (the ``rows`` of ``configs``, or all) as arrays, each with one recompute mode
+    everywhere, on an even split -- or on ``splits[k]`` (blocks per stage) where it is not None."""
     if isinstance(configs, ConfigList):  # taken from its arrays, not packed
         cand = configs.arrays if rows is None else configs.arrays.take(np.asarray(rows, dtype=np.int64))
     else:
         chosen = configs if rows is None else [configs[i] for i in rows]
         cand = pack(chosen, np.zeros((len(chosen), 0, 0, 3)))
-    return dataclasses.replace(cand, counts=_even_counts(cand.pp, cand.vpp, table, mode))
+    counts = _even_counts(cand.pp, cand.vpp, table, mode)
+    given = list(splits or ())
+    for split in {sp for sp in given if sp is not None}:
+        counts[[k for k, sp in enumerate(given) if sp == split]] = _split_counts(split, counts.shape[1], table, mode)
+    return dataclasses.replace(cand, counts=counts)
+
+
+def _split_counts(split: tuple[int, ...], depth: int, table: LayerTable, mode: int) -> np.ndarray:
+    """Block counts ``[S, K, 3]`` (S = ``depth`` stages, the deepest of a batch) of one split,
+    contiguous as :func:`_even_counts` lays them, with recompute ``mode`` everywhere."""
+    seq, K = np.asarray(table.sequence), len(table.kinds)
+    out = np.zeros((depth, K, 3))
+    for s, (start, n) in enumerate(zip(np.cumsum((0, *split[:-1])), split, strict=True)):
+        out[s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+    return out
 
 
 def _even_counts(pp: np.ndarray, vpp: np.ndarray, table: LayerTable, mode: int) -> np.ndarray:
@@ -432,15 +447,17 @@ class Space:
         return Scored(configs, self.table, _terms(self.problem, self.table, to_candidates(configs, self.table),
                                                   costing_rows(self.problem, configs)))
 
-    def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every configuration listed with an even split and recompute ``mode`` on every block, by
-        the evaluator: (objective value, inf where it does not fit; memory or host shortfall) ``[len(listed)]``."""
+    def uniform(self, mode: int, pinned: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Every configuration listed with recompute ``mode`` on every block, on an even split (with
+        ``pinned``, the split its plans must take where it has one: :func:`split_of`), by the
+        evaluator: (objective value, inf where it does not fit; memory or host shortfall) ``[len(listed)]``."""
         value, short = np.full(len(self.listed), np.inf), np.zeros(len(self.listed))
         p = self.problem
         which = costing_rows(p, self.listed)
         for rows in _groups(self.listed, which):
             model, assumptions = p.costing(int(which[rows[0]]))
-            b = evaluate_batch(self.table, p.cluster, to_candidates(self.listed, self.table, mode, rows),
+            splits = [split_of(self.listed, i, p) for i in rows] if pinned else None
+            b = evaluate_batch(self.table, p.cluster, to_candidates(self.listed, self.table, mode, rows, splits),
                                model.training.recipe(), assumptions)
             objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
             value[rows] = np.where(b.fits, objective, np.inf)
