@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +97,7 @@ def _some_split(config: Config) -> tuple[int, ...] | None:
     return split if config.zero % 2 else split[::-1]
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kinds=st.sampled_from([1, 2]), gpus=st.sampled_from([4, 8]), objective=st.sampled_from(["time", "memory"]),
        seq=st.sampled_from([1024, 4096]))
 def test_cpsat_equals_exhaustive_when_configurations_have_forced_splits(kinds: int, gpus: int, objective: str,
@@ -121,7 +122,7 @@ FAMILIES = {
 }
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(family=st.sampled_from(sorted(FAMILIES)), layers=st.sampled_from([4, 6, 10]),
        hidden=st.sampled_from([512, 2048]), gpus=st.sampled_from([(4, 4), (6, 2), (12, 4), (24, 8)]),
        batch=st.sampled_from([8, 12, 16]), gpu=st.sampled_from(["a100-sxm4-40gb", "v100-sxm2-32gb"]))
@@ -139,3 +140,19 @@ def test_any_is_never_worse_than_a_frameworks_own_search(family: str, layers: in
         return
     assert anyone is not None and anyone.plans, (anyone.status, anyone.notes) if anyone else None
     assert anyone.plans[0].step_time_s * (1 - (anyone.gap or 0)) <= min(found) * (1 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="--framework any prices a configuration that frameworks which cost apart all "
+                   "express (DeepSpeed's bf16 recipe, FSDP2's fp32 shards) with one shared costing; at the host-memory "
+                   "edge that costing's best plan is slower than FSDP2's own (26.63 s against 25.28 s here). Searching "
+                   "such a configuration once per costing would close it (issue 36, left for a follow-up)")
+def test_any_under_the_shared_costing_is_not_slower_than_fsdp_at_the_host_memory_edge() -> None:
+    from autoplace.specs.cluster import cluster_from_dict
+
+    model = model_from_dict({"name": "llama", "layers": 32, "hidden": 6144, "ffn_hidden": 4 * 6144, "heads": 8,
+                             "vocab": 8192, "seq_len": 4096, "training": {"global_batch": 8}})
+    cluster = cluster_from_dict({"name": "2xa100-40gb", "nodes": 1, "gpus_per_node": 2, "gpu": "a100-sxm4-40gb",
+                                 "intra_node": "nvlink3", "inter_node": "ib-hdr", "host_memory_GB": 384})
+    fsdp, anyone = _best("fsdp", model, cluster), _best("any", model, cluster)
+    assert fsdp.plans and anyone.plans
+    assert anyone.plans[0].step_time_s <= fsdp.plans[0].step_time_s * (1 + 1e-9)
