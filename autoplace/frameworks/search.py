@@ -199,6 +199,7 @@ class Admission:
         self._table = layer_table(model)
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
         self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
+        self._splits: dict[tuple[str, int], tuple[int, ...] | None] = {}  # (framework, pp) -> its forced split
         # a framework that cannot state a configuration's recipe, or that runs one of its degrees
         # only at another value (FSDP2's pp=1), refuses it whatever else it holds: its check is
         # asked only of the configurations it may express, found by those values
@@ -235,19 +236,27 @@ class Admission:
             return self._last[1]
         costed: list[int] = []
         forms = 0
-        splits: set[tuple[int, ...] | None] = set()  # the splits of the frameworks that express it (None: any)
+        free, forced = False, None  # an expressing framework takes any split; the split the others make
         for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one),
             for judge in judges:                 # a form, or free the split
-                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or None not in splits
+                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or not free
                 if news and judge.admits(config, self._plan_of):
                     if k not in costed:
                         costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
-                    splits.add(judge.framework.forced_split(self._table.blocks, config.pp) if config.pp > 1 else None)
-        split = next(iter(splits)) if len(splits) == 1 else None
-        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, split)
+                    split = self._forced(judge.framework, config.pp)
+                    free = free or split is None or forced not in (None, split)
+                    forced = forced or split
+        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else forced)
         self._last = (config, verdict)
         return verdict
+
+    def _forced(self, framework: Framework, pp: int) -> tuple[int, ...] | None:
+        """The split ``framework`` makes of this model's blocks into ``pp`` stages (None: the plan's own)."""
+        key = (framework.name, pp)
+        if key not in self._splits:
+            self._splits[key] = framework.forced_split(self._table.blocks, pp) if pp > 1 else None
+        return self._splits[key]
 
     def _screen(self, config: Config) -> list[tuple[int, list[_Judge]]]:
         """Per costing, the checks of the frameworks that may express ``config``: those that state its
