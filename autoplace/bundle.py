@@ -106,7 +106,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             :class:`autoplace.frameworks.search.Runners`): listed in README.txt, not written.
 
     Returns:
-        file name -> path of every file written.
+        file name -> path of every file written, README.txt last.
 
     Raises:
         SpecError: an unknown format name.
@@ -147,7 +147,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         paths[f.name] = _write(out / f.name, f.text, executable=f.executable)
         readme.append(f"{f.name}: {f.what}")
     (out / "README.txt").write_text("\n".join(readme) + "\n")
-    return paths
+    return {**paths, "README.txt": out / "README.txt"}
 
 
 def _not_written(fmt: str, why: str) -> str:
@@ -163,7 +163,7 @@ def _write(path: Path, text: str, *, executable: bool) -> Path:
 
 
 def write_bundle(ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, out_dir: str | Path,
-                 launch: Launch | None = None, inputs: dict[str, str] | None = None,
+                 launch: Launch | None = None, inputs: dict[str, Any] | None = None,
                  formats: Sequence[str] | None = None, framework: str | None = None,
                  unfit: Mapping[str, str] | None = None) -> dict[str, Path]:
     """plan.json plus the files of every framework that can express the plan (README.txt lists them),
@@ -203,14 +203,14 @@ class FrameworkBundle:
         """One console line: the folder, its files and the predicted slowdown, or the reason."""
         if self.evaluation is None or self.files is None:
             return f"not written: {self.reason}"
-        names = ", ".join(name for name in self.files if name != "plan.json")
+        names = ", ".join(self.files)
         return (f"{self.files['plan.json'].parent}/: {names}; step {self.evaluation.step_time_s:.3f} s "
                 f"({self.slowdown:+.1%} vs the best plan)")
 
 
 def write_framework_bundles(best: Evaluation, per_framework: dict[str, tuple[Any, Any]], cluster: ClusterSpec,
                             out_dir: str | Path, *, launch: Launch | None = None,
-                            inputs: dict[str, str] | None = None) -> dict[str, FrameworkBundle]:
+                            inputs: dict[str, Any] | None = None) -> dict[str, FrameworkBundle]:
     """Each framework's best plan, with its files, into ``out_dir/<framework>/``.
 
     Args:

@@ -429,7 +429,11 @@ def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | 
     from autoplace.solving import Inputs
 
     m, c, origin = _load_recorded(model, cluster, seq_len, global_batch, tuning)
-    refs = {"model": model_ref(model), "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
+    refs: dict[str, Any] = {"model": model_ref(model),
+                            "cluster": cluster_ref(cluster if isinstance(cluster, Path) else None, c)}
+    overrides = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch, **tuning}.items() if v is not None}
+    if overrides:  # what the flags changed, so `autoplace dryrun` loads the same model again
+        refs["overrides"] = overrides
     return Inputs(m, c, origin, refs)
 
 
@@ -479,10 +483,12 @@ def _advised_solve(view: Any, m: Any, c: Any, problem: Any, request: Any) -> lis
 
 def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
     """The files solve --out wrote: the best plan's bundle, then each framework's best or why none."""
+    from autoplace.report import fold
+
     names = sorted(Path(p).name for k, p in doc.get("bundle", {}).items())
-    typer.echo(f"written: {out}/ (the best plan): {', '.join(names)}")
+    typer.echo(fold(f"written: {out}/ (the best plan): {', '.join(names)}"))
     for f, bundle in per_framework.items():
-        typer.echo(f"  {f:<10} {bundle.summary()}")
+        typer.echo(fold(f"  {f:<10} {bundle.summary()}", indent=" " * 13))
 
 
 
@@ -720,12 +726,47 @@ def check(
     else:
         typer.echo(f"{'ok' if checked.ok else 'REJECT'}: {checked.framework} config {config} for {m.name} on "
                    f"{c.name}")
-        typer.echo(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})")
+        from autoplace.report import fold
+
+        typer.echo(fold(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})", indent="    "))
         for note in checked.notes:
-            typer.echo(f"  note: {note}")
+            typer.echo(fold(f"  note: {note}", indent="    "))
         for line in checked.reasons:
-            typer.echo(f"  {line}")
+            typer.echo(fold(f"  {line}", indent="    "))
     raise typer.Exit(0 if checked.ok else 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@guarded
+def dryrun(
+    ctx: typer.Context,
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE_DIR", help="A folder `autoplace solve --out` wrote "
+                                           "(the best plan's, or one framework's OUT/<framework>/).")],
+    rank: Annotated[list[int] | None, typer.Option("--rank", min=0, help="Global rank to build (repeatable; "
+                                                   "default: 0 and the first rank of the last pipeline stage).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build what the bundle's launch builds before its first step, with the framework's own code, on a fake
+    process group at the planned world size; words after -- are passed as the launch would pass them."""
+    from autoplace.dryrun.run import dry_run
+
+    progress = None
+    if not as_json:
+        from autoplace.dryrun.show import DryRunProgress
+
+        progress = DryRunProgress()
+    try:
+        run = dry_run(bundle, rank, extra=tuple(ctx.args), progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    if as_json:
+        typer.echo(_json(run.to_dict()))
+    else:
+        from autoplace.dryrun.show import print_dry_run
+
+        print_dry_run(run)
+    raise typer.Exit(0 if run.ok else 1)
 
 
 class Scheduler(StrEnum):

@@ -30,7 +30,7 @@ class Inputs:
     model: ModelSpec
     cluster: ClusterSpec
     origin: dict[str, Any]
-    refs: dict[str, str]
+    refs: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,14 @@ def count(module: Any) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def norm_eps(model: Any) -> set[Any]:
+    """The epsilon every norm module of ``model`` adds (torch's RMSNorm / LayerNorm and the libraries'
+    own: transformers' ``variance_epsilon``); None for a norm that takes torch's dtype-dependent default."""
+    norms = [m for m in model.modules() if type(m).__name__.endswith("Norm")]
+    assert norms
+    return {getattr(m, "eps", getattr(m, "variance_epsilon", "no eps")) for m in norms}
+
+
 def hf_blocks(model: Any) -> list[int]:
     """Parameters per decoder block of a transformers model."""
     inner = getattr(model, "model", None) or getattr(model, "transformer", None) or model.gpt_neox
@@ -160,7 +168,7 @@ def megatron_model(args: list[str]) -> Any:
     with torch.device("meta"), warnings.catch_warnings(), mock.patch("torch.cuda.current_device", lambda: "meta"), \
             mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
         warnings.simplefilter("ignore")
-        return GPTModel(config, block, vocab_size=opts["vocab_size"], max_sequence_length=opts["max_position_embeddings"],
+        return GPTModel(config, block, vocab_size=opts["padded_vocab_size"], max_sequence_length=opts["max_position_embeddings"],
                         position_embedding_type=opts["position_embedding_type"],
                         rotary_percent=opts.get("rotary_percent", 1.0), rotary_base=opts.get("rotary_base", 10000),
                         rope_scaling=bool(opts.get("use_rope_scaling")),
@@ -186,6 +194,7 @@ def test_megatron_trains_the_same_model(family: str, hf, mcore_world) -> None:
     assert sum(params.values()) - mtp == count(hf[family])
     blocks = [count(layer) for layer in model.decoder.layers]
     assert blocks == hf_blocks(hf[family])
+    assert norm_eps(model) == norm_eps(hf[family]) == {spec.norm_eps}
 
 
 # ---------------------------------------------------------------- torchtitan
@@ -204,21 +213,24 @@ def titan_model(spec: Any, packages: dict[str, Any]) -> Any:
     """The model torchtitan builds for the emitted TOML: flavor looked up in the family's registry
     (after running the bundle's flavor module, if any), built by the family's model class."""
     import torch
+    from torchtitan.protocols import train_spec as specs
 
     plan = make_plan("zero=3", spec, CLUSTER)
     doc = torchtitan.emit_torchtitan(plan, spec, CLUSTER)
     name, flavor = doc["model"]["name"], doc["model"]["flavor"]
-    train_spec = packages[name].get_train_spec()
-    registry = train_spec.model_args
-    saved = dict(registry)
+    registry = packages[name].get_train_spec().model_args
+    saved, saved_specs = dict(registry), dict(specs._extra_train_specs)
     try:
         source = torchtitan.torchtitan_model_module(plan, spec, CLUSTER)
         if source:
             exec(compile(source, "autoplace_torchtitan_model", "exec"), {})
+        train_spec = specs.get_train_spec(name)  # as Trainer.__init__ looks it up, after the custom import
         args = copy.deepcopy(registry[flavor])
     finally:
         registry.clear()
         registry.update(saved)
+        specs._extra_train_specs.clear()
+        specs._extra_train_specs.update(saved_specs)
     from torchtitan.config.manager import ConfigManager
 
     args.update_from_config(ConfigManager().parse_args(torchtitan.torchtitan_overrides(plan, spec, CLUSTER)))
@@ -235,6 +247,7 @@ def test_torchtitan_trains_the_same_model(family: str, hf, titan_models) -> None
     model = titan_model(spec, titan_models)
     assert count(model) == count(hf[family])
     assert [count(block) for block in model.layers.values()] == hf_blocks(hf[family])
+    assert norm_eps(model) == norm_eps(hf[family]) == {spec.norm_eps}
 
 
 def test_torchtitan_custom_flavors_copy_rope_scaling_exactly(titan_models) -> None:
@@ -353,6 +366,7 @@ FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "bias": ({"qkv_bias": True}, {"bias": True, "qkv_bias": True}),
     "qkv_bias": ({}, {"qkv_bias": True}),
     "tied_embeddings": ({}, {"tied_embeddings": True}),
+    "norm_eps": ({}, {"norm_eps": 1e-6}),
     "position": ({}, {"position": "learned", "max_position": 512}),
     "rope_theta": ({}, {"rope_theta": 500000.0}),
     "dropout": ({}, {"dropout": True}),

@@ -92,11 +92,13 @@ def test_every_module_is_named_in_the_architecture_map() -> None:
 def test_frameworks_are_named_by_string_only_in_their_own_package() -> None:
     """What a framework can run is known in its module: outside autoplace/frameworks/, no code names
     one by a string literal, except the trial runtime's own trainers (``autoplace tune --trainer
-    native|deepspeed``: cli.py, tune.py, runtime/), the ``fsdp`` placement preset (plan.py: zero=3)
-    and the published runs' labels (validation.py)."""
+    native|deepspeed``: cli.py, tune.py, runtime/), the ``fsdp`` placement preset (plan.py: zero=3),
+    the published runs' labels (validation.py) and the launcher commands ``deepspeed`` and ``accelerate``
+    whose words a dry run records (dryrun/launches.py)."""
     names = {"deepspeed", "megatron", "torchtitan", "fsdp", "accelerate"}
     allowed = {"autoplace/cli.py", "autoplace/tune.py", "autoplace/runtime/worker.py", "autoplace/runtime/spec.py",
-               "autoplace/runtime/parallel.py", "autoplace/plan.py", "autoplace/validation.py"}
+               "autoplace/runtime/parallel.py", "autoplace/plan.py", "autoplace/validation.py",
+               "autoplace/dryrun/launches.py"}
     naming = set()
     for f in (REPO / "autoplace").rglob("*.py"):
         rel = f.relative_to(REPO).as_posix()

@@ -33,13 +33,13 @@ from autoplace.errors import BenchmarkError
 
 try:
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch import nn
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise BenchmarkError("autoplace.fidelity needs PyTorch: pip install torch (CPU wheel is enough)") from exc
 
 from autoplace.cost.layers import layer_table
+from autoplace.dryrun.steps import fake_world
 from autoplace.plan import Plan, build_plan
 from autoplace.runtime import parallel as par
 from autoplace.runtime.comms import CollectiveCount, CommLog, CountingMode
@@ -150,20 +150,6 @@ def _flat(snapshot: dict[Any, dict[Any, int]]) -> dict[str, float]:
             key = getattr(key, "value", key)
             out[key] = out.get(key, 0.0) + float(value)
     return out
-
-
-@contextmanager
-def fake_world(world: int) -> Iterator[None]:
-    """A fake process group of ``world`` ranks (this process is rank 0)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise BenchmarkError("a process group is already initialized; the fake world needs its own")
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def measure(spec: TransformerSpec, setup: Setup) -> Measurement:

@@ -170,6 +170,7 @@ class Accelerate(Framework):
     layer_recompute = None
     compressions = frozenset({"bf16"})
     config_suffixes = (".yaml", ".yml")
+    config_file = CONFIG
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:

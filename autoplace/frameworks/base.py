@@ -12,13 +12,17 @@ The call sequence, as ``autoplace solve`` makes it:
 1. :meth:`Framework.model_refusal` once per model: ``None``, or one line naming the model
    feature the framework cannot train (the framework is then inadmissible for the model);
 2. :meth:`Framework.costing` and :meth:`Framework.search_limits` to build its search problem;
-3. :meth:`Framework.plan_check` once per model, then the returned check once per configuration
-   the search enumerates and once per plan it returns: ``None``, or why the framework's config
-   cannot express the plan -- decided from these declarations, never by rendering;
+3. :meth:`Framework.config_check` once per model, then the returned check once per configuration
+   shape the search enumerates (whatever its micro-batching), :meth:`Framework.batching_refusal`
+   once per micro-batching of a shape it admits, and :meth:`Framework.plan_check` once per plan the
+   search returns: ``None``, or why the framework cannot run the plan -- decided from these
+   declarations, never by rendering;
 4. :meth:`Framework.render` for the plans written to a bundle (which raises
    :class:`~autoplace.errors.EmitError` exactly when the check refuses: a contract test holds
    every framework to it), :meth:`Framework.program` for its launch line and environment;
-5. :meth:`Framework.read` when ``autoplace check`` reads one of its files back into a plan.
+5. :meth:`Framework.read` when ``autoplace check`` reads one of its files back into a plan;
+6. :meth:`Framework.dry_run` when ``autoplace dryrun`` builds, with the framework's own code, what one
+   rank of a bundle's launch builds before its first step (:mod:`autoplace.dryrun`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
+    from autoplace.dryrun.steps import DryContext, Steps
     from autoplace.plan import Config, Plan
     from autoplace.specs.cluster import ClusterSpec
     from autoplace.specs.model import ModelSpec
@@ -99,6 +104,7 @@ class Framework:
     layer_recompute: ClassVar[str | None] = "any"
     compressions: ClassVar[frozenset[str]] = frozenset()  # compress options it configures (besides none)
     config_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes :meth:`read` takes
+    config_file: ClassVar[str | None] = None  # the bundle file :meth:`read` reads back (its plan)
     # whether the TFLOP/s it logs count the recompute forward (hardware FLOPs, not model FLOPs)
     reports_hardware_flops: ClassVar[bool] = False
     # training methods (specs.model Training.method) its files can run: full, lora, qlora
@@ -112,6 +118,9 @@ class Framework:
     # recompute modes (the model's are judged once): the search judges a configuration once per
     # distinct value of them.  None: undeclared (it is asked of every configuration)
     config_fields: ClassVar[tuple[str, ...] | None] = None
+    # whether :meth:`batching_refusal` refuses a micro-batching the search enumerates (it then asks it of
+    # each); the search builds interleaved schedules only at a multiple of pp micro-batches
+    batching_rules: ClassVar[bool] = False
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -139,11 +148,22 @@ class Framework:
         raise NotImplementedError
 
     def config_check(self, model: ModelSpec) -> PlanCheck:
-        """:meth:`plan_check` without the rules that read the layer split or per-layer recompute:
-        the search judges a configuration before it has chosen those (on an even split with no
-        recompute), and judges the final plans with :meth:`plan_check`.  It must admit every plan
-        :meth:`plan_check` admits (a contract test checks it)."""
+        """:meth:`plan_check` without the rules that read the layer split, per-layer recompute or the
+        micro-batching (:meth:`batching_refusal`): the search judges a configuration before it has
+        chosen those (on an even split with no recompute), and judges the final plans with
+        :meth:`plan_check`.  It must admit every plan :meth:`plan_check` admits (a contract test checks it)."""
         return self.plan_check(model)
+
+    def batching_refusal(self, config: Config) -> str | None:
+        """Why this framework cannot run ``config``'s micro-batching (``mbs``-sequence micro-batches,
+        ``grad_accum`` of them per step) on its pipeline, or None: by default it runs every one.
+
+        It reads only ``pp``, ``vpp``, ``schedule``, ``mbs`` and ``grad_accum``.  :meth:`config_check`
+        never reads the micro-batching (the search judges a shape once, then each micro-batching of
+        it here, when :attr:`batching_rules` says there is a rule); :meth:`plan_check` includes it.
+        """
+        del config
+        return None
 
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         """The layer split this framework always makes for ``pp`` stages (it takes no explicit one),
@@ -195,6 +215,19 @@ class Framework:
             SpecError: unknown or contradictory keys, naming the file and the key.
         """
         raise EmitError(f"{self.name}: autoplace reads no {self.title} config back")
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """Build, with this framework's own code, what rank ``ctx.rank`` of the bundle's launch builds
+        before its first step: on a fake process group of ``ctx.world`` ranks and the meta device, from
+        the words ``ctx.launched`` passes its program (never from plan.json: the files are what runs).
+
+        Each step runs inside ``steps.step(name)`` (the framework's first error ends the run, with the
+        fix autoplace suggests); a step that needs a GPU is ``steps.skip``-ped, saying why; the rank's
+        pipeline stage goes to ``steps.stage`` and the bytes it allocated per training state to
+        ``steps.measured``.  Heavy imports (torch, the framework) happen inside.
+        """
+        del ctx
+        steps.skip(f"{self.title}'s setup", f"autoplace has no dry run of {self.title} bundles")
 
     def refuse(self, reason: str | None) -> None:
         """Raise the EmitError of ``reason`` (its render's guard), or nothing for None."""

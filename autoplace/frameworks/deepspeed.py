@@ -272,6 +272,9 @@ def pipeline_section(plan: Plan) -> dict[str, Any]:
     }
 
 
+CONFIG = "ds_config.json"
+
+
 class DeepSpeed(Framework):
     """DeepSpeed 0.19: ZeRO 0-3 with offload and ZeRO++, AutoTP, AutoEP, its 1F1B pipeline engine.
 
@@ -297,6 +300,7 @@ class DeepSpeed(Framework):
     compressions = frozenset({"zeropp"})
     recipes = {"overlap": (True, False)}  # zero_optimization.overlap_comm
     config_suffixes = (".json",)
+    config_file = CONFIG
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model, under accelerate + this config
     reports_hardware_flops = True
 
@@ -334,8 +338,6 @@ class DeepSpeed(Framework):
         plan = plan_from_deepspeed(path, model, cluster, notes=notes)
         return ReadConfig(plan, self.name, True, tuple(notes))
 
-
-CONFIG = "ds_config.json"
 
 
 

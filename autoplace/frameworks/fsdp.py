@@ -341,6 +341,7 @@ class Fsdp(Framework):
     compressions = frozenset({"bf16", "powersgd"})
     recipes = {"compile": (True, False), "overlap": (True,)}  # the module's COMPILE; FSDP2 always prefetches
     config_suffixes = (".py",)
+    config_file = MODULE_FILE
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         del model

@@ -77,7 +77,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         options["assumptions"] = shared_costing(able, given)
         test = admissible(members(ANY), model, given)
         options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
-        options["forced_split"] = test.split
+        options["microbatching"], options["forced_split"] = test.microbatching, test.split
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -139,7 +139,7 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
                    recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms,
-                   forced_split=test.split, **options)
+                   microbatching=test.microbatching, forced_split=test.split, **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
@@ -161,26 +161,17 @@ def admissible(group: Sequence[Framework], model: ModelSpec, assumptions: Any = 
     return Admission(group, model, assumptions)
 
 
-class Verdict(NamedTuple):
-    """What the frameworks of a search say of one configuration (:class:`Admission`)."""
-
-    admitted: bool  # some framework expresses it
-    costing: int  # Problem.costing_key
-    forms: int  # Problem.recompute_forms
-    split: tuple[int, ...] | None  # Problem.forced_split
-
-
 class Admission:
     """Which frameworks of a group express a configuration (:func:`admissible`), how the search
     costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it run it
     when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs), else
     under the shared costing, whose plans :class:`Runners` judges again -- and the recompute
-    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- and the
-    split its plans must take (``Problem.forced_split``): the one those frameworks all make when
-    none of them takes an explicit split (DeepSpeed's PipelineModule balances the blocks itself).
-    A search that chose such a configuration's split freely would find plans no framework runs
-    and may leave out every plan one does (a DeepSpeed-only configuration's best split is rarely
-    DeepSpeed's)."""
+    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- the
+    micro-batchings they run (``Problem.microbatching``), and the split its plans must take
+    (``Problem.forced_split``): the one those frameworks all make when none of them takes an
+    explicit split (DeepSpeed's PipelineModule balances the blocks itself).  A search that chose
+    such a configuration's split freely would find plans no framework runs and may leave out every
+    plan one does (a DeepSpeed-only configuration's best split is rarely DeepSpeed's)."""
 
     def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
         from autoplace.cost.layers import layer_table
@@ -206,8 +197,9 @@ class Admission:
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
         self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
-        self._last: tuple[Config | None, Verdict] = (None, Verdict(False, 0, 0, None))
+        self._last: tuple[Config | None, Verdict] = (None, Verdict(False, 0, 0, None, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
+        self._batchings: dict[tuple[Any, ...], Callable[[int, int], bool]] = {}  # microbatching's rules
 
     def __call__(self, config: Config) -> bool:
         return self._judged(config).admitted
@@ -229,25 +221,59 @@ class Admission:
         and the final check keeps the plans a framework runs)."""
         return self._judged(config).split
 
+    def microbatching(self, config: Config) -> Callable[[int, int], bool] | None:
+        """The micro-batchings of shape ``config`` (``Problem.microbatching``): None when a framework
+        that expresses it runs every one, else whether one of those that do runs ``(mbs, grad_accum)``
+        (:meth:`Framework.batching_refusal`)."""
+        ruled = self._judged(config).ruled
+        if ruled is None:
+            return None
+        # the rules read only pp, vpp, schedule and the micro-batching: one rule, and one verdict, per value
+        key = (ruled, config.pp, config.vpp, config.schedule)
+        if key not in self._batchings:
+            verdicts: dict[tuple[int, int], bool] = {}
+
+            def runs(mbs: int, ga: int) -> bool:
+                if (mbs, ga) not in verdicts:
+                    batched = config.with_micro_batching(mbs, ga)
+                    verdicts[mbs, ga] = any(f.batching_refusal(batched) is None for f in ruled)
+                return verdicts[mbs, ga]
+
+            self._batchings[key] = runs
+        return self._batchings[key]
+
+    def expresses(self, config: Config) -> bool:
+        """Whether a framework of the group runs ``config``, its shape and its micro-batching."""
+        if not self(config):
+            return False
+        rule = self.microbatching(config)
+        return rule is None or rule(config.mbs, config.grad_accum)
+
     def _judged(self, config: Config) -> Verdict:
-        """Whether a framework expresses ``config``, its costing, its recompute forms and its
-        forced split, from the frameworks' verdicts."""
+        """Whether a framework expresses ``config``, its costing, its recompute forms, the frameworks
+        whose micro-batching rules limit it and its forced split, from the frameworks' verdicts."""
         if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
             return self._last[1]
         costed: list[int] = []
         forms = 0
-        free, forced = False, None  # an expressing framework takes any split; the split the others make
-        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one),
-            for judge in judges:                 # a form, or free the split
-                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or not free
+        ruled: list[Framework] = []  # frameworks that express it but run only some micro-batchings
+        free = False  # one that runs every micro-batching expresses it
+        any_split, forced = False, None  # one that takes any split expresses it; the split the others make
+        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one), a
+            for judge in judges:  # form, or the micro-batchings or the split of those that express it are limited
+                news = ((k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
+                        or not any_split)
                 if news and judge.admits(config, self._plan_of):
                     if k not in costed:
                         costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
+                    free = free or not judge.framework.batching_rules
+                    ruled += [judge.framework] if judge.framework.batching_rules else []
                     split = self._forced(judge.framework, config.pp)
-                    free = free or split is None or forced not in (None, split)
+                    any_split = any_split or split is None or forced not in (None, split)
                     forced = forced or split
-        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else forced)
+        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled),
+                          None if any_split else forced)
         self._last = (config, verdict)
         return verdict
 
@@ -283,6 +309,16 @@ class Admission:
             split = even_split(self._table.blocks, pp * vpp)
             self._layouts[pp, vpp] = tuple(sum(split[s::pp]) for s in range(pp))
         return self._layouts[pp, vpp]
+
+
+class Verdict(NamedTuple):
+    """What the frameworks of a search say of one shape (:class:`Admission`)."""
+
+    admitted: bool  # some framework expresses it
+    costing: int  # Problem.costing_key
+    forms: int  # Problem.recompute_forms
+    ruled: tuple[Framework, ...] | None  # whose micro-batching rules limit it (None: one runs every one)
+    split: tuple[int, ...] | None  # Problem.forced_split
 
 
 class _Judge:
