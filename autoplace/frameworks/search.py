@@ -15,7 +15,7 @@ import dataclasses
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
@@ -197,35 +197,35 @@ class Admission:
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
         self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
-        self._last: tuple[Config | None, Verdict] = (None, Verdict(False, 0, 0, None, None))
+        self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
         self._batchings: dict[tuple[Any, ...], Callable[[int, int], bool]] = {}  # microbatching's rules
 
     def __call__(self, config: Config) -> bool:
-        return self._judged(config).admitted
+        return self._judged(config)[0]
 
     def costing(self, config: Config) -> int:
         """The costing of ``config`` (``Problem.costing_key``): k >= 1 when the frameworks that
         express it all cost as ``costings[k - 1]``, else 0 (the shared costing)."""
-        return self._judged(config).costing
+        return self._judged(config)[1]
 
     def forms(self, config: Config) -> int:
         """The recompute forms of ``config``'s plans (``Problem.recompute_forms``): those some
         framework that expresses it can state (:func:`recompute_forms`)."""
-        return self._judged(config).forms
+        return self._judged(config)[2]
 
     def split(self, config: Config) -> tuple[int, ...] | None:
         """The split ``config``'s plans must take (``Problem.forced_split``): the one every framework
         that expresses it makes (:meth:`Framework.forced_split`), or None when one of them takes an
         explicit split -- or when two make different ones (none do today: then the search chooses,
         and the final check keeps the plans a framework runs)."""
-        return self._judged(config).split
+        return self._judged(config)[4]
 
     def microbatching(self, config: Config) -> Callable[[int, int], bool] | None:
         """The micro-batchings of shape ``config`` (``Problem.microbatching``): None when a framework
         that expresses it runs every one, else whether one of those that do runs ``(mbs, grad_accum)``
         (:meth:`Framework.batching_refusal`)."""
-        ruled = self._judged(config).ruled
+        ruled = self._judged(config)[3]
         if ruled is None:
             return None
         # the rules read only pp, vpp, schedule and the micro-batching: one rule, and one verdict, per value
@@ -249,9 +249,10 @@ class Admission:
         rule = self.microbatching(config)
         return rule is None or rule(config.mbs, config.grad_accum)
 
-    def _judged(self, config: Config) -> Verdict:
-        """Whether a framework expresses ``config``, its costing, its recompute forms, the frameworks
-        whose micro-batching rules limit it and its forced split, from the frameworks' verdicts."""
+    def _judged(self, config: Config) -> _Verdict:
+        """(whether a framework expresses ``config``, its costing, its recompute forms, and None when
+        one of those that express it runs every micro-batching, else those frameworks, and its forced
+        split), from the frameworks' verdicts."""
         if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
             return self._last[1]
         costed: list[int] = []
@@ -272,8 +273,8 @@ class Admission:
                     split = self._forced(judge.framework, config.pp)
                     any_split = any_split or split is None or forced not in (None, split)
                     forced = forced or split
-        verdict = Verdict(bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled),
-                          None if any_split else forced)
+        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled),
+                   None if any_split else forced)
         self._last = (config, verdict)
         return verdict
 
@@ -311,14 +312,10 @@ class Admission:
         return self._layouts[pp, vpp]
 
 
-class Verdict(NamedTuple):
-    """What the frameworks of a search say of one shape (:class:`Admission`)."""
-
-    admitted: bool  # some framework expresses it
-    costing: int  # Problem.costing_key
-    forms: int  # Problem.recompute_forms
-    ruled: tuple[Framework, ...] | None  # whose micro-batching rules limit it (None: one runs every one)
-    split: tuple[int, ...] | None  # Problem.forced_split
+# Admission's verdict on a shape: admitted, its costing, its recompute forms, the frameworks whose
+# micro-batching rules limit it (None: one that expresses it runs every micro-batching), its forced
+# split (None: the search chooses).  A plain tuple: the search judges tens of thousands of shapes
+_Verdict = tuple[bool, int, int, "tuple[Framework, ...] | None", "tuple[int, ...] | None"]
 
 
 class _Judge:
