@@ -4,10 +4,10 @@ For every config in tests/data/hf and every framework whose ``model_refusal`` is
 framework's own model is built on the meta device from what autoplace emitted and compared with
 transformers' model built from the same config.json:
 
-* Megatron-LM: megatron-core's ``GPTModel`` from the ``TransformerConfig`` / ``MLATransformerConfig``
-  the emitted arguments make (``tests.test_emit_megatron.megatron_core_config``, which restates
-  Megatron-LM's ``core_transformer_config_from_args``) and the GPTModel arguments Megatron-LM's
-  ``gpt_builders.py`` passes, with megatron-core's local (non-Transformer-Engine) layer specs;
+* Megatron-LM: megatron-core's ``GPTModel`` as ``autoplace dryrun`` builds it from the emitted arguments
+  (``autoplace.frameworks._megatron_build``: Megatron-LM's ``validate_args``,
+  ``core_transformer_config_from_args`` and ``gpt_builders.py``, restated), with megatron-core's local
+  layer specs laid out as Transformer Engine's;
 * torchtitan: the flavor the TOML names, from torchtitan's own registry or from the bundle's
   flavor module, built by the family's own model class;
 * DeepSpeed, accelerate, FSDP2: their bundles train the user's transformers model itself, so the
@@ -28,7 +28,6 @@ import copy
 import json
 import warnings
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -36,7 +35,6 @@ from autoplace.errors import EmitError
 from autoplace.frameworks import get, megatron, torchtitan
 from autoplace.specs.model import model_from_dict
 from tests.helpers import REPO, gpu_cluster
-from tests.test_emit_megatron import megatron_core_config
 from tests.test_emit_plans import make_plan
 from tests.test_emit_torchtitan import without_triton
 
@@ -137,43 +135,22 @@ def mcore_world() -> Any:
         dist.destroy_process_group()
 
 
-class _CoreAttention:
-    """Stand-in for megatron-core's core attention (softmax(QK^T)V: no parameters)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        return torch.nn.Identity()
-
-
 def megatron_model(args: list[str]) -> Any:
-    """megatron-core's GPTModel for Megatron-LM ``args`` (local specs), as gpt_builders.py builds it."""
-    import dataclasses
-
+    """megatron-core's GPTModel for Megatron-LM ``args``, as ``autoplace dryrun`` builds it
+    (:mod:`autoplace.frameworks._megatron_build`: Megatron-LM's parse_args / validate_args,
+    core_transformer_config_from_args and gpt_builder, restated; megatron-core's local layer specs laid
+    out as Transformer Engine's), on the meta device."""
     import torch
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config, opts = megatron_core_config(args, 1)
-    config = dataclasses.replace(config, use_cpu_initialization=True)
-    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=opts["normalization"])
-    if config.multi_latent_attention:  # the local DotProductAttention takes no k_channels (MLA runs on TE):
-        for layer in block.layer_specs:  # a parameter-free stand-in for the parameter-free core attention
-            layer.submodules.self_attention.submodules.core_attention = _CoreAttention
-    mtp = (get_gpt_mtp_block_spec(config, block.layer_specs[-1], use_transformer_engine=False)
-           if opts.get("mtp_num_layers") else None)
-    # megatron-core 0.16's MLA builds its YaRN embedding on torch.cuda.current_device() whatever
-    # use_cpu_initialization says (point it at the meta device too), and believes Transformer Engine
-    # present when its extension module imports without it (HAVE_TE, then isinstance(x, None))
-    with torch.device("meta"), warnings.catch_warnings(), mock.patch("torch.cuda.current_device", lambda: "meta"), \
-            mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
+    from autoplace.frameworks import _megatron_build as build
+    from autoplace.frameworks._megatron_validate import megatron_arguments
+
+    namespace = megatron_arguments(args, 1)
+    config = build.buildable(build.transformer_config(namespace))
+    with torch.device("meta"), build.cuda_as_meta(), build.local_norms_without_fused_kernels(), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return GPTModel(config, block, vocab_size=opts["padded_vocab_size"], max_sequence_length=opts["max_position_embeddings"],
-                        position_embedding_type=opts["position_embedding_type"],
-                        rotary_percent=opts.get("rotary_percent", 1.0), rotary_base=opts.get("rotary_base", 10000),
-                        rope_scaling=bool(opts.get("use_rope_scaling")),
-                        share_embeddings_and_output_weights=not opts.get("untie_embeddings_and_output_weights"),
-                        mtp_block_spec=mtp)
+        return build.gpt_model(namespace, config, True, True, None, None)
 
 
 def emitted_megatron_args(spec: Any) -> list[str]:

@@ -53,16 +53,14 @@ TITAN = Path(list(_SPEC.submodule_search_locations)[0])
 
 @contextlib.contextmanager
 def without_triton() -> Iterator[None]:
-    """torchtitan importable without its package __init__'s triton import (ECOSYSTEM.md): a bare
-    package and a stub for the one module that imports triton; sys.modules restored after."""
+    """torchtitan imported without triton (ECOSYSTEM.md) by the dry run's shim, which stands in for the
+    one module that imports it (autoplace.frameworks._torchtitan_dry.import_torchtitan); sys.modules
+    restored after."""
+    from autoplace.frameworks._torchtitan_dry import import_torchtitan
+
     saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
-    package = types.ModuleType("torchtitan")
-    package.__path__ = [str(TITAN)]
-    sys.modules["torchtitan"] = package
-    kernels = types.ModuleType("torchtitan.models.moe.kernels")  # the one module that imports triton
-    kernels.generate_permute_indices = None  # type: ignore[attr-defined]
-    sys.modules[kernels.__name__] = kernels
     try:
+        import_torchtitan()
         yield
     finally:
         for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:

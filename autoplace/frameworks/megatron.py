@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoplace.emit._common import (
     check_compression,
@@ -30,6 +31,9 @@ from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program,
 from autoplace.plan import RECIPE_KEYS, Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "megatron"
 DEFAULT_ROTARY_BASE = 10000  # Megatron's --rotary-base default, and Hugging Face's rope_theta default
@@ -529,20 +533,26 @@ class Megatron(Framework):
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_megatron(path, model, cluster), self.name, True)
 
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """What rank ``ctx.rank`` of ``pretrain_gpt.py`` builds before step 1 (:mod:`._megatron_dry`)."""
+        from autoplace.frameworks._megatron_dry import dry_run
+
+        dry_run(ctx, steps)
+
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders, and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"',
-                 *launch_args(lambda var, what: f'"${{{var}:?set {var} to {what}}}"')]
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *launch_args(lambda var, _: f'"${var}"')]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
-                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
+                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
+                       required={var: what for _, var, what in PLACEHOLDERS})
 
 
 def launch_args(value: Callable[[str, str], str]) -> list[str]:
     """The words the launch passes after the bundle's arguments: the tokenizer type and each of
-    :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: a required variable)."""
+    :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: the required variable's value)."""
     words = ["--tokenizer-type", "HuggingFaceTokenizer"]
     for flag, var, what in PLACEHOLDERS:
         words += [flag, value(var, what)]
