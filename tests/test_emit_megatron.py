@@ -279,6 +279,7 @@ BROKEN: list[tuple[list[str], str | None, int, dict[str, str | None], str, str]]
     (["--fp16"], None, 64, ONE_SET, "--bf16", "assert not args.bf16"),
     (["--train-samples", "100"], None, 64, ONE_SET, "--train-samples", "expected iteration-based training"),
     ([], "--hidden-size", 64, ONE_SET, "--hidden-size", "hidden_size argument is None"),
+    ([], "--seq-length", 64, ONE_SET, "--seq-length", "assert args.encoder_seq_length is not None"),
     (["--num-attention-heads", "48"], "--kv-channels", 64, ONE_SET, "--num-attention-heads",
      "assert args.hidden_size % args.num_attention_heads == 0"),
     (["--context-parallel-size", "2", "--seq-length", "8190"], None, 64, ONE_SET, "--seq-length",

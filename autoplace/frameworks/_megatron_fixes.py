@@ -180,6 +180,7 @@ _RULES: Sequence[Rule] = [(re.compile(p), f) for p, f in [
         "(--lr-decay-iters, by default --train-iters)")),
     (r"assert self\.wsd_decay_steps is not None", _fixed(
         "add --lr-wsd-decay-iters N (or --lr-wsd-decay-samples) with --lr-decay-style WSD")),
+    (r"assert args\.encoder_seq_length is not None", _fixed("add --seq-length (the training sequence length)")),
     # the general forms last: a flag without a value
     (r"assert args\.(\w+) is not None", _required),
     (r"(\w+) argument is None", _required),
