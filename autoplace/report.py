@@ -385,9 +385,21 @@ def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
         mem = near["memory_per_device_bytes"]
         degrees = " ".join(f"{k}={v}" for k, v in near["degrees"].items())
         lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
-                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
-                     f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
+                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f}"
+                     f"{_missed_by(near)}")
     return lines + [f"  - {escape(line)}" for line in doc.get("advice", [])]
+
+
+def _missed_by(near: dict[str, Any]) -> str:
+    """How the nearest plan misses: device memory, host memory, or -- when it fits both -- the pins
+    it breaks (key, pinned value, its own); never a negative shortfall."""
+    if near.get("short_by_bytes", 0) > 0:
+        return f" (short by {near['short_by_bytes'] / GiB:.1f} GiB per device)"
+    if near.get("host_short_by_bytes", 0) > 0:
+        return (f" per device, and its offloaded states {near['host_short_by_bytes'] / GiB:.1f} GiB per GPU more "
+                "host memory than it has")
+    broken = ", ".join(f"{b['key']}={b['value']} (pinned {b['pinned']})" for b in near.get("breaks", []))
+    return f": it fits, but breaks the pin{'s' * (len(near['breaks']) > 1)} {broken}" if broken else ": it fits"
 
 
 def solution_header(doc: dict[str, Any]) -> str:

@@ -421,3 +421,19 @@ def test_launch_refusal_answers_any_words_with_a_line_or_none(data: st.DataObjec
     world = data.draw(st.sampled_from([0, 1, 3, 64]))
     why = refusal(words, world, data.draw(st.sampled_from([None, {}, ONE_SET])))
     assert why is None or (isinstance(why, str) and "\n" not in why and why)
+
+
+def test_the_gpt3_example_is_megatrons_gpt_with_biases_on_every_linear_layer(mcore) -> None:
+    """Issue 36: ``bias: true`` alone meant every linear layer but q/k/v (qkv_bias defaulted to false),
+    which Megatron-LM refused for the shipped GPT-3 175B file; qkv_bias now follows bias unless
+    stated, and megatron-core builds GPT-3's attention with its q/k/v biases (attention.py:
+    ``bias=add_bias_linear or add_qkv_bias``)."""
+    from autoplace.frameworks import get
+
+    model, cluster = load_model(REPO / "examples/models/gpt-3-175b.json"), gpu_cluster(64)
+    assert model.bias and model.qkv_bias and get("megatron").model_refusal(model) is None
+    plan = make_plan("tp=8,pp=8,zero=1", model, cluster)
+    words = emit_megatron(plan, model, cluster)
+    config, _ = megatron_core_config(words, plan)
+    # validate_args keeps add_qkv_bias in step with add_bias_linear (arguments.py:968-970, core_v0.16.1)
+    assert config.add_bias_linear and config.add_qkv_bias and "--disable-bias-linear" not in words
