@@ -195,9 +195,9 @@ def test_megatron_folder_is_its_own_plan(bundle, mcore) -> None:  # noqa: F811
     plan = _plan(folder)
     printed = subprocess.run(["bash", "-c", 'source megatron_args.sh && printf "%s\\0" "${MEGATRON_ARGS[@]}"'],
                              cwd=folder, capture_output=True, text=True, check=True).stdout
-    config, opts = megatron_core_config(printed.split("\0")[:-1], plan.world)
+    config, args = megatron_core_config(printed.split("\0")[:-1], plan)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
-    assert (opts["micro_batch_size"], opts["global_batch_size"]) == (plan.mbs, plan.global_batch)
+    assert (args.micro_batch_size, args.global_batch_size) == (plan.mbs, plan.global_batch)
 
 
 def test_fsdp_folder_is_its_own_plan(bundle) -> None:
