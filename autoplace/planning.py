@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autoplace.errors import SpecError
+from autoplace.plan import MAX_COUNT
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -71,10 +72,11 @@ def parse_counts(text: str, *, source: str) -> list[int]:
         SpecError: a bound or item that is not a positive integer, or lower > upper.
     """
     def integer(item: str) -> int:
-        if not item.strip().isdigit() or int(item) < 1:
+        digits = item.strip()  # ASCII digits: int() refuses "²", which isdigit() takes
+        if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) < MAX_COUNT:
             raise SpecError(f"expected LOW..HIGH (e.g. 8..4096), a list (8,16,64) or one number; "
-                            f"{item.strip()!r} is not a positive integer", source=source)
-        return int(item)
+                            f"{digits!r} is not a whole number from 1 to 2**31 - 1", source=source)
+        return int(digits)
 
     if ".." in text:
         low, _, high = text.partition("..")
