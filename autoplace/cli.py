@@ -66,11 +66,15 @@ CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="cali
 TokensOpt = Annotated[str | None, typer.Option("--tokens", help="Token budget, e.g. 15T or 300B: print days, "
                                                "GPU-hours and (with a price) cost to train on it.",
                                                rich_help_panel="Time and cost")]
-PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, callback=finite, help="Dollars per GPU-hour "
-                                                "(cost = GPU-hours x price).", rich_help_panel="Time and cost")]
-LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, callback=finite, help="Target loss in nats: the critical "
-                                               "batch from Kaplan et al. 2020 eq. 1.4 at this loss.",
-                                               rich_help_panel="Batch advice")]
+# Bounds that keep the arithmetic finite: a price up to $1e6 per GPU-hour (cloud H100s rent for a few
+# dollars) times GPU-hours of at most 1e18 tokens; a loss up to 100 nats (a uniform guess over a
+# 100,000-token vocabulary is 11.5), where Kaplan's L**(1/0.21) would overflow past ~1e64
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, max=1e6, callback=finite,
+                                                help="Dollars per GPU-hour (cost = GPU-hours x price).",
+                                                rich_help_panel="Time and cost")]
+LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, max=100.0, callback=finite,
+                                               help="Target loss in nats: the critical batch from Kaplan et al. 2020 "
+                                               "eq. 1.4 at this loss.", rich_help_panel="Batch advice")]
 # CP-SAT's num_workers and random_seed are int32 fields (ortools/sat/sat_parameters.proto)
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=2**31 - 1, help="CP-SAT worker threads.")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**31 - 1, help="CP-SAT random seed.")]

@@ -5,9 +5,10 @@ The flags are read from the app (typer's click command), so a flag added later i
 a change here: an int option gets its bounds and beyond, odd spellings (``1e3``, ``+2``, an Arabic
 digit), a float option ``nan``, ``inf``, ``1e308``..., a choice its values and near misses, a text
 option the values its parser takes and refuses (``--gpus 8..4``, ``--tokens 1e400``).  solve,
-evaluate, explain, scale, emit, check and profiles run to the end on a tiny model; tune, calibrate,
-verify, submit and trace (which train, launch or import torch) only with a value their parser
-refuses, so each must stop at one ``autoplace: error: FLAG: ...`` line (``expect``).
+evaluate, explain, scale, emit, check, profiles, submit (``--dry-run``) and trace (a small torch
+model on the meta device) run to the end on a tiny model; tune, calibrate and verify (which train,
+launch trials or read a study) only with a value their parser refuses, so each must stop at one
+``autoplace: error: FLAG: ...`` line (``expect``).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ RUN: dict[str, list[list[str]]] = {
     "emit": [["{plan.json}", "--model", str(TINY), "--cluster", ONE_GPU, "--out", "{work}/bundle"]],
     "check": [["{plan.json}", str(TINY), ONE_GPU]],
     "profiles": [[]],
+    "submit": [[str(TINY), ONE_GPU, "--script", "train.py", "--dry-run", "--out", "{work}/job"]],  # never submits
+    "trace": [["tests.trace_models:build", "--out", "{work}/model.json"]],  # on the meta device
 }
-# commands that train, launch or import torch: fuzzed only where their parser refuses the line
+# commands that train, launch trials or read a study: fuzzed only where their parser refuses the line
 PARSE_ONLY: dict[str, list[str]] = {
     "tune": [str(TINY), ONE_GPU, "--out", "{work}/tune"],
     "calibrate": [str(TINY), ONE_GPU, "--storage", "sqlite:///{work}/none.db", "--out", "{work}/cal.yaml"],
     "verify": [str(TINY), "--plan", "tp=1"],
-    "submit": [str(TINY), ONE_GPU, "--script", "train.py", "--dry-run", "--out", "{work}/job"],
-    "trace": ["tests.trace_models:build", "--out", "{work}/model.json"],
 }
 INTS = ["-1", "0", "1", "2", "3", "4", "8", "16", "20", "21", "1024", "2147483647", "2147483648", "99999999999999999999",
         "1e3", "1.5", "2.0", "x", "", "+2", " 2", "\u0663", "0x10", "1_0"]

@@ -155,7 +155,16 @@ def test_method_full_on_the_command_line_sets_a_lora_files_adapters_aside(tmp_pa
     (["solve", TINY, "--time-limit", "inf"], "--time-limit: expected a finite number, got inf"),
     (["solve", TINY, "--seed", "2147483648"], "--seed: must be <= 2147483647, got 2147483648"),
     (["solve", TINY, "--json=3"], "--json: does not take a value"),
-    (["scale", TINY, "--price-per-gpu-hour", "inf"], "--price-per-gpu-hour: expected a finite number, got inf"),
+    (["scale", TINY, "--price-per-gpu-hour", "inf"], "--price-per-gpu-hour: must be <= 1000000.0, got inf"),
+    (["scale", TINY, "--max-days", "inf"], "--max-days: expected a finite number, got inf"),
+    # found by benchmarks/fuzz.py: Kaplan's critical batch overflowed (OverflowError), and a token budget of
+    # 1e-300 divided by zero, 1e300 at $1e308 an hour made the cost infinite (not JSON): internal errors
+    (["evaluate", TINY, "1x1xh100", "--plan", "tp=1", "--target-loss", "1e308"], "--target-loss: must be <= 100.0, "
+                                                                                   "got 1e308"),
+    (["evaluate", TINY, "1x1xh100", "--plan", "tp=1", "--tokens", "1e-300"], "--tokens: expected an amount from 1 to "
+     "1e18 such as 15T, 300B or 2.5e12 (suffixes K, M, B, T, P), got '1e-300'"),
+    (["evaluate", TINY, "1x1xh100", "--plan", "tp=1", "--price-per-gpu-hour", "1e308"],
+     "--price-per-gpu-hour: must be <= 1000000.0, got 1e308"),
     (["tune", TINY, A100, "--trials", "x"], "--trials: expected a whole number, got 'x'"),
     (["trace", "m:f", "--dtype", "bf8"], "--dtype: 'bf8' is not one of 'bf16', 'fp16', 'fp32'"),
     (["check", TINY], "MODEL: required; none given"),
