@@ -5,14 +5,15 @@ The flags are read from the app (typer's click command), so a flag added later i
 a change here: an int option gets its bounds and beyond, odd spellings (``1e3``, ``+2``, an Arabic
 digit), a float option ``nan``, ``inf``, ``1e308``..., a choice its values and near misses, a text
 option the values its parser takes and refuses (``--gpus 8..4``, ``--tokens 1e400``).  solve,
-evaluate, explain, scale, emit, check, profiles, submit (``--dry-run``) and trace (a small torch
-model on the meta device) run to the end on a tiny model; tune, calibrate and verify (which train,
-launch trials or read a study) only with a value their parser refuses, so each must stop at one
+evaluate, explain, scale, emit, check, profiles, submit (``--dry-run``), trace (a small torch model on
+the meta device) and dryrun (on a folder that is no bundle) run to the end on a tiny model; tune,
+calibrate and verify (which train, launch trials or read a study) only with a value their parser refuses, so each must stop at one
 ``autoplace: error: FLAG: ...`` line (``expect``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hypothesis import strategies as st
@@ -30,6 +31,8 @@ RUN: dict[str, list[list[str]]] = {
     "profiles": [[]],
     "submit": [[str(TINY), ONE_GPU, "--script", "train.py", "--dry-run", "--out", "{work}/job"]],  # never submits
     "trace": [["tests.trace_models:build", "--out", "{work}/model.json"]],  # on the meta device
+    # never a bundle: the work directory's plan.json is the fixture, which names no inputs (no rank is started)
+    "dryrun": [["{work}"], ["{work}/no-such-dir"]],
 }
 # commands that train, launch trials or read a study: fuzzed only where their parser refuses the line
 PARSE_ONLY: dict[str, list[str]] = {
@@ -63,15 +66,20 @@ TEXT_VALUES: dict[str, list[str]] = {
 }
 
 
-def _options() -> dict[str, list[Any]]:
-    """Every command's options (typer's click parameters), by command name."""
+@functools.cache
+def _commands() -> dict[str, Any]:
+    """Every command of the app (typer's click commands), by name."""
     from typer.main import get_command
 
     from autoplace.cli import app
 
     group: Any = get_command(app)
-    return {name: [p for p in cmd.params if p.opts and p.opts[0].startswith("-")]
-            for name, cmd in group.commands.items()}
+    return dict(group.commands)
+
+
+def _options() -> dict[str, list[Any]]:
+    """Every command's options (typer's click parameters), by command name."""
+    return {name: [p for p in cmd.params if p.opts and p.opts[0].startswith("-")] for name, cmd in _commands().items()}
 
 
 def _kind(param: Any) -> str:
@@ -118,8 +126,8 @@ def _usage_case(draw: st.DrawFn, options: dict[str, list[Any]]) -> Case:
     command = draw(st.sampled_from(sorted({*RUN, *PARSE_ONLY})))
     base = PARSE_ONLY.get(command) or RUN[command][0]
     typed = [p for p in options[command] if _kind(p) in ("int", "float", "choice")]
-    # submit passes options it does not know to the training script (its context ignores them)
-    unknown = [] if command == "submit" else ["unknown"]
+    # submit and dryrun pass options they do not know on to the launch (their context ignores them)
+    unknown = [] if _commands()[command].context_settings.get("ignore_unknown_options") else ["unknown"]
     how = draw(st.sampled_from([*unknown, "no value", "missing", *(["bad value"] * 3 if typed else [])]))
     if how == "unknown":
         flag = draw(st.sampled_from(["--bogus", "--Top", "--time_limit", "--lora-rnk", "--jsonx"]))

@@ -313,3 +313,11 @@ def test_a_graph_layer_with_parameters_and_no_flops_solves_without_dividing_by_z
     path.write_text(json.dumps(doc))
     result = invoke("solve", path, "--cluster", "1x2xcpu", "--json", "--time-limit", "3")
     assert result.exit_code == 0, result.output
+
+
+def test_a_bundles_recorded_overrides_are_named_as_plan_json_s(tmp_path: Path) -> None:
+    """dryrun reloads the model with the overrides plan.json records: a bad one is that file's, not a flag's."""
+    doc = {"inputs": {"model": str(TINY), "cluster": "1x1xh100", "overrides": {"seq_len": 0}}}
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    line = error_line(invoke("dryrun", tmp_path))
+    assert line.startswith(f"{tmp_path / 'plan.json'}: inputs.overrides: seq_len: must be in [1"), line

@@ -578,12 +578,14 @@ class ModelOrigin:
     seq_len_value: Any = None
 
 
-def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> tuple[ModelSpec, ModelOrigin]:
-    """:func:`load_model`, with the :class:`ModelOrigin` of what was read."""
+def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None,
+               overrides_source: str | None = None) -> tuple[ModelSpec, ModelOrigin]:
+    """:func:`load_model`, with the :class:`ModelOrigin` of what was read; ``overrides_source``: where
+    the overrides come from when they are not the command line's flags (:func:`with_overrides`)."""
     from autoplace.specs.hf import hf_key
 
     data = read_document(path)
-    spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {})  # errors name the flags
+    spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {}, source=overrides_source)
     given = {k for k, v in (overrides or {}).items() if v is not None}
     training: dict[str, Any] = data["training"] if isinstance(data.get("training"), dict) else {}
     defaulted = [] if "global_batch" in given or "global_batch" in training else ["global_batch"]
