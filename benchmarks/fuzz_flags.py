@@ -130,7 +130,9 @@ def _usage_case(draw: st.DrawFn, options: dict[str, list[Any]]) -> Case:
     unknown = [] if _commands()[command].context_settings.get("ignore_unknown_options") else ["unknown"]
     how = draw(st.sampled_from([*unknown, "no value", "missing", *(["bad value"] * 3 if typed else [])]))
     if how == "unknown":
-        flag = draw(st.sampled_from(["--bogus", "--Top", "--time_limit", "--lora-rnk", "--jsonx"]))
+        known = {o for p in _commands()[command].params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+        flag = draw(st.sampled_from(["--bogus", "--Top", "--time_limit", "--lora-rnk", "--jsonx"])
+                    | st.from_regex(r"\A--[a-z][a-z_-]{0,14}\Z").filter(lambda f: f not in {*known, "--help"}))
         return Case("usage", (), (command, *base, flag), expect=f"{flag}: no such option")
     if how == "no value":  # an option that takes a value, last, without one
         valued = [p for p in options[command] if _kind(p) != "flag"]
@@ -144,8 +146,11 @@ def _usage_case(draw: st.DrawFn, options: dict[str, list[Any]]) -> Case:
         first = next((i for i, a in enumerate(base) if a.startswith("-")), len(base))
         return Case("usage", (), (command, *base[first:]), expect="required; none given")
     param = draw(st.sampled_from(typed))
-    return Case("usage", (), (command, *base, param.opts[0], draw(st.sampled_from(_refused(param)))),
-                expect=f"{param.opts[0]}: ")
+    choices = {str(getattr(c, "value", c)) for c in param.type_descriptor.choices or ()}
+    # letters are no number, and no choice once the choices are left out ("nan", "inf": not finite)
+    letters = st.from_regex(r"\A[a-zA-Z]{1,10}\Z").filter(lambda v: v not in choices)
+    value = draw(st.sampled_from(_refused(param)) | letters)
+    return Case("usage", (), (command, *base, param.opts[0], value), expect=f"{param.opts[0]}: ")
 
 
 def _refused(param: Any) -> list[str]:
