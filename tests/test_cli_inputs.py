@@ -156,7 +156,8 @@ def test_method_full_on_the_command_line_sets_a_lora_files_adapters_aside(tmp_pa
     (["solve", TINY, "--seed", "2147483648"], "--seed: must be <= 2147483647, got 2147483648"),
     (["solve", TINY, "--json=3"], "--json: does not take a value"),
     (["scale", TINY, "--price-per-gpu-hour", "inf"], "--price-per-gpu-hour: must be <= 1000000.0, got inf"),
-    (["scale", TINY, "--max-days", "inf"], "--max-days: expected a finite number, got inf"),
+    (["scale", TINY, "--gpu", "h100", "--tokens", "1B", "--days", "inf"], "--days: the deadline must be a positive, "
+                                                                       "finite number of days, got inf"),
     # found by benchmarks/fuzz.py: Kaplan's critical batch overflowed (OverflowError), and a token budget of
     # 1e-300 divided by zero, 1e300 at $1e308 an hour made the cost infinite (not JSON): internal errors
     (["evaluate", TINY, "1x1xh100", "--plan", "tp=1", "--target-loss", "1e308"], "--target-loss: must be <= 100.0, "

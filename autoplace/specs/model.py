@@ -135,6 +135,13 @@ class LoRA(Strict):
         return value
 
 
+def lora_refusal(method: str | None, lora_given: bool) -> str | None:
+    """Why LoRA settings cannot go with ``method``: they train adapters, which method full has none of."""
+    if method == "full" and lora_given:
+        return "LoRA settings need method lora or qlora (training.method, or --method); the method is full"
+    return None
+
+
 class RecipePins(Strict):
     """The plan's recipe keys (:data:`autoplace.plan.RECIPE_KEYS`) the model file pins under
     ``training.recipe``: each one given is held at its value in every plan, as ``--fix`` holds
@@ -191,11 +198,12 @@ class Training(Strict):
     @field_validator("lora")
     @classmethod
     def _adapters_need_a_frozen_base(cls, value: LoRA, info: ValidationInfo) -> LoRA:
-        # run only when lora is given (pydantic validates no default): settings that change nothing
-        # are a mistake to name, in a file as on the command line (with_overrides names the flags)
-        if info.data.get("method") == "full":
-            raise ValueError("LoRA settings need method lora or qlora (training.method, or --method); "
-                             "the method is full")
+        # settings other than the defaults beside method full change nothing: a mistake to name, in a
+        # file as on the command line (with_overrides names the flags); the defaults pass, so a dumped
+        # spec loads again
+        why = lora_refusal(info.data.get("method"), value != LoRA())
+        if why:
+            raise ValueError(why)
         return value
 
     @field_validator("precision")
@@ -631,6 +639,10 @@ def with_overrides(spec: ModelSpec, overrides: dict[str, Any], *, source: str | 
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    lora_flags = [k for k in given if k in _LORA_KEYS]  # given at all, the defaults' values too
+    why = lora_refusal(training.get("method", "full"), bool(lora_flags))
+    if why:
+        raise SpecError(why, source=source or ", ".join(map(_flag, lora_flags)))
     try:
         return validate(type(spec), data, source=source or "")
     except SpecError as exc:
