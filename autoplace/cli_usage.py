@@ -76,10 +76,11 @@ def usage_message(exc: Exception) -> str:
 
 
 def _name(param: Any) -> str:
-    """An option's longest spelling (``--lora-rank``), an argument's metavar (``MODEL``)."""
+    """An option's first long spelling, the name its help gives (``--days`` of ``--days/--max-days``,
+    ``--verbose`` of ``-v/--verbose``), an argument's metavar (``MODEL``)."""
     opts = [o for o in getattr(param, "opts", []) if o.startswith("-")]
     if opts:
-        return max(opts, key=len)
+        return next((o for o in opts if o.startswith("--")), opts[0])
     return str(getattr(param, "metavar", None) or param.name).upper()
 
 
