@@ -12,7 +12,7 @@ import json
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "deepspeed"
 DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points it at a real NVMe mount
@@ -337,6 +340,12 @@ class DeepSpeed(Framework):
         notes: list[str] = []
         plan = plan_from_deepspeed(path, model, cluster, notes=notes)
         return ReadConfig(plan, self.name, True, tuple(notes))
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """DeepSpeed's own setup of the user's script on the fake world (:mod:`._deepspeed_dry`)."""
+        from autoplace.frameworks._deepspeed_dry import dry_run
+
+        dry_run(ctx, steps)
 
 
 
