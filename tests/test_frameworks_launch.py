@@ -30,10 +30,9 @@ def test_the_fsdp2_bundle_launches_and_trains(tmp_path) -> None:
     written = emit(make_plan("zero=3,mbs=2,recompute_layers=f:n:s:f", model, cluster), model, cluster,
                    ["fsdp", "torchrun"], tmp_path / "bundle", launch=Launch(master_port=_free_port()))
     assert {"fsdp2_parallelize.py", "train_fsdp2.py", "launch_torchrun.sh"} <= set(written)
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(written["launch_torchrun.sh"]), "--model", str(tmp_path / "hf"),
-                           "--from-config", "--steps", "2"], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=tmp_path)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "HF_MODEL": str(tmp_path / "hf")}
+    done = subprocess.run(["bash", str(written["launch_torchrun.sh"]), "--from-config", "--steps", "2"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1: done" in done.stdout
 
@@ -47,7 +46,8 @@ with open(os.environ["RECORD_TO"], "a") as f:
     f.write(json.dumps({"argv": sys.argv[1:], "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}) + "\\n")
 """
 PLACEHOLDERS = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta-llama/Meta-Llama-3-8B",
-                "CHECKPOINT_DIR": "/ckpt", "TRAIN_ITERS": "1000"}
+                "CHECKPOINT_DIR": "/ckpt", "TRAIN_ITERS": "1000", "HF_ASSETS_PATH": "/assets/llama-3-8b",
+                "HF_MODEL": "meta-llama/Meta-Llama-3-8B"}
 
 
 def launched(framework: str, text: str, tmp_path, script: str = "launch_torchrun.sh") -> dict:
@@ -114,6 +114,7 @@ def test_torchtitan_launch_line_is_torchtitans_job(tmp_path) -> None:
         job = titan.ConfigManager().parse_args(words)
     assert (job.parallelism.tensor_parallel_degree, job.parallelism.pipeline_parallel_degree) == (2, 2)
     assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")
+    assert job.model.hf_assets_path == PLACEHOLDERS["HF_ASSETS_PATH"]  # the tokenizer, a required input
 
 
 def test_deepspeed_launch_line_passes_deepspeeds_config(tmp_path, monkeypatch) -> None:
