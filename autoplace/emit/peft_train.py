@@ -167,6 +167,20 @@ def batches(path, vocab, steps, rank=0, world=1, model_id=None):
         yield ids[start:start + per_batch].reshape(MICRO_BATCH, SEQ_LEN)
 
 
+def adapter_state(accelerator, model):
+    """The adapters' whole tensors on the host, for saving: gathered from ZeRO-3's partitions
+    (deepspeed.zero.GatheredParameters) or FSDP2's shards (DTensor.full_tensor); the frozen base
+    is not gathered.  A collective: every rank calls it."""
+    named = {{n: p for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad}}
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=None):
+            return {{n: p.detach().cpu().clone() for n, p in named.items()}}
+    return {{n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu() for n, p in named.items()}}
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the base model: a Hugging Face directory or Hub id")
@@ -203,7 +217,9 @@ def main():
             optimizer.zero_grad()
         if accelerator.sync_gradients and rank == 0:
             print(f"step {{step // GRAD_ACCUM + 1}} loss {{loss.item():.4f}} on {{world}} data-parallel ranks", flush=True)
-    accelerator.unwrap_model(model).save_pretrained(args.out)  # the adapters only
+    adapters = adapter_state(accelerator, model)  # every rank takes part in the gather
+    if rank == 0:
+        accelerator.unwrap_model(model).save_pretrained(args.out, state_dict=adapters)
 
 
 if __name__ == "__main__":
