@@ -482,10 +482,12 @@ def _advised_solve(view: Any, m: Any, c: Any, problem: Any, request: Any) -> lis
 
 def _print_bundles(out: Path, doc: dict[str, Any], per_framework: dict[str, Any]) -> None:
     """The files solve --out wrote: the best plan's bundle, then each framework's best or why none."""
+    from autoplace.report import fold
+
     names = sorted(Path(p).name for k, p in doc.get("bundle", {}).items())
-    typer.echo(f"written: {out}/ (the best plan): {', '.join(names)}")
+    typer.echo(fold(f"written: {out}/ (the best plan): {', '.join(names)}"))
     for f, bundle in per_framework.items():
-        typer.echo(f"  {f:<10} {bundle.summary()}")
+        typer.echo(fold(f"  {f:<10} {bundle.summary()}", indent=" " * 13))
 
 
 
@@ -737,11 +739,13 @@ def check(
     else:
         typer.echo(f"{'ok' if checked.ok else 'REJECT'}: {checked.framework} config {config} for {m.name} on "
                    f"{c.name}")
-        typer.echo(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})")
+        from autoplace.report import fold
+
+        typer.echo(fold(f"  plan read: {ev.plan.to_string()} (global batch {ev.plan.global_batch})", indent="    "))
         for note in checked.notes:
-            typer.echo(f"  note: {note}")
+            typer.echo(fold(f"  note: {note}", indent="    "))
         for line in checked.reasons:
-            typer.echo(f"  {line}")
+            typer.echo(fold(f"  {line}", indent="    "))
     raise typer.Exit(0 if checked.ok else 1)
 
 

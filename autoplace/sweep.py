@@ -28,6 +28,7 @@ from autoplace.evaluation import Evaluation
 from autoplace.frameworks import ANY, search
 from autoplace.planning import TrainingCost, tokens_at_batch, training_cost
 from autoplace.ranking import DEFAULT_RANK, depth, rerank
+from autoplace.report import fold
 from autoplace.solving import step_band
 from autoplace.specs.cluster import ClusterSpec, cluster_from_flags
 from autoplace.specs.model import ModelSpec, with_overrides
@@ -321,10 +322,10 @@ def advised_plan_lines(model: ModelSpec, cluster: ClusterSpec, advised: int, opt
     ev, status = best_plan(m, cluster, opts)[:2]
     if ev is None:
         return [f"  at the advised global batch {advised:,} sequences no plan fits on {cluster.gpus} GPUs ({status})"]
-    text = (f"  at the advised global batch {advised:,} sequences on {cluster.gpus} GPUs: {ev.plan.to_string()}, "
+    text = (f"  at the advised global batch {advised:,} sequences on {cluster.gpus} GPUs: "
             f"step {ev.step_time_s:.2f} s, {ev.tokens_per_s:,.0f} tokens/s, MFU {ev.mfu:.1%}")
     if tokens:
         same_loss = tokens_at_batch(tokens, advised * model.seq_len, reference_batch_tokens, critical_tokens)
         cost = training_cost(same_loss, ev.tokens_per_s, cluster.gpus, opts.price_per_gpu_hour)
         text += f"; the same loss in {cost.summary()}"
-    return [text]
+    return [text, fold(f"    plan {ev.plan.to_string()}", indent="      ")]

@@ -241,5 +241,7 @@ def test_a_training_method_it_has_no_path_for_is_refused_by_name(framework: Fram
     plan = make_plan("zero=3", model, CLUSTER16)
     names = {f.name for f in framework.render(plan, model, CLUSTER16, Launch())}
     assert "peft_train.py" in names
-    (script,) = render("torchrun", plan, model, CLUSTER16, Launch(), framework)
-    assert "peft_train.py" in script.text and "accelerate launch" in script.text
+    config = {"deepspeed": "--deepspeed_config", "accelerate": "--accelerate_config"}[framework.name]
+    for kind in ("torchrun", "slurm", "k8s"):  # every launch kind hands the script the framework's config
+        (script,) = render(kind, plan, model, CLUSTER16, Launch(), framework)
+        assert f'peft_train.py {config} "$AUTOPLACE_BUNDLE"/' in script.text, kind

@@ -133,18 +133,8 @@ def test_evaluate_and_solve_print_time_and_cost() -> None:
     table = invoke("solve", MODEL, "--cluster", "1x8xh100", "--objective", "cost", "--tokens", "1T",
                    "--price-per-gpu-hour", "2", "--time-limit", "0.5", "--workers", "1", "--target-loss", "1.5")
     assert table.exit_code == 0, table.output
-    assert "time and cost: 1T tokens:" in table.stdout and "target loss 1.500 nats" in table.stdout
-
-
-def test_the_readme_scale_command_runs() -> None:
-    """The README's example, on two sizes and a short search (the flags given last win)."""
-    readme = (REPO / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.startswith("$ autoplace scale"))
-    args = line.removeprefix("$ autoplace ").split()
-    args = [str(REPO / a) if a.startswith("examples/") else a for a in args]
-    result = invoke(*args, "--gpus", "64,128", "--time-limit", "0.3", "--workers", "1")
-    assert result.exit_code == 0, result.output
-    assert "chosen (time: fastest)" in result.stdout and "15T tokens" in result.stdout
+    text = " ".join(table.stdout.split())  # lines wrap at 100 columns
+    assert "time and cost: 1T tokens:" in text and "target loss 1.500 nats" in text
 
 
 def test_a_cluster_file_is_the_unit_and_a_batch_range_is_searched() -> None:

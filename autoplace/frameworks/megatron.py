@@ -501,14 +501,15 @@ class Megatron(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders, and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
         words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', "--tokenizer-type", "HuggingFaceTokenizer"]
-        for flag, var, what in PLACEHOLDERS:
-            words += [flag, f'"${{{var}:?set {var} to {what}}}"']
+        for flag, var, _ in PLACEHOLDERS:
+            words += [flag, f'"${var}"']
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
-                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
+                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
+                       required={var: what for _, var, what in PLACEHOLDERS})
 
 
 def megatron_environment(plan: Plan) -> dict[str, str | None]:

@@ -41,6 +41,9 @@ from autoplace.specs.model import ModelSpec, TransformerSpec
 
 FMT = "torchtitan"
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+# torchtitan 0.2.2 reads the tokenizer from model.hf_assets_path (default ./tests/assets/tokenizer, its
+# repository's test tokenizer): the model's own must be given
+TOKENIZER_INPUT = ("HF_ASSETS_PATH", "the directory of the Hugging Face tokenizer files of the model")
 CUSTOM_MODULE = "autoplace_torchtitan_model"  # the bundle file registering a custom flavor (custom_import)
 # torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py) as the shapes they build:
 # (dim, n_layers, n_heads, n_kv_heads, SwiGLU hidden, vocab, rope_theta); tests compare with torchtitan.
@@ -567,13 +570,14 @@ class Torchtitan(Framework):
         return files
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
-        """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``); a
-        ``--script`` other than the default runs in its place."""
+        """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``) and the
+        tokenizer's directory (a required input); a ``--script`` other than the default runs in its place."""
         del plan, model
         q = shlex.quote
         entry = ("-m", "torchtitan.train") if launch.script is None else (q(launch.script),)
-        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
-                                    *(q(a) for a in launch.args), '"$@"'))
+        var, what = TOKENIZER_INPUT
+        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}', "--model.hf_assets_path",
+                        f'"${var}"', *(q(a) for a in launch.args), '"$@"'), required={var: what})
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_torchtitan(path, model, cluster), self.name, True)
