@@ -100,14 +100,15 @@ def causal_lm_class(config: Any) -> Any:
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
 
 
-def causal_lm(config: Any) -> Any:
-    """transformers' causal LM for ``config`` on the meta device (parameters with shapes, no data)."""
+def causal_lm(config: Any, dtype: Any = None) -> Any:
+    """transformers' causal LM for ``config`` on the meta device (parameters with shapes, no data), in
+    ``dtype`` (None: the config's own ``dtype``, as ``from_config`` takes it)."""
     import torch
 
     cls = causal_lm_class(config)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls._from_config(config)
+        return cls._from_config(config, **({"dtype": dtype} if dtype is not None else {}))
 
 
 def llama_config(model: ModelSpec, *, source: str) -> Any:
