@@ -6,7 +6,6 @@ words too) and the same environment, and stops the same way when a required inpu
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
