@@ -255,3 +255,31 @@ def test_the_peft_script_builds_the_plugins_accelerate_launch_builds(text: str, 
         assert [getattr(mine, f) for f in fields] == [getattr(fsdp, f) for f in fields]
         assert type(mine.cpu_offload) is type(fsdp.cpu_offload)
         assert mine.auto_wrap_policy is fsdp.auto_wrap_policy is transformer_auto_wrap_policy
+
+
+def test_tensor_parallel_families_are_the_ones_transformers_has_a_plan_for() -> None:
+    """accelerate's TP loads the model with transformers' tp_plan: every Hugging Face family autoplace reads
+    is refused tp > 1 exactly when transformers' config class has no base_model_tp_plan."""
+    import warnings
+
+    import transformers
+
+    from autoplace import frameworks
+    from autoplace.frameworks.accelerate import NO_TP_PLAN
+    from autoplace.specs.hf import _FAMILIES
+    from autoplace.specs.model import load_model
+    from tests.helpers import REPO
+
+    without = set()
+    for family in _FAMILIES:
+        name = "falcon" if family.startswith("RefinedWeb") else family  # the pre-port Falcon
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = transformers.CONFIG_MAPPING[name]().get_text_config()
+        if not getattr(text, "base_model_tp_plan", None):
+            without.add(family)
+    assert without == NO_TP_PLAN
+    gpt2 = load_model(REPO / "tests" / "data" / "hf" / "gpt2.json")
+    plan = make_plan("tp=2,sp=false,zero=3", gpt2, gpu_cluster(8))
+    why = frameworks.get("accelerate").refusal(plan, gpt2)
+    assert why is not None and why.startswith("accelerate: tp=2: transformers has no tensor-parallel plan for gpt2")

@@ -180,15 +180,16 @@ class Accelerate(Framework):
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         mixed = training_dtype(model)
-        cp_refusal = context_parallel_refusal(model)
+        degrees = degree_refusals(model)  # the model's own rules, judged once
 
         def check(plan: Plan) -> None:  # the rules emit_accelerate applies, without writing the config
             check_expressible(plan)
             parallelism_section(plan)
             if plan.compress == "bf16" and mixed != "bf16":
                 raise fail(FMT, f"compress=bf16: accelerate's FSDP reduces in its mixed_precision dtype, {mixed} here")
-            if plan.cp > 1 and cp_refusal:
-                raise fail(FMT, f"cp={plan.cp}: {cp_refusal}")
+            for name, why in degrees.items():
+                if getattr(plan, name) > 1:
+                    raise fail(FMT, f"{name}={getattr(plan, name)}: {why}")
 
         return checked(peft_checked(check, model, FMT))
 
@@ -291,6 +292,26 @@ def peft_checked(check: Callable[[Plan], None], model: ModelSpec, fmt: str) -> C
         check_peft(plan, fmt)
 
     return both
+
+
+# Hugging Face model types whose transformers config has no base_model_tp_plan.  accelerate's tensor
+# parallelism takes the model tensor-parallel already (accelerator.py prepare_model: "Model should
+# undergo tensor parallel before passing it to accelerate ... from_pretrained(..., tp_plan='auto')"),
+# which transformers builds from that plan.  tests/test_emit_accelerate.py holds the set to transformers'
+# config classes for every family autoplace reads; RefinedWeb* is the pre-port Falcon.
+NO_TP_PLAN = frozenset({"bloom", "falcon", "gpt2", "gpt_bigcode", "mpt", "RefinedWeb", "RefinedWebModel"})
+
+
+def degree_refusals(model: ModelSpec) -> dict[str, str]:
+    """Degrees accelerate cannot raise above 1 for ``model``: degree -> why (one line naming the feature)."""
+    out = {}
+    cp = context_parallel_refusal(model)
+    if cp:
+        out["cp"] = cp
+    if isinstance(model, TransformerSpec) and model.family in NO_TP_PLAN:
+        out["tp"] = (f"transformers has no tensor-parallel plan for {model.family} (base_model_tp_plan), which "
+                     "accelerate's tensor parallelism loads the model with; use tp=1")
+    return out
 
 
 def context_parallel_refusal(model: ModelSpec) -> str | None:
