@@ -68,24 +68,11 @@ def spec_of(config: dict[str, Any]) -> Any:
 
 
 def hf_model(config: dict[str, Any]) -> Any:
-    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model)."""
-    import torch
-    import transformers
+    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model), as
+    ``autoplace dryrun`` builds it (:mod:`autoplace.dryrun.hf`)."""
+    from autoplace.dryrun.hf import causal_lm, hf_config
 
-    cfg = dict(config)
-    kind = cfg.pop("model_type")
-    if kind == "gemma3":
-        cfg, kind = dict(cfg["text_config"]), "gemma3_text"
-        cfg.pop("model_type", None)
-    if kind in ("RefinedWebModel", "RefinedWeb"):  # Falcon's old configs: the transformers port reads both
-        kind = "falcon"
-        cfg["new_decoder_architecture"] = config["model_type"] == "RefinedWeb"
-    for key in ("auto_map", "quantization_config", "architectures"):
-        cfg.pop(key, None)
-    hf_config = transformers.AutoConfig.for_model(kind, **cfg)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoModelForCausalLM.from_config(hf_config)
+    return causal_lm(hf_config(config))
 
 
 def count(module: Any) -> int:

@@ -17,6 +17,7 @@ launches of different kinds (and a PyTorchJob, which mounts the bundle elsewhere
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -232,7 +233,8 @@ def parse_launcher(launcher: str, argv: Sequence[str], *, source: str) -> tuple[
             head = ("-m", t.training_script) if t.module else (t.training_script,)
             return int(str(t.nnodes).split(":")[-1]), int(t.nproc_per_node), (*head, *t.training_script_args)
         if launcher == "deepspeed":
-            from deepspeed.launcher.runner import parse_args
+            with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout as it loads: keep it for --json
+                from deepspeed.launcher.runner import parse_args
 
             d = parse_args(list(argv))
             head = ("-m", d.user_script) if d.module else (d.user_script,)
@@ -253,7 +255,6 @@ def parse_launcher(launcher: str, argv: Sequence[str], *, source: str) -> tuple[
 
 def _parsed(parser: Any, argv: list[str]) -> Any:
     """argparse's namespace, its usage message kept off stderr (a refusal raises SystemExit)."""
-    import contextlib
     import io
 
     with contextlib.redirect_stderr(io.StringIO()):

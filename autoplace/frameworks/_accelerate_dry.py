@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autoplace.dryrun.hf import causal_lm, model_source
 from autoplace.dryrun.steps import tensor_bytes
 from autoplace.frameworks._accelerate_world import accelerate_world, launch_environment
+from autoplace.frameworks._deepspeed_bytes import quant_state_bytes
 
 if TYPE_CHECKING:
     from autoplace.dryrun.steps import DryContext, Steps
@@ -78,15 +79,17 @@ def _accelerator(steps: Steps, planned: str) -> Any:
     return accelerator
 
 
-def prepare(accelerator: Any, steps: Steps, model: Any) -> tuple[Any, Any]:
-    """``accelerator.prepare(model, optimizer)`` (FSDP2 or DDP), then the optimizer's first-step state."""
+def prepare(accelerator: Any, steps: Steps, model: Any, optimizer: Any = None) -> tuple[Any, Any]:
+    """``accelerator.prepare(model, optimizer)`` (FSDP2 or DDP; the optimizer: a torch AdamW over the trainable
+    parameters unless given), then the optimizer's first-step state."""
     import torch
 
     wrap = "FSDP2's fully_shard over the mesh" if accelerator.is_fsdp2 else accelerator.distributed_type.value
     if accelerator.is_fsdp2:
         steps.skip("accelerate's fsdp2_load_full_state_dict", LOAD_SKIPPED)
     with steps.step(f"accelerator.prepare(model, optimizer): {wrap}", fix=_fix_prepare), _no_weight_loading():
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, foreach=False)
+        if optimizer is None:
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, foreach=False)
         model, optimizer = accelerator.prepare(model, optimizer)
     with steps.step("the optimizer state the first step creates (AdamW stepped once over the meta shards)"):
         first_step(optimizer.optimizer)
@@ -131,8 +134,9 @@ def _fsdp2_bytes(steps: Steps, model: Any, params: list[Any], accelerator: Any) 
               for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None}
     kept = sum(fp._orig_size.numel() * torch.empty((), dtype=g.mp_policy.param_dtype or fp.sharded_param.dtype).element_size()
                for g in groups.values() if g.post_forward_mesh_info is None for fp in g.fsdp_params)
-    shards = tensor_bytes(params)
-    how = f"FSDP2's local shards ({_dtypes(params)})"
+    shards = tensor_bytes(params) + quant_state_bytes(params)
+    how = f"FSDP2's local shards ({_dtypes(params)})" + (" + the 4-bit weights' quant_state" if
+                                                         quant_state_bytes(params) else "")
     if accelerator.state.fsdp_plugin.reshard_after_forward:
         steps.note(f"FSDP2's root and accelerate's tail unit (final norm, LM head) stay unsharded from forward to "
                    f"backward: {kept:,} bytes (plan.json counts them in buffers)")
@@ -148,7 +152,8 @@ def _fsdp2_bytes(steps: Steps, model: Any, params: list[Any], accelerator: Any) 
 def _ddp_bytes(steps: Steps, model: Any, params: list[Any]) -> None:
     """DDP: every parameter; every trainable one's ``.grad`` (autograd's) and DDP's reducer buckets, a second copy
     unless ``gradient_as_bucket_view`` (its own logging data: ``bucket_sizes``)."""
-    steps.measured("params", tensor_bytes(params), f"every parameter, whole ({_dtypes(params)})")
+    steps.measured("params", tensor_bytes(params) + quant_state_bytes(params),
+                   f"every parameter, whole ({_dtypes(params)})")
     grads = tensor_bytes(p for p in params if p.requires_grad)
     how = "every trainable parameter's .grad (the first backward)"
     logging = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
@@ -191,7 +196,7 @@ def _fix_launch(exc: BaseException) -> str | None:
     text = str(exc)
     if "the launch's environment makes accelerate run" in text:
         return 'launch the script with accelerate launch --config_file "$AUTOPLACE_BUNDLE"/accelerate_config.yaml'
-    if "total_size" in text and "num_processes" in text:
+    if ("total_size" in text and "num_processes" in text) or "Mesh should not be bigger than default world size" in text:
         return ("make parallelism_config's dp_replicate x dp_shard x tp x cp equal num_processes in "
                 "accelerate_config.yaml, or re-run autoplace solve --out")
     return None

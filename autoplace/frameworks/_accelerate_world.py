@@ -63,10 +63,17 @@ def accelerate_world(ctx: DryContext, steps: Steps, program_env: Mapping[str, st
     rank) and accelerate's state on it (the module docstring's redirects); everything restored after."""
     from autoplace.dryrun.steps import fake_world
 
+    with fake_world(ctx.world, ctx.rank), accelerate_state(ctx, steps, program_env):
+        yield
+
+
+@contextmanager
+def accelerate_state(ctx: DryContext, steps: Steps, program_env: Mapping[str, str]) -> Iterator[None]:
+    """accelerate's state on a fake world already made (by :func:`accelerate_world`, or DeepSpeed's
+    ``deepspeed_world`` for a script that runs DeepSpeed through accelerate), with the program's environment."""
     with ExitStack() as stack:
         stack.enter_context(patched_environ({**launch_env(ctx), **program_env, **torchrun_env(ctx),
                                              "ACCELERATE_TORCH_DEVICE": "cpu", "ACCELERATE_BYPASS_DEVICE_MAP": "true"}))
-        stack.enter_context(fake_world(ctx.world, ctx.rank))
         stack.enter_context(_gpu_branch())
         stack.enter_context(_ddp_on_meta())
         stack.enter_context(_meta_stays())

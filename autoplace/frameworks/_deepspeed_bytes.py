@@ -72,6 +72,28 @@ def state_bytes(optimizer: Any) -> int:
                         if hasattr(t, "dim") and t.dim() > 0)
 
 
+def quant_state_bytes(params: Iterable[Any]) -> int:
+    """Bytes of the bitsandbytes quantization state the 4-bit weights carry (QLoRA): the first-level absmax,
+    and with double quantization its own absmax, the two code books and the offset."""
+    total = 0
+    for p in params:
+        state = getattr(p, "quant_state", None)
+        while state is not None:
+            total += tensor_bytes(t for t in (state.absmax, state.code, state.offset) if t is not None and hasattr(t, "numel"))
+            state = getattr(state, "state2", None)
+    return total
+
+
+def frozen(module: Any) -> tuple[int, str]:
+    """The frozen base's bytes on the rank (LoRA / QLoRA): every parameter that trains not, whole (ZeRO-1/2 and
+    the bf16 wrappers flatten only what the optimizer steps), with its 4-bit quantization state."""
+    params = [p for p in module.parameters() if not p.requires_grad]
+    if not params:
+        return 0, ""
+    said = "the frozen base, whole" + (" (4-bit packed, + its quant_state)" if quant_state_bytes(params) else "")
+    return tensor_bytes(params) + quant_state_bytes(params), said
+
+
 def _numel_bytes(tensors: Iterable[Any], dtype: Any) -> int:
     """Bytes of as many ``dtype`` elements as ``tensors`` have."""
     import torch
@@ -85,8 +107,10 @@ def _zero3(engine: Any) -> Counted:
     (``ipg_buckets``) too, with contiguous gradients."""
     opt, out = engine.optimizer, Counted()
     offload_params = _offloads(engine.zero_offload_param())
-    out.add("params", tensor_bytes(p.ds_tensor for p in engine.module.parameters()),
-            "16-bit ds_tensor partition of every parameter (zero.Init)", on_host=offload_params)
+    params = list(engine.module.parameters())
+    out.add("params", tensor_bytes(p.ds_tensor for p in params) + quant_state_bytes(params),
+            "16-bit ds_tensor partition of every parameter (zero.Init)"
+            + (" + the 4-bit weights' quant_state" if quant_state_bytes(params) else ""), on_host=offload_params)
     host = _offloads(engine.zero_offload_optimizer())
     out.add("grads", tensor_bytes([opt.grad_partitions_flat_buffer]),
             "gradient partition buffer (grad_partitions_flat_buffer)", on_host=host)
@@ -110,6 +134,7 @@ def _zero12(engine: Any) -> Counted:
     keeps the fp32 partitions, their fp32 gradients and Adam's state on the host."""
     opt, out = engine.optimizer, Counted()
     out.add("params", tensor_bytes(opt.bit16_groups_flat), "16-bit flat parameter groups (bit16_groups_flat)")
+    _add_frozen(out, engine)
     host = bool(opt.cpu_offload)
     if host:
         out.add("grads", tensor_bytes(p.grad for p in opt.single_partition_of_fp32_groups),
@@ -146,6 +171,7 @@ def _bf16(engine: Any) -> Counted:
     data-parallel group."""
     opt, out = engine.optimizer, Counted()
     out.add("params", tensor_bytes(opt.bf16_groups_flat), "bf16 flat parameter groups (bf16_groups_flat)")
+    _add_frozen(out, engine)
     out.add("grads", tensor_bytes(opt.fp32_groups_gradients_flat),
             "full fp32 gradient buffer (fp32_groups_gradients_flat)")
     out.add("optimizer", tensor_bytes(opt.fp32_groups_flat_partition) + state_bytes(opt.optimizer),
@@ -160,16 +186,23 @@ def _fp16(engine: Any) -> Counted:
     opt, out = engine.optimizer, Counted()
     params = [p for g in opt.fp16_groups for p in g]
     out.add("params", tensor_bytes(params), "16-bit weights (fp16_groups)")
+    _add_frozen(out, engine)
     out.add("grads", tensor_bytes(params), "every parameter's 16-bit .grad (the engine all-reduces them)")
     out.add("optimizer", tensor_bytes(p for g in opt.fp32_groups for p in g) + state_bytes(opt.optimizer),
             "full fp32 master copy (fp32_groups) + Adam exp_avg + exp_avg_sq (first step)")
     return out
 
 
+def _add_frozen(out: Counted, engine: Any) -> None:
+    nbytes, how = frozen(engine.module)
+    if nbytes:
+        out.add("params", nbytes, how)
+
+
 def _plain(engine: Any) -> Counted:
     """No wrapper (fp32 training without ZeRO): the module's parameters, a ``.grad`` each, Adam's state."""
     out, params = Counted(), [p for p in engine.module.parameters()]
-    out.add("params", tensor_bytes(params), "the module's parameters")
+    out.add("params", tensor_bytes(params) + quant_state_bytes(params), "the module's parameters")
     out.add("grads", tensor_bytes(p for p in params if p.requires_grad), "every trainable parameter's .grad")
     out.add("optimizer", state_bytes(engine.basic_optimizer), "Adam exp_avg + exp_avg_sq (first step)")
     return out

@@ -90,7 +90,7 @@ def build(ctx: DryContext, steps: Steps, param_dict: dict[str, Any], config: Any
         with steps.step(f"transformers' {name} model on the meta device"):
             model = causal_lm(config)
         with steps.step(f"DeepSpeed's PipelineModule: {stages} stages, partition_method "
-                        f"{param_dict['pipeline'].get('partition', 'parameters')!r}"):
+                        f"{param_dict['pipeline'].get('partition', 'parameters')!r}", fix=_fix_config):
             module = pipeline_module(model, stages, param_dict["pipeline"].get("partition", "parameters"))
             mpu = module.mpu()
         steps.stage(module.stage_id)

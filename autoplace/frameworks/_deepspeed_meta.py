@@ -60,17 +60,15 @@ def launch_env(ctx: DryContext) -> dict[str, str]:
 
 @contextmanager
 def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
+    """``os.environ`` with ``values`` set, and as it was afterwards (the frameworks set variables of their own:
+    accelerate's ``ACCELERATE_USE_DEEPSPEED``, ...)."""
+    saved = dict(os.environ)
     os.environ.update(values)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextmanager

@@ -221,6 +221,11 @@ class Accelerate(Framework):
 
     def dry_run(self, ctx: DryContext, steps: Steps) -> None:
         """accelerate's own launch validation, Accelerator and prepare on the fake world (:mod:`._accelerate_dry`)."""
+        if Path(ctx.launched.entry).name == PEFT_SCRIPT:
+            from autoplace.frameworks._peft_dry import dry_run as peft_dry_run
+
+            peft_dry_run(ctx, steps, self.name)
+            return
         from autoplace.frameworks._accelerate_dry import dry_run
 
         dry_run(ctx, steps, distributed_type(ctx.plan))

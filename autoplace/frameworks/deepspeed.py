@@ -28,7 +28,7 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, exported_names, header, job_environment
 from autoplace.errors import SpecError
-from autoplace.frameworks.accelerate import peft_checked, peft_files, peft_program
+from autoplace.frameworks.accelerate import PEFT_SCRIPT, peft_checked, peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
@@ -342,6 +342,11 @@ class DeepSpeed(Framework):
 
     def dry_run(self, ctx: DryContext, steps: Steps) -> None:
         """DeepSpeed's own setup of the user's script on the fake world (:mod:`._deepspeed_dry`)."""
+        if Path(ctx.launched.entry).name == PEFT_SCRIPT:
+            from autoplace.frameworks._peft_dry import dry_run as peft_dry_run
+
+            peft_dry_run(ctx, steps, self.name)
+            return
         from autoplace.frameworks._deepspeed_dry import dry_run
 
         dry_run(ctx, steps)
