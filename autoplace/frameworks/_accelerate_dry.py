@@ -10,7 +10,8 @@ optimizer)``: FSDP2's ``fully_shard`` of every transformer block, the embedding 
 the bundle's PEFT script instead (:mod:`autoplace.frameworks._peft_dry`).
 
 Skipped, and said: accelerate's ``fsdp2_load_full_state_dict`` (rank 0 broadcasts the loaded weights into
-the shards -- there are none; the shards are the meta DTensors ``fully_shard`` made), and tensor parallelism
+the shards -- there are none, the shards are the meta DTensors ``fully_shard`` made -- and every other rank
+would allocate each whole parameter on the host to receive it), and tensor parallelism
 (transformers shards the model as it loads with ``tp_plan``; accelerate only checks it is sharded).
 """
 
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
     from autoplace.dryrun.steps import DryContext, Steps
 
 LAUNCH = "accelerate launch's words (its parser, _validate_launch_command, the environment its launcher sets)"
-LOAD_SKIPPED = ("rank 0 broadcasts the loaded weights into every shard; a dry run has no weights: the shards are the "
-                "meta DTensors fully_shard made")
+LOAD_SKIPPED = ("rank 0 broadcasts the loaded weights into every shard; a dry run has no weights (the shards are the "
+                "meta DTensors fully_shard made), and every other rank would allocate each whole parameter on the host "
+                "to receive it")
 TP_SKIPPED = ("transformers shards the model by its tp_plan as it loads the weights (from_pretrained(tp_plan=...)); "
               "accelerate only checks the parameters are DTensors: no bytes are counted")
 LR = 1e-4
