@@ -551,6 +551,9 @@ def scale(
                                              "here (needs matplotlib).")] = None,
     as_json: JsonOpt = False,
     fmt: FormatOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column of the table (nodes, batch split, recompute, "
+                                       "offload, scaling efficiency, GPU-hours, notes); by default it fits 100 "
+                                       "columns.")] = False,
     method: MethodOpt = None,
     lora_rank: LoraRankOpt = None,
     lora_alpha: LoraAlphaOpt = None,
@@ -611,7 +614,7 @@ def scale(
     from autoplace.report import print_scale
 
     print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
-                                          f"{len(counts)} sizes of {doc['gpu']}"])
+                                          f"{len(counts)} sizes of {doc['gpu']}"], wide=wide)
 
 
 def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, batches: list[int] | None,

@@ -506,8 +506,45 @@ def _nodes(n: int) -> str:
 # ---------------------------------------------------------------- scale
 
 
-def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
-    """The sweep as one table (a row per GPU count, the chosen one starred) and its notes."""
+def compact_scale_section(doc: dict[str, Any]) -> tuple[Section, list[str]]:
+    """The sweep in at most 100 columns: per GPU count the degrees, ZeRO, step time, tokens/s, MFU and
+    days and cost (or GPU-hours) to the budget, and who runs it; nodes, batch split, recompute, offload
+    and scaling efficiency are left to ``--wide`` and the JSON, a row's note to a line below."""
+    with_cost = any(p["training_cost"] for p in doc["points"])
+    priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
+    batched = len(doc.get("global_batches", ())) > 1
+    money = ("cost $",) if priced else ("GPU-h",) if with_cost else ("eff.",)
+    columns = ("GPUs", *(("batch",) if batched else ()), "dp×tp×pp×cp×ep", *(() if batched else ("zero",)),
+               "step s", "tokens/s", "MFU", *(("days",) if with_cost else ()), *money, "runs with")
+    rows, notes = [], []
+    for p in doc["points"]:
+        star = "*" if p["gpus"] == doc.get("chosen_gpus") else ""
+        plan, tc = p["plan"], p["training_cost"] or {}
+        if p["note"] or plan is None:
+            notes.append(f"{p['gpus']:,} GPUs: {p['note'] or p['status']}")
+        if plan is None:
+            rows.append((f"{star}{p['gpus']:,}", *("-" for _ in columns[1:])))
+            continue
+        d = plan["degrees"]
+        cost = (fmt_count(tc["cost"]) if priced else fmt_count(tc["gpu_hours"]) if with_cost
+                else f"{p['scaling_efficiency']:.1%}")
+        rows.append((f"{star}{p['gpus']:,}", *((f"{p['global_batch']:,}",) if batched else ()),
+                     f"{d['dp']}×{d['tp']}×{d['pp']}×{d['cp']}×{d['ep']}",
+                     *(() if batched else (str(plan["zero_stage"]),)), _seconds(plan["step_time_s"]),
+                     f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", *((f"{tc['days']:,.1f}",) if with_cost else ()),
+                     cost, ", ".join(p["frameworks"]) or "none"))
+    right = frozenset({"GPUs", "batch", "step s", "tokens/s", "MFU", "days", "GPU-h", "cost $", "eff."})
+    styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
+    title = f"Best plan per GPU count (batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
+    return Section(title, columns, rows, right=right, styles=styles, wrap=frozenset({"runs with"})), notes
+
+
+def scale_sections(doc: dict[str, Any], *, wide: bool = True) -> tuple[list[Section], list[str]]:
+    """The sweep as one table (a row per GPU count, the chosen one starred) and its notes: every column
+    when ``wide``, else the table that fits 100 columns (:func:`compact_scale_section`)."""
+    if not wide:
+        table, notes = compact_scale_section(doc)
+        return [table], [f"[dim]{escape(note)}[/dim]" for note in notes] + scale_sections(doc)[1]
     with_cost = any(p["training_cost"] for p in doc["points"])
     priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
     batched = len(doc.get("global_batches", ())) > 1  # the batch was searched: show each size's
@@ -553,10 +590,10 @@ def _node_shape(point: dict[str, Any]) -> str:
 
 
 def print_scale(doc: dict[str, Any], console: Console | None = None, *, fmt: str = "table",
-                header: Sequence[str] = ()) -> None:
+                header: Sequence[str] = (), wide: bool = False) -> None:
     """The sweep table, its notes, the chosen row's time and cost and the batch advice."""
-    sections, lines = scale_sections(doc)
-    render(sections, [*lines, *doc.get("advice_lines", [])], fmt, console, header=header)
+    sections, lines = scale_sections(doc, wide=wide or fmt != "table")
+    render(sections, [*lines, *doc.get("advice_lines", [])], fmt, console, header=header, wide=wide)
 
 
 # ---------------------------------------------------------------- progress of a long solve

@@ -42,6 +42,10 @@ class Problem:
             costed with (``costing_key(config)`` = k >= 1: ``costings[k - 1]``; 0, or no key:
             ``model`` and ``assumptions``): ``--framework any`` prices a configuration as the
             frameworks that run it do when they cost alike (:func:`autoplace.frameworks.search.admissible`).
+        microbatching: for a shape ``admissible`` accepts, None when the frameworks that express it run
+            every micro-batching of it, else ``ok(mbs, grad_accum)``: whether one of them runs it with
+            micro-batches of ``mbs`` sequences, ``grad_accum`` per step (torchtitan's 1F1B needs as many
+            as it has stages: ``Framework.batching_refusal``).  No callable: every micro-batching.
         recompute_forms: the per-layer recompute a configuration's plans may take, as a set of
             :data:`autoplace.plan.FORMS` bits (``recompute_forms(config)``; no callable: any mix, ``PER_LAYER``):
             what the frameworks that express it can state.  A pinned recompute mode overrides it.
@@ -60,6 +64,7 @@ class Problem:
     costings: tuple[tuple[ModelSpec, Assumptions], ...] = ()
     costing_key: Callable[[Config], int] | None = None
     recompute_forms: Callable[[Config], int] | None = None
+    microbatching: Callable[[Config], Callable[[int, int], bool] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -131,7 +131,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
     multiple of pp (Megatron-LM's and PyTorch's interleaved schedules require it); only the
-    shapes ``problem.admissible`` accepts.
+    shapes ``problem.admissible`` accepts, each with the micro-batchings its frameworks run
+    (``problem.microbatching``).
 
     Args:
         recipes: the recipe alternatives of ``base`` (:func:`_recipes`), ranked (:func:`_ranked`).
@@ -159,6 +160,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     compressions = _compressions(problem, base, reduce_bytes)
     shapes: list[Config] = []
     labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+    batching: list[Any] = []  # each shape's Problem.microbatching rule (None: every micro-batching)
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
@@ -180,12 +182,17 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
                     labels.append((costing, problem.forms(shape)))
+                    batching.append(None if problem.microbatching is None else problem.microbatching(shape))
                     taken[i] = costing
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
+    ruled = any(rule is not None for rule in batching)
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
-        batchings.append((mbs, ga, list(range(len(shapes))) if ga % pp == 0 else flat))
+        chosen = list(range(len(shapes))) if ga % pp == 0 else flat
+        if ruled:
+            chosen = [k for k in chosen if batching[k] is None or batching[k](mbs, ga)]
+        batchings.append((mbs, ga, chosen))
     return shapes, batchings, labels
 
 

@@ -207,3 +207,12 @@ def test_the_plans_table_fits_100_columns_without_splitting_a_number() -> None:
     wide = io.StringIO()
     print_solution(doc, object(), Console(file=wide, width=300, no_color=True), wide=True)
     assert "comm/step" in wide.getvalue() and "comm/step" not in out.getvalue()
+
+
+def test_scale_fits_100_columns_and_wide_keeps_every_column() -> None:
+    args = ["scale", LLAMA_70B, "--gpu", "h100", "--gpus", "64,128", "--tokens", "15T", "--price-per-gpu-hour", "2",
+            "--time-limit", "0.5", "--workers", "1"]
+    compact, wide = invoke(*args).stdout, invoke(*args, "--wide").stdout
+    assert_fits(compact)
+    assert "┃ cost $ ┃" in compact and "scaling eff." not in compact
+    assert "scaling eff." in wide and "nodes x GPUs" in wide and any(len(line) > 100 for line in wide.splitlines())

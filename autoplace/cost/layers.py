@@ -235,15 +235,17 @@ def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:
         a = m.attention
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
         if a.q_lora_rank:
-            q = h * a.q_lora_rank + a.q_lora_rank * heads * qk  # down + up projection
+            q_down, q = h * a.q_lora_rank, a.q_lora_rank * heads * qk  # down + up projection
             q_norm = a.q_lora_rank
         else:
-            q, q_norm = h * heads * qk, 0
+            q_down, q, q_norm = 0, h * heads * qk, 0
         kv_down = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # shared latent + decoupled rope key
         kv_up = a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim)
         out = heads * a.v_head_dim * h
-        # the down projections and their norms are replicated across TP (Megatron-Core MLA)
-        return q + kv_up + out, kv_down + q_norm + a.kv_lora_rank, 0.0, heads * qk, heads * qk, heads * a.v_head_dim
+        # the down projections and their norms are replicated across TP: megatron-core 0.16's Transformer
+        # Engine MLA spec builds both as TELinear(parallel_mode="duplicated") (gpt_layer_specs.py)
+        rep = q_down + kv_down + q_norm + a.kv_lora_rank
+        return q + kv_up + out, rep, 0.0, heads * qk, heads * qk, heads * a.v_head_dim
     d = m.dim_head
     qw, kw = heads * d, m.n_kv_heads * d
     weights = h * (qw + 2 * kw) + qw * h

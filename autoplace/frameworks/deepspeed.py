@@ -352,7 +352,6 @@ class DeepSpeed(Framework):
         dry_run(ctx, steps)
 
 
-
 def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program) -> str:
     """A bash script for the ``deepspeed`` launcher running the program (which passes the bundle's
     config through ``--deepspeed --deepspeed_config``), in the environment every launch kind sets

@@ -77,6 +77,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         options["assumptions"] = shared_costing(able, given)
         test = admissible(members(ANY), model, given)
         options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
+        options["microbatching"] = test.microbatching
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -137,7 +138,8 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
-                   recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms, **options)
+                   recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms,
+                   microbatching=test.microbatching, **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
@@ -164,7 +166,8 @@ class Admission:
     costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it run it
     when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs), else
     under the shared costing, whose plans :class:`Runners` judges again -- and the recompute
-    its plans may take (``Problem.recompute_forms``): what those frameworks can state."""
+    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- and the
+    micro-batchings they run (``Problem.microbatching``)."""
 
     def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
         from autoplace.cost.layers import layer_table
@@ -189,8 +192,9 @@ class Admission:
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
         self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
-        self._last: tuple[Config | None, tuple[bool, int, int]] = (None, (False, 0, 0))
+        self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
+        self._batchings: dict[tuple[Any, ...], Callable[[int, int], bool]] = {}  # microbatching's rules
 
     def __call__(self, config: Config) -> bool:
         return self._judged(config)[0]
@@ -205,21 +209,54 @@ class Admission:
         framework that expresses it can state (:func:`recompute_forms`)."""
         return self._judged(config)[2]
 
-    def _judged(self, config: Config) -> tuple[bool, int, int]:
-        """(whether a framework expresses ``config``, its costing, its recompute forms), from the
+    def microbatching(self, config: Config) -> Callable[[int, int], bool] | None:
+        """The micro-batchings of shape ``config`` (``Problem.microbatching``): None when a framework
+        that expresses it runs every one, else whether one of those that do runs ``(mbs, grad_accum)``
+        (:meth:`Framework.batching_refusal`)."""
+        ruled = self._judged(config)[3]
+        if ruled is None:
+            return None
+        # the rules read only pp, vpp, schedule and the micro-batching: one rule, and one verdict, per value
+        key = (ruled, config.pp, config.vpp, config.schedule)
+        if key not in self._batchings:
+            verdicts: dict[tuple[int, int], bool] = {}
+
+            def runs(mbs: int, ga: int) -> bool:
+                if (mbs, ga) not in verdicts:
+                    batched = config.with_micro_batching(mbs, ga)
+                    verdicts[mbs, ga] = any(f.batching_refusal(batched) is None for f in ruled)
+                return verdicts[mbs, ga]
+
+            self._batchings[key] = runs
+        return self._batchings[key]
+
+    def expresses(self, config: Config) -> bool:
+        """Whether a framework of the group runs ``config``, its shape and its micro-batching."""
+        if not self(config):
+            return False
+        rule = self.microbatching(config)
+        return rule is None or rule(config.mbs, config.grad_accum)
+
+    def _judged(self, config: Config) -> _Verdict:
+        """(whether a framework expresses ``config``, its costing, its recompute forms, and None when
+        one of those that express it runs every micro-batching, else those frameworks), from the
         frameworks' verdicts."""
         if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
             return self._last[1]
         costed: list[int] = []
         forms = 0
-        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one) or a form
-            for judge in judges:
-                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER
+        ruled: list[Framework] = []  # frameworks that express it but run only some micro-batchings
+        free = False  # one that runs every micro-batching expresses it
+        for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one), a
+            for judge in judges:  # form, or the micro-batchings of those that express it are limited
+                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
                 if news and judge.admits(config, self._plan_of):
                     if k not in costed:
                         costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
-        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms)
+                    free = free or not judge.framework.batching_rules
+                    ruled += [judge.framework] if judge.framework.batching_rules else []
+        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled))
         self._last = (config, verdict)
         return verdict
 
@@ -248,6 +285,11 @@ class Admission:
             split = even_split(self._table.blocks, pp * vpp)
             self._layouts[pp, vpp] = tuple(sum(split[s::pp]) for s in range(pp))
         return self._layouts[pp, vpp]
+
+
+# Admission's verdict on a shape: admitted, its costing, its recompute forms, the frameworks whose
+# micro-batching rules limit it (None: one that expresses it runs every micro-batching)
+_Verdict = tuple[bool, int, int, "tuple[Framework, ...] | None"]
 
 
 class _Judge:

@@ -316,6 +316,9 @@ class TransformerSpec(Strict):
     seq_len: SeqLen
     ffn: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    # epsilon of every norm (Hugging Face rms_norm_eps / layer_norm_eps[ilon] / norm_epsilon); None =
+    # unstated: each framework's own default (Megatron-LM 1e-5, torchtitan's llama3 1e-5, qwen3 1e-6)
+    norm_eps: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
     bias: bool = False
     qkv_bias: bool = False
     tied_embeddings: bool = False
