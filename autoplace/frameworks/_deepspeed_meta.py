@@ -23,6 +23,7 @@ process groups, ZeRO-Init context), so many bundles can be built in one process.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 import types
@@ -172,7 +173,8 @@ class HostToMeta:
     The model's parameters are meta tensors, so every host copy DeepSpeed makes of them (ZeRO-3's
     defragmenting staging buffer, ZeRO-Offload's fp32 partitions) would copy meta data; on the meta
     device the copy has the shape and dtype DeepSpeed asked for.  Tensors made without a device stay
-    where torch puts them (scalars DeepSpeed reads with ``.item()``).
+    where torch puts them when they are small (scalars DeepSpeed reads with ``.item()``); larger ones made
+    by size are host buffers, placed on the meta device too.
     """
 
     def __new__(cls) -> Any:
@@ -193,6 +195,14 @@ class HostToMeta:
         # tensors made from Python values (Adam's step counter: torch.tensor(0.0, device="cpu")) keep
         # their device: they hold values torch reads back, never a model-sized buffer
         VALUES = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+        # buffers made by size where torch puts them by default, the host (ZeRO-3's flat host buffer of
+        # offloaded parameters: torch.empty(n, dtype=...))
+        BY_SIZE = (torch.empty, torch.zeros, torch.ones, torch.full)
+
+        def big(args: tuple[Any, ...]) -> bool:
+            size = args[0] if args and isinstance(args[0], list | tuple | torch.Size) else args[:1]
+            dims = [d for d in size if isinstance(d, int)]
+            return len(dims) == len(size) and math.prod(dims) > VALUE_ELEMENTS
 
         class _HostToMeta(TorchFunctionMode):
             def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -201,6 +211,8 @@ class HostToMeta:
                 if func in (torch.Tensor.cpu, torch.Tensor.pin_memory) and args[0].is_meta:
                     return args[0]
                 if on_host(kwargs.get("device")) and func not in VALUES:
+                    kwargs["device"] = "meta"
+                if func in BY_SIZE and kwargs.get("device") is None and big(args):
                     kwargs["device"] = "meta"
                 if func is torch.Tensor.to and len(args) > 1 and on_host(args[1]):
                     args = (args[0], "meta", *args[2:])

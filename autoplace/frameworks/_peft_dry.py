@@ -53,7 +53,7 @@ def dry_run(ctx: DryContext, steps: Steps, framework: str) -> None:
     with steps.step(f"{script_path.name}, the bundle's PEFT script (imported: its functions above __main__)"):
         script = load_script(script_path)
     flag, wanted = CONFIG_FLAGS[framework]
-    with steps.step(f"{script_path.name}'s parse_args on every launch kind's words: each hands it {wanted}",
+    with steps.step(f"every launch kind hands {script_path.name} {wanted} (the script's parse_args of its words)",
                     fix=_fix_launches):
         args = launch_arguments(script, ctx, flag, wanted)
     with steps.step("transformers' config of the model"):
@@ -78,10 +78,6 @@ def load_script(path: Path) -> types.ModuleType:
         raise ValueError(f"{path} is not a Python script")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for name in ("parse_args", "make_accelerator", "build_model", "lora_config", "optimizer_for"):
-        if not hasattr(module, name):
-            raise ValueError(f"{path.name} has no {name}(): written by an autoplace before its launches handed it a "
-                             "framework config; re-run autoplace solve --out")
     return module
 
 
@@ -93,6 +89,8 @@ def launch_arguments(script: types.ModuleType, ctx: DryContext, flag: str, wante
         ValueError: a kind whose words the script refuses (argparse's own message) or that name another file.
     """
     launches = dict(ctx.launches) or {ctx.launched.kind: ctx.launched}
+    if not hasattr(script, "parse_args"):
+        older_script(launches, wanted)
     for launched in launches.values():
         args = parse(script, launched, ctx.bundle)
         given = getattr(args, flag.lstrip("-"), None)
@@ -101,6 +99,30 @@ def launch_arguments(script: types.ModuleType, ctx: DryContext, flag: str, wante
             raise ValueError(f"{launched.file}: {Path(launched.entry).name} gets {flag} {given} from the launch "
                              f"({words}); the plan needs {flag} {wanted}")
     return parse(script, ctx.launched, ctx.bundle)
+
+
+def older_script(launches: dict[str, Launched], wanted: str) -> None:
+    """A PEFT script written before the launches handed it its config (its ``main()`` built a bare
+    ``Accelerator()``, configured only by ``accelerate launch``'s words): the first launch kind that starts it
+    without the framework config, else that the script must be written again.
+
+    Raises:
+        ValueError: always (the script cannot be built as this dry run builds it).
+    """
+    from accelerate.commands.launch import launch_command_parser
+
+    for launched in launches.values():
+        given = None
+        if launched.launcher == "accelerate":
+            args = launch_command_parser().parse_args(list(launched.launcher_words[1:]))
+            given = args.deepspeed_config_file if wanted == CONFIG_FLAGS["deepspeed"][1] else args.config_file
+        if given is None or Path(given).name != wanted:
+            raise ValueError(f"{launched.file}: {launched.launcher} starts {Path(launched.entry).name}, whose "
+                             f"Accelerator() reads its config only from accelerate launch's words; it gets "
+                             f"{given or 'none'}, the plan needs {wanted}")
+    script = Path(next(iter(launches.values())).entry).name
+    raise ValueError(f"{script} takes no framework config in its words (written by an older autoplace): re-run "
+                     "autoplace solve --out")
 
 
 def parse(script: types.ModuleType, launched: Launched, bundle: Path) -> Any:
