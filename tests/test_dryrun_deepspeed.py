@@ -45,7 +45,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     "llama-lora-zero3": ("llama-3.1-8b.json", "zero=3", "lora"),
     "qwen2.5-qlora-zero2": ("qwen2.5-0.5b.json", "zero=2", "qlora"),
     "llama-qlora-zero3": ("llama-3.1-8b.json", "zero=3", "qlora"),
+    "mistral-zero3-ga1": ("mistral-7b-v0.1.json", "zero=3", "full"),
 }
+BATCH = {"mistral-zero3-ga1": 8}  # one micro-batch per rank: no accumulation (the others: 64, 8 per rank)
 PIPELINES = {"llama-pp2-zero1", "qwen2.5-pp2-zero0", "gpt2-pp2-zero1"}
 WRAPPED = {"qwen2.5-pp2-zero0", "phi3-zero0"}  # BF16_Optimizer / FP16_UnfusedOptimizer: no reduce buckets
 
@@ -60,6 +62,10 @@ DIFFERS: dict[tuple[str, str], str] = {
         "cost model: zero=0 keeps the fp32 master and Adam state whole; DeepSpeed's pipeline engine with bf16 at "
         "ZeRO-0 runs BF16_Optimizer, which partitions them over the data-parallel group (bf16_optimizer.py "
         "fp32_groups_flat_partition): ZeRO-1's optimizer bytes"),
+    ("mistral-zero3-ga1", "grads"): (
+        "cost model: ZeRO-2/3 gradients are live at the peak (the start of backward) only when accumulation spans more "
+        "micro-batches than are in flight (terms_memory state_live); DeepSpeed's ZeRO-3 allocates its gradient "
+        "partition buffer at initialize and keeps it (stage3.py _setup_for_real_optimizer): plan.json says 0"),
     ("llama-qlora-zero3", "params"): (
         "cost model: ZeRO-3 shards the NF4 base with its constants over dp; bitsandbytes' quant_state (absmax per "
         "64 weights, nested constants) is an attribute of each Params4bit, not a parameter: every rank holds all of "
@@ -86,7 +92,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def build(case: str, rank: int = 0) -> RankRun:
         if case not in bundles:
-            bundles[case] = hf_bundle(root, *CASES[case][:2], "deepspeed", CASES[case][2])
+            family, plan, method = CASES[case]
+            bundles[case] = hf_bundle(root, family, plan, "deepspeed", method, BATCH.get(case, 64))
         if (case, rank) not in cache:
             cache[case, rank] = build_in_process(bundles[case], rank)
         return cache[case, rank]
