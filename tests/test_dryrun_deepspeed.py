@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
-from tests.dryrun_bundles import hf_bundle, within
+from tests.dryrun_bundles import CLUSTER, hf_bundle, within, write_test_bundle
+from tests.helpers import REPO
 
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
@@ -219,3 +220,32 @@ def test_the_cli_builds_both_pipeline_ranks_in_worker_processes(builds: Any) -> 
     doc = json.loads(done.stdout)
     assert [r["rank"] for r in doc["ranks"]] == [0, 4] and [r["stage"] for r in doc["ranks"]] == [0, 1]
     assert all(r["ok"] and r["states"]["params"]["within_tolerance"] for r in doc["ranks"]), doc["ranks"]
+
+
+def test_a_llama_style_shorthand_is_built_as_its_llamaconfig(tmp_path: Path) -> None:
+    model = json.loads((REPO / "examples/models/tiny-llama.json").read_text())
+    model["training"].update(precision="bf16", global_batch=64)
+    bundle = write_test_bundle(tmp_path / "b", model, CLUSTER, "zero=3", "deepspeed")
+    run = build_in_process(bundle, 0)
+    assert run.ok and any("LlamaConfig of the shorthand b-model.json" in n for n in run.notes)
+    assert all(within(run.measured[s][0], run.predicted[s], TOLERANCE) for s in ("params", "grads", "optimizer"))
+
+
+def test_another_shorthand_is_refused_naming_what_llamaconfig_cannot_state(tmp_path: Path) -> None:
+    model = json.loads((REPO / "examples/models/gpt-3-175b.json").read_text())
+    bundle = write_test_bundle(tmp_path / "b", {**model, "layers": 2}, CLUSTER, "zero=3", "deepspeed")
+    failed = build_in_process(bundle, 0).failed
+    assert failed is not None and failed["step"] == "transformers' config of the model"
+    assert "LlamaConfig cannot state ffn=gelu, norm=layernorm, position=learned, bias" in failed["error"]
+    assert failed["fix"] == "give the Hugging Face model after --: autoplace dryrun BUNDLE -- --model DIR_OR_HUB_ID"
+
+
+def test_the_model_after_double_dash_is_the_one_built(builds: Any, tmp_path: Path) -> None:
+    """``autoplace dryrun BUNDLE -- --model DIR``: the user's own model directory, said in a note."""
+    builds("qwen2.5-zero1")
+    model_dir = tmp_path / "qwen"
+    model_dir.mkdir()
+    shutil.copy(next(builds.bundles["qwen2.5-zero1"].parent.glob("qwen2.5-0.5b-shrunk.json")), model_dir / "config.json")
+    run = build_in_process(builds.bundles["qwen2.5-zero1"], 0, extra=["--model", str(model_dir)])
+    assert run.ok and f"the model: {model_dir} (--model after --)" in run.notes
+    assert run.measured == builds("qwen2.5-zero1").measured
