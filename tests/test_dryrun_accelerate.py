@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
-from tests.dryrun_bundles import hf_bundle, within
+from tests.dryrun_bundles import hf_bundle, state_cases, within
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -70,12 +70,6 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build
 
 
-def _state_cases() -> list[Any]:
-    return [pytest.param(case, state, marks=[pytest.mark.xfail(strict=True, reason=DIFFERS[case, state])]
-                         if (case, state) in DIFFERS else [])
-            for case in CASES for state in ("params", "grads", "optimizer")]
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_every_step_is_done_or_skipped_with_a_reason(case: str, builds: Any) -> None:
     run = builds(case)
@@ -84,7 +78,7 @@ def test_every_step_is_done_or_skipped_with_a_reason(case: str, builds: Any) -> 
     assert any(s["step"].startswith("accelerator.prepare") and s["status"] == "done" for s in run.steps)
 
 
-@pytest.mark.parametrize(("case", "state"), _state_cases())
+@pytest.mark.parametrize(("case", "state"), state_cases(CASES, DIFFERS))
 def test_each_state_is_within_2_percent_of_plan_json(case: str, state: str, builds: Any) -> None:
     run = builds(case)
     measured, _how = run.measured[state]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
-from tests.dryrun_bundles import CLUSTER, hf_bundle, within, write_test_bundle
+from tests.dryrun_bundles import CLUSTER, hf_bundle, state_cases, within, write_test_bundle
 from tests.helpers import REPO
 
 pytest.importorskip("deepspeed")
@@ -107,15 +107,6 @@ def _ranks(case: str) -> list[int]:
     return [0, 4] if case in PIPELINES else [0]
 
 
-def _state_cases() -> list[Any]:
-    out = []
-    for case in CASES:
-        for state in ("params", "grads", "optimizer"):
-            why = DIFFERS.get((case, state))
-            out.append(pytest.param(case, state, marks=[pytest.mark.xfail(strict=True, reason=why)] if why else []))
-    return out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_every_step_is_done_or_skipped_and_the_rank_is_on_its_planned_stage(case: str, builds: Any) -> None:
     for rank in _ranks(case):
@@ -126,7 +117,7 @@ def test_every_step_is_done_or_skipped_and_the_rank_is_on_its_planned_stage(case
         assert any("deepspeed.initialize" in s["step"] for s in run.steps)
 
 
-@pytest.mark.parametrize(("case", "state"), _state_cases())
+@pytest.mark.parametrize(("case", "state"), state_cases(CASES, DIFFERS))
 def test_each_state_is_within_2_percent_of_plan_json(case: str, state: str, builds: Any) -> None:
     for rank in _ranks(case):
         run = builds(case, rank)
