@@ -76,6 +76,7 @@ def test_every_step_is_done_or_skipped_with_a_reason(case: str, builds: Any) -> 
     assert run.ok, run.failed
     assert all(s["status"] == "done" or (s["status"] == "skipped" and s["why"]) for s in run.steps)
     assert any(s["step"].startswith("accelerator.prepare") and s["status"] == "done" for s in run.steps)
+    assert run.stage == 0
 
 
 @pytest.mark.parametrize(("case", "state"), state_cases(CASES, DIFFERS))

@@ -58,6 +58,7 @@ def dry_run(ctx: DryContext, steps: Steps, planned: str) -> None:
 
             model = causal_lm(source.config, torch.float32)
         model, optimizer = prepare(accelerator, steps, model)
+        steps.stage(0)  # accelerate configures no pipeline: every rank holds the whole model's stage
         measure(steps, model, optimizer, accelerator)
 
 
