@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoplace.emit._common import check_compression, fail, training_dtype
 from autoplace.emit.launch import Launch, Program, user_program
@@ -23,6 +24,9 @@ from autoplace.frameworks._fsdp_read import fsdp_plan_values
 from autoplace.frameworks._fsdp_train import fsdp_train_script
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, ReadConfig, check_recipe, checked
 from autoplace.plan import Plan
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -137,8 +141,13 @@ def _split_sequence(mesh: DeviceMesh, x: torch.Tensor) -> torch.Tensor:
 
 
 def _first_arg_hook(fn):
+    """A forward pre-hook applying ``fn`` to the module's input: its first positional argument, else its
+    ``hidden_states`` (or first) keyword argument (Hugging Face decoders call ``self_attn(hidden_states=...)``)."""
     def hook(module, args, kwargs):
-        return (fn(args[0]), *args[1:]), kwargs
+        if args:
+            return (fn(args[0]), *args[1:]), kwargs
+        name = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+        return args, {{**kwargs, name: fn(kwargs[name])}}
     return hook
 
 
@@ -153,7 +162,8 @@ def default_tp_plan(block: nn.Module) -> dict[str, str]:
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str] | None = None) -> None:
-    """Megatron-style TP on every block; with SP, norms and the residual stream are split over the sequence."""
+    """Megatron-style TP on every block and the vocabulary-parallel edges; with SP, norms and the residual
+    stream are split over the sequence."""
     for _, block in _blocks(model):
         plan = tp_plan or default_tp_plan(block)
         if not any(style == "colwise" for style in plan.values()):
@@ -179,6 +189,32 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str] | No
         blocks[0][1].register_forward_pre_hook(_first_arg_hook(functools.partial(_split_sequence, tp_mesh)),
                                                with_kwargs=True)
         blocks[-1][1].register_forward_hook(lambda m, a, out: _gather_sequence(tp_mesh, out))
+    apply_tp_edges(model, tp_mesh)
+
+
+# (Hugging Face accessor, torchtitan attribute) of the input embedding and the output head
+EDGES = (("get_input_embeddings", "tok_embeddings"), ("get_output_embeddings", "output"))
+
+
+def _edge(model: nn.Module, accessor: str, name: str) -> nn.Module | None:
+    get = getattr(model, accessor, None)
+    return get() if callable(get) else getattr(model, name, None)
+
+
+def apply_tp_edges(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Vocabulary-parallel edges, as torchtitan's apply_tp and Megatron's VocabParallelEmbedding /
+    column-parallel output layer split them: the embedding's rows and the head's output features over
+    the TP ranks, the logits gathered for the model's own loss; a tied head keeps sharing the
+    embedding's weight (one shard of it)."""
+    embed, head = (_edge(model, accessor, name) for accessor, name in EDGES)
+    head = head if isinstance(head, nn.Linear) else None
+    tied = embed is not None and head is not None and head.weight is embed.weight
+    if head is not None:
+        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+    if isinstance(embed, nn.Embedding):
+        if tied:
+            embed.weight = head.weight
+        parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
 
 
 def _selective_context():
@@ -362,6 +398,14 @@ class Fsdp(Framework):
             return Program(user_program(launch))
         q = shlex.quote
         return Program((f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', *(q(a) for a in launch.args), '"$@"'))
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """train_fsdp2.py's own steps on a fake process group: its arguments, the model, the module's mesh
+        and parallelization, the optimizer and one micro-batch of the first step on fake tensors
+        (:mod:`autoplace.frameworks._fsdp_dry`)."""
+        from autoplace.frameworks._fsdp_dry import dry_run
+
+        dry_run(ctx, steps)
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         """The module's plan; it states no batch, so the model file's global batch is taken in
