@@ -28,7 +28,7 @@ from autoplace.plan import Plan
 if TYPE_CHECKING:
     from autoplace.dryrun.steps import DryContext, Steps
 from autoplace.specs.cluster import ClusterSpec
-from autoplace.specs.model import ModelSpec
+from autoplace.specs.model import ModelSpec, TransformerSpec
 
 FMT = "fsdp"
 _DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "None"}
@@ -286,10 +286,10 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[
             block.compile()
     if COMPRESS == "powersgd":
         return apply_powersgd(model, mesh["dp_replicate"])
-    if DP_REPLICATE * DP_SHARD > 1:
-        # 2-D (replicate, shard) mesh = HSDP; a shard dimension of one is plain replication (DDP).
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
-        apply_fsdp(model, dp_mesh)
+    # 2-D (replicate, shard) mesh = HSDP; a shard dimension of one is plain replication.  With one
+    # data-parallel rank FSDP2 still wraps the model: its MixedPrecisionPolicy is what computes in PARAM_DTYPE.
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
+    apply_fsdp(model, dp_mesh)
     return model
 '''
 
@@ -310,6 +310,7 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     """
     del cluster
     check_expressible(plan)
+    check_kv_heads(plan, model)
     return _TEMPLATE.format(
         model_name=model.name, module_stem=module_stem, dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard,
         tp=plan.tp, sp=plan.sp and plan.tp > 1, zero=plan.zero, reshard=plan.zero == 3,
@@ -350,6 +351,16 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "CPU offload needs zero=3 over more than one data-parallel rank")
 
 
+def check_kv_heads(plan: Plan, model: ModelSpec) -> None:
+    """Raise EmitError when TP would split a KV head: DTensor's column split of k_proj / v_proj gives each
+    rank whole heads only when tp divides kv_heads (it cannot replicate them, as Megatron-LM does for
+    tp > kv_heads); the model's attention then reshapes its share with -1 heads of head_dim."""
+    kv = model.n_kv_heads if isinstance(model, TransformerSpec) else None
+    if plan.tp > 1 and kv and kv % plan.tp:
+        raise fail(FMT, f"tp={plan.tp} with kv_heads={kv}: the module splits k_proj and v_proj by columns, which "
+                        "cannot replicate KV heads; tp must divide kv_heads")
+
+
 def _check_powersgd(plan: Plan) -> None:
     """PowerSGD is a DDP comm hook: plain data parallelism (zero=0) over more than one rank."""
     if plan.zero != 0 or plan.dp < 2 or plan.powersgd_rank < 1:
@@ -372,6 +383,7 @@ class Fsdp(Framework):
     name = FMT
     title = "PyTorch FSDP2"
     bf16_recipe = "bf16-fsdp2"
+    behaviour = {"replicas_keep_gathered": True}  # zero=0 is fully_shard over dp_shard=1 (apply_fsdp)
     denied_features = frozenset({"cp", "ep", "interleave"})
     pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
     compressions = frozenset({"bf16", "powersgd"})
@@ -380,8 +392,11 @@ class Fsdp(Framework):
     config_file = MODULE_FILE
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
-        del model
-        return checked(check_expressible)
+        def check(plan: Plan) -> None:
+            check_expressible(plan)
+            check_kv_heads(plan, model)
+
+        return checked(check)
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         return [BundleFile(MODULE_FILE, "PyTorch module applying the plan (DeviceMesh, DTensor TP, AC, FSDP2): a "
