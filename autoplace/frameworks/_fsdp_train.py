@@ -86,8 +86,13 @@ def build_optimizer(model, args):
 
 
 def micro_step(model, ids):
-    """Forward and backward of one micro-batch; the gradients of GRAD_ACCUM of them make a step."""
-    (model(input_ids=ids, labels=ids).loss / GRAD_ACCUM).backward()
+    """Forward and backward of one micro-batch; the gradients of GRAD_ACCUM of them make a step.
+
+    No KV cache (use_cache=False, as transformers' own gradient checkpointing sets it): training needs
+    none, and a recomputed block would find the cache its forward filled, so selective recompute's
+    replay stops ("invocation index N encountered during backward but not found in storage").
+    """
+    (model(input_ids=ids, labels=ids, use_cache=False).loss / GRAD_ACCUM).backward()
 
 
 def main():
