@@ -212,9 +212,9 @@ def apply_tp_edges(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if head is not None:
         parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
     if isinstance(embed, nn.Embedding):
-        if tied:
-            embed.weight = head.weight
         parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        if tied:  # both split the [vocab, hidden] weight by rows (Shard(0)): one parameter again
+            embed.weight = head.weight
 
 
 def _selective_context():
@@ -310,7 +310,7 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     """
     del cluster
     check_expressible(plan)
-    check_kv_heads(plan, model)
+    check_tp(plan, model)
     return _TEMPLATE.format(
         model_name=model.name, module_stem=module_stem, dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard,
         tp=plan.tp, sp=plan.sp and plan.tp > 1, zero=plan.zero, reshard=plan.zero == 3,
@@ -351,14 +351,30 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "CPU offload needs zero=3 over more than one data-parallel rank")
 
 
-def check_kv_heads(plan: Plan, model: ModelSpec) -> None:
-    """Raise EmitError when TP would split a KV head: DTensor's column split of k_proj / v_proj gives each
-    rank whole heads only when tp divides kv_heads (it cannot replicate them, as Megatron-LM does for
-    tp > kv_heads); the model's attention then reshapes its share with -1 heads of head_dim."""
-    kv = model.n_kv_heads if isinstance(model, TransformerSpec) else None
-    if plan.tp > 1 and kv and kv % plan.tp:
-        raise fail(FMT, f"tp={plan.tp} with kv_heads={kv}: the module splits k_proj and v_proj by columns, which "
-                        "cannot replicate KV heads; tp must divide kv_heads")
+# Hugging Face families whose every block projection the module's default TP plan splits by name
+# (q/k/v/o, gate/up/down, c_fc/c_proj; per-head q/k norms act on a rank's own heads).  The others fuse
+# q/k/v in one projection (GPT-NeoX, Falcon, BLOOM, MPT, Phi-3, StarCoder's c_attn; GPT-2's Conv1D),
+# norm q and k over all heads (OLMo 2), compress them (DeepSeek's MLA) or stack their experts in one
+# tensor (transformers 5's MoE blocks): a dry run measures them unsplit (Mixtral at tp=2: +89% params)
+# or stopped (OLMo 2: its q_norm meets a rank's share of q).
+TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "starcoder2"})
+
+
+def check_tp(plan: Plan, model: ModelSpec) -> None:
+    """Raise EmitError when the module's tensor parallelism cannot split the model as the plan counts it:
+    a family whose blocks it does not split whole (TP_FAMILIES; a shorthand is built as Llama, so one
+    without experts), or a KV head split across ranks -- DTensor's column split of k_proj / v_proj gives
+    each rank whole heads only when tp divides kv_heads (it cannot replicate them, as Megatron-LM does)."""
+    if plan.tp == 1 or not isinstance(model, TransformerSpec):
+        return
+    family = model.family or ("a shorthand with experts" if model.moe is not None else None)
+    if family is not None and family not in TP_FAMILIES:
+        raise fail(FMT, f"tp={plan.tp} with {family}: the module's TP splits q/k/v/o and gate/up/down projections "
+                        f"by name, which {family}'s blocks do not have all of (it splits {', '.join(sorted(TP_FAMILIES))}); "
+                        "use tp=1 or torchtitan / Megatron-LM")
+    if model.n_kv_heads % plan.tp:
+        raise fail(FMT, f"tp={plan.tp} with kv_heads={model.n_kv_heads}: the module splits k_proj and v_proj by "
+                        "columns, which cannot replicate KV heads; tp must divide kv_heads")
 
 
 def _check_powersgd(plan: Plan) -> None:
@@ -394,7 +410,7 @@ class Fsdp(Framework):
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         def check(plan: Plan) -> None:
             check_expressible(plan)
-            check_kv_heads(plan, model)
+            check_tp(plan, model)
 
         return checked(check)
 
