@@ -9,9 +9,12 @@ checkpointing, FSDP2 ``fully_shard``) run on a fake process group of the planned
 ``optimizer.step()``) runs on fake tensors, so FSDP2 allocates its gradient shards and AdamW its state
 the way the first step does.
 
-The model is built under ``FakeTensorMode`` (shapes and dtypes, no storage) rather than on the meta
-device: FSDP2 refuses to run a step on meta parameters ("FSDP parameters should be materialized from
-meta device before training", torch 2.13 ``_fsdp_param_group.py: _validate_no_meta_params``).  The
+The model is built and parallelized on the meta device; FSDP2 refuses to run a step on meta parameters
+("FSDP parameters should be materialized from meta device before training", torch 2.13
+``_fsdp_param_group.py: _validate_no_meta_params``), so its shards then get storage the way FSDP2's
+meta-device initialization gives it (``model.to_empty``), on fake tensors (``FakeTensorMode``: shapes and
+dtypes, no storage).  Sharding on fake tensors instead would cost a fake tensor per shard of every
+parameter (FSDP2 chunks each over the shard group: 508 s for Llama-3-405B over 2,048 ranks).  The
 weights are never read: ``load_model`` builds from ``--model``'s config.json as ``--from-config`` does.
 """
 
@@ -144,7 +147,7 @@ class _Built:
         model: what ``parallelize`` returned (FSDP2 modules around the model; under PowerSGD the model
             DistributedDataParallel would wrap, :func:`_without_ddp`).
         vocab: the vocabulary ``main`` reads from the model's config before parallelizing it.
-        fake: the FakeTensorMode the parameters were made in (the step runs in it).
+        fake: the FakeTensorMode the parameters were given storage in (the step runs in it).
         sharded: the parameters as parallelize left them (FSDP2's shards, TP's DTensors), by id.
         fsdp: parallelize applied FSDP2 (not only TP, or DDP under PowerSGD).
         offloaded: FSDP2 keeps its shards on the host (CPUOffloadPolicy).
@@ -159,31 +162,34 @@ class _Built:
 
 
 def _build(ctx: DryContext, steps: Steps, script: ModuleType, args: argparse.Namespace) -> _Built:
-    """The model the script loads, then the bundle's mesh and parallelization of it."""
+    """The model the script loads, on the meta device; the bundle's mesh and parallelization of it; then
+    its parameters given fake storage, as FSDP2's meta-device initialization does (``to_empty``)."""
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.fsdp import FSDPModule
 
-    fake = FakeTensorMode()
-    with steps.step("the model: load_model(args), on fake tensors"), \
+    with steps.step("the model: load_model(args), on the meta device"), \
             tempfile.TemporaryDirectory(prefix="autoplace-fsdp-") as scratch:
         directory, said = _model_directory(ctx, args, Path(scratch))
         steps.note(said)
-        with fake:
+        with torch.device("meta"):
             model = script.load_model(argparse.Namespace(**{**vars(args), "model": str(directory),
                                                               "from_config": True}))
         vocab = model.config.vocab_size  # as main reads it, before parallelize may wrap the model
     with steps.step("the device mesh: build_mesh()", fix=functools.partial(_mesh_fix, ctx.world)):
         mesh = script.build_mesh()
     module = sys.modules[Path(MODULE).stem]
-    offloaded = bool(getattr(module, "OFFLOAD_TO_CPU", False))
-    # outside the fake mode: the fake parameters carry it with them, while the mesh arithmetic
-    # FSDP2 does for a 2-D (dp, tp) mesh needs real rank tensors (autoplace.fidelity.trackers)
     with steps.step("TP, activation checkpointing and FSDP2: parallelize(model, mesh)"), _unpinned(module, steps), \
             _without_ddp(module, steps):
         model = script.parallelize(model, mesh)
-    from torch.distributed.fsdp import FSDPModule
-
+    # FSDP2 runs no step on meta parameters; its meta-device recipe gives them storage with to_empty
+    # (fake storage here: shapes and dtypes only) before the first step
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # to_empty's inputs are the meta parameters
+    with steps.step("the shards on fake tensors: model.to_empty(), as FSDP2's meta-device initialization"), fake:
+        model.to_empty(device=torch.device("cpu"))
     fsdp = any(isinstance(m, FSDPModule) for m in model.modules())
-    return _Built(model, vocab, fake, frozenset(id(p) for p in model.parameters()), fsdp, offloaded and fsdp)
+    offloaded = fsdp and bool(getattr(module, "OFFLOAD_TO_CPU", False))
+    return _Built(model, vocab, fake, frozenset(id(p) for p in model.parameters()), fsdp, offloaded)
 
 
 @contextlib.contextmanager
@@ -319,7 +325,7 @@ def _measure(steps: Steps, built: _Built, optimizer: Any, kept: tuple[int, int],
                         "counters are host scalars"}
     for name, nbytes in counted.items():
         if built.offloaded:
-            steps.measured(name, 0, f"none on the GPU: CPUOffloadPolicy keeps {how[name]} on the host ({nbytes:,} B)")
+            steps.measured(name, 0, f"none on the GPU: CPUOffloadPolicy keeps them on the host ({nbytes:,} B): {how[name]}")
         else:
             steps.measured(name, nbytes, how[name])
     if built.offloaded:
