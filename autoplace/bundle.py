@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autoplace import frameworks
 from autoplace.emit._common import comment_safe
-from autoplace.emit.launch import DEFAULT_LAUNCH, Launch, emit_k8s, emit_slurm, emit_torchrun
+from autoplace.emit.launch import DEFAULT_LAUNCH, Launch, emit_k8s, emit_slurm, emit_torchrun, manifest_yaml
 from autoplace.errors import EmitError, SpecError
 from autoplace.evaluation import Evaluation
 from autoplace.frameworks.base import BundleFile, Framework, Program, user_program
@@ -81,10 +79,7 @@ def render(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch:
         return [BundleFile(name, what, emit_torchrun(plan, model, cluster, launch, program), executable=True)]
     if fmt == "slurm":
         return [BundleFile(name, what, emit_slurm(plan, model, cluster, launch, program), executable=True)]
-    if program.launcher is not None:
-        raise EmitError(f"k8s: the PyTorchJob runs torchrun; {framework.title if framework else 'this job'} starts "
-                        "with its own launcher")
-    return [BundleFile(name, what, yaml.safe_dump(emit_k8s(plan, model, cluster, launch, program), sort_keys=False))]
+    return [BundleFile(name, what, manifest_yaml(emit_k8s(plan, model, cluster, launch, program)))]
 
 
 def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[str] | None, out_dir: str | Path,
@@ -106,7 +101,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
             :class:`autoplace.frameworks.search.Runners`): listed in README.txt, not written.
 
     Returns:
-        file name -> path of every file written.
+        file name -> path of every file written, README.txt last.
 
     Raises:
         SpecError: an unknown format name.
@@ -147,7 +142,7 @@ def emit(plan: Plan, model: ModelSpec, cluster: ClusterSpec, formats: Sequence[s
         paths[f.name] = _write(out / f.name, f.text, executable=f.executable)
         readme.append(f"{f.name}: {f.what}")
     (out / "README.txt").write_text("\n".join(readme) + "\n")
-    return paths
+    return {**paths, "README.txt": out / "README.txt"}
 
 
 def _not_written(fmt: str, why: str) -> str:
@@ -203,7 +198,7 @@ class FrameworkBundle:
         """One console line: the folder, its files and the predicted slowdown, or the reason."""
         if self.evaluation is None or self.files is None:
             return f"not written: {self.reason}"
-        names = ", ".join(name for name in self.files if name != "plan.json")
+        names = ", ".join(self.files)
         return (f"{self.files['plan.json'].parent}/: {names}; step {self.evaluation.step_time_s:.3f} s "
                 f"({self.slowdown:+.1%} vs the best plan)")
 

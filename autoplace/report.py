@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,9 +74,28 @@ def tiers(ev: Evaluation, cluster: ClusterSpec) -> dict[str, str]:
 
 
 # A console that is not a terminal (a pipe, a file, CliRunner) prints at this width: wide
-# enough that no table row or plan string is wrapped or cut.
+# enough that no table row or plan string is wrapped or cut (--wide, CSV, markdown).
 UNBOUNDED_WIDTH = 100_000
+# Default table output fits a terminal of this many columns; --wide lifts it
+WIDTH = 100
 FORMATS = ("table", "json", "csv", "markdown")
+
+
+def fold(text: str, width: int = WIDTH, indent: str = "  ") -> str:
+    """Plain ``text`` in lines of at most ``width`` columns, broken after a space or a comma (a plan
+    string's ``key=value`` runs stay whole; a run longer than a line breaks after a ``:``), each
+    continuation indented by ``indent``."""
+    lines, line = [], ""
+    room = width - len(indent)
+    for token in re.findall(r"[^ ,]+[ ,]*|[ ,]+", text):
+        pieces = [token] if len(token.rstrip()) <= room else re.findall(r"[^:]+:?", token)
+        for piece in pieces:
+            if line.strip() and len(line) + len(piece.rstrip()) > width:
+                lines.append(line.rstrip())
+                line = indent
+            line += piece
+    lines.append(line.rstrip())
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -90,11 +110,13 @@ class Section:
     wrap: frozenset[str] | None = None  # the columns that may wrap (None: all)
 
 
-def make_console() -> Console:
-    """The terminal's width on a terminal; unbounded when piped or redirected."""
+def make_console(width: int | None = None) -> Console:
+    """The terminal's width on a terminal, unbounded when piped or redirected; at most ``width``
+    columns either way when given (the default table output: :data:`WIDTH`)."""
     if sys.stdout.isatty():
-        return _Console()
-    return _Console(width=UNBOUNDED_WIDTH, no_color=True, highlight=False)
+        console = _Console()
+        return _Console(width=min(console.width, width)) if width else console
+    return _Console(width=width or UNBOUNDED_WIDTH, no_color=True, highlight=False)
 
 
 class _Console(Console):
@@ -119,13 +141,14 @@ def fmt_count(n: float) -> str:
 
 
 def render(sections: Sequence[Section], lines: Sequence[str], fmt: str, console: Console | None = None,
-           *, header: Sequence[str] = ()) -> None:
+           *, header: Sequence[str] = (), wide: bool = False) -> None:
     """Print ``header``, the tables and the closing ``lines`` as ``fmt`` (table, markdown or csv).
 
-    CSV holds the tables only (one block per table: a title row unless it is the only one, the
-    header row, the rows; blocks separated by an empty line) so it loads into a spreadsheet.
+    Tables and lines fit :data:`WIDTH` columns (long lines wrap at spaces, text cells fold)
+    unless ``wide``.  CSV holds the tables only (one block per table: a title row unless it is the
+    only one, the header row, the rows; blocks separated by an empty line) so it loads into a spreadsheet.
     """
-    console = console or make_console()
+    console = console or make_console(None if wide or fmt != "table" else WIDTH)
     if fmt == "csv":
         console.print(_csv(sections), end="", markup=False, highlight=False, soft_wrap=True)
         return
@@ -133,7 +156,7 @@ def render(sections: Sequence[Section], lines: Sequence[str], fmt: str, console:
         console.print(_markdown(sections, lines, header), end="", markup=False, highlight=False, soft_wrap=True)
         return
     for line in header:
-        console.print(line, soft_wrap=True)
+        _print_wrapped(console, line)
     for sec in sections:
         tab = Table(title=sec.title)
         for col in sec.columns:  # only text columns may wrap: a number is never split over two lines
@@ -143,7 +166,16 @@ def render(sections: Sequence[Section], lines: Sequence[str], fmt: str, console:
             tab.add_row(*row, style=sec.styles[i] if i < len(sec.styles) else None)
         console.print(tab)
     for line in lines:
-        console.print(line, soft_wrap=True)
+        _print_wrapped(console, line)
+
+
+def _print_wrapped(console: Console, line: str) -> None:
+    """One line of rich markup, wrapped at spaces to the console's width without trailing blanks."""
+    from rich.text import Text
+
+    for part in Text.from_markup(line).wrap(console, console.width, overflow="fold"):
+        part.rstrip()
+        console.print(part)
 
 
 def _csv(sections: Sequence[Section]) -> str:
@@ -208,7 +240,7 @@ def evaluation_sections(ev: Evaluation, cluster: ClusterSpec) -> tuple[list[Sect
                   styles=[None] * (len(tim_rows) - 1) + ["bold"])
     lines = [f"host memory per GPU for offloaded states: {ev.host['offloaded'] / GiB:.1f} of "
              f"{ev.host['capacity'] / GiB:.1f} GiB (its share of host_memory_GB)"] if ev.host["offloaded"] else []
-    lines += [f"[bold]plan[/bold] {p.to_string()}",
+    lines += [f"[bold]plan[/bold] {escape(fold(p.to_string(), WIDTH - len('plan ')))}",
              f"tokens/s {ev.tokens_per_s:,.0f} · model TFLOP/s per GPU {ev.tflops_per_gpu:.1f} "
              f"(with recompute {ev.hw_tflops_per_gpu:.1f}) · MFU {ev.mfu:.1%}"]
     if p.compress in COMPRESSIONS:  # "none" is not an option
@@ -257,7 +289,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     if not doc["plans"]:
         return [], _infeasible_lines(doc)
     if not wide:
-        _, lines = solution_sections(doc, plans)
+        _, lines = solution_sections(doc, [fold(text, WIDTH - len("plan 1: ")) for text in plans])
         return [compact_section(doc)], lines
     # robust ranking put a simpler plan ahead of the fastest: one line right under the table says so
     ranked = [f"[yellow]{doc['ranking']['note']}[/yellow]"] if (doc.get("ranking") or {}).get("note") else []
@@ -277,7 +309,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     columns = (*_PLAN_COLUMNS[:7], *(("compress",) if compressed else ()), *_PLAN_COLUMNS[7:])
     tab = Section(title, (*columns, *(("runs with",) if runs_with else ())), rows,
                   right=frozenset({"#", "step s", "±95%", "MFU", "comm/step"}))
-    lines = ranked + [f"plan {i + 1}: {text}" for i, text in enumerate(plans)]
+    lines = ranked + [f"plan {i + 1}: {escape(text)}" for i, text in enumerate(plans)]
     risks: dict[str, list[str]] = {}  # one line per option, naming the plans that use it
     for p in doc["plans"]:
         if p.get("compress_risk"):
@@ -353,9 +385,21 @@ def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
         mem = near["memory_per_device_bytes"]
         degrees = " ".join(f"{k}={v}" for k, v in near["degrees"].items())
         lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
-                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
-                     f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
+                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f}"
+                     f"{_missed_by(near)}")
     return lines + [f"  - {escape(line)}" for line in doc.get("advice", [])]
+
+
+def _missed_by(near: dict[str, Any]) -> str:
+    """How the nearest plan misses: device memory, host memory, or -- when it fits both -- the pins
+    it breaks (key, pinned value, its own); never a negative shortfall."""
+    if near.get("short_by_bytes", 0) > 0:
+        return f" (short by {near['short_by_bytes'] / GiB:.1f} GiB per device)"
+    if near.get("host_short_by_bytes", 0) > 0:
+        return (f" per device, and its offloaded states {near['host_short_by_bytes'] / GiB:.1f} GiB per GPU more "
+                "host memory than it has")
+    broken = ", ".join(f"{b['key']}={b['value']} (pinned {b['pinned']})" for b in near.get("breaks", []))
+    return f": it fits, but breaks the pin{'s' * (len(near['breaks']) > 1)} {broken}" if broken else ": it fits"
 
 
 def solution_header(doc: dict[str, Any]) -> str:
@@ -401,7 +445,8 @@ def print_solution(doc: dict, result: object, console: Console | None = None, *,
         gap = f"within {doc['gap']:.2%} of the proven bound" if doc.get("gap") is not None else "with no proven bound"
         lines = [f"[yellow]the time limit stopped the search: the best plan is {gap} "
                  "(raise --time-limit to prove optimality)[/yellow]", *lines]
-    render(sections, lines + notes, fmt, console, header=[*header, status] if header else [solution_header(doc)])
+    render(sections, lines + notes, fmt, console, header=[*header, status] if header else [solution_header(doc)],
+           wide=wide)
 
 
 # ---------------------------------------------------------------- where the numbers came from
@@ -473,8 +518,45 @@ def _nodes(n: int) -> str:
 # ---------------------------------------------------------------- scale
 
 
-def scale_sections(doc: dict[str, Any]) -> tuple[list[Section], list[str]]:
-    """The sweep as one table (a row per GPU count, the chosen one starred) and its notes."""
+def compact_scale_section(doc: dict[str, Any]) -> tuple[Section, list[str]]:
+    """The sweep in at most 100 columns: per GPU count the degrees, ZeRO, step time, tokens/s, MFU and
+    days and cost (or GPU-hours) to the budget, and who runs it; nodes, batch split, recompute, offload
+    and scaling efficiency are left to ``--wide`` and the JSON, a row's note to a line below."""
+    with_cost = any(p["training_cost"] for p in doc["points"])
+    priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
+    batched = len(doc.get("global_batches", ())) > 1
+    money = ("cost $",) if priced else ("GPU-h",) if with_cost else ("eff.",)
+    columns = ("GPUs", *(("batch",) if batched else ()), "dp×tp×pp×cp×ep", *(() if batched else ("zero",)),
+               "step s", "tokens/s", "MFU", *(("days",) if with_cost else ()), *money, "runs with")
+    rows, notes = [], []
+    for p in doc["points"]:
+        star = "*" if p["gpus"] == doc.get("chosen_gpus") else ""
+        plan, tc = p["plan"], p["training_cost"] or {}
+        if p["note"] or plan is None:
+            notes.append(f"{p['gpus']:,} GPUs: {p['note'] or p['status']}")
+        if plan is None:
+            rows.append((f"{star}{p['gpus']:,}", *("-" for _ in columns[1:])))
+            continue
+        d = plan["degrees"]
+        cost = (fmt_count(tc["cost"]) if priced else fmt_count(tc["gpu_hours"]) if with_cost
+                else f"{p['scaling_efficiency']:.1%}")
+        rows.append((f"{star}{p['gpus']:,}", *((f"{p['global_batch']:,}",) if batched else ()),
+                     f"{d['dp']}×{d['tp']}×{d['pp']}×{d['cp']}×{d['ep']}",
+                     *(() if batched else (str(plan["zero_stage"]),)), _seconds(plan["step_time_s"]),
+                     f"{p['tokens_per_s']:,.0f}", f"{p['mfu']:.1%}", *((f"{tc['days']:,.1f}",) if with_cost else ()),
+                     cost, ", ".join(p["frameworks"]) or "none"))
+    right = frozenset({"GPUs", "batch", "step s", "tokens/s", "MFU", "days", "GPU-h", "cost $", "eff."})
+    styles = ["bold" if p["gpus"] == doc.get("chosen_gpus") else None for p in doc["points"]]
+    title = f"Best plan per GPU count (batch {doc['global_batch_text']}; * = chosen by {doc['objective']})"
+    return Section(title, columns, rows, right=right, styles=styles, wrap=frozenset({"runs with"})), notes
+
+
+def scale_sections(doc: dict[str, Any], *, wide: bool = True) -> tuple[list[Section], list[str]]:
+    """The sweep as one table (a row per GPU count, the chosen one starred) and its notes: every column
+    when ``wide``, else the table that fits 100 columns (:func:`compact_scale_section`)."""
+    if not wide:
+        table, notes = compact_scale_section(doc)
+        return [table], [f"[dim]{escape(note)}[/dim]" for note in notes] + scale_sections(doc)[1]
     with_cost = any(p["training_cost"] for p in doc["points"])
     priced = any((p["training_cost"] or {}).get("cost") is not None for p in doc["points"])
     batched = len(doc.get("global_batches", ())) > 1  # the batch was searched: show each size's
@@ -520,10 +602,10 @@ def _node_shape(point: dict[str, Any]) -> str:
 
 
 def print_scale(doc: dict[str, Any], console: Console | None = None, *, fmt: str = "table",
-                header: Sequence[str] = ()) -> None:
+                header: Sequence[str] = (), wide: bool = False) -> None:
     """The sweep table, its notes, the chosen row's time and cost and the batch advice."""
-    sections, lines = scale_sections(doc)
-    render(sections, [*lines, *doc.get("advice_lines", [])], fmt, console, header=header)
+    sections, lines = scale_sections(doc, wide=wide or fmt != "table")
+    render(sections, [*lines, *doc.get("advice_lines", [])], fmt, console, header=header, wide=wide)
 
 
 # ---------------------------------------------------------------- progress of a long solve

@@ -114,11 +114,24 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
         plan["step_time_band_source"] = source
     annotate_ranking(doc, getattr(result, "ranking", {}))
     if result.nearest is not None:
-        doc["nearest"] = result.nearest.to_dict()
+        doc["nearest"] = nearest_doc(result.nearest, problem)
     hint = compression_hint(problem, result)
     if hint:
         doc["notes"].append(hint)
     return doc
+
+
+def nearest_doc(nearest: Any, problem: Any) -> dict[str, Any]:
+    """The nearest plan of an infeasible solve (``doc["nearest"]``): the plan, by how much it misses
+    device memory (``short_by_bytes``) and host memory (``host_short_by_bytes``), never negative, and
+    the pins it does not keep (``breaks``: key, pinned value, the plan's; it keeps them all unless
+    the search's own rules differ from the pins')."""
+    from solvers.common import broken_pins
+
+    mem, host = nearest.memory, nearest.host
+    return {**nearest.to_dict(), "short_by_bytes": max(mem["total"] - mem["capacity"], 0.0),
+            "host_short_by_bytes": max(host["offloaded"] - host["capacity"], 0.0),
+            "breaks": [{"key": k, "pinned": p, "value": v} for k, p, v in broken_pins(problem, nearest.plan)]}
 
 
 def _runners(inputs: Inputs, request: Request) -> search.Runners:

@@ -4,10 +4,10 @@ For every config in tests/data/hf and every framework whose ``model_refusal`` is
 framework's own model is built on the meta device from what autoplace emitted and compared with
 transformers' model built from the same config.json:
 
-* Megatron-LM: megatron-core's ``GPTModel`` from the ``TransformerConfig`` / ``MLATransformerConfig``
-  the emitted arguments make (``tests.test_emit_megatron.megatron_core_config``, which restates
-  Megatron-LM's ``core_transformer_config_from_args``) and the GPTModel arguments Megatron-LM's
-  ``gpt_builders.py`` passes, with megatron-core's local (non-Transformer-Engine) layer specs;
+* Megatron-LM: megatron-core's ``GPTModel`` as ``autoplace dryrun`` builds it from the emitted arguments
+  (``autoplace.frameworks._megatron_build``: Megatron-LM's ``validate_args``,
+  ``core_transformer_config_from_args`` and ``gpt_builders.py``, restated), with megatron-core's local
+  layer specs laid out as Transformer Engine's;
 * torchtitan: the flavor the TOML names, from torchtitan's own registry or from the bundle's
   flavor module, built by the family's own model class;
 * DeepSpeed, accelerate, FSDP2: their bundles train the user's transformers model itself, so the
@@ -28,7 +28,6 @@ import copy
 import json
 import warnings
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -37,7 +36,6 @@ from autoplace.errors import EmitError
 from autoplace.frameworks import get, megatron, torchtitan
 from autoplace.specs.model import model_from_dict
 from tests.helpers import REPO, gpu_cluster
-from tests.test_emit_megatron import megatron_core_config
 from tests.test_emit_plans import make_plan
 from tests.test_emit_torchtitan import without_triton
 
@@ -85,6 +83,14 @@ def count(module: Any) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def norm_eps(model: Any) -> set[Any]:
+    """The epsilon every norm module of ``model`` adds (torch's RMSNorm / LayerNorm and the libraries'
+    own: transformers' ``variance_epsilon``); None for a norm that takes torch's dtype-dependent default."""
+    norms = [m for m in model.modules() if type(m).__name__.endswith("Norm")]
+    assert norms
+    return {getattr(m, "eps", getattr(m, "variance_epsilon", "no eps")) for m in norms}
+
+
 def hf_blocks(model: Any) -> list[int]:
     """Parameters per decoder block of a transformers model."""
     inner = getattr(model, "model", None) or getattr(model, "transformer", None) or model.gpt_neox
@@ -122,43 +128,22 @@ def mcore_world() -> Any:
         dist.destroy_process_group()
 
 
-class _CoreAttention:
-    """Stand-in for megatron-core's core attention (softmax(QK^T)V: no parameters)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        return torch.nn.Identity()
-
-
 def megatron_model(args: list[str]) -> Any:
-    """megatron-core's GPTModel for Megatron-LM ``args`` (local specs), as gpt_builders.py builds it."""
-    import dataclasses
-
+    """megatron-core's GPTModel for Megatron-LM ``args``, as ``autoplace dryrun`` builds it
+    (:mod:`autoplace.frameworks._megatron_build`: Megatron-LM's parse_args / validate_args,
+    core_transformer_config_from_args and gpt_builder, restated; megatron-core's local layer specs laid
+    out as Transformer Engine's), on the meta device."""
     import torch
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config, opts = megatron_core_config(args, 1)
-    config = dataclasses.replace(config, use_cpu_initialization=True)
-    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=opts["normalization"])
-    if config.multi_latent_attention:  # the local DotProductAttention takes no k_channels (MLA runs on TE):
-        for layer in block.layer_specs:  # a parameter-free stand-in for the parameter-free core attention
-            layer.submodules.self_attention.submodules.core_attention = _CoreAttention
-    mtp = (get_gpt_mtp_block_spec(config, block.layer_specs[-1], use_transformer_engine=False)
-           if opts.get("mtp_num_layers") else None)
-    # megatron-core 0.16's MLA builds its YaRN embedding on torch.cuda.current_device() whatever
-    # use_cpu_initialization says (point it at the meta device too), and believes Transformer Engine
-    # present when its extension module imports without it (HAVE_TE, then isinstance(x, None))
-    with torch.device("meta"), warnings.catch_warnings(), mock.patch("torch.cuda.current_device", lambda: "meta"), \
-            mock.patch("megatron.core.transformer.multi_latent_attention.HAVE_TE", False):
+    from autoplace.frameworks import _megatron_build as build
+    from autoplace.frameworks._megatron_validate import megatron_arguments
+
+    namespace = megatron_arguments(args, 1)
+    config = build.buildable(build.transformer_config(namespace))
+    with torch.device("meta"), build.cuda_as_meta(), build.local_norms_without_fused_kernels(), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return GPTModel(config, block, vocab_size=opts["vocab_size"], max_sequence_length=opts["max_position_embeddings"],
-                        position_embedding_type=opts["position_embedding_type"],
-                        rotary_percent=opts.get("rotary_percent", 1.0), rotary_base=opts.get("rotary_base", 10000),
-                        rope_scaling=bool(opts.get("use_rope_scaling")),
-                        share_embeddings_and_output_weights=not opts.get("untie_embeddings_and_output_weights"),
-                        mtp_block_spec=mtp)
+        return build.gpt_model(namespace, config, True, True, None, None)
 
 
 def emitted_megatron_args(spec: Any) -> list[str]:
@@ -179,6 +164,7 @@ def test_megatron_trains_the_same_model(family: str, hf, mcore_world) -> None:
     assert sum(params.values()) - mtp == count(hf[family])
     blocks = [count(layer) for layer in model.decoder.layers]
     assert blocks == hf_blocks(hf[family])
+    assert norm_eps(model) == norm_eps(hf[family]) == {spec.norm_eps}
 
 
 # ---------------------------------------------------------------- torchtitan
@@ -197,21 +183,24 @@ def titan_model(spec: Any, packages: dict[str, Any]) -> Any:
     """The model torchtitan builds for the emitted TOML: flavor looked up in the family's registry
     (after running the bundle's flavor module, if any), built by the family's model class."""
     import torch
+    from torchtitan.protocols import train_spec as specs
 
     plan = make_plan("zero=3", spec, CLUSTER)
     doc = torchtitan.emit_torchtitan(plan, spec, CLUSTER)
     name, flavor = doc["model"]["name"], doc["model"]["flavor"]
-    train_spec = packages[name].get_train_spec()
-    registry = train_spec.model_args
-    saved = dict(registry)
+    registry = packages[name].get_train_spec().model_args
+    saved, saved_specs = dict(registry), dict(specs._extra_train_specs)
     try:
         source = torchtitan.torchtitan_model_module(plan, spec, CLUSTER)
         if source:
             exec(compile(source, "autoplace_torchtitan_model", "exec"), {})
+        train_spec = specs.get_train_spec(name)  # as Trainer.__init__ looks it up, after the custom import
         args = copy.deepcopy(registry[flavor])
     finally:
         registry.clear()
         registry.update(saved)
+        specs._extra_train_specs.clear()
+        specs._extra_train_specs.update(saved_specs)
     from torchtitan.config.manager import ConfigManager
 
     args.update_from_config(ConfigManager().parse_args(torchtitan.torchtitan_overrides(plan, spec, CLUSTER)))
@@ -228,6 +217,7 @@ def test_torchtitan_trains_the_same_model(family: str, hf, titan_models) -> None
     model = titan_model(spec, titan_models)
     assert count(model) == count(hf[family])
     assert [count(block) for block in model.layers.values()] == hf_blocks(hf[family])
+    assert norm_eps(model) == norm_eps(hf[family]) == {spec.norm_eps}
 
 
 def test_torchtitan_custom_flavors_copy_rope_scaling_exactly(titan_models) -> None:
@@ -346,6 +336,7 @@ FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "bias": ({"qkv_bias": True}, {"bias": True, "qkv_bias": True}),
     "qkv_bias": ({}, {"qkv_bias": True}),
     "tied_embeddings": ({}, {"tied_embeddings": True}),
+    "norm_eps": ({}, {"norm_eps": 1e-6}),
     "position": ({}, {"position": "learned", "max_position": 512}),
     "rope_theta": ({}, {"rope_theta": 500000.0}),
     "dropout": ({}, {"dropout": True}),

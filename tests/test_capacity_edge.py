@@ -105,12 +105,16 @@ def test_large_blocks_hide_the_hosts_kernel_issue() -> None:
     assert _compute_s(model, 8, 10.0) == pytest.approx(_compute_s(model, 8, 0.0))
 
 
+def _fsdp2_llama():
+    return model_from_dict({"name": "tiny-llama", "layers": 4, "hidden": 512, "ffn_hidden": 1536, "heads": 8,
+                            "kv_heads": 8, "vocab": 32000, "seq_len": 1024, "ffn": "swiglu", "norm": "rmsnorm",
+                            "flash_attention": True, "training": {"global_batch": 32, "precision": "bf16-fsdp2"}})
+
+
 def test_a_pipeline_that_defers_fsdp_sync_keeps_full_fp32_gradients() -> None:
     """torch.distributed.pipelining holds FSDP2's reduce-scatter to the last micro-batch: every
     stage accumulates its gradients unsharded in the reduce dtype (fp32 for bf16-fsdp2)."""
-    model = model_from_dict({"name": "tiny-llama", "layers": 4, "hidden": 512, "ffn_hidden": 1536, "heads": 8,
-                             "kv_heads": 8, "vocab": 32000, "seq_len": 1024, "ffn": "swiglu", "norm": "rmsnorm",
-                             "flash_attention": True, "training": {"global_batch": 32, "precision": "bf16-fsdp2"}})
+    model = _fsdp2_llama()
     plan = {"pp": 2, "zero": 3, "mbs": 1, "dp_shard": 4}
     per_sync = _eval(model, plan, gpus=8).model_states["grads"]
     deferred = _eval(model, plan, DEFAULT.replace(pipeline_defers_grad_sync=True), gpus=8).model_states["grads"]
@@ -119,6 +123,19 @@ def test_a_pipeline_that_defers_fsdp_sync_keeps_full_fp32_gradients() -> None:
     flat = {"pp": 1, "zero": 3, "mbs": 1, "dp_shard": 8}  # no pipeline: FSDP2 reduce-scatters every backward
     assert _eval(model, flat, DEFAULT.replace(pipeline_defers_grad_sync=True), gpus=8).model_states["grads"] == \
         pytest.approx(_eval(model, flat, gpus=8).model_states["grads"])
+
+
+def test_deferred_gradients_stay_on_the_device_when_the_optimizer_is_offloaded() -> None:
+    """FSDP2's CPUOffloadPolicy sends only the reduce-scatter output to the host (foreach_reduce); a
+    deferred reduce accumulates the unsharded fp32 gradients on the device first
+    (FSDPParam.to_accumulated_grad_if_needed; tests/test_dryrun_torchtitan.py counts them)."""
+    model, assume = _fsdp2_llama(), DEFAULT.replace(pipeline_defers_grad_sync=True)
+    kept = {"pp": 2, "zero": 3, "mbs": 1, "dp_shard": 4}
+    offloaded = {**kept, "offload_optimizer": "cpu", "offload_params": "cpu"}
+    grads = _eval(model, offloaded, assume, gpus=8).model_states["grads"]
+    assert grads > 0 and grads == pytest.approx(_eval(model, kept, assume, gpus=8).model_states["grads"])
+    flat = {"pp": 1, "zero": 3, "mbs": 1, "dp_shard": 8, "offload_optimizer": "cpu", "offload_params": "cpu"}
+    assert _eval(model, flat, assume, gpus=8).model_states["grads"] == 0  # reduced to the host every backward
 
 
 def _zero3_compute_s(model, mbs: int, assume) -> float:

@@ -155,3 +155,131 @@ def test_bf16_reduction_is_accelerates_fsdp_mixed_precision(text: str, tmp_path,
     fp32 = small_model("fp32")
     with pytest.raises(EmitError, match="mixed_precision dtype, fp32 here"):
         emit_accelerate(make_plan("zero=3,compress=bf16", fp32, CLUSTER16), fp32, CLUSTER16)
+
+
+# ---------------------------------------------------------------------------------------
+# Context parallelism as accelerate runs it (issue 34: Gemma-2-9B got cp=2)
+
+# config.json files that declare a window longer than the model's context: the spec leaves a window
+# that never binds out (specs/_hf_read.py _window), accelerate still refuses their sliding_window
+WINDOW_THAT_NEVER_BINDS = {"phi-3.5-mini-instruct.json", "phi-4-mini-instruct.json"}
+
+
+def test_context_parallel_refusals_are_what_accelerate_and_sdpa_refuse() -> None:
+    """For every Hugging Face config in tests/data/hf: autoplace refuses accelerate's cp > 1 exactly when
+    accelerate's own CP hook (big_modeling._attach_context_parallel_hooks) refuses the model, or when
+    transformers runs its attention without SDPA (the only attention torch's ring swaps in)."""
+    import json
+    import warnings
+
+    import torch
+    import transformers
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+
+    from autoplace.frameworks.accelerate import context_parallel_refusal
+    from autoplace.specs.model import load_model
+    from tests.helpers import REPO
+
+    disagree = set()
+    for path in sorted((REPO / "tests" / "data" / "hf").glob("*.json")):
+        config = {k: v for k, v in json.loads(path.read_text()).items() if k != "quantization_config"}
+        if config["model_type"] in ("RefinedWebModel", "RefinedWeb"):  # the pre-port Falcon is transformers' falcon
+            config["model_type"] = "falcon"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf = transformers.AutoConfig.for_model(**config)
+        module = torch.nn.Module()
+        module.config = hf
+        try:
+            _attach_context_parallel_hooks(module)
+            refused = False
+        except ValueError as exc:
+            refused = "Context parallelism does not support attention layers" in str(exc)
+        text = hf.get_text_config()
+        sdpa = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(text)]._supports_sdpa
+        ours = context_parallel_refusal(load_model(path))
+        if (ours is not None) != (refused or not sdpa):
+            disagree.add(path.name)
+        elif refused:
+            assert ours is not None and ours.startswith("sliding-window attention"), (path.name, ours)
+    assert disagree == WINDOW_THAT_NEVER_BINDS
+
+
+def test_gemma2_plans_for_accelerate_keep_the_whole_sequence_per_rank() -> None:
+    """The search treats cp > 1 as not runnable by accelerate for Gemma 2 (sliding windows), and says why."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from autoplace import frameworks
+    from autoplace.cli import app
+    from autoplace.specs.model import load_model
+    from tests.helpers import REPO
+
+    path = REPO / "tests" / "data" / "hf" / "gemma-2-9b.json"
+    out = CliRunner().invoke(app, ["solve", str(path), "--cluster", "1x8xh100", "--framework", "accelerate", "--top",
+                                   "3", "--json"])
+    assert out.exit_code == 0, out.output
+    plans = json.loads(out.stdout)["plans"]
+    assert plans and all(p["degrees"]["cp"] == 1 for p in plans)
+    model = load_model(path)
+    plan = make_plan("dp_shard=4,cp=2,zero=3", model, gpu_cluster(8))
+    why = frameworks.get("accelerate").refusal(plan, model)
+    assert why is not None and why.startswith("accelerate: cp=2: sliding-window attention (window 4096)")
+
+
+@pytest.mark.parametrize("text", ["zero=3", "zero=2,recompute=full", "zero=3,offload_optimizer=cpu,offload_params=cpu",
+                                  "zero=3,preset=hsdp", "zero=0"])
+def test_the_peft_script_builds_the_plugins_accelerate_launch_builds(text: str, tmp_path, monkeypatch) -> None:
+    """peft_train.py --accelerate_config builds its Accelerator's FSDP plugin, ParallelismConfig and mixed
+    precision from the YAML itself (so any launcher runs the plan): the ones accelerate launch's own
+    reading of the same YAML builds."""
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from autoplace.emit.peft_train import render_peft_train
+    from tests.test_lora_train_script import script_function
+
+    model = MODEL.model_copy(update={"training": MODEL.training.model_copy(update={"method": "lora"})})
+    plan = make_plan(text, model, CLUSTER16)
+    cfg = emit_accelerate(plan, model, CLUSTER16)
+    ours = script_function(render_peft_train(plan, model, CLUSTER16), "accelerate_plugins")(cfg)
+    env = accelerate_launch_env(cfg, tmp_path, monkeypatch)
+    fsdp, par = plugins_from(env, monkeypatch)
+    assert ours["mixed_precision"] == env["ACCELERATE_MIXED_PRECISION"]
+    pc = ours.get("parallelism_config")
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == par if pc else par == (1, 1, 1, 1)
+    assert ("fsdp_plugin" in ours) == (fsdp is not None)
+    if fsdp is not None:
+        mine = ours["fsdp_plugin"]
+        fields = ("fsdp_version", "reshard_after_forward", "state_dict_type", "activation_checkpointing")
+        assert [getattr(mine, f) for f in fields] == [getattr(fsdp, f) for f in fields]
+        assert type(mine.cpu_offload) is type(fsdp.cpu_offload)
+        assert mine.auto_wrap_policy is fsdp.auto_wrap_policy is transformer_auto_wrap_policy
+
+
+def test_tensor_parallel_families_are_the_ones_transformers_has_a_plan_for() -> None:
+    """accelerate's TP loads the model with transformers' tp_plan: every Hugging Face family autoplace reads
+    is refused tp > 1 exactly when transformers' config class has no base_model_tp_plan."""
+    import warnings
+
+    import transformers
+
+    from autoplace import frameworks
+    from autoplace.frameworks.accelerate import NO_TP_PLAN
+    from autoplace.specs.hf import _FAMILIES
+    from autoplace.specs.model import load_model
+    from tests.helpers import REPO
+
+    without = set()
+    for family in _FAMILIES:
+        name = "falcon" if family.startswith("RefinedWeb") else family  # the pre-port Falcon
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = transformers.CONFIG_MAPPING[name]().get_text_config()
+        if not getattr(text, "base_model_tp_plan", None):
+            without.add(family)
+    assert without == NO_TP_PLAN
+    gpt2 = load_model(REPO / "tests" / "data" / "hf" / "gpt2.json")
+    plan = make_plan("tp=2,sp=false,zero=3", gpt2, gpu_cluster(8))
+    why = frameworks.get("accelerate").refusal(plan, gpt2)
+    assert why is not None and why.startswith("accelerate: tp=2: transformers has no tensor-parallel plan for gpt2")

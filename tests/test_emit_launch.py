@@ -128,7 +128,10 @@ def test_cpu_clusters_ask_slurm_and_kubernetes_for_no_gpus() -> None:
     assert "--gpus-per-node=2" in emit_slurm(plan, model, cluster, Launch(gres=True))
 
 
-def test_k8s_pytorchjob_runs_torchrun_without_a_shell(tmp_path) -> None:
+def test_k8s_pytorchjob_passes_every_user_word_and_container_args_through_untouched(tmp_path) -> None:
+    """The pod's command, run as the container runtime runs it (its ``args`` appended: bash -c takes
+    them as "$@"), hands torchrun the user's words as given and runs none of them."""
+    pwned_existed = Path("/tmp/pwned").exists()
     model = small_model(name=EVIL)
     launch = evil_launch(tmp_path)
     doc = yaml.safe_load(yaml.safe_dump(emit_k8s(make_plan("zero=3", model, CLUSTER16), model, CLUSTER16, launch)))
@@ -137,8 +140,18 @@ def test_k8s_pytorchjob_runs_torchrun_without_a_shell(tmp_path) -> None:
     specs = doc["spec"]["pytorchReplicaSpecs"]
     assert doc["spec"]["nprocPerNode"] == "8" and specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1
     container = specs["Worker"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "pytorch" and container["command"] == ["torchrun", launch.script, *launch.args]
+    assert container["name"] == "pytorch" and container["command"][:2] == ["bash", "-c"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    record = tmp_path / "record.jsonl"
+    env = {**os.environ, "PATH": f"{fake_bin(tmp_path)}:{os.environ['PATH']}", "RECORD_TO": str(record),
+           **{e["name"]: e["value"] for e in container["env"]}}
+    done = subprocess.run([*container["command"], "--extra", "$(touch x)"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    (call,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert call["argv"] == [launch.script, *launch.args, "--extra", "$(touch x)"]
+    assert (call["job"], call["bundle"]) == (EVIL, launch.bundle_dir)
+    assert_nothing_ran(tmp_path, pwned_existed)
 
 
 def test_single_node_jobs_and_partial_nodes() -> None:

@@ -7,23 +7,29 @@ parser (``megatron.training.arguments``) is not in that wheel, and megatron-brid
 Transformer Engine (CUDA), so the step from flags to config is this test's own translation,
 written after Megatron-LM's ``core_transformer_config_from_args`` (``megatron/training/
 argument_utils.py``): flags named like a TransformerConfig field are copied, the others mapped
-as it maps them.  The flags that are not TransformerConfig fields (positions, vocabulary, batch)
-are checked against what ``validate_args`` and ``GPTModel`` accept: those checks are restated
-here from Megatron-LM's main branch (``arguments.py``), not run from its code.
+as it maps them.  Every check Megatron-LM core_v0.16.1 makes of a launch's words before its first
+step (``validate_args``, the micro-batch calculator, the tokenizer, the LR scheduler, the datasets,
+the interleaved schedule) is restated in ``autoplace.frameworks._megatron_args.validate``, which
+runs here on the words every emitted launch passes (and on a bundle's, through bash).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplace.bundle import emit
 from autoplace.errors import EmitError
-from autoplace.frameworks.megatron import block_pattern, emit_megatron, padded_vocab
+from autoplace.frameworks import get
+from autoplace.frameworks._megatron_args import validate
+from autoplace.frameworks.megatron import block_pattern, emit_megatron, launch_args
 from autoplace.specs.model import load_model
 from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_plans import CLUSTER16, MODEL, make_plan, small_model
@@ -138,12 +144,19 @@ _OTHER_FLAGS = {"use_distributed_optimizer", "num_distributed_optimizer_instance
                 "use_precision_aware_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy",
                 "ckpt_format", "num_layers_per_virtual_pipeline_stage", "decoder_first_pipeline_num_layers",
                 "decoder_last_pipeline_num_layers", "micro_batch_size", "global_batch_size", "seq_length",
-                "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by", "position_embedding_type",
+                "max_position_embeddings", "padded_vocab_size", "position_embedding_type",
                 "rotary_base", "group_query_attention", "swiglu", "untie_embeddings_and_output_weights",
                 "disable_bias_linear", "num_experts", "fp16", "bf16", "accumulate_allreduce_grads_in_fp32",
                 "fp8_format", "grad_reduce_in_bf16",
                 # GPTModel arguments (gpt_builders.py): partial rotary, Llama 3.1 RoPE scaling
-                "rotary_percent", "use_rope_scaling", "rope_scaling_factor"}
+                "rotary_percent", "use_rope_scaling", "rope_scaling_factor",
+                # the run's own (_megatron_args.run_args): learning rate, intervals, data split
+                "lr", "min_lr", "lr_decay_style", "lr_warmup_fraction", "save_interval", "eval_interval", "eval_iters",
+                "split"}
+
+
+# TransformerConfig fields whose flag is named otherwise (their argparse_meta arg_names), by flag
+_RENAMED = {"norm_epsilon": "layernorm_epsilon"}
 
 
 # Megatron-LM core_v0.16.1 arguments.py defaults of the MLA flags and of the RoPE flags MLATransformerConfig
@@ -158,16 +171,16 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
     import torch
     import torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     opts = words_to_options(args)
     config_class = MLATransformerConfig if opts.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM
     fields = {f.name for f in dataclasses.fields(config_class)}
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}  # --overlap-grad-reduce, ...
-    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS
+    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS - set(_RENAMED)
     assert not unknown, f"flags Megatron-LM does not define: {unknown}"
     kw = {k: v for k, v in opts.items() if k in fields}
+    kw.update({field: opts[flag] for flag, field in _RENAMED.items() if flag in opts})
     if config_class is MLATransformerConfig:  # arguments.py's defaults reach the MLA config's fields by name
         kw = {**_MLA_ARG_DEFAULTS, **kw}
     if "moe_layer_freq" in kw:  # Megatron's parser evaluates the list string
@@ -190,27 +203,16 @@ def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, An
         assert opts["num_layers"] % (pp * per) == 0
         kw["virtual_pipeline_model_parallel_size"] = opts["num_layers"] // (pp * per)
     config = config_class(**kw)  # megatron-core's __post_init__ validation
-    # validate_args (restated): the degrees fill the world, the batch splits into micro-batches
-    model_parallel = config.tensor_model_parallel_size * pp * config.context_parallel_size
-    assert world % model_parallel == 0
-    dp = world // model_parallel
-    assert opts["global_batch_size"] % (opts["micro_batch_size"] * dp) == 0
-    if config.num_query_groups:  # Attention.__init__: KV groups split over TP ranks, or replicated when fewer
-        groups, tp = config.num_query_groups, config.tensor_model_parallel_size
-        assert groups % tp == 0 or (groups < tp and config.num_attention_heads % groups == 0)
-    if opts.get("sequence_parallel"):
-        assert config.tensor_model_parallel_size > 1
-    if opts.get("use_megatron_fsdp"):
-        assert opts.get("use_distributed_optimizer") and opts.get("ckpt_format") == "fsdp_dtensor"
-    # GPTModel's own signature: position type choices and an integer RoPE base
-    import inspect
-    import typing
-
-    signature = inspect.signature(GPTModel.__init__).parameters
-    assert opts["position_embedding_type"] in typing.get_args(signature["position_embedding_type"].annotation)
-    if "rotary_base" in opts:
-        assert isinstance(opts["rotary_base"], int)
+    # Megatron-LM's own checks on the launch's words, restated in the package (and GPTModel's arguments)
+    why = validate([*args, *launch_args(lambda var, what: SAMPLE_ENV[var])], world)
+    assert why is None, why
+    assert not opts.get("sequence_parallel") or config.tensor_model_parallel_size > 1  # autoplace writes it so
     return config, opts
+
+
+# values for the launch's required variables (megatron.PLACEHOLDERS)
+SAMPLE_ENV = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "/models/tokenizer",
+              "CHECKPOINT_DIR": "/checkpoints", "TRAIN_ITERS": "5000"}
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +245,7 @@ def test_megatron_core_accepts_the_llama3_arguments_and_reads_the_plan(text: str
     assert config.gated_linear_unit and not config.add_bias_linear and config.normalization == "RMSNorm"
     assert (opts["position_embedding_type"], opts["rotary_base"]) == ("rope", 500000)  # Llama 3's RoPE base
     assert opts["untie_embeddings_and_output_weights"] and opts["seq_length"] == m.seq_len
-    assert padded_vocab(opts["vocab_size"], opts["make_vocab_size_divisible_by"], plan.tp) == m.vocab
+    assert opts["padded_vocab_size"] == m.vocab
     if plan.pp > 1 and len(set(plan.layers_per_stage)) > 1 and plan.vpp == 1:
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (
             plan.layers_per_stage[0], plan.layers_per_stage[-1])
@@ -262,8 +264,7 @@ def test_megatron_core_accepts_other_architectures(name: str, checks: dict[str, 
     assert opts["position_embedding_type"] == ("learned_absolute" if name == "gpt2.json" else "rope")
     assert ("untie_embeddings_and_output_weights" in opts) == (not model.tied_embeddings)
     # gpt2's vocabulary (50257) is odd: tp=2 needs one padding row, the fewest Megatron allows
-    assert padded_vocab(opts["vocab_size"], opts["make_vocab_size_divisible_by"], 2) - model.vocab == (
-        1 if name == "gpt2.json" else 0)
+    assert opts["padded_vocab_size"] - model.vocab == (1 if name == "gpt2.json" else 0)
 
 
 def test_megatron_core_rejects_what_it_should(mcore) -> None:
@@ -316,3 +317,175 @@ def test_bf16_reduction_needs_bf16_training_and_other_options_are_refused() -> N
                           ("dp_replicate=16,zero=0,compress=powersgd", "plan with compress=none")]:
         with pytest.raises(EmitError, match=message):
             args_of(text)
+
+
+# ---------------------------------------------------------------------------------------
+# Megatron-LM's checks before step 1 (autoplace.frameworks._megatron_args.validate)
+
+
+def launch_words(text: str, model=LLAMA_70B, world: int = 64) -> list[str]:
+    """The words a launch of ``text`` passes to pretrain_gpt.py: the bundle's arguments, then the
+    placeholders with sample values."""
+    cluster = gpu_cluster(world)
+    args = emit_megatron(make_plan(text, model, cluster), model, cluster)
+    return [*args, *launch_args(lambda var, what: SAMPLE_ENV[var])]
+
+
+def drop(words: list[str], flag: str) -> list[str]:
+    """``words`` without ``flag`` and its values."""
+    i = words.index(flag)
+    j = next((k for k in range(i + 1, len(words)) if words[k].startswith("--")), len(words))
+    return words[:i] + words[j:]
+
+
+INTERLEAVED = "tp=8,pp=4,vpp=2,zero=1,recompute=selective"  # 64 GPUs: dp 2, 1024 micro-batches per step
+ONE_SET = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+# (what breaks it: extra words after the launch's, a flag dropped, the world, the environment), the flag named
+BROKEN: list[tuple[list[str], str | None, int, dict[str, str | None], str]] = [
+    ([], None, 48, ONE_SET, "--tensor-model-parallel-size: tp(8) x pp(4) x cp(1) = 32 does not divide"),
+    (["--tensor-model-parallel-size", "eight"], None, 64, ONE_SET, "--tensor-model-parallel-size: invalid int"),
+    (["--normalization", "BatchNorm"], None, 64, ONE_SET, "--normalization: 'BatchNorm' is not one of"),
+    ([], "--micro-batch-size", 64, ONE_SET, "--micro-batch-size: required"),
+    (["--num-virtual-stages-per-pipeline-rank", "2"], None, 64, ONE_SET, "--num-virtual-stages-per-pipeline-rank: give only one"),
+    (["--num-layers-per-virtual-pipeline-stage", "3"], None, 64, ONE_SET, "--num-layers-per-virtual-pipeline-stage: 80"),
+    (["--pipeline-model-parallel-size", "2", "--no-overlap-p2p-communication"], None, 64, ONE_SET,
+     "--pipeline-model-parallel-size: the interleaved schedule needs pp > 2"),
+    ([], "--overlap-grad-reduce", 64, ONE_SET, "--overlap-param-gather: needs --overlap-grad-reduce"),
+    (["--ckpt-format", "fsdp_dtensor"], None, 64, ONE_SET, "--ckpt-format: fsdp_dtensor needs --use-megatron-fsdp"),
+    (["--fp16"], None, 64, ONE_SET, "--bf16: not with --fp16"),
+    (["--train-samples", "100"], None, 64, ONE_SET, "--train-samples: not with --train-iters"),
+    ([], "--hidden-size", 64, ONE_SET, "--hidden-size: required"),
+    (["--num-attention-heads", "48"], "--kv-channels", 64, ONE_SET, "--num-attention-heads: 48 heads do not divide"),
+    (["--context-parallel-size", "2", "--seq-length", "8190"], None, 64, ONE_SET, "--seq-length: 8190 is not a multiple"),
+    (["--max-position-embeddings", "4096"], None, 64, ONE_SET, "--max-position-embeddings: 4096 is below"),
+    (["--min-lr", "1.0"], None, 64, ONE_SET, "--min-lr: 1.0 must not exceed --lr"),
+    ([], "--save-interval", 64, ONE_SET, "--save-interval: required with --save"),
+    (["--save-interval", "0"], None, 64, ONE_SET, "--save-interval: required with --save"),
+    (["--recompute-method", "uniform"], None, 64, ONE_SET, "--recompute-method: not with --recompute-granularity"),
+    (["--tp-comm-overlap"], "--sequence-parallel", 64, ONE_SET, "--tp-comm-overlap: needs --sequence-parallel"),
+    ([], None, 64, {}, "CUDA_DEVICE_MAX_CONNECTIONS: must be 1"),
+    (["--expert-model-parallel-size", "2"], None, 64, ONE_SET, "--expert-model-parallel-size: ep=2 must divide"),
+    (["--mock-data"], None, 64, ONE_SET, "--data-path: one data source"),
+    (["--optimizer-cpu-offload"], None, 64, ONE_SET, "--optimizer-cpu-offload: needs --use-precision-aware-optimizer"),
+    (["--mtp-num-layers", "1", "--position-embedding-type", "learned_absolute"], None, 64, ONE_SET,
+     "--mtp-num-layers: needs rope"),
+    (["--multi-latent-attention"], None, 64, ONE_SET, "--group-query-attention: not with --multi-latent-attention"),
+    (["--global-batch-size", "2047"], None, 64, ONE_SET, "--global-batch-size: 2047 is not a multiple of micro-batch"),
+    (["--tokenizer-type", "GPT2BPETokenizer"], None, 64, ONE_SET, "--vocab-file: required by --tokenizer-type"),
+    ([], "--tokenizer-model", 64, ONE_SET, "--tokenizer-model: required by --tokenizer-type HuggingFaceTokenizer"),
+    (["--num-query-groups", "3"], None, 64, ONE_SET, "--num-query-groups: 3 groups do not divide 64 heads"),
+    (["--padded-vocab-size", "128257"], None, 64, ONE_SET, "--padded-vocab-size: 128257 rows do not split"),
+    ([], "--train-iters", 64, ONE_SET, "--train-iters: required"),
+    ([], "--lr", 64, ONE_SET, "--lr: required"),
+    (["--lr-warmup-init", "1.0"], None, 64, ONE_SET, "--lr-warmup-init: must not exceed"),
+    (["--lr-warmup-fraction", "1.5"], None, 64, ONE_SET, "--lr-warmup-fraction: the warmup must end"),
+    (["--lr-decay-style", "WSD"], None, 64, ONE_SET, "--lr-wsd-decay-iters: required"),
+    ([], "--eval-interval", 64, ONE_SET, "--eval-interval: required"),
+    ([], "--data-path", 64, ONE_SET, "--data-path: required"),
+    (["--global-batch-size", "2"], None, 64, ONE_SET, "--global-batch-size: the interleaved schedule runs 1"),
+]
+
+
+@pytest.mark.parametrize("extra, dropped, world, env, line", BROKEN, ids=[b[-1].split(":")[0] + str(i)
+                                                                         for i, b in enumerate(BROKEN)])
+def test_each_check_megatron_makes_before_step_one_names_its_flag(extra: list[str], dropped: str | None, world: int,
+                                                                   env: dict[str, str | None], line: str) -> None:
+    """Each restated check fails on the launch broken its way, first, with one line naming the flag; a
+    flag given again wins (argparse keeps the last value: the launch's "$@" overrides the bundle's)."""
+    words = launch_words(INTERLEAVED)
+    assert validate(words, 64, ONE_SET) is None
+    words = drop(words, dropped) if dropped else words
+    why = validate([*words, *extra], world, env)
+    assert why is not None and why.startswith(line) and "\n" not in why, why
+
+
+def test_a_word_before_any_flag_and_megatron_fsdp_with_one_connection_are_refused() -> None:
+    assert validate(["pretrain_gpt.py", *launch_words(INTERLEAVED)], 64) == "pretrain_gpt.py: expected a --flag first"
+    fsdp = launch_words("tp=2,zero=3")
+    assert validate(fsdp, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None}) is None
+    assert (validate(fsdp, 64, ONE_SET) or "").startswith("--use-megatron-fsdp: Megatron-FSDP refuses")
+
+
+@pytest.mark.parametrize("text", ["tp=8,pp=4,vpp=2,zero=1", "tp=4,pp=2,zero=1,layers=36:44,recompute=full",
+                                  "tp=2,cp=2,zero=3", "dp_replicate=64,zero=0", "pp=4,zero=1,layers=16:24:24:16"])
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_the_bundles_launch_passes_megatron_every_check_before_step_one(text: str, tmp_path) -> None:
+    """Issue 34: launch_torchrun.sh, run by bash with the required variables set and a stand-in torchrun
+    that records its words and environment, hands pretrain_gpt.py words Megatron-LM accepts (every
+    check validate restates), the learning rate and the intervals included."""
+    cluster = gpu_cluster(64)
+    plan = make_plan(text, LLAMA_70B, cluster)
+    emit(plan, LLAMA_70B, cluster, ["megatron", "torchrun"], tmp_path / "bundle")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$RECORD"\n'
+                                    'printf "%s" "${CUDA_DEVICE_MAX_CONNECTIONS-unset}" > "$RECORD.env"\n')
+    (tools / "torchrun").chmod(0o755)
+    record = tmp_path / "words"
+    env = {**os.environ, **SAMPLE_ENV, "PATH": f"{tools}:{os.environ['PATH']}", "RECORD": str(record)}
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    subprocess.run(["bash", str(tmp_path / "bundle" / "launch_torchrun.sh")], env=env, check=True)
+    words = record.read_text().split("\0")[:-1]
+    words = words[words.index("pretrain_gpt.py") + 1:]
+    connections = (tmp_path / "words.env").read_text()
+    assert validate(words, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None if connections == "unset" else connections}) is None
+    assert {"--lr", "--save-interval", "--eval-interval", "--padded-vocab-size"} <= set(words)
+
+
+def test_megatron_refuses_an_interleaved_plan_its_schedule_cannot_run() -> None:
+    """megatron-core's interleaved 1F1B runs the micro-batches in groups of pp: the plan check (what
+    the search and render ask) states the rule validate applies to the launch's words."""
+    model = small_model(batch=32)
+    plan = make_plan("pp=4,vpp=2,zero=1", model, CLUSTER16)  # 4 data-parallel ranks: 8 micro-batches
+    assert get("megatron").plan_check(model)(plan) is None
+    few = plan.replace(grad_accum=2)
+    why = get("megatron").plan_check(model)(few)
+    assert why == get("megatron").batching_refusal(few) and why is not None and "groups of 4" in why
+    with pytest.raises(EmitError, match="interleaved schedule runs 2 micro-batch"):
+        emit_megatron(few, model, CLUSTER16)
+
+
+def test_the_learning_rate_is_gpt3s_for_the_width_and_the_vocabulary_the_models() -> None:
+    """--lr from GPT-3's table (Brown et al. 2020, Table 2.1) by width; --padded-vocab-size is the
+    model's vocabulary (Megatron-LM would otherwise size the embedding from len(tokenizer))."""
+    from autoplace.frameworks._megatron_args import peak_lr
+
+    assert [peak_lr(h) for h in (256, 768, 4096, 8192, 12288, 16384)] == [6e-4, 6e-4, 1.2e-4, 1e-4, 6e-5, 6e-5]
+    words = launch_words("tp=8,zero=1")
+    assert (value(words, "--lr"), value(words, "--min-lr"), value(words, "--lr-decay-style")) == (
+        "0.0001", "1e-05", "cosine")
+    assert value(words, "--padded-vocab-size") == "128256" and "--vocab-size" not in words
+    qwen = load_model(HF / "qwen2.5-0.5b.json")
+    assert value(launch_words("tp=2,zero=1", qwen, 16), "--padded-vocab-size") == "151936"
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_validate_answers_any_words_with_a_line_or_none(data: st.DataObject) -> None:
+    """``autoplace dryrun`` hands it what a user's edited files say: whatever the words, one line or None."""
+    words = launch_words(INTERLEAVED)
+    flags = [w for w in words if w.startswith("--")]
+    for _ in range(data.draw(st.integers(1, 4))):
+        flag = data.draw(st.sampled_from(flags))
+        if data.draw(st.booleans()):
+            words = drop(words, flag) if flag in words else words
+        else:
+            words = [*words, flag, *data.draw(st.lists(st.sampled_from(["0", "-1", "abc", "1e9", "2", "3.5", ""]),
+                                                       max_size=2))]
+    world = data.draw(st.sampled_from([0, 1, 3, 64]))
+    why = validate(words, world, data.draw(st.sampled_from([None, {}, ONE_SET])))
+    assert why is None or (isinstance(why, str) and "\n" not in why and why)
+
+
+def test_the_gpt3_example_is_megatrons_gpt_with_biases_on_every_linear_layer(mcore) -> None:
+    """Issue 36: ``bias: true`` alone meant every linear layer but q/k/v (qkv_bias defaulted to false),
+    which Megatron-LM refused for the shipped GPT-3 175B file; qkv_bias now follows bias unless
+    stated, and megatron-core builds GPT-3's attention with its q/k/v biases (attention.py:
+    ``bias=add_bias_linear or add_qkv_bias``)."""
+    from autoplace.frameworks import get
+
+    model, cluster = load_model(REPO / "examples/models/gpt-3-175b.json"), gpu_cluster(64)
+    assert model.bias and model.qkv_bias and get("megatron").model_refusal(model) is None
+    config, opts = megatron_core_config(emit_megatron(make_plan("tp=8,pp=8,zero=1", model, cluster), model, cluster),
+                                        64)
+    assert config.add_bias_linear and not config.add_qkv_bias and "disable_bias_linear" not in opts

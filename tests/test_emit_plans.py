@@ -100,9 +100,10 @@ def test_bundle_writes_every_expressible_format_and_a_readme_line_each(tmp_path)
     assert set(written) >= {"ds_config.json", "launch_deepspeed.sh", "accelerate_config.yaml", "launch_accelerate.sh",
                             "fsdp2_parallelize.py", "torchtitan.toml", "torchtitan_overrides.sh",
                             "autoplace_torchtitan_model.py", "launch_torchrun.sh", "job.sbatch", "pytorchjob.yaml"}
+    assert list(written)[-1] == "README.txt"  # the list of what was written, itself written last
     for name, path in written.items():
         assert path.exists() and path.name == name
-        assert sum(line.startswith(f"{name}: ") for line in readme) == 1
+        assert sum(line.startswith(f"{name}: ") for line in readme) == (name != "README.txt")
     not_written = [line for line in readme if line.startswith("(not written)")]
     assert not_written == ["(not written) megatron: Megatron-FSDP with a replicated outer group "
                            "(dp_replicate > 1) needs its hybrid-FSDP process groups set up in code; use zero=1 or "
@@ -123,7 +124,8 @@ def test_requested_format_that_cannot_express_the_plan_raises(tmp_path) -> None:
     plan = make_plan("cp=2,zero=1", MODEL, CLUSTER16)
     with pytest.raises(EmitError, match=r"deepspeed: cp=2: DeepSpeed has no ring context parallelism"):
         emit(plan, MODEL, CLUSTER16, ["deepspeed"], tmp_path)
-    assert set(emit(plan, MODEL, CLUSTER16, ["megatron", "slurm"], tmp_path)) == {"megatron_args.sh", "job.sbatch"}
+    assert set(emit(plan, MODEL, CLUSTER16, ["megatron", "slurm"], tmp_path)) == {"megatron_args.sh", "job.sbatch",
+                                                                                "README.txt"}
 
 
 def test_unknown_format_is_bad_input_listing_the_valid_ones(tmp_path) -> None:

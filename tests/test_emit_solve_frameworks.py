@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,26 @@ def test_the_default_search_space_is_what_some_framework_can_express() -> None:
     every = enumerate_configs(search.problem_for("none", model, cluster, fixed=dict(PLAIN), features=features))
     admitted = enumerate_configs(search.problem_for("any", model, cluster, fixed=dict(PLAIN), features=features))
     each = {f: search.admissible([frameworks.get(f)], model) for f in frameworks.FRAMEWORKS}
-    assert admitted == [c for c in every if any(ok(c) for ok in each.values())]
+    assert admitted == [c for c in every if any(ok.expresses(c) for ok in each.values())]
     assert 0 < len(admitted) < len(every)  # the filter is part of the search and excludes something
+
+
+def test_torchtitan_searches_each_pipeline_at_the_micro_batchings_its_schedules_run() -> None:
+    """Issue 34: torchtitan's 1F1B needs as many micro-batches per step as stages.  The search keeps
+    each pipeline shape torchtitan expresses at exactly the micro-batchings its schedule builder runs
+    (Framework.batching_refusal), judged per micro-batching, not at the shape's one."""
+    from tests.test_emit_plans import CLUSTER16, small_model
+
+    model = small_model(batch=16)
+    fixed = dict(PLAIN)
+    every = enumerate_configs(search.problem_for("none", model, CLUSTER16, fixed=fixed, features=set(DEFAULT_FEATURES)))
+    searched = enumerate_configs(search.problem_for("torchtitan", model, CLUSTER16, fixed=fixed,
+                                                 features=set(DEFAULT_FEATURES)))
+    ok = search.admissible([frameworks.get("torchtitan")], model)
+    assert searched == [c for c in every if ok.expresses(c)]
+    one_f_one_b = [c for c in searched if c.pp > 1 and c.schedule == "1f1b"]
+    assert one_f_one_b and all(c.grad_accum >= c.pp for c in one_f_one_b)
+    assert any(ok(c) and c.pp > 1 and c.schedule == "1f1b" and c.grad_accum < c.pp for c in every)
 
 
 def test_admissibility_does_not_depend_on_the_micro_batching() -> None:
@@ -119,7 +138,8 @@ def test_each_framework_gets_its_best_plan_with_its_slowdown(bundle) -> None:
         assert entry["slowdown"] == pytest.approx(entry["plan"]["step_time_s"] / best["step_time_s"] - 1, abs=0.01)  # JSON rounds times
         for path in entry["files"].values():
             assert Path(path).is_file() and Path(path).name in console
-        line = next(line for line in console.splitlines() if line.startswith(f"  {f:<10} "))  # the same run, to c/
+        # the same run, to c/ (a framework's line folds at 100 columns, its continuation indented)
+        line = " ".join(re.split(r"\n(?! {3})", console.split(f"\n  {f:<10} ", 1)[1], maxsplit=1)[0].split())
         assert f"{out.parent / 'c' / f}/: " in line and "vs the best plan" in line
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
+import shutil
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -25,6 +28,7 @@ from autoplace.bundle import emit
 from autoplace.cost.layers import layer_table
 from autoplace.emit._common import model_parts
 from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks import get, torchtitan
 from autoplace.frameworks.schema import TORCH_PP_SCHEDULES, TORCHTITAN_FIELDS, TORCHTITAN_SECTIONS
 from autoplace.frameworks.torchtitan import (
     LLAMA3_FLAVORS,
@@ -32,7 +36,6 @@ from autoplace.frameworks.torchtitan import (
     plan_from_torchtitan,
     torchtitan_model,
     torchtitan_model_module,
-    torchtitan_overrides,
     torchtitan_toml,
 )
 from autoplace.plan import Plan
@@ -50,16 +53,14 @@ TITAN = Path(list(_SPEC.submodule_search_locations)[0])
 
 @contextlib.contextmanager
 def without_triton() -> Iterator[None]:
-    """torchtitan importable without its package __init__'s triton import (ECOSYSTEM.md): a bare
-    package and a stub for the one module that imports triton; sys.modules restored after."""
+    """torchtitan imported without triton (ECOSYSTEM.md) by the dry run's shim, which stands in for the
+    one module that imports it (autoplace.frameworks._torchtitan_dry.import_torchtitan); sys.modules
+    restored after."""
+    from autoplace.frameworks._torchtitan_dry import import_torchtitan
+
     saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
-    package = types.ModuleType("torchtitan")
-    package.__path__ = [str(TITAN)]
-    sys.modules["torchtitan"] = package
-    kernels = types.ModuleType("torchtitan.models.moe.kernels")  # the one module that imports triton
-    kernels.generate_permute_indices = None  # type: ignore[attr-defined]
-    sys.modules[kernels.__name__] = kernels
     try:
+        import_torchtitan()
         yield
     finally:
         for key in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
@@ -73,11 +74,12 @@ def titan() -> Any:
     with without_triton():
         from torchtitan.config.job_config import JobConfig
         from torchtitan.config.manager import ConfigManager
+        from torchtitan.distributed import pipeline_parallel
         from torchtitan.distributed.parallel_dims import ParallelDims
         from torchtitan.models import llama3
 
         yield types.SimpleNamespace(ConfigManager=ConfigManager, JobConfig=JobConfig, ParallelDims=ParallelDims,
-                                    llama3=llama3)
+                                    llama3=llama3, pipeline_parallel=pipeline_parallel)
 
 
 def parse(titan: Any, plan: Plan, tmp_path: Path, model=MODEL, cluster=CLUSTER16) -> Any:
@@ -177,6 +179,70 @@ def _torchtitan_generator():
     return namespace["generate_llm_fqn_per_model_part"]
 
 
+def build_titan_pipeline(titan: Any, plan: Plan, model: Any) -> list[int]:
+    """Run torchtitan 0.2.2's own ``pipeline_llm`` -- the stage count checks, its module split and
+    ``build_pipeline_schedule`` with the schedule class it names -- on the job autoplace writes for
+    ``plan`` (its [parallelism] and [training] sections, written whether or not the check refuses).
+
+    Stand-ins replace what needs a process group: the mesh, and ``pipeline_module_split``, which
+    gets torchtitan's module names per stage and returns pipeline rank 0's stages (one per chunk
+    it holds, as the real split's loop style does).  Returns the layers of each chunk; raises
+    what torchtitan raises.
+    """
+    job = titan.JobConfig()
+    for key, value in torchtitan.parallelism_section(plan).items():
+        setattr(job.parallelism, key, value)
+    for key, value in torchtitan.training_section(plan, model).items():
+        setattr(job.training, key, value)
+    chunks: list[int] = []
+
+    def split(whole: Any, mesh: Any, schedule: str, device: Any, names: list[list[str]]) -> Any:
+        chunks.extend(sum(n.startswith("layers.") for n in stage) for stage in names)
+        indices = range(0, len(names), plan.pp)  # rank 0 of a looped schedule: stages 0, pp, 2 pp, ...
+        stages = [types.SimpleNamespace(num_stages=len(names), group_size=plan.pp, group_rank=0, stage_index=i,
+                                        is_first=i == 0, is_last=i == len(names) - 1) for i in indices]
+        return stages, [types.SimpleNamespace() for _ in stages]
+
+    dims = types.SimpleNamespace(pp=plan.pp, get_mesh=lambda name: None)
+    with mock.patch.object(titan.pipeline_parallel, "pipeline_module_split", split):
+        titan.pipeline_parallel.pipeline_llm(None, dims, job, None, types.SimpleNamespace(n_layers=model.layers),
+                                             lambda part, *args: part, lambda *args: None)
+    return chunks
+
+
+# (model global batch, plan) on CLUSTER16: micro-batches per step below, at and above the stage count,
+# 1F1B, GPipe and interleaved, stages per rank the schedule takes and does not
+SCHEDULE_PLANS = [(8, "pp=2,zero=3"), (8, "tp=2,pp=2,zero=3"), (8, "pp=4,zero=3"), (8, "tp=2,pp=4,zero=3"),
+                  (8, "pp=4,zero=3,schedule=gpipe"), (8, "pp=2,zero=3,layers=3:5"), (16, "pp=4,zero=3,mbs=2"),
+                  (72, "pp=4,vpp=2,zero=3"), (72, "pp=4,vpp=2,zero=3,mbs=2"), (72, "tp=2,pp=4,vpp=2,zero=3"),
+                  (8, "pp=2,vpp=2,zero=3"), (64, "pp=2,vpp=2,zero=3,schedule=1f1b"),
+                  (64, "pp=2,zero=3,schedule=interleaved")]
+
+
+@pytest.mark.parametrize("batch, text", SCHEDULE_PLANS)
+def test_torchtitan_builds_the_pipeline_of_every_plan_its_check_admits(batch: int, text: str, titan) -> None:
+    """The framework's check (what the search asks) admits a pipeline plan exactly when torchtitan's own
+    pipeline_llm and schedule builder accept its job; a refused plan is refused with their rule."""
+    model = small_model(batch=batch)
+    plan = make_plan(text, model, CLUSTER16)
+    why = get("torchtitan").plan_check(model)(plan)
+    if why is None:
+        assert build_titan_pipeline(titan, plan, model) == model_parts(plan, "torchtitan")
+    else:
+        assert why.startswith("torchtitan: ") and ("stage" in why or "rounds" in why), why
+        with pytest.raises(ValueError, match="microbatches|stage"):
+            build_titan_pipeline(titan, plan, model)
+
+
+def test_the_405b_plan_the_issue_found_is_refused_with_torchtitans_rule() -> None:
+    """Issue 34: Llama-3.1-405B on 2,048 x 8 H100, 1F1B, pp=4, local batch 2, micro-batch 1."""
+    model, cluster = load_model(REPO / "tests/data/hf/llama-3.1-405b.json"), gpu_cluster(16384)
+    plan = make_plan("tp=8,pp=4,zero=2,mbs=1", model, cluster)
+    assert plan.grad_accum == 2
+    with pytest.raises(EmitError, match="1F1B with 2 micro-batch\\(es\\) per step on 4 stages"):
+        emit_torchtitan(plan, model, cluster)
+
+
 @pytest.mark.parametrize("text", ["pp=2,zero=3", "pp=4,zero=3", "pp=2,vpp=2,zero=3", "pp=4,vpp=2,zero=2"])
 def test_uniform_split_is_what_torchtitans_own_splitter_makes(text: str) -> None:
     plan = make_plan(text, MODEL, CLUSTER16)
@@ -197,17 +263,28 @@ def test_reader_splits_layers_as_torchtitan_does(stages: int, first: int, last: 
                                                                     for c in chunks]
 
 
-def test_overrides_are_the_same_job_for_torchtitans_command_line(titan, tmp_path) -> None:
-    """The overrides parse with torchtitan 0.2.2's own CLI into the job the TOML describes."""
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.parametrize("text", ["pp=2,zero=3,layers=3:5,offload_optimizer=cpu,offload_params=cpu",
+                                  "zero=3,recompute_layers=n:f:n:f:n:f:n:f",
+                                  "tp=2,cp=2,zero=2,recompute=selective,compile=true,fused_loss=true",
+                                  "zero=3,compile=true,fp8=rowwise", "tp=2,zero=3,compile=true,fused_loss=true,"
+                                  "tp_overlap=async"])
+def test_overrides_are_the_same_job_for_torchtitans_command_line(text: str, titan, tmp_path) -> None:
+    """torchtitan_overrides.sh, sourced by bash, gives words torchtitan 0.2.2's own ConfigManager parses
+    into the job the TOML describes, field by field (list options are one comma-joined word)."""
     import dataclasses
 
-    for text in ("pp=2,zero=3,layers=3:5,offload_optimizer=cpu,offload_params=cpu",
-                 "zero=3,recompute_layers=n:f:n:f:n:f:n:f", "tp=2,cp=2,zero=2,recompute=selective"):
-        plan = make_plan(text, MODEL, CLUSTER16)
-        from_cli = titan.ConfigManager().parse_args(torchtitan_overrides(plan, MODEL, CLUSTER16))
-        from_toml = parse(titan, plan, tmp_path)
-        assert dataclasses.asdict(from_cli) == {**dataclasses.asdict(from_toml), "job": dataclasses.asdict(
-            from_cli)["job"]}
+    plan = make_plan(text, MODEL, CLUSTER16)
+    emit(plan, MODEL, CLUSTER16, ["torchtitan"], tmp_path)
+    words = subprocess.run(["bash", "-c", 'source torchtitan_overrides.sh && printf "%s\\0" "${TORCHTITAN_OVERRIDES[@]}"'],
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    from_cli = dataclasses.asdict(titan.ConfigManager().parse_args(words))
+    from_toml = dataclasses.asdict(titan.ConfigManager().parse_args(["--job.config_file",
+                                                                     str(tmp_path / "torchtitan.toml")]))
+    for section, fields in from_toml.items():
+        if section != "job":  # the TOML's own path is its only difference
+            for name, value in fields.items():
+                assert from_cli[section][name] == value, f"{section}.{name}"
 
 
 def test_torchtitans_own_flavors_are_the_shapes_autoplace_matches(titan) -> None:

@@ -123,11 +123,25 @@ def test_refusals_are_one_line_naming_the_feature(framework: Framework, plan: Pl
 
 @FRAMEWORK
 @SETTINGS
-@given(plan=plans(), mbs=st.sampled_from([1, 2, 4]), ga=st.sampled_from([1, 3]))
-def test_the_verdict_does_not_depend_on_micro_batching(framework: Framework, plan: Plan, mbs: int, ga: int) -> None:
-    """Enumeration judges each shape once, at one micro-batching (solvers.space)."""
-    check = framework.plan_check(MODEL)
-    assert (check(plan) is None) == (check(plan.replace(mbs=mbs, grad_accum=ga)) is None)
+@given(plan=plans(), other=plans(), mbs=st.sampled_from([1, 2, 4]), ga=st.sampled_from([1, 2, 3, 4]))
+def test_only_its_batching_rule_reads_the_micro_batching(framework: Framework, plan: Plan, other: Plan, mbs: int,
+                                                         ga: int) -> None:
+    """Enumeration judges each shape once, at one micro-batching, and each micro-batching of a shape it
+    admits with ``batching_refusal`` (solvers.space): the configuration check never reads the
+    micro-batching, the plan check refuses another micro-batching of a plan exactly when
+    ``batching_refusal`` does, and that reads only pp, vpp, schedule, mbs and grad_accum."""
+    batched = plan.replace(mbs=mbs, grad_accum=ga)
+    config, check = framework.config_check(MODEL), framework.plan_check(MODEL)
+    assert (config(plan) is None) == (config(batched) is None)
+    if check(plan.replace(mbs=1, grad_accum=max(4 * plan.pp, 1))) is None:  # a micro-batching every schedule runs
+        assert check(batched) == framework.batching_refusal(batched)
+    fields = ("pp", "vpp", "schedule", "mbs", "grad_accum")
+    assert framework.batching_refusal(other.replaced({f: getattr(plan, f) for f in fields})) == (
+        framework.batching_refusal(plan))
+    # a framework without declared rules refuses only what the search never builds: interleaved
+    # schedules at micro-batches not a multiple of pp (solvers.space._micro)
+    assert framework.batching_rules or framework.batching_refusal(plan) is None or (
+        plan.schedule == "interleaved" and plan.grad_accum % plan.pp)
 
 
 @FRAMEWORK
@@ -241,5 +255,7 @@ def test_a_training_method_it_has_no_path_for_is_refused_by_name(framework: Fram
     plan = make_plan("zero=3", model, CLUSTER16)
     names = {f.name for f in framework.render(plan, model, CLUSTER16, Launch())}
     assert "peft_train.py" in names
-    (script,) = render("torchrun", plan, model, CLUSTER16, Launch(), framework)
-    assert "peft_train.py" in script.text and "accelerate launch" in script.text
+    config = {"deepspeed": "--deepspeed_config", "accelerate": "--accelerate_config"}[framework.name]
+    for kind in ("torchrun", "slurm", "k8s"):  # every launch kind hands the script the framework's config
+        (script,) = render(kind, plan, model, CLUSTER16, Launch(), framework)
+        assert f'peft_train.py {config} "$AUTOPLACE_BUNDLE"/' in script.text, kind

@@ -1,6 +1,8 @@
 """A bundle's launch line runs: the FSDP2 bundle's launch_torchrun.sh starts torchrun on 2 gloo ranks,
 which runs the bundle's train_fsdp2.py, which imports the plan's module and trains a tiny
-Hugging Face Llama (from its saved config) for two steps of the plan's batch."""
+Hugging Face Llama (from its saved config) for two steps of the plan's batch; a LoRA bundle's
+launch_accelerate.sh (accelerate launch) and launch_deepspeed.sh (the deepspeed launcher, ZeRO-3 on
+DeepSpeed's CPU accelerator) run its peft_train.py with the bundle's config for two steps."""
 
 from __future__ import annotations
 
@@ -30,12 +32,101 @@ def test_the_fsdp2_bundle_launches_and_trains(tmp_path) -> None:
     written = emit(make_plan("zero=3,mbs=2,recompute_layers=f:n:s:f", model, cluster), model, cluster,
                    ["fsdp", "torchrun"], tmp_path / "bundle", launch=Launch(master_port=_free_port()))
     assert {"fsdp2_parallelize.py", "train_fsdp2.py", "launch_torchrun.sh"} <= set(written)
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(written["launch_torchrun.sh"]), "--model", str(tmp_path / "hf"),
-                           "--from-config", "--steps", "2"], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=tmp_path)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "HF_MODEL": str(tmp_path / "hf")}
+    done = subprocess.run(["bash", str(written["launch_torchrun.sh"]), "--from-config", "--steps", "2"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1: done" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# LoRA bundles: the launch scripts run peft_train.py with the bundle's framework config
+
+# Test-only: DeepSpeed's CPU accelerator JIT-builds a shared-memory all-reduce op (~40 s on a fresh
+# machine) that only inference_all_reduce uses; training collectives go through gloo either way
+# (tests/test_emit_deepspeed.py skips it in-process; the launched processes import this first).
+SKIP_SHM_OP = """import importlib.abc, importlib.machinery, sys
+
+
+class _SkipShmOp(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "deepspeed.comm.torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.build_shm_op = lambda: None
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _SkipShmOp())
+"""
+
+
+def _lora_bundle(framework: str, plan: str, tmp_path):
+    """A tiny Llama's LoRA bundle for 2 CPU ranks, its Hugging Face weights, and the spec."""
+    from autoplace.specs.model import TransformerSpec
+
+    spec = TransformerSpec.model_validate({
+        "name": "tiny-llama", "layers": 2, "hidden": 64, "ffn_hidden": 176, "heads": 4, "kv_heads": 2, "vocab": 256,
+        "seq_len": 32, "family": "llama", "training": {"global_batch": 8, "precision": "fp32", "method": "lora"}})
+    hf = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=256, max_position_embeddings=32, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(transformers.AutoConfig.for_model(**hf)).save_pretrained(tmp_path / "hf")
+    cluster = cpu_cluster(2)
+    written = emit(make_plan(plan, spec, cluster), spec, cluster, [framework], tmp_path / "bundle",
+                   launch=Launch(master_port=_free_port()))
+    return written, hf, spec
+
+
+def _trains_its_adapters(done, hf, spec, tmp_path) -> None:
+    """Two optimizer steps on 2 data-parallel ranks, with PEFT's own count of trainable parameters
+    (the script prints it) equal to autoplace's; the saved adapters are whole (gathered)."""
+    from safetensors.torch import load_file
+
+    from autoplace.cost.layers import layer_table
+    from autoplace.fidelity.peft_count import peft_trainable
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 2 loss" in done.stdout and "on 2 data-parallel ranks" in done.stdout
+    printed = {int(line.split()[2].replace(",", "")) for line in done.stdout.splitlines()
+               if line.startswith("trainable params:")}
+    assert printed == {peft_trainable(hf, spec)} == {layer_table(spec).trainable}
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert sum(t.numel() for t in saved.values()) == layer_table(spec).trainable
+
+
+@pytest.mark.slow
+def test_a_lora_bundle_trains_through_accelerate_launch(tmp_path) -> None:
+    """launch_accelerate.sh: accelerate launch with the bundle's config runs peft_train.py
+    --accelerate_config (DDP on 2 gloo ranks: accelerate runs FSDP only on GPUs)."""
+    written, hf, spec = _lora_bundle("accelerate", "dp_replicate=2,zero=0,mbs=2", tmp_path)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+           "HF_MODEL": str(tmp_path / "hf")}
+    done = subprocess.run(["bash", str(written["launch_accelerate.sh"]), "--steps", "2", "--out",
+                           str(tmp_path / "adapter")], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
+    _trains_its_adapters(done, hf, spec, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_lora_bundle_trains_with_zero3_through_the_deepspeed_launcher(tmp_path) -> None:
+    """launch_deepspeed.sh: the deepspeed launcher runs peft_train.py --deepspeed_config ds_config.json
+    (ZeRO-3: the base partitioned as it loads); DeepSpeed's CPU accelerator, 2 gloo ranks."""
+    written, hf, spec = _lora_bundle("deepspeed", "zero=3,mbs=2", tmp_path)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SKIP_SHM_OP)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+           "HF_MODEL": str(tmp_path / "hf"), "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run(["bash", str(written["launch_deepspeed.sh"]), "--steps", "2", "--out",
+                           str(tmp_path / "adapter")], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
+    _trains_its_adapters(done, hf, spec, tmp_path)
+    assert "zero_optimization" in json.loads((tmp_path / "bundle" / "ds_config.json").read_text())
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,7 +138,8 @@ with open(os.environ["RECORD_TO"], "a") as f:
     f.write(json.dumps({"argv": sys.argv[1:], "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}) + "\\n")
 """
 PLACEHOLDERS = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta-llama/Meta-Llama-3-8B",
-                "CHECKPOINT_DIR": "/ckpt", "TRAIN_ITERS": "1000"}
+                "CHECKPOINT_DIR": "/ckpt", "TRAIN_ITERS": "1000", "HF_ASSETS_PATH": "/assets/llama-3-8b",
+                "HF_MODEL": "meta-llama/Meta-Llama-3-8B"}
 
 
 def launched(framework: str, text: str, tmp_path, script: str = "launch_torchrun.sh") -> dict:
@@ -114,6 +206,7 @@ def test_torchtitan_launch_line_is_torchtitans_job(tmp_path) -> None:
         job = titan.ConfigManager().parse_args(words)
     assert (job.parallelism.tensor_parallel_degree, job.parallelism.pipeline_parallel_degree) == (2, 2)
     assert (job.model.name, job.model.flavor) == ("llama3", "autoplace")
+    assert job.model.hf_assets_path == PLACEHOLDERS["HF_ASSETS_PATH"]  # the tokenizer, a required input
 
 
 def test_deepspeed_launch_line_passes_deepspeeds_config(tmp_path, monkeypatch) -> None:

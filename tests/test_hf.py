@@ -35,7 +35,7 @@ DATA = Path(__file__).parent / "data" / "hf"
 
 SCHEMA_KEYS = {
     "name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "seq_len",
-    "ffn", "norm", "bias", "qkv_bias", "tied_embeddings", "position", "rope_theta", "max_position", "dropout",
+    "ffn", "norm", "norm_eps", "bias", "qkv_bias", "tied_embeddings", "position", "rope_theta", "max_position", "dropout",
     "flash_attention", "moe", "attention", "source", "qk_norm", "block_norms", "embedding_norm",
     "sliding_window", "full_attention_every", "final_logit_softcap", "mtp_layers",
     "activation", "rotary_fraction", "rope_scaling", "attn_softcap", "norm_position", "parallel_block",
@@ -167,11 +167,25 @@ def test_llama3_8b_fields() -> None:
     m = translate("meta-llama-3-8b.json")
     assert m == {
         "name": "meta-llama-3-8b", "layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
-        "kv_heads": 8, "vocab": 128256, "seq_len": 8192, "ffn": "swiglu", "norm": "rmsnorm",
+        "kv_heads": 8, "vocab": 128256, "seq_len": 8192, "ffn": "swiglu", "norm": "rmsnorm", "norm_eps": 1e-5,
         "bias": False, "qkv_bias": False, "tied_embeddings": False, "position": "rope",
         "rope_theta": 500000.0, "dropout": False, "flash_attention": True,
         "source": "tests/data/hf/meta-llama-3-8b.json (Hugging Face config, model_type=llama)",
     }
+
+
+@pytest.mark.parametrize("name, key, stated", [("qwen2.5-0.5b.json", "rms_norm_eps", 1e-6),
+                                               ("pythia-1b.json", "layer_norm_eps", 1e-5),
+                                               ("starcoder2-3b.json", "norm_epsilon", 1e-5)])
+def test_norm_eps_is_each_familys_key_or_its_transformers_default(name: str, key: str, stated: float) -> None:
+    """Issue 34: the norms' epsilon is part of the model (Qwen2.5's 1e-6 is not Megatron's 1e-5)."""
+    config = load(name)
+    assert config[key] == stated and translate(name)["norm_eps"] == stated
+    del config[key]  # what transformers' config class builds without the key
+    defaults = {"qwen2.5-0.5b.json": 1e-6, "pythia-1b.json": 1e-5, "starcoder2-3b.json": 1e-5}
+    assert shorthand_from_hf(config, source=name)["norm_eps"] == defaults[name]
+    with pytest.raises(SpecError, match=f"{key}: must be a number between 0 and 1"):
+        shorthand_from_hf({**config, key: "1e-6"}, source=name)
 
 
 def test_mistral_seq_len_is_capped() -> None:
@@ -208,7 +222,7 @@ def test_gpt2_fields() -> None:
     m = translate("gpt2.json")
     assert m == {
         "name": "gpt2", "layers": 12, "hidden": 768, "ffn_hidden": 3072, "heads": 12, "kv_heads": 12,
-        "vocab": 50257, "seq_len": 1024, "ffn": "gelu", "norm": "layernorm", "bias": True,
+        "vocab": 50257, "seq_len": 1024, "ffn": "gelu", "norm": "layernorm", "norm_eps": 1e-5, "bias": True,
         "qkv_bias": True, "tied_embeddings": True, "position": "learned", "max_position": 1024,
         "dropout": True, "flash_attention": True, "activation": "gelu_tanh",  # activation_function gelu_new
         "source": "tests/data/hf/gpt2.json (Hugging Face config, model_type=gpt2)",

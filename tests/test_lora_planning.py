@@ -68,3 +68,21 @@ def test_bad_fine_tuning_options_are_one_line(tmp_path: Path) -> None:
     for extra, message in cases:
         out = invoke("evaluate", model, "--gpu", "l40s", "--plan", "dp=1,mbs=1", *extra)
         assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output, out.output
+
+
+def test_peft_runners_refuse_parallelism_their_script_does_not_set_up() -> None:
+    """peft_train.py trains the Hugging Face model data parallel (under ZeRO or FSDP2): a LoRA plan with
+    tensor, context or pipeline parallelism is not runnable by its bundle, and the line names the degree."""
+    from autoplace import frameworks
+    from tests.test_emit_plans import CLUSTER16, MODEL, make_plan
+
+    lora = MODEL.model_copy(update={"training": MODEL.training.model_copy(update={"method": "lora"})})
+    cases = [("deepspeed", "pp=2,zero=1", "pp=2"), ("deepspeed", "tp=2,sp=false,zero=3", "tp=2"),
+             ("accelerate", "cp=2,zero=3", "cp=2"), ("accelerate", "tp=2,sp=false,zero=3", "tp=2")]
+    for name, text, degree in cases:
+        framework = frameworks.get(name)
+        plan = make_plan(text, lora, CLUSTER16)
+        assert framework.refusal(plan, MODEL) is None, (name, text)  # full training runs it
+        why = framework.refusal(plan, lora)
+        assert why is not None and why.startswith(f"{name}: {degree} with LoRA/QLoRA: peft_train.py"), why
+        assert framework.config_check(lora)(plan) == why  # the search judges configurations by the same line

@@ -43,6 +43,31 @@ def namespace(text: str) -> dict[str, Any]:
     return ns
 
 
+def script_function(text: str, name: str) -> Any:
+    """One top-level function of a generated script, alone: the script's torch, PEFT and transformers
+    imports take seconds and the functions tested here import what they use themselves."""
+    import argparse
+    import ast
+
+    tree = ast.parse(text)
+    (function,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name]
+    ns: dict[str, Any] = {"argparse": argparse, "__doc__": ast.get_docstring(tree)}
+    exec(compile(ast.Module([function], type_ignores=[]), "peft_train.py", "exec"), ns)  # noqa: S102 - the script under test
+    return ns[name]
+
+
+def test_the_script_takes_one_framework_config_and_the_deepspeed_launchers_rank() -> None:
+    """--deepspeed_config or --accelerate_config (one, required: the placement it was costed with), the
+    model's weights, and the --local_rank=N the deepspeed launcher appends."""
+    parse = script_function(script(tuned("lora")), "parse_args")
+    args = parse(["--deepspeed_config", "ds.json", "--model", "m", "--local_rank=1"])
+    assert (args.deepspeed_config, args.accelerate_config, args.model) == ("ds.json", None, "m")
+    for words in (["--model", "m"], ["--model", "m", "--deepspeed_config", "a", "--accelerate_config", "b"],
+                  ["--deepspeed_config", "a"]):
+        with pytest.raises(SystemExit):
+            parse(words)
+
+
 def test_lora_config_is_the_specs() -> None:
     spec = tuned("lora", lora_rank=8, lora_alpha=16, lora_targets=["q", "v", "down"])
     ns = namespace(script(spec))

@@ -47,10 +47,28 @@ def plan_strings(doc: dict[str, Any]) -> list[str]:
 
 
 def assert_unabridged(text: str, fields: list[str]) -> None:
+    """Nothing cut, and every field whole on one line once a folded plan string is joined again."""
     assert "…" not in text and "..." not in text
-    lines = text.splitlines()
+    lines = unfolded(text)
     for value in fields:
         assert any(value in line for line in lines), f"{value!r} is not on one line"
+
+
+def unfolded(text: str) -> list[str]:
+    """The lines with folded plan strings joined: a line ending in ',' or ':' continues on the next
+    line, indented (autoplace.report.fold)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and out[-1].endswith((",", ":")) and line.startswith("  "):
+            out[-1] += line.strip()
+        else:
+            out.append(line)
+    return out
+
+
+def assert_fits(text: str, width: int = 100) -> None:
+    wide = [line for line in text.splitlines() if len(line) > width]
+    assert not wide, f"{len(wide)} lines over {width} columns, e.g. {wide[0]!r}"
 
 
 def test_piped_solve_shows_every_plan_field() -> None:
@@ -71,13 +89,16 @@ def test_piped_solve_shows_every_plan_field() -> None:
     assert any(len(line) > 80 for line in text.splitlines())  # wide, not folded to 80
 
 
-def test_solve_in_a_real_pipe_at_80_columns() -> None:
+def test_solve_in_a_real_pipe_fits_100_columns_and_keeps_every_plan() -> None:
+    """Piped at COLUMNS=80 (a pipe has no width): every line fits 100 columns, plan strings folded
+    at their commas, so each joins back to the string --plan takes."""
     env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "autoplace.cli", *SOLVE], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(invoke(*SOLVE, "--json").stdout)
     assert_unabridged(proc.stdout, plan_strings(doc))
+    assert_fits(proc.stdout)
 
 
 @pytest.mark.parametrize("command", ["evaluate", "explain"])
@@ -90,6 +111,7 @@ def test_piped_evaluate_and_explain_are_unabridged(command: str) -> None:
     fields += [a["change"] for a in doc.get("alternatives", [])]
     fields += [f"{s['total'] / 2**30:.2f}" for s in doc["plan"]["memory_per_stage_bytes"]]
     assert_unabridged(text, fields)
+    assert_fits(text)
 
 
 def test_a_narrow_terminal_folds_cells_instead_of_cutting_them() -> None:
@@ -142,7 +164,7 @@ def test_evaluate_csv_blocks_and_markdown_tables() -> None:
 
 def test_header_names_the_source_and_the_defaults() -> None:
     text = invoke("evaluate", QWEN3, "--cluster", "1x8xh100", "--plan", "tp=8").stdout
-    header = text.splitlines()[0]
+    header = " ".join(text.split("\ncluster ")[0].split())  # the model line, wrapped at 100 columns
     assert header.startswith("model qwen3-8b: 8.19B params")
     assert "global batch 1,024 sequences (default; --global-batch)" in header
     assert "seq len 8,192 (default: max_position_embeddings 40960 capped at 8192; --seq-len)" in header
@@ -185,3 +207,12 @@ def test_the_plans_table_fits_100_columns_without_splitting_a_number() -> None:
     wide = io.StringIO()
     print_solution(doc, object(), Console(file=wide, width=300, no_color=True), wide=True)
     assert "comm/step" in wide.getvalue() and "comm/step" not in out.getvalue()
+
+
+def test_scale_fits_100_columns_and_wide_keeps_every_column() -> None:
+    args = ["scale", LLAMA_70B, "--gpu", "h100", "--gpus", "64,128", "--tokens", "15T", "--price-per-gpu-hour", "2",
+            "--time-limit", "0.5", "--workers", "1"]
+    compact, wide = invoke(*args).stdout, invoke(*args, "--wide").stdout
+    assert_fits(compact)
+    assert "┃ cost $ ┃" in compact and "scaling eff." not in compact
+    assert "scaling eff." in wide and "nodes x GPUs" in wide and any(len(line) > 100 for line in wide.splitlines())

@@ -235,19 +235,21 @@ def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:
         a = m.attention
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
         if a.q_lora_rank:
-            q = h * a.q_lora_rank + a.q_lora_rank * heads * qk  # down + up projection
+            q_down, q = h * a.q_lora_rank, a.q_lora_rank * heads * qk  # down + up projection
             q_norm = a.q_lora_rank
         else:
-            q, q_norm = h * heads * qk, 0
+            q_down, q, q_norm = 0, h * heads * qk, 0
         kv_down = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # shared latent + decoupled rope key
         kv_up = a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim)
         out = heads * a.v_head_dim * h
-        # the down projections and their norms are replicated across TP (Megatron-Core MLA)
-        return q + kv_up + out, kv_down + q_norm + a.kv_lora_rank, 0.0, heads * qk, heads * qk, heads * a.v_head_dim
+        # the down projections and their norms are replicated across TP: megatron-core 0.16's Transformer
+        # Engine MLA spec builds both as TELinear(parallel_mode="duplicated") (gpt_layer_specs.py)
+        rep = q_down + kv_down + q_norm + a.kv_lora_rank
+        return q + kv_up + out, rep, 0.0, heads * qk, heads * qk, heads * a.v_head_dim
     d = m.dim_head
     qw, kw = heads * d, m.n_kv_heads * d
     weights = h * (qw + 2 * kw) + qw * h
-    col_bias = (qw + 2 * kw) if (bias or m.qkv_bias) else 0  # column-parallel: sharded
+    col_bias = (qw + 2 * kw) if m.qkv_bias else 0  # column-parallel: sharded (qkv_bias follows bias unless stated)
     row_bias = h if bias else 0  # row-parallel output bias: replicated
     return weights + col_bias, row_bias, row_bias, qw, kw, kw
 
@@ -323,7 +325,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     if m.qk_norm is not None:
         att_act_tp += b * (qw + kw) + (4 * (m.heads + m.n_kv_heads) if m.qk_norm == "head" else 0)
         norm_act += 8 if m.qk_norm == "layer" else 0
-    att_flops = 2 * (att_tp - (0 if not (m.bias or m.qkv_bias) else (qw + 2 * kw)))  # 2 FLOPs per weight
+    att_flops = 2 * (att_tp - (qw + 2 * kw if m.qkv_bias else 0))  # 2 FLOPs per weight
     att_flops += 2 * att_rep if m.attention is not None else 0
     flops_score = 2 * s * qw + 2 * s * o_in  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
     kinds: list[BlockKind] = []

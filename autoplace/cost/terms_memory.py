@@ -58,9 +58,6 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     replicas = (z == 0) & assume.replicas_keep_gathered & (col(ctx.wire.rank) == 0)
     shard_and_gathered = ((z == 2) | replicas) & (not recipe.master_copy)
     p_sharded = (z >= 3) | shard_and_gathered
-    # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
-    # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets
-    grads_off = col(c.off_opt) * (z >= 2) > 0
     # ZeRO++'s hpZ keeps a secondary 16-bit shard of the weights over the node-local part of the
     # shard group; PowerSGD keeps an error-feedback copy of every gradient it reduces (its hook's
     # error_dict, one per bucket) -- Wang et al. 2023 (hpZ), Vogels et al. 2019 Alg. 2 (error feedback)
@@ -70,6 +67,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
     # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
     deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
+    # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets -- unless
+    # the reduce is deferred: FSDP2 then accumulates the unsharded gradients on the device until the
+    # schedule's last backward (FSDPParam.to_accumulated_grad_if_needed casts them where they are; only
+    # the reduce-scatter output goes to the host: foreach_reduce, torch 2.13; the torchtitan dry run counts them)
+    grads_off = (col(c.off_opt) * (z >= 2) > 0) & ~deferred
     g_sharded, g_bytes = (z >= 2) & ~deferred, np.where(deferred, rgb, gb)
     # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
     opt_off = col(c.off_opt) + table.paged_optimizer > 0

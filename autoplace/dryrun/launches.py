@@ -58,7 +58,8 @@ _REQUIRED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?")  # ${NAME:?message}: 
 _NOT_THE_LAUNCH = {"PWD", "OLDPWD", "SHLVL", "_", "AUTOPLACE_RECORD", "AUTOPLACE_SBATCH", "SLURM_JOB_ID",
                    "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_SUBMIT_DIR", "SLURM_NODEID", "SLURM_PROCID",
                    "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-                   "MASTER_ADDR", "MASTER_PORT"}  # how each launcher finds the head node
+                   "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",  # how each launcher finds the head node
+                   "DS_ENV_FILE"}  # how the deepspeed launcher hands the environment to other nodes
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,9 @@ def record(bundle: Path, kind: str, *, extra: Sequence[str] = (), env: Mapping[s
                            "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_SUBMIT_DIR": str(bundle),
                            "AUTOPLACE_SBATCH": str(path)}
         stand_ins = {name: f"<{name}>" for name in _REQUIRED.findall(text) if not base.get(name)}
-        run_env = {**base, **stand_ins, **pod_env}
+        # a PyTorchJob's empty env entries are the required values its user fills in
+        filled = {k: v for k, v in pod_env.items() if v}
+        run_env = {**base, **stand_ins, **filled}
         done = subprocess.run([*command, *extra], env=run_env, cwd=scratch, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
         calls = _calls(Path(base["AUTOPLACE_RECORD"]))
@@ -159,8 +162,10 @@ def record(bundle: Path, kind: str, *, extra: Sequence[str] = (), env: Mapping[s
     (call,) = calls
     launcher, argv = call["launcher"], call["argv"]
     parsed_nodes, parsed_per_node, program = parse_launcher(launcher, argv, source=str(path))
+    # what the launch set: a PyTorchJob's env entries are the launch's too
+    given = {k: v for k, v in run_env.items() if k not in filled or kind != "k8s"}
     launch_env = {k: _normal(v, bundle, mount) for k, v in call["env"].items()
-                  if k not in _NOT_THE_LAUNCH and run_env.get(k) != v and not k.startswith(("BASH_FUNC_",))}
+                  if k not in _NOT_THE_LAUNCH and given.get(k) != v and not k.startswith(("BASH_FUNC_",))}
     return Launched(kind=kind, file=path.name, launcher=launcher, nodes=nodes or parsed_nodes,
                     per_node=per_node or parsed_per_node,
                     program=tuple(_normal(w, bundle, mount) for w in program), env=launch_env, stand_ins=stand_ins)
@@ -283,8 +288,11 @@ def _pod(path: Path, bundle: Path) -> tuple[list[str], int, int, dict[str, str],
     mounts = [m.get("mountPath") for m in container.get("volumeMounts", []) if m.get("name") == "autoplace-bundle"]
     mount = mounts[0] if mounts else None
     env = {k: str(bundle) if mount and v == mount else v for k, v in env.items()}  # the mount is the bundle
+    # the training operator's variables (pkg/controller.v1/pytorch/envvar.go: MASTER_ADDR, MASTER_PORT,
+    # WORLD_SIZE and RANK count nodes; PET_* are torchrun's)
     env.update(PET_NNODES=str(nodes), PET_NPROC_PER_NODE=str(per_node), PET_NODE_RANK="0",
-               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT="23456")
+               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT="23456", MASTER_ADDR="127.0.0.1", MASTER_PORT="23456",
+               WORLD_SIZE=str(nodes), RANK="0")
     return command, nodes, per_node, env, mount
 
 

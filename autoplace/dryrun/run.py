@@ -46,6 +46,7 @@ class RankRun:
         predicted: state -> bytes plan.json predicts for the rank's stage.
         seconds: how long the rank took, its process included.
         crash: the process's last output when it died without a verdict.
+        chunks: the stage's model chunks (virtual stages), as the framework placed them.
     """
 
     rank: int
@@ -56,6 +57,7 @@ class RankRun:
     predicted: dict[str, int]
     seconds: float
     crash: str | None = None
+    chunks: tuple[int, ...] = ()
 
     @property
     def failed(self) -> dict[str, Any] | None:
@@ -76,7 +78,8 @@ class RankRun:
                       "predicted_bytes": self.predicted.get(s), "error": errors.get(s),
                       "within_tolerance": abs(errors[s]) <= TOLERANCE if s in errors else None}
                   for s in STATES if s in self.measured}
-        return {"rank": self.rank, "stage": self.stage, "ok": self.ok, "steps": list(self.steps),
+        return {"rank": self.rank, "stage": self.stage, "chunks": list(self.chunks), "ok": self.ok,
+                "steps": list(self.steps),
                 "notes": list(self.notes), "states": states, "seconds": round(self.seconds, 3), "crash": self.crash}
 
 
@@ -206,6 +209,8 @@ def _collect(bundle: Bundle, rank: int, events: list[dict[str, Any]], seconds: f
     steps = tuple({k: v for k, v in e.items() if k != "event"} for e in events if e["event"] == "step")
     notes = tuple(e["text"] for e in events if e["event"] == "note")
     measured = {e["state"]: (e["bytes"], e["how"]) for e in events if e["event"] == "measured"}
-    stage = next((e["stage"] for e in reversed(events) if e["event"] == "stage"), None)
+    placed = next((e for e in reversed(events) if e["event"] == "stage"), None)
+    stage = placed["stage"] if placed else None
     predicted = predicted_states(bundle.predicted(stage if stage is not None else 0))
-    return RankRun(rank, stage, steps, notes, measured, predicted, seconds)
+    return RankRun(rank, stage, steps, notes, measured, predicted, seconds,
+                   chunks=tuple(placed.get("chunks", ())) if placed else ())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from autoplace.dryrun.run import TOLERANCE, DryRun, RankRun
 from autoplace.dryrun.steps import STATES
@@ -37,7 +38,8 @@ class DryRunProgress:
 
 
 def print_dry_run(run: DryRun, fmt: str = "table") -> None:
-    """The dry run's header, each rank's steps and states, and its verdict."""
+    """The dry run's header, the steps of every rank side by side, the bytes per state against plan.json's,
+    what was skipped or redirected (said once for the ranks it applies to), and the verdict."""
     launch = run.launched
     header = [f"dryrun {run.bundle}: {run.framework}, {launch.world} ranks ({launch.nodes} x {launch.per_node}), "
               f"from {launch.file}: {' '.join(launch.program[:2])} ..."]
@@ -49,57 +51,87 @@ def print_dry_run(run: DryRun, fmt: str = "table") -> None:
     header.append("files agree with plan.json" if not run.edits else "files differ from plan.json (built as the "
                                                                      "files say):")
     header += [f"  {line}" for line in run.edits]
-    sections: list[Section] = []
-    lines: list[str] = []
+    sections = [steps_section(run.ranks)]
+    states = states_section(run.ranks)
+    if states is not None:
+        sections.append(states)
+    lines = _once([(r.rank, f"skipped: {s['step']}: {s.get('why', '')}") for r in run.ranks for s in r.steps
+                   if s["status"] == "skipped"])
+    lines += _once([(r.rank, f"counted {state}: {r.measured[state][1]}") for r in run.ranks for state in STATES
+                    if state in r.measured])
+    lines += _once([(r.rank, note) for r in run.ranks for note in r.notes])
     for rank in run.ranks:
-        sections += rank_sections(rank)
-        lines += rank_lines(rank)
+        lines += _failure_lines(rank)
     lines.append(f"dry run {'passed' if run.ok else 'FAILED'}: " + _verdict(run))
     render(sections, lines, fmt, header=header)
 
 
-def rank_sections(rank: RankRun) -> list[Section]:
-    """The rank's steps, and its states against plan.json's prediction."""
-    where = f"rank {rank.rank}" + (f", pipeline stage {rank.stage}" if rank.stage is not None else "")
-    steps = Section(f"{where}: steps", ("step", "result", "s / why"),
-                    [(s["step"], _MARK[s["status"]], _detail(s)) for s in rank.steps], right=frozenset({"s / why"}))
-    out = [steps]
-    errors = rank.errors()
+def _where(rank: RankRun) -> str:
+    """``rank 48 (stage 3)``, with its virtual stages when it holds several."""
+    where = f"rank {rank.rank}" + (f" (stage {rank.stage}" if rank.stage is not None else "")
+    if rank.stage is not None and len(rank.chunks) > 1:
+        where += f", virtual {','.join(map(str, rank.chunks))}"
+    return where + (")" if rank.stage is not None else "")
+
+
+def steps_section(ranks: list[RankRun]) -> Section:
+    """One row per step the framework took, one column per rank: ok and its seconds, skipped, FAILED."""
+    names = list(dict.fromkeys(s["step"] for r in ranks for s in r.steps))
+    cells = {r.rank: {s["step"]: _cell(s) for s in r.steps} for r in ranks}
+    rows = [(name, *(cells[r.rank].get(name, "-") for r in ranks)) for name in names]
+    columns = ("step", *(_where(r) for r in ranks))
+    return Section("Steps, as the framework's own code took them", columns, rows, wrap=frozenset({"step"}))
+
+
+def states_section(ranks: list[RankRun]) -> Section | None:
+    """Bytes per training state as the framework allocated them on each rank, against plan.json's."""
     rows = []
-    for state in STATES:
-        if state not in rank.measured:
-            continue
-        nbytes, how = rank.measured[state]
-        predicted = rank.predicted.get(state)
-        error = errors.get(state)
-        verdict = "" if error is None else ("ok" if abs(error) <= TOLERANCE else "DIFFERS")
-        rows.append((state, _fmt_bytes(nbytes), _fmt_bytes(predicted) if predicted else "-",
-                     f"{error:+.1%}" if error is not None else "-", verdict, how))
-    if rows:
-        out.append(Section(f"{where}: bytes allocated vs predicted", ("state", "allocated", "predicted",
-                                                                       "error", "", "counted"), rows,
-                           right=frozenset({"allocated", "predicted", "error"}), wrap=frozenset({"counted"})))
+    for rank in ranks:
+        errors = rank.errors()
+        for state in STATES:
+            if state not in rank.measured:
+                continue
+            predicted, error = rank.predicted.get(state), errors.get(state)
+            verdict = "" if error is None else ("ok" if abs(error) <= TOLERANCE else "DIFFERS")
+            rows.append((_where(rank), state, _fmt_bytes(rank.measured[state][0]),
+                         _fmt_bytes(predicted) if predicted else "-", f"{error:+.1%}" if error is not None else "-",
+                         verdict))
+    if not rows:
+        return None
+    return Section(f"Bytes allocated vs plan.json's prediction (within {TOLERANCE:.0%}: ok)",
+                   ("rank", "state", "allocated", "predicted", "error", ""), rows,
+                   right=frozenset({"allocated", "predicted", "error"}))
+
+
+def _once(items: list[tuple[int, str]]) -> list[str]:
+    """Each text once, prefixed with the ranks it came from (all of them: no prefix)."""
+    ranks: dict[str, list[int]] = {}
+    for rank, text in items:
+        ranks.setdefault(text, []).append(rank)
+    every = {rank for rank, _ in items}
+    out = []
+    for text, where in ranks.items():
+        prefix = "" if set(where) == every else f"rank{'s' * (len(where) > 1)} {', '.join(map(str, where))}: "
+        out.append(f"{prefix}{escape(text)}")
     return out
 
 
-def rank_lines(rank: RankRun) -> list[str]:
-    lines = [f"rank {rank.rank}: {note}" for note in rank.notes]
+def _failure_lines(rank: RankRun) -> list[str]:
+    lines = []
     failed = rank.failed
     if failed:
-        lines.append(f"rank {rank.rank}: {failed['step']}: {failed['error']}")
+        lines.append(f"[red]rank {rank.rank}: {escape(failed['step'])}: {escape(failed['error'])}[/red]")
         if failed.get("fix"):
-            lines.append(f"  fix: {failed['fix']}")
+            lines.append(f"  fix: {escape(failed['fix'])}")
     if rank.crash:
-        lines.append(f"rank {rank.rank}: the dry run crashed:\n{rank.crash}")
+        lines.append(f"[red]rank {rank.rank}: the dry run crashed:[/red]\n{escape(rank.crash)}")
     return lines
 
 
-def _detail(step: dict[str, Any]) -> str:
-    if step["status"] == "skipped":
-        return step.get("why", "")
-    if step["status"] == "failed":
-        return "see below"
-    return f"{step.get('seconds', 0.0):.1f}"
+def _cell(step: dict[str, Any]) -> str:
+    if step["status"] == "done":
+        return f"ok {step.get('seconds', 0.0):.1f} s"
+    return _MARK[step["status"]]
 
 
 def _verdict(run: DryRun) -> str:

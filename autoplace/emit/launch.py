@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from autoplace.emit._common import comment_safe, job_slug, launch_geometry
 from autoplace.errors import SpecError
 from autoplace.plan import Plan
@@ -71,30 +73,54 @@ DEFAULT_LAUNCH = Launch()
 
 Launcher = Callable[[int, int, str, str, str, str], list[str]]
 
+# A required input's explanation goes inside bash's "${VAR:?...}": no character bash would expand or
+# take as a quote there (a single quote opens one, even inside the double quotes)
+_PLAIN_TEXT = re.compile(r"[^\"'$`\\}]*")
+
 
 @dataclass(frozen=True)
 class Program:
     """How a framework's job starts on every node, after the launcher (torchrun, accelerate, deepspeed).
 
+    Every launch kind (torchrun script, Slurm sbatch, the deepspeed launcher script, accelerate
+    launch, the PyTorchJob) runs these same words in the same environment (:func:`job_environment`).
+
     Attributes:
         words: the program and its arguments as shell words, already quoted (``"${ARGS[@]}"`` stays
-            unquoted so bash expands the array); ``module`` words start with ``-m``.
+            unquoted so bash expands the array; ``"$VAR"`` names a ``required`` input); ``module``
+            words start with ``-m``.
         prelude: shell lines run before the launch (``source`` of an argument file).
         env: environment the framework requires, exported with these values (None: unset).
         launcher: the framework's own launcher, when torchrun does not start it: the command's
             lines (continued with ``\\``) for (nodes, GPUs per node, job id, head address, port,
             this node's rank), each given as shell text.
+        required: inputs the plan cannot know (a dataset, the model's weights), as environment
+            variables the user sets -> what each is.  Every shell launcher stops with
+            ``set VAR to WHAT`` when one is unset or empty; the PyTorchJob lists them as empty
+            ``env`` entries to fill in.
     """
 
     words: tuple[str, ...]
     prelude: tuple[str, ...] = ()
     env: Mapping[str, str | None] = field(default_factory=dict)
     launcher: Launcher | None = None
+    required: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for var, what in self.required.items():  # autoplace's own text: a programming error, not input
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", var) or not _PLAIN_TEXT.fullmatch(what):
+                raise ValueError(f"required input {var!r}: {what!r} cannot be stated in bash's ${{VAR:?...}}")
+
+
+# The model's weights, which the FSDP2 and PEFT scripts load (the plan knows the architecture only).
+MODEL_INPUT = ("HF_MODEL", "your Hugging Face model directory or Hub id")
 
 
 def user_program(launch: Launch) -> tuple[str, ...]:
     """The user's training script and its arguments, quoted, then the script's own ``"$@"``."""
     return (*(shlex.quote(w) for w in (launch.script or "train.py", *launch.args)), '"$@"')
+
+
 K8S_BUNDLE_MOUNT = "/autoplace/bundle"  # where the PyTorchJob mounts the bundle's ConfigMap
 
 
@@ -139,20 +165,38 @@ _HERE_SLURM = [
 ]
 
 
-def exports(model: ModelSpec, launch: Launch, *, slurm: bool = False) -> list[str]:
-    q = shlex.quote
+def bundle_lines(launch: Launch, kind: str) -> list[str]:
+    """How a launch kind finds the bundle: the ``--bundle-dir`` given, else its own directory
+    (``script``: the launch script's; ``slurm``: the submitted sbatch script's; ``k8s``: the
+    ConfigMap's mount, set in the pod's ``env``)."""
+    if kind == "k8s":
+        return []
     if launch.bundle_dir != Launch.bundle_dir:
-        bundle = [f"export AUTOPLACE_BUNDLE={q(launch.bundle_dir)}"]
-    else:
-        bundle = _HERE_SLURM if slurm else [_HERE]
-    # the bundle on the import path: torchtitan's custom_import of the bundle's model flavor module
+        return [f"export AUTOPLACE_BUNDLE={shlex.quote(launch.bundle_dir)}"]
+    return _HERE_SLURM if kind == "slurm" else [_HERE]
+
+
+def job_environment(model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program,
+                    kind: str = "script") -> list[str]:
+    """The shell lines every launch kind runs before its launcher, one list for all of them, so
+    each passes the program the same environment: strict mode; the bundle (found as ``kind``
+    finds it, :func:`bundle_lines`), the job's name and the bundle on ``PYTHONPATH`` (torchtitan's
+    ``custom_import`` of the bundle's model flavor module); NCCL's settings for the fabric on GPU
+    clusters; the program's own environment and required inputs, then its prelude."""
+    q = shlex.quote
     path = 'export PYTHONPATH="$AUTOPLACE_BUNDLE${PYTHONPATH:+:$PYTHONPATH}"'
-    return ["set -euo pipefail", *bundle, f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
+    lines = ["set -euo pipefail", *bundle_lines(launch, kind), f"export AUTOPLACE_JOB={q(_job(model, launch))}", path]
+    if _wants_gpus(cluster, launch):
+        lines += ncclenvironment(cluster)
+    return lines + environment(program)
 
 
 def environment(program: Program) -> list[str]:
-    """``export`` (or ``unset``) lines for what the framework requires, then the bundle's prelude."""
+    """``export`` (or ``unset``) lines for what the framework requires, a check of every required
+    input (bash's ``${VAR:?message}``: unset or empty stops the launch with the message), then
+    the bundle's prelude."""
     lines = [f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}" for k, v in program.env.items()]
+    lines += [f': "${{{var}:?set {var} to {what}}}"' for var, what in program.required.items()]
     return lines + list(program.prelude)
 
 
@@ -175,8 +219,8 @@ def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: La
     nodes, per_node = launch_geometry(plan, cluster, "torchrun")
     program = program or Program(user_program(launch))
     lines = header("torchrun" if program.launcher is None else "launcher", plan, model, launch)
-    lines += ["# run on every node; set MASTER_ADDR to the first node's address", *exports(model, launch),
-              *environment(program)]
+    lines += ["# run on every node; set MASTER_ADDR to the first node's address",
+              *job_environment(model, cluster, launch, program)]
     command = _command(program, nodes, per_node, shlex.quote(job_slug(_job(model, launch))),
                        '"${MASTER_ADDR:-127.0.0.1}"', f'"${{MASTER_PORT:-{launch.master_port}}}"',
                        '"${NODE_RANK:-${SLURM_NODEID:-0}}"')
@@ -186,7 +230,8 @@ def emit_torchrun(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: La
 def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
                program: Program | None = None) -> str:
     """An sbatch script: one task per node, srun + the framework's launcher with the head node as
-    rendezvous (the first name of ``scontrol show hostnames "$SLURM_JOB_NODELIST"``).
+    rendezvous (the first name of ``scontrol show hostnames "$SLURM_JOB_NODELIST"``).  The
+    script's own arguments (``sbatch job.sbatch ARGS``) reach the program as its ``"$@"``.
     """
     nodes, per_node = launch_geometry(plan, cluster, "slurm")
     program = program or Program(user_program(launch))
@@ -196,13 +241,9 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
               f"#SBATCH --time={launch.time_limit}"]
     if launch.exclusive:
         lines.append("#SBATCH --exclusive")
-    gpus = _wants_gpus(cluster, launch)
-    if gpus:
+    if _wants_gpus(cluster, launch):
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
-    lines += [f"#SBATCH --output={slug}-%j.out", *exports(model, launch, slurm=True)]
-    if gpus:
-        lines += ncclenvironment(cluster)
-    lines += environment(program)
+    lines += [f"#SBATCH --output={slug}-%j.out", *job_environment(model, cluster, launch, program, "slurm")]
     lines += [
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}  # the first name (no `| head`: pipefail would see scontrol's SIGPIPE)",
@@ -211,7 +252,7 @@ def emit_slurm(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launc
         lines.append(f'export MASTER_ADDR="$head_node" MASTER_PORT={launch.master_port}')
         command = _command(program, nodes, per_node, '"$SLURM_JOB_ID"', '"$MASTER_ADDR"', '"$MASTER_PORT"',
                            '"$SLURM_NODEID"')
-        return "\n".join([*lines, "srun bash -c " + shlex.quote("\n".join(command))]) + "\n"
+        return "\n".join([*lines, f'srun bash -c {shlex.quote(chr(10).join(command))} {slug} "$@"']) + "\n"
     command = _command(program, nodes, per_node, '"$SLURM_JOB_ID"', '"$head_node"', str(launch.master_port),
                        '"$SLURM_NODEID"')
     return "\n".join([*lines, "srun " + command[0], *command[1:]]) + "\n"
@@ -227,23 +268,40 @@ _FABRIC_ENV = {
 }
 
 
-def ncclenvironment(cluster: ClusterSpec) -> list[str]:
-    """``export`` lines for NCCL on the cluster's inter-node fabric (InfiniBand, RoCE, or sockets)."""
+def _nccl_env(cluster: ClusterSpec) -> dict[str, str]:
     names = {p.inter_node.name for p in cluster.pools}
     fabric = "ib" if all(n.startswith("ib") for n in names) else "roce" if all(
         n.startswith("roce") for n in names) else None
-    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", **_FABRIC_ENV.get(fabric or "", {})}
-    lines = [f"# NCCL for {', '.join(sorted(names))} (set NCCL_SOCKET_IFNAME / NCCL_IB_HCA for your site)"]
-    return lines + [f'export {k}="${{{k}:-{v}}}"' for k, v in env.items()]
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", **_FABRIC_ENV.get(fabric or "", {})}
+
+
+def ncclenvironment(cluster: ClusterSpec) -> list[str]:
+    """``export`` lines for NCCL on the cluster's inter-node fabric (InfiniBand, RoCE, or sockets)."""
+    names = sorted({p.inter_node.name for p in cluster.pools})
+    lines = [f"# NCCL for {', '.join(names)} (set NCCL_SOCKET_IFNAME / NCCL_IB_HCA for your site)"]
+    return lines + [f'export {k}="${{{k}:-{v}}}"' for k, v in _nccl_env(cluster).items()]
+
+
+def exported_names(cluster: ClusterSpec, launch: Launch, program: Program) -> list[str]:
+    """The variables :func:`job_environment` exports, for a launcher that starts the program on
+    other hosts without them (the deepspeed launcher over pdsh)."""
+    names = ["AUTOPLACE_BUNDLE", "AUTOPLACE_JOB", "PYTHONPATH"]
+    if _wants_gpus(cluster, launch):
+        names += list(_nccl_env(cluster))
+    return names + [k for k, v in program.env.items() if v is not None] + list(program.required)
 
 
 def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch = DEFAULT_LAUNCH,
              program: Program | None = None) -> dict[str, Any]:
     """A Kubeflow PyTorchJob (kubeflow.org/v1): one Master pod and nodes - 1 Worker pods.
 
-    The training operator passes nnodes, node rank and the master address to torchrun through
-    ``PET_*`` variables and ``spec.nprocPerNode``; the command is an argument list, so no shell
-    ever sees the user's words.
+    The pod runs ``bash -c SCRIPT NAME``: the same environment as every other launch kind
+    (:func:`job_environment`, the bundle at the ConfigMap's mount), then the launcher and the
+    program's words.  The training operator passes nnodes, node rank and the master address to
+    torchrun through ``PET_*`` variables and ``spec.nprocPerNode`` (and ``MASTER_ADDR``,
+    ``MASTER_PORT``, the node's ``RANK`` to a framework's own launcher).  Kubernetes appends a
+    container's ``args`` to its command, where the script takes them as ``"$@"``.  The program's
+    required inputs are empty ``env`` entries to fill in; left empty, the pod stops naming them.
     """
     nodes, per_node = launch_geometry(plan, cluster, "k8s")
     program = program or Program(user_program(launch))
@@ -253,9 +311,9 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator looks for this container name
         "image": launch.image,
-        "command": _k8s_command(program),
+        "command": ["bash", "-c", "\n".join(k8s_script(model, cluster, launch, program, nodes, per_node)), name],
         "env": [{"name": "AUTOPLACE_BUNDLE", "value": mount},
-                {"name": "AUTOPLACE_JOB", "value": _job(model, launch)}],
+                *({"name": var, "value": ""} for var in program.required)],
         "volumeMounts": [{"name": "autoplace-bundle", "mountPath": mount, "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -279,6 +337,31 @@ def emit_k8s(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch 
             "spec": {"nprocPerNode": str(per_node), "pytorchReplicaSpecs": specs}}
 
 
+class _ManifestDumper(yaml.SafeDumper):
+    """YAML with multi-line strings (the pod's script) as literal blocks, line for line."""
+
+
+_ManifestDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+def manifest_yaml(doc: dict[str, Any]) -> str:
+    """A PyTorchJob (:func:`emit_k8s`) as YAML, its script readable as written."""
+    return yaml.dump(doc, Dumper=_ManifestDumper, sort_keys=False)
+
+
+def k8s_script(model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program, nodes: int,
+               per_node: int) -> list[str]:
+    """The pod's script: the shared environment, then torchrun (its geometry from the operator's
+    ``PET_*`` variables) or the framework's launcher with the operator's head and node rank."""
+    lines = job_environment(model, cluster, launch, program, "k8s")
+    if program.launcher is None:
+        return [*lines, "exec torchrun " + " ".join(program.words)]
+    command = _command(program, nodes, per_node, shlex.quote(job_slug(_job(model, launch))), '"$MASTER_ADDR"',
+                       '"$MASTER_PORT"', '"${PET_NODE_RANK:-${RANK:-0}}"')
+    return [*lines, "exec " + command[0], *command[1:]]
+
+
 def bash_array(name: str, words: list[str], what: str) -> str:
     """A sourceable bash array of ``words``, one flag and its values per line, every word quoted.
 
@@ -295,13 +378,3 @@ def bash_array(name: str, words: list[str], what: str) -> str:
     if current:
         lines.append("  " + " ".join(current))
     return "\n".join([*lines, ")"]) + "\n"
-
-
-def _k8s_command(program: Program) -> list[str]:
-    """The pod's command (the training operator passes nnodes, node rank and the master address to
-    torchrun through ``PET_*`` variables): torchrun and the program's words as an argument list, so
-    no shell sees the user's words, unless the program needs one (a prelude, a bundle path)."""
-    words = [w for w in program.words if w != '"$@"']
-    if not program.prelude and not any(w.startswith('"$') for w in words):
-        return ["torchrun", *(shlex.split(w)[0] for w in words)]
-    return ["bash", "-c", "\n".join(["set -euo pipefail", *environment(program), "exec torchrun " + " ".join(words)])]

@@ -8,6 +8,7 @@ accelerate's own loader, launch validation and ``FullyShardedDataParallelPlugin`
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, emit_torchrun
+from autoplace.emit.launch import MODEL_INPUT, Launch, Launcher, emit_torchrun
 from autoplace.emit.peft_train import render_peft_train
 from autoplace.frameworks.base import (
     BundleFile,
@@ -36,7 +37,7 @@ from autoplace.frameworks.base import (
 from autoplace.frameworks.readers import plan_from_accelerate
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
-from autoplace.specs.model import ModelSpec
+from autoplace.specs.model import ModelSpec, TransformerSpec
 
 FMT = "accelerate"
 
@@ -175,14 +176,18 @@ class Accelerate(Framework):
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         mixed = training_dtype(model)
+        degrees = degree_refusals(model)  # the model's own rules, judged once
 
         def check(plan: Plan) -> None:  # the rules emit_accelerate applies, without writing the config
             check_expressible(plan)
             parallelism_section(plan)
             if plan.compress == "bf16" and mixed != "bf16":
                 raise fail(FMT, f"compress=bf16: accelerate's FSDP reduces in its mixed_precision dtype, {mixed} here")
+            for name, why in degrees.items():
+                if getattr(plan, name) > 1:
+                    raise fail(FMT, f"{name}={getattr(plan, name)}: {why}")
 
-        return checked(check)
+        return checked(peft_checked(check, model, FMT))
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         cfg = yaml.safe_dump(emit_accelerate(plan, model, cluster), sort_keys=False)
@@ -195,12 +200,14 @@ class Accelerate(Framework):
                 *peft_files(plan, model, cluster)]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
-        """The user's script under ``accelerate launch --config_file`` with the bundle's YAML; the
-        machine rank and head come from the launcher's environment (NODE_RANK, else Slurm's
-        SLURM_NODEID; MASTER_ADDR / MASTER_PORT), not from the YAML, whose one ``machine_rank``
-        cannot differ per node.  Command-line values win over the config file."""
+        """The user's script under ``accelerate launch --config_file`` with the bundle's YAML (LoRA /
+        QLoRA: the bundle's PEFT script, given the YAML too); the machine rank and head come from
+        the launcher's environment (NODE_RANK, else Slurm's SLURM_NODEID; MASTER_ADDR /
+        MASTER_PORT), not from the YAML, whose one ``machine_rank`` cannot differ per node.
+        Command-line values win over the config file."""
         del plan
-        return Program(peft_program(model, launch) or user_program(launch), launcher=accelerate_launcher)
+        return (peft_program(model, launch, "--accelerate_config", CONFIG, accelerate_launcher)
+                or Program(user_program(launch), launcher=accelerate_launcher))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         plan = plan_from_accelerate(path, model, cluster)
@@ -225,12 +232,105 @@ def peft_files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[Bundl
     if not model.training.frozen_base:
         return []
     return [BundleFile(PEFT_SCRIPT, f"{model.training.method.upper()} fine-tuning script (PEFT LoraConfig"
-                       f"{', bitsandbytes NF4' if model.training.method == 'qlora' else ''}) the launch scripts run "
-                       "under accelerate (--script runs yours instead)", render_peft_train(plan, model, cluster))]
+                       f"{', bitsandbytes NF4' if model.training.method == 'qlora' else ''}) every launch script runs with "
+                       "this bundle's framework config and HF_MODEL (--script runs yours instead)",
+                       render_peft_train(plan, model, cluster))]
 
 
-def peft_program(model: ModelSpec, launch: Launch) -> tuple[str, ...] | None:
-    """The bundle's PEFT script and the launch's arguments, for LoRA / QLoRA without a --script."""
+def peft_program(model: ModelSpec, launch: Launch, flag: str, config: str,
+                 launcher: Launcher | None = None) -> Program | None:
+    """The bundle's PEFT script for LoRA / QLoRA without a --script: given the framework config
+    the plan was costed with (``flag`` and the bundle's ``config``: the script builds its
+    Accelerator from it, whatever launcher starts it) and the model's weights (a required input)."""
     if not model.training.frozen_base or launch.script is not None:
         return None
-    return (f'"$AUTOPLACE_BUNDLE"/{PEFT_SCRIPT}', *(shlex.quote(a) for a in launch.args), '"$@"')
+    var, what = MODEL_INPUT
+    words = (f'"$AUTOPLACE_BUNDLE"/{PEFT_SCRIPT}', flag, f'"$AUTOPLACE_BUNDLE"/{config}', "--model", f'"${var}"',
+             *(shlex.quote(a) for a in launch.args), '"$@"')
+    return Program(words, launcher=launcher, required={var: what})
+
+
+# What the PEFT script (peft_train.py) does not set up, by degree: it trains the Hugging Face model
+# as data parallel under the framework's sharding (accelerate's FSDP2, DeepSpeed's ZeRO).
+_PEFT_DEGREES = {
+    "tp": "peft_train.py loads no tensor-parallel model (transformers' tp_plan) and PEFT's adapters would need "
+          "sharding beside it",
+    "cp": "peft_train.py feeds whole sequences (no accelerate maybe_context_parallel around its steps)",
+    "pp": "peft_train.py runs the Hugging Face model whole: accelerate's DeepSpeed plugin builds no PipelineModule",
+}
+
+
+def check_peft(plan: Plan, fmt: str) -> None:
+    """Raise EmitError for a LoRA / QLoRA plan the bundle's PEFT script cannot run as planned.
+
+    Raises:
+        EmitError: tensor, context or pipeline parallelism (the script's data-parallel loop would
+            run it as more data parallelism, on more memory per device than was costed).
+    """
+    for name, degree in (("tp", plan.tp), ("cp", plan.cp), ("pp", plan.pp)):
+        if degree > 1:
+            raise fail(fmt, f"{name}={degree} with LoRA/QLoRA: {_PEFT_DEGREES[name]}; use {name}=1")
+
+
+def peft_checked(check: Callable[[Plan], None], model: ModelSpec, fmt: str) -> Callable[[Plan], None]:
+    """``check``, and for a LoRA / QLoRA model :func:`check_peft` after it."""
+    if not model.training.frozen_base:
+        return check
+
+    def both(plan: Plan) -> None:
+        check(plan)
+        check_peft(plan, fmt)
+
+    return both
+
+
+# Hugging Face model types whose transformers config has no base_model_tp_plan.  accelerate's tensor
+# parallelism takes the model tensor-parallel already (accelerator.py prepare_model: "Model should
+# undergo tensor parallel before passing it to accelerate ... from_pretrained(..., tp_plan='auto')"),
+# which transformers builds from that plan.  tests/test_emit_accelerate.py holds the set to transformers'
+# config classes for every family autoplace reads; RefinedWeb* is the pre-port Falcon.
+NO_TP_PLAN = frozenset({"bloom", "falcon", "gpt2", "gpt_bigcode", "mpt", "RefinedWeb", "RefinedWebModel"})
+
+
+def degree_refusals(model: ModelSpec) -> dict[str, str]:
+    """Degrees accelerate cannot raise above 1 for ``model``: degree -> why (one line naming the feature)."""
+    out = {}
+    cp = context_parallel_refusal(model)
+    if cp:
+        out["cp"] = cp
+    if isinstance(model, TransformerSpec) and model.family in NO_TP_PLAN:
+        out["tp"] = (f"transformers has no tensor-parallel plan for {model.family} (base_model_tp_plan), which "
+                     "accelerate's tensor parallelism loads the model with; use tp=1")
+    return out
+
+
+def context_parallel_refusal(model: ModelSpec) -> str | None:
+    """Why accelerate 1.15's context parallelism cannot train ``model`` (one line naming the
+    feature), or None.
+
+    accelerate shards the sequence with torch's ``context_parallel``, which swaps SDPA's kernels
+    for ring attention (torch 2.13 distributed/tensor/experimental/_context_parallel/_attention.py),
+    and hooks every ``self_attn`` to drop the attention mask for ``is_causal=True``
+    (accelerate big_modeling.py ``_attach_context_parallel_hooks``).  So:
+
+    - sliding-window layers: refused by accelerate itself (any ``layer_types`` entry other than
+      ``full_attention``, or a ``sliding_window`` without ``layer_types``): their mask would be dropped;
+    - attention SDPA cannot run never reaches the ring: logit soft-capping (transformers' Gemma 2:
+      ``_supports_sdpa = False``) and ALiBi's bias (torch's ring attention: "attn_bias is not
+      supported yet"); each rank would attend to its own chunk only.
+
+    The sequence must split into 2 x cp chunks (torch's head-tail load balancer): rules.py's
+    sequence-split rule, for every framework.  FSDP2 is required (accelerate state.py): checked by
+    :func:`check_expressible` (zero >= 2).
+    """
+    if not isinstance(model, TransformerSpec):
+        return None
+    if model.sliding_window is not None:
+        return (f"sliding-window attention (window {model.sliding_window}): accelerate's context parallelism "
+                "drops the attention mask and refuses sliding_attention layers; use cp=1, or Megatron-LM")
+    if model.attn_softcap is not None:
+        return ("attention logit soft-capping: accelerate's context parallelism runs SDPA, which has no soft-cap "
+                "(transformers runs Gemma 2's attention eagerly); use cp=1")
+    if model.position == "alibi":
+        return "ALiBi position biases: torch's ring attention takes no attention bias; use cp=1"
+    return None

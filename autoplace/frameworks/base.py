@@ -12,9 +12,11 @@ The call sequence, as ``autoplace solve`` makes it:
 1. :meth:`Framework.model_refusal` once per model: ``None``, or one line naming the model
    feature the framework cannot train (the framework is then inadmissible for the model);
 2. :meth:`Framework.costing` and :meth:`Framework.search_limits` to build its search problem;
-3. :meth:`Framework.plan_check` once per model, then the returned check once per configuration
-   the search enumerates and once per plan it returns: ``None``, or why the framework's config
-   cannot express the plan -- decided from these declarations, never by rendering;
+3. :meth:`Framework.config_check` once per model, then the returned check once per configuration
+   shape the search enumerates (whatever its micro-batching), :meth:`Framework.batching_refusal`
+   once per micro-batching of a shape it admits, and :meth:`Framework.plan_check` once per plan the
+   search returns: ``None``, or why the framework cannot run the plan -- decided from these
+   declarations, never by rendering;
 4. :meth:`Framework.render` for the plans written to a bundle (which raises
    :class:`~autoplace.errors.EmitError` exactly when the check refuses: a contract test holds
    every framework to it), :meth:`Framework.program` for its launch line and environment;
@@ -116,6 +118,9 @@ class Framework:
     # recompute modes (the model's are judged once): the search judges a configuration once per
     # distinct value of them.  None: undeclared (it is asked of every configuration)
     config_fields: ClassVar[tuple[str, ...] | None] = None
+    # whether :meth:`batching_refusal` refuses a micro-batching the search enumerates (it then asks it of
+    # each); the search builds interleaved schedules only at a multiple of pp micro-batches
+    batching_rules: ClassVar[bool] = False
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -143,11 +148,22 @@ class Framework:
         raise NotImplementedError
 
     def config_check(self, model: ModelSpec) -> PlanCheck:
-        """:meth:`plan_check` without the rules that read the layer split or per-layer recompute:
-        the search judges a configuration before it has chosen those (on an even split with no
-        recompute), and judges the final plans with :meth:`plan_check`.  It must admit every plan
-        :meth:`plan_check` admits (a contract test checks it)."""
+        """:meth:`plan_check` without the rules that read the layer split, per-layer recompute or the
+        micro-batching (:meth:`batching_refusal`): the search judges a configuration before it has
+        chosen those (on an even split with no recompute), and judges the final plans with
+        :meth:`plan_check`.  It must admit every plan :meth:`plan_check` admits (a contract test checks it)."""
         return self.plan_check(model)
+
+    def batching_refusal(self, config: Config) -> str | None:
+        """Why this framework cannot run ``config``'s micro-batching (``mbs``-sequence micro-batches,
+        ``grad_accum`` of them per step) on its pipeline, or None: by default it runs every one.
+
+        It reads only ``pp``, ``vpp``, ``schedule``, ``mbs`` and ``grad_accum``.  :meth:`config_check`
+        never reads the micro-batching (the search judges a shape once, then each micro-batching of
+        it here, when :attr:`batching_rules` says there is a rule); :meth:`plan_check` includes it.
+        """
+        del config
+        return None
 
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         """The layer split this framework always makes for ``pp`` stages (it takes no explicit one),

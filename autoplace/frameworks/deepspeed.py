@@ -26,9 +26,9 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, environment, exports, header
+from autoplace.emit.launch import Launch, exported_names, header, job_environment
 from autoplace.errors import SpecError
-from autoplace.frameworks.accelerate import peft_files, peft_program
+from autoplace.frameworks.accelerate import peft_checked, peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
@@ -305,12 +305,10 @@ class DeepSpeed(Framework):
     reports_hardware_flops = True
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
-        del model
-        return checked(check_plan)
+        return checked(peft_checked(check_plan, model, FMT))
 
     def config_check(self, model: ModelSpec) -> PlanCheck:
-        del model
-        return checked(check_expressible)
+        return checked(peft_checked(check_expressible, model, FMT))
 
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         return deepspeed_split(blocks, pp)
@@ -324,14 +322,15 @@ class DeepSpeed(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """The user's script with the config through DeepSpeed's own arguments
-        (``deepspeed.add_config_arguments``: ``--deepspeed --deepspeed_config PATH``)."""
+        (``deepspeed.add_config_arguments``: ``--deepspeed --deepspeed_config PATH``); for LoRA /
+        QLoRA the bundle's PEFT script, which runs accelerate's DeepSpeed plugin on that config."""
         del plan
-        peft = peft_program(model, launch)
-        if peft is not None:  # the PEFT script runs under accelerate, which takes DeepSpeed's config
-            return Program(peft, launcher=deepspeed_via_accelerate)
+        peft = peft_program(model, launch, "--deepspeed_config", CONFIG)
+        if peft is not None:
+            return peft
         q = shlex.quote
         return Program((q(launch.script or "train.py"), "--deepspeed", "--deepspeed_config",
-                                    f'"$AUTOPLACE_BUNDLE"/{CONFIG}', *(q(a) for a in launch.args), '"$@"'))
+                        f'"$AUTOPLACE_BUNDLE"/{CONFIG}', *(q(a) for a in launch.args), '"$@"'))
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         notes: list[str] = []
@@ -340,13 +339,17 @@ class DeepSpeed(Framework):
 
 
 
-
 def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program) -> str:
     """A bash script for the ``deepspeed`` launcher running the program (which passes the bundle's
-    config through ``--deepspeed --deepspeed_config``).  Several nodes need a hostfile (DS_HOSTFILE)."""
+    config through ``--deepspeed --deepspeed_config``), in the environment every launch kind sets
+    (:func:`~autoplace.emit.launch.job_environment`).  Several nodes need a hostfile (DS_HOSTFILE),
+    and the environment reaches the other nodes through DS_ENV_FILE (:func:`remote_environment`)."""
     nodes, per_node = launch_geometry(plan, cluster, "deepspeed-launch")
-    lines = header("deepspeed", plan, model, launch) + exports(model, launch) + environment(program)
-    hostfile = ' --hostfile "${DS_HOSTFILE:-/job/hostfile}"' if nodes > 1 else ""
+    lines = header("deepspeed", plan, model, launch) + job_environment(model, cluster, launch, program)
+    hostfile = ""
+    if nodes > 1:
+        hostfile = ' --hostfile "${DS_HOSTFILE:-/job/hostfile}"'
+        lines += remote_environment(exported_names(cluster, launch, program))
     lines += [
         f"exec deepspeed --num_nodes {nodes} --num_gpus {per_node}{hostfile} \\",
         f'  --master_addr "${{MASTER_ADDR:-127.0.0.1}}" --master_port "${{MASTER_PORT:-{launch.master_port}}}" \\',
@@ -355,10 +358,29 @@ def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: La
     return "\n".join(lines) + "\n"
 
 
-def deepspeed_via_accelerate(nodes: int, per_node: int, job_id: str, head: str, port: str, node_rank: str) -> list[str]:
-    """``accelerate launch`` with the bundle's DeepSpeed config (``--use_deepspeed
-    --deepspeed_config_file``), for the PEFT script (see :class:`~autoplace.emit.launch.Program`)."""
-    del job_id
-    return [f'accelerate launch --use_deepspeed --deepspeed_config_file "$AUTOPLACE_BUNDLE"/{CONFIG} \\',
-            f"  --num_machines {nodes} --num_processes {nodes * per_node} --machine_rank {node_rank} \\",
-            f"  --main_process_ip {head} --main_process_port {port} \\"]
+# \ " $ and ` escaped with a backslash: inside double quotes the remote shell reads them literally
+_ESCAPE_FOR_DOUBLE_QUOTES = r'  value=${value//\\/\\\\}; value=${value//\"/\\\"}; value=${value//\$/\\\$}; value=${value//\`/\\\`}'
+
+
+def remote_environment(names: list[str]) -> list[str]:
+    """Lines that hand ``names`` (exported variables) to the deepspeed launcher's other nodes.
+
+    Over pdsh the launcher exports on each node only variables whose names start with MLFLOW,
+    PYTHON, MV2, UCX or NCCL, and those listed in the file DS_ENV_FILE names, one ``NAME=value`` a
+    line (deepspeed 0.19 launcher/runner.py: EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_NAME); it writes a
+    value with other characters inside double quotes (multinode_runner.py ``add_export``), so the
+    value's backslashes, double quotes, dollars and backquotes are escaped here for that shell.
+    """
+    return [
+        "# the deepspeed launcher hands other nodes only the variables DS_ENV_FILE lists (and NCCL*, PYTHON*)",
+        'DS_ENV_FILE=$(mktemp "${TMPDIR:-/tmp}/autoplace-ds-env.XXXXXX")',
+        "export DS_ENV_FILE",
+        f"for name in {' '.join(names)}; do",
+        "  value=${!name}",
+        "  if [[ $value == *$'\\n'* ]]; then",
+        '    echo "autoplace: $name holds a newline; the deepspeed launcher passes one line per variable" >&2; exit 2',
+        "  fi",
+        _ESCAPE_FOR_DOUBLE_QUOTES,
+        '  printf \'%s=%s\\n\' "$name" "$value" >> "$DS_ENV_FILE"',
+        "done",
+    ]

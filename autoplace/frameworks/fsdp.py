@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoplace.emit._common import check_compression, fail, training_dtype
-from autoplace.emit.launch import Launch, Program, user_program
+from autoplace.emit.launch import MODEL_INPUT, Launch, Program, user_program
 from autoplace.errors import SpecError
 from autoplace.frameworks._fsdp_read import fsdp_plan_values
 from autoplace.frameworks._fsdp_train import fsdp_train_script
@@ -423,12 +423,16 @@ class Fsdp(Framework):
                            fsdp_train_script(plan, model))]
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
-        """The bundle's train_fsdp2.py (which imports the module), or the user's ``--script``."""
+        """The bundle's train_fsdp2.py (which imports the module) with the model's weights (a
+        required input: the plan knows the architecture, not where the weights are), or the user's
+        ``--script``."""
         del plan, model
         if launch.script is not None:
             return Program(user_program(launch))
         q = shlex.quote
-        return Program((f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', *(q(a) for a in launch.args), '"$@"'))
+        var, what = MODEL_INPUT
+        return Program((f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', "--model", f'"${var}"', *(q(a) for a in launch.args),
+                        '"$@"'), required={var: what})
 
     def dry_run(self, ctx: DryContext, steps: Steps) -> None:
         """train_fsdp2.py's own steps on a fake process group: its arguments, the model, the module's mesh

@@ -9,9 +9,10 @@ for HSDP-like replication), ZeRO-2/3 are Megatron-FSDP's ``optim_grads`` /
 
 from __future__ import annotations
 
-import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoplace.emit._common import (
     check_compression,
@@ -23,11 +24,16 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, bash_array
+from autoplace.errors import EmitError
+from autoplace.frameworks._megatron_args import interleaved_refusal, run_args
 from autoplace.frameworks._megatron_read import plan_from_megatron
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
-from autoplace.plan import RECIPE_KEYS, Plan
+from autoplace.plan import RECIPE_KEYS, Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "megatron"
 DEFAULT_ROTARY_BASE = 10000  # Megatron's --rotary-base default, and Hugging Face's rope_theta default
@@ -46,12 +52,27 @@ def emit_megatron(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
     if why:
         raise fail(FMT, why)
     check_expressible(plan)
+    check_batching(plan)
     args = parallel_args(plan) + sharding_args(plan) + pipeline_args(plan)
     args += ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch)]
     args += recompute_args(plan) + precision_args(model, plan) + recipe_args(plan)
     if isinstance(model, TransformerSpec):
-        args += shape_args(model) + vocab_args(model, plan.tp)
+        args += shape_args(model) + vocab_args(model, plan.tp) + run_args(model.hidden)
     return args
+
+
+def batching_refusal(config: Config) -> str | None:
+    """Why megatron-core's interleaved schedule cannot run ``config``'s micro-batches per step
+    (:func:`~autoplace.frameworks._megatron_args.interleaved_refusal`), or None."""
+    why = interleaved_refusal(config.grad_accum, config.pp) if config.vpp > 1 else None
+    return f"{FMT}: {why}" if why else None
+
+
+def check_batching(plan: Plan) -> None:
+    """Raise :func:`batching_refusal`'s line as EmitError."""
+    why = batching_refusal(plan)
+    if why:
+        raise EmitError(why)
 
 
 # Megatron-Core's RotaryEmbedding._apply_scaling (--use-rope-scaling) takes only the factor, and
@@ -300,6 +321,8 @@ def shape_args(m: TransformerSpec) -> list[str]:
         args += ["--kv-channels", str(m.dim_head)]
     args += ["--seq-length", str(m.seq_len), "--max-position-embeddings", str(m.max_position or m.seq_len),
              "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.norm_eps is not None:  # TransformerConfig.layernorm_epsilon: every norm, QK and MLA latent norms too
+        args += ["--norm-epsilon", repr(m.norm_eps)]
     if m.position == "rope":
         theta = m.rope_theta or DEFAULT_ROTARY_BASE
         if not float(theta).is_integer():
@@ -378,14 +401,18 @@ def window_args(window: int, full_every: int | None) -> list[str]:
 
 
 def vocab_args(m: TransformerSpec, tp: int) -> list[str]:
-    """Vocabulary size and padding: Megatron pads the embedding to a multiple of
-    ``make_vocab_size_divisible_by * tp`` (``_vocab_size_with_padding``; default 128).  The
-    divisor chosen here is the largest that leaves the vocabulary as it is; when tp does not
-    divide it, the few padding rows per TP rank are unavoidable (and uncounted by the plan).
+    """The embedding's rows, ``--padded-vocab-size``: the model's vocabulary, padded to a multiple of
+    tp only when tp does not divide it (VocabParallelEmbedding splits the rows; those few padding rows
+    are uncounted by the plan).
+
+    Megatron-LM core_v0.16.1 sizes the embedding from ``--padded-vocab-size`` when given, else from
+    the tokenizer (``build_tokenizer``: ``_vocab_size_with_padding(tokenizer.vocab_size)``, padded to
+    a multiple of ``make_vocab_size_divisible_by`` x tp).  With the launch's ``--tokenizer-type
+    HuggingFaceTokenizer`` that is ``len(tokenizer)``, not ``--vocab-size``: Qwen2.5's tokenizer has
+    151,665 entries, its config 151,936 rows, and the model trained would not be the one planned (nor
+    load its checkpoint).  Every tokenizer type honours ``--padded-vocab-size``.
     """
-    divisor = math.gcd(m.vocab, 128 * tp)
-    return ["--vocab-size", str(m.vocab), "--make-vocab-size-divisible-by",
-            str(divisor // tp if divisor % tp == 0 else 1)]
+    return ["--padded-vocab-size", str(padded_vocab(m.vocab, 1, tp))]
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -475,6 +502,7 @@ class Megatron(Framework):
         def check(plan: Plan) -> None:  # the rules emit_megatron applies, without writing the arguments
             pipeline_args(plan)
             recompute_args(plan)
+            check_batching(plan)
 
         split = checked(check)
         return lambda plan: config(plan) or split(plan)
@@ -490,25 +518,45 @@ class Megatron(Framework):
 
         return checked(check)
 
+    def batching_refusal(self, config: Config) -> str | None:
+        return batching_refusal(config)
+
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         args = bash_array("MEGATRON_ARGS", emit_megatron(plan, model, cluster), "Megatron-LM arguments")
         return [BundleFile(ARGS_FILE, 'Megatron-LM arguments as a bash array: the launch scripts source it and pass '
                            '"${MEGATRON_ARGS[@]}" to pretrain_gpt.py (set DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, '
-                           "TRAIN_ITERS first)", args)]
+                           "TRAIN_ITERS first).  --lr (GPT-3's for this width), its schedule, --save-interval, "
+                           "--eval-interval, --eval-iters and --split are defaults: pass your own after them (the last "
+                           "value wins).  --padded-vocab-size fixes the embedding at the model's vocabulary: without "
+                           "it Megatron-LM would size it from len(tokenizer)", args)]
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_megatron(path, model, cluster), self.name, True)
 
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """What rank ``ctx.rank`` of ``pretrain_gpt.py`` builds before step 1 (:mod:`._megatron_dry`)."""
+        from autoplace.frameworks._megatron_dry import dry_run
+
+        dry_run(ctx, steps)
+
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders, and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', "--tokenizer-type", "HuggingFaceTokenizer"]
-        for flag, var, what in PLACEHOLDERS:
-            words += [flag, f'"${{{var}:?set {var} to {what}}}"']
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *launch_args(lambda var, _: f'"${var}"')]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
-                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan))
+                       prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
+                       required={var: what for _, var, what in PLACEHOLDERS})
+
+
+def launch_args(value: Callable[[str, str], str]) -> list[str]:
+    """The words the launch passes after the bundle's arguments: the tokenizer type and each of
+    :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: the required variable's value)."""
+    words = ["--tokenizer-type", "HuggingFaceTokenizer"]
+    for flag, var, what in PLACEHOLDERS:
+        words += [flag, value(var, what)]
+    return words
 
 
 def megatron_environment(plan: Plan) -> dict[str, str | None]:

@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplace.emit._common import (
     check_compression,
@@ -32,15 +32,23 @@ from autoplace.emit._common import (
     uniform_recompute,
 )
 from autoplace.emit.launch import Launch, bash_array
+from autoplace.errors import EmitError
+from autoplace.frameworks._torchtitan_pipeline import schedule_refusal
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
-from autoplace.plan import Plan
+from autoplace.plan import Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
+
 FMT = "torchtitan"
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+# torchtitan 0.2.2 reads the tokenizer from model.hf_assets_path (default ./tests/assets/tokenizer, its
+# repository's test tokenizer): the model's own must be given
+TOKENIZER_INPUT = ("HF_ASSETS_PATH", "the directory of the Hugging Face tokenizer files of the model")
 CUSTOM_MODULE = "autoplace_torchtitan_model"  # the bundle file registering a custom flavor (custom_import)
 # torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py) as the shapes they build:
 # (dim, n_layers, n_heads, n_kv_heads, SwiGLU hidden, vocab, rope_theta); tests compare with torchtitan.
@@ -68,15 +76,38 @@ QWEN3_FLAVORS = {
     "32B": (5120, 64, 64, 8, 128, 25600, 151936, 1000000.0, False),
 }
 DEFAULT_ROPE_THETA = 10000.0  # TransformerModelArgs.rope_theta, and Hugging Face's default
+# the norm epsilon of torchtitan 0.2.2's own flavors (no flavor sets one: the args classes' defaults,
+# TransformerModelArgs.norm_eps and Qwen3ModelArgs.norm_eps)
+FLAVOR_NORM_EPS = {"llama3": 1e-5, "qwen3": 1e-6}
 # model name -> (the module's import lines, the args class, the flavor registry)
 _FAMILY_CODE = {
     "llama3": ("from torchtitan.models.llama3 import TransformerModelArgs, llama3_args\n"
                "from torchtitan.models.llama3.model.args import RoPEScalingArgs\n", "TransformerModelArgs", "llama3_args"),
     "qwen3": ("from torchtitan.models.moe import MoEArgs\nfrom torchtitan.models.qwen3 import Qwen3ModelArgs, qwen3_args\n",
               "Qwen3ModelArgs", "qwen3_args"),
-    "deepseek_v3": ("from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs, deepseekv3_args\n"
-                    "from torchtitan.models.moe import MoEArgs\n", "DeepSeekV3ModelArgs", "deepseekv3_args"),
+    "deepseek_v3": ("import dataclasses\n\nfrom torch import nn\n"
+                    "from torchtitan.models.deepseek_v3 import DeepSeekV3Model, DeepSeekV3ModelArgs, deepseekv3_args, "
+                    "get_train_spec\nfrom torchtitan.models.moe import MoEArgs\n"
+                    "from torchtitan.protocols.train_spec import register_train_spec\n",
+                    "DeepSeekV3ModelArgs", "deepseekv3_args"),
 }
+# What a family's model cannot state through its args, set by the flavor module: torchtitan 0.2.2's
+# DeepSeekV3Model builds its final RMSNorm without an eps (nn.RMSNorm then adds the input dtype's machine
+# epsilon, 2**-7 in bf16), its other norms at norm_eps.  A TrainSpec registered under a model's name takes
+# precedence over torchtitan's own (protocols/train_spec.py get_train_spec), so the module registers the
+# family's spec with a model class whose final norm takes norm_eps too.
+_FAMILY_FIXES = {"deepseek_v3": '''
+
+class DeepSeekV3WithNormEps(DeepSeekV3Model):
+    """torchtitan's DeepSeekV3Model with its final RMSNorm at norm_eps, as its other norms."""
+
+    def __init__(self, model_args: DeepSeekV3ModelArgs) -> None:
+        super().__init__(model_args)
+        self.norm = nn.RMSNorm(model_args.dim, eps=model_args.norm_eps)
+
+
+register_train_spec("deepseek_v3", dataclasses.replace(get_train_spec(), model_cls=DeepSeekV3WithNormEps))
+'''}
 _NESTED = {"rope_scaling_args": "RoPEScalingArgs", "moe_args": "MoEArgs"}  # args fields holding a dataclass
 
 
@@ -211,28 +242,33 @@ def _llama3_model(m: TransformerSpec) -> TitanModel:
         "original_max_position_embeddings": r.original_max_position or 8192}
     shape = (m.hidden, m.layers, m.heads, m.n_kv_heads, m.ffn_hidden, m.vocab, theta)
     for flavor, known in LLAMA3_FLAVORS.items():
-        if shape == known and scaling == LLAMA31_SCALING:
+        if shape == known and scaling == LLAMA31_SCALING and m.norm_eps in (None, FLAVOR_NORM_EPS["llama3"]):
             return TitanModel("llama3", flavor)
     # torchtitan sizes the SwiGLU hidden layer as multiple_of * ceil(int(mult * int(8 * dim / 3)) / multiple_of)
     # (llama3 FeedForward); multiple_of = ffn_hidden with mult = ffn_hidden / int(8 * dim / 3) gives it exactly.
     base = int(2 * 4 * m.hidden / 3)
     args = {"dim": m.hidden, "n_layers": m.layers, "n_heads": m.heads, "n_kv_heads": m.n_kv_heads,
             "vocab_size": m.vocab, "multiple_of": m.ffn_hidden, "ffn_dim_multiplier": m.ffn_hidden / base,
-            "rope_theta": theta, "rope_scaling_args": scaling}
+            "rope_theta": theta, "rope_scaling_args": scaling, **_norm_eps(m)}
     return TitanModel("llama3", CUSTOM_FLAVOR, args)
+
+
+def _norm_eps(m: TransformerSpec) -> dict[str, float]:
+    """The args' ``norm_eps`` (every family's args name it so) when the model states one."""
+    return {} if m.norm_eps is None else {"norm_eps": m.norm_eps}
 
 
 def _qwen3_model(m: TransformerSpec) -> TitanModel:
     theta = m.rope_theta or DEFAULT_ROPE_THETA
     shape = (m.hidden, m.layers, m.heads, m.n_kv_heads, m.dim_head, m.ffn_hidden, m.vocab, theta, m.tied_embeddings)
-    if m.moe is None and m.qk_norm == "head":
+    if m.moe is None and m.qk_norm == "head" and m.norm_eps in (None, FLAVOR_NORM_EPS["qwen3"]):
         for flavor, known in QWEN3_FLAVORS.items():
             if shape == known:
                 return TitanModel("qwen3", flavor)
     args: dict[str, Any] = {"dim": m.hidden, "n_layers": m.layers, "n_heads": m.heads, "n_kv_heads": m.n_kv_heads,
                             "vocab_size": m.vocab, "head_dim": m.dim_head, "hidden_dim": m.ffn_hidden,
                             "rope_theta": theta, "qk_norm": m.qk_norm == "head",
-                            "enable_weight_tying": m.tied_embeddings}
+                            "enable_weight_tying": m.tied_embeddings, **_norm_eps(m)}
     if m.moe is not None:
         args.update(moe_enabled=True, moe_inter_dim=m.moe.expert_ffn_hidden, moe_args=_moe_args(m))
     return TitanModel("qwen3", CUSTOM_FLAVOR, args)
@@ -249,7 +285,7 @@ def _deepseek_args(m: TransformerSpec) -> dict[str, Any]:
             "v_head_dim": mla.v_head_dim, "original_seq_len": r.original_max_position or 4096,
             "rope_theta": m.rope_theta or DEFAULT_ROPE_THETA, "rope_factor": r.factor,
             "beta_fast": int(r.beta_fast or 32), "beta_slow": int(r.beta_slow or 1),
-            "mscale": r.mscale if r.mscale is not None else 1.0}
+            "mscale": r.mscale if r.mscale is not None else 1.0, **_norm_eps(m)}
 
 
 def emit_torchtitan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
@@ -297,8 +333,9 @@ def recipe_sections(plan: Plan, model: ModelSpec) -> dict[str, Any]:
 
 
 def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> str:
-    """Python source registering the model's args as flavor ``autoplace`` of its torchtitan 0.2.2 family;
-    empty when the model is one of torchtitan's own flavors (nothing to register).
+    """Python source registering the model's args as flavor ``autoplace`` of its torchtitan 0.2.2 family
+    (and what its args cannot state: ``_FAMILY_FIXES``); empty when the model is one of torchtitan's own
+    flavors (nothing to register).
 
     Raises:
         EmitError: an architecture torchtitan does not implement, or a plan it cannot run.
@@ -314,7 +351,7 @@ def torchtitan_model_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec) 
             "torchtitan.toml imports this module ([experimental] custom_import) before it looks the flavor up;\n"
             'run with the bundle on the import path: PYTHONPATH="$AUTOPLACE_BUNDLE:$PYTHONPATH".\n"""\n\n'
             f"{imports}\n"
-            f"{registry}[{CUSTOM_FLAVOR!r}] = {cls}(\n    {fields},\n)\n")
+            f"{registry}[{CUSTOM_FLAVOR!r}] = {cls}(\n    {fields},\n)\n{_FAMILY_FIXES.get(titan.name, '')}")
 
 
 def _py_value(key: str, value: Any) -> str:
@@ -329,9 +366,11 @@ def check_expressible(plan: Plan, model: ModelSpec) -> None:
     expressible_check(model)(plan)
 
 
-def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable[[Plan], None]:
+def expressible_check(model: ModelSpec, whole_plan: bool = True) -> Callable[[Plan], None]:
     """:func:`check_expressible` for one model, whose own rules are judged once: ``check(plan)``
-    raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans).
+    raises what ``check_expressible(plan, model)`` raises (the search judges thousands of plans);
+    without ``whole_plan``, only the rules of its configuration (not its per-layer recompute or
+    micro-batching: ``Framework.config_check``).
 
     Raises:
         EmitError: an architecture torchtitan does not implement (before any plan is read).
@@ -352,10 +391,18 @@ def expressible_check(model: ModelSpec, with_recompute: bool = True) -> Callable
         if family == "qwen3" and plan.pp > 1:  # its TrainSpec has pipelining_fn=None
             raise fail(FMT, f"pp={plan.pp}: torchtitan 0.2.2's qwen3 model has no pipeline parallelism")
         _check_plan(plan)
-        if with_recompute:
+        if whole_plan:
             activation_checkpoint_section(plan, FMT)  # every-N-th-block patterns only
+            check_batching(plan)
 
     return check
+
+
+def check_batching(plan: Plan) -> None:
+    """Raise :func:`batching_refusal`'s line as EmitError."""
+    why = batching_refusal(plan)
+    if why:
+        raise EmitError(why)
 
 
 def _check_plan(plan: Plan) -> None:
@@ -385,16 +432,29 @@ def _check_plan(plan: Plan) -> None:
             raise fail(FMT, f"a middle pipeline stage would hold no modules ({parts}); torchtitan needs one")
 
 
-def training_section(plan: Plan, model: ModelSpec) -> dict[str, Any]:
-    """``[training]``: batch sizes as torchtitan counts them, sequence length, precision, offload.
+def batching_refusal(config: Config) -> str | None:
+    """Why torchtitan cannot build the pipeline schedule of ``config``'s micro-batching (its
+    schedule builder's checks, :func:`schedule_refusal`), or None; it reads only pp, vpp, schedule,
+    mbs and grad_accum (``Framework.batching_refusal``)."""
+    if config.pp == 1:
+        return None
+    why = schedule_refusal(PLAN_TO_TORCH_SCHEDULE[config.schedule], config.pp, config.vpp, local_batch(config),
+                           config.mbs)
+    return f"{FMT}: {why}" if why else None
 
-    torchtitan's gradient accumulation is global / (local * dp).  Without PP, local is one
-    micro-batch; with PP, local is all micro-batches of a step (n_microbatches = local /
-    pipeline_parallel_microbatch_size), so torchtitan accumulates once.
-    """
-    local = plan.mbs * (plan.grad_accum if plan.pp > 1 else 1)
+
+def local_batch(plan: Config) -> int:
+    """``training.local_batch_size``: torchtitan's gradient accumulation is global / (local * dp).
+    Without PP, local is one micro-batch; with PP, local is all micro-batches of a step
+    (n_microbatches = local / pipeline_parallel_microbatch_size), so torchtitan accumulates once."""
+    return plan.mbs * (plan.grad_accum if plan.pp > 1 else 1)
+
+
+def training_section(plan: Plan, model: ModelSpec) -> dict[str, Any]:
+    """``[training]``: batch sizes as torchtitan counts them (:func:`local_batch`), sequence length,
+    precision, offload."""
     return {
-        "local_batch_size": local,
+        "local_batch_size": local_batch(plan),
         "global_batch_size": plan.global_batch,
         "seq_len": model.seq_len,
         "mixed_precision_param": _PARAM_DTYPE[training_dtype(model)],
@@ -511,8 +571,8 @@ def _cli_words(section: str, key: str, value: Any) -> list[str]:
         return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
     if isinstance(value, list) and value and isinstance(value[0], list):  # list[list[str]]: one comma-joined word
         return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]  # per chunk (torchtitan's list rule)
-    if isinstance(value, list):
-        return [f"--{section}.{key}", *map(str, value)]
+    if isinstance(value, list):  # list[str]: one comma-joined word (torchtitan's ConfigManager list_str_rule)
+        return [f"--{section}.{key}", ",".join(map(str, value))]
     return [f"--{section}.{key}", str(value)]
 
 
@@ -530,6 +590,7 @@ class Torchtitan(Framework):
     config_suffixes = (".toml",)
     config_file = CONFIG
     layer_recompute = "every"  # [activation_checkpoint] selective_ac_option = N
+    batching_rules = True  # its pipeline schedules' micro-batch counts (batching_refusal)
     # its pipelines (torch.distributed.pipelining) hold FSDP2's gradient sync to the last micro-batch
     behaviour = {"pipeline_defers_grad_sync": True}
     # [compile], async TP, FSDP2's prefetch (always on), torchao's float8 and MX converters
@@ -548,7 +609,10 @@ class Torchtitan(Framework):
     def config_check(self, model: ModelSpec) -> PlanCheck:
         if model_refusal(model) is not None:
             return self.plan_check(model)
-        return checked(expressible_check(model, with_recompute=False))
+        return checked(expressible_check(model, whole_plan=False))
+
+    def batching_refusal(self, config: Config) -> str | None:
+        return batching_refusal(config)
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         toml = torchtitan_toml(emit_torchtitan(plan, model, cluster),
@@ -567,16 +631,25 @@ class Torchtitan(Framework):
         return files
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
-        """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``); a
-        ``--script`` other than the default runs in its place."""
+        """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``) and the
+        tokenizer's directory (a required input); a ``--script`` other than the default runs in its place."""
         del plan, model
         q = shlex.quote
         entry = ("-m", "torchtitan.train") if launch.script is None else (q(launch.script),)
-        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
-                                    *(q(a) for a in launch.args), '"$@"'))
+        var, what = TOKENIZER_INPUT
+        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}', "--model.hf_assets_path",
+                        f'"${var}"', *(q(a) for a in launch.args), '"$@"'), required={var: what})
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_torchtitan(path, model, cluster), self.name, True)
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """torchtitan 0.2.2's own build below its trainer (which needs CUDA): ConfigManager on the launch's
+        words, ParallelDims and the mesh, the model on the meta device, the pipeline split and schedule,
+        parallelize_fn, the optimizers (:mod:`autoplace.frameworks._torchtitan_dry`)."""
+        from autoplace.frameworks._torchtitan_dry import dry_run
+
+        dry_run(ctx, steps)
 
 
 def plan_from_torchtitan(cfg: Any, model: ModelSpec, cluster: ClusterSpec) -> Plan:

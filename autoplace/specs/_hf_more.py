@@ -21,6 +21,7 @@ from autoplace.specs._hf_read import (
     _dropout,
     _heads,
     _llama_biases,
+    _norm_eps,
     _qwen_moe,
     _Reader,
     _rope_decoder,
@@ -139,7 +140,7 @@ def falcon(r: _Reader) -> dict[str, Any]:
         "heads": heads, "kv_heads": kv_heads,
         "vocab": r.integer("vocab_size"),
         "seq_len": _seq_len(r.integer("max_position_embeddings", default=FALCON_MAX_POSITIONS)),
-        "ffn": "gelu", "norm": "layernorm",
+        "ffn": "gelu", "norm": "layernorm", **_norm_eps(r),
         "bias": r.flag("bias", False), "qkv_bias": r.flag("bias", False),
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "position": "alibi" if alibi else "rope",
@@ -163,7 +164,7 @@ def bloom(r: _Reader) -> dict[str, Any]:
         **_heads(r, hidden, "n_head"),
         "vocab": r.integer("vocab_size"),
         "seq_len": _seq_len(r.integer("seq_length", default=BLOOM_SEQ_LEN)),
-        "ffn": "gelu", "norm": "layernorm", "bias": True, "qkv_bias": True,
+        "ffn": "gelu", "norm": "layernorm", **_norm_eps(r), "bias": True, "qkv_bias": True,
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "position": "alibi", "dropout": _dropout(r), "embedding_norm": True,
         "activation": "gelu_tanh",  # BloomGelu: GeLU's tanh approximation, hard-coded
@@ -199,7 +200,7 @@ def mpt(r: _Reader) -> dict[str, Any]:
         "layers": r.integer("n_layers"), "hidden": hidden, "ffn_hidden": int(ratio * hidden),
         "heads": heads, "kv_heads": kv_heads, "vocab": r.integer("vocab_size"),
         "seq_len": _seq_len(positions),
-        "ffn": "swiglu" if gated else "gelu", "norm": "layernorm", "bias": bias, "qkv_bias": bias,
+        "ffn": "swiglu" if gated else "gelu", "norm": "layernorm", **_norm_eps(r), "bias": bias, "qkv_bias": bias,
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "position": "alibi" if alibi else ("learned" if learned else "rope"),
         **({"max_position": positions} if learned else {}),
@@ -214,7 +215,7 @@ def starcoder2(r: _Reader) -> dict[str, Any]:
     bias = r.flag("use_bias", True)
     out = {
         **_decoder_shape(r),
-        "ffn": "gelu", "norm": "layernorm", "bias": bias, "qkv_bias": bias,
+        "ffn": "gelu", "norm": "layernorm", **_norm_eps(r), "bias": bias, "qkv_bias": bias,
         "tied_embeddings": r.flag("tie_word_embeddings", True), "position": "rope",
         **_rope_scaling(r), **_activation(r, "gelu", default="gelu_pytorch_tanh"),
         "dropout": _dropout(r) or any(r.probability(k) > 0 for k in ("residual_dropout", "embedding_dropout")),

@@ -237,6 +237,7 @@ def _rope_decoder(r: _Reader, *, mla: bool = False) -> dict[str, Any]:
         **_decoder_shape(r, mla=mla),
         "ffn": "swiglu",
         "norm": "rmsnorm",
+        **_norm_eps(r),
         "bias": False,
         "qkv_bias": False,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
@@ -321,6 +322,28 @@ def _window(r: _Reader, layers: int, positions: int, *, pattern: int | None = No
     if every == 1:
         return {}
     return {"sliding_window": window, **({"full_attention_every": every} if every else {})}
+
+
+# The key each family names its norms' epsilon with, and the default of its transformers config class
+# (transformers 5: LlamaConfig.rms_norm_eps, GPT2Config.layer_norm_epsilon, ...) when a config leaves it out
+_NORM_EPS: dict[str, tuple[str, float]] = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+                     "gemma2", "gemma3_text"), ("rms_norm_eps", 1e-6)),
+    "mixtral": ("rms_norm_eps", 1e-5), "phi3": ("rms_norm_eps", 1e-5), "olmo2": ("rms_norm_eps", 1e-5),
+    "gpt_neox": ("layer_norm_eps", 1e-5), "starcoder2": ("norm_epsilon", 1e-5),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "falcon", "RefinedWebModel", "RefinedWeb", "bloom", "mpt"),
+                    ("layer_norm_epsilon", 1e-5)),
+}
+
+
+def _norm_eps(r: _Reader) -> dict[str, float]:
+    """``{"norm_eps": e}``: the epsilon every norm of the model adds (its family's key, else the
+    family's transformers default, which is what transformers builds without the key)."""
+    key, default = _NORM_EPS[r.model_type]
+    value = r.config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise r.error(key, f"must be a number between 0 and 1, got {value!r}")
+    return {"norm_eps": float(value)}
 
 
 def _rope_theta(r: _Reader, key: str) -> dict[str, float]:
