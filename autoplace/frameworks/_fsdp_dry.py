@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from autoplace.dryrun.steps import DryContext, Steps
 
 SCRIPT, MODULE = "train_fsdp2.py", "fsdp2_parallelize.py"
-MODEL_FIX = (f"give {SCRIPT} its model: `autoplace dryrun BUNDLE -- --model PATH_OR_HUB_ID` (the launch passes the "
-             "words after its own as the script's: `launch_torchrun.sh --model PATH_OR_HUB_ID`)")
+MODEL_FIX = (f"give {SCRIPT} its model: --model \"$HF_MODEL\" in the launch line, as autoplace writes it, or "
+             "`autoplace dryrun BUNDLE -- --model PATH_OR_HUB_ID` (the launch passes the words after its own to the script)")
 
 
 def dry_run(ctx: DryContext, steps: Steps) -> None:
