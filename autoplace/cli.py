@@ -34,6 +34,7 @@ from autoplace.cli_inputs import (
     PagedOpt,
     TraceDtype,
     TraceInput,
+    check_deadline,
     check_tuning,
     cluster_from_args,
     cluster_ref,
@@ -409,7 +410,11 @@ def solve(
     view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                     noise_scale)
     doc.update(view.to_dict())
-    per_framework = solving.write_bundles(doc, result, problem, inputs, request, out) if out and result.plans else {}
+    if out is not None and result.plans:
+        bests = solving.search_per_framework(result, inputs, request)
+        per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests)
+    else:
+        per_framework = {}
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:
@@ -531,9 +536,10 @@ def scale(
     price: PriceOpt = None,
     objective: Annotated[ScaleObjective, typer.Option("--objective", help="time: the GPU count that trains fastest; "
                                                       "cost: the one with the fewest GPU-hours per token (lowest "
-                                                      "cost), within --max-days.")] = ScaleObjective.time,
-    max_days: Annotated[float | None, typer.Option("--max-days", min=0.0, help="Deadline for --objective cost "
-                                                   "(needs --tokens).")] = None,
+                                                      "cost), within the deadline (--days).")] = ScaleObjective.time,
+    days: Annotated[float | None, typer.Option("--days", "--max-days", help="Deadline in days to train --tokens "
+                                               "(needs --tokens): the cheapest size within it; when no size meets "
+                                               "it, exit 3. Default: the cheapest within 90 days.")] = None,
     global_batch: Annotated[str | None, typer.Option("--global-batch", help="Global batch in sequences at every "
                                                      "size (default: the model's); a range 512..4096 or list "
                                                      "searches it per size.")] = None,
@@ -567,7 +573,7 @@ def scale(
     try:
         from autoplace.cost.layers import layer_table
         from autoplace.planning import parse_amount, parse_counts
-        from autoplace.sweep import SweepOptions, choose, cluster_at, plot, sweep
+        from autoplace.sweep import SweepOptions, cluster_at, decide, plot, sweep
 
         out_fmt = output_format(fmt, as_json)
         from autoplace.frameworks import check_name
@@ -578,8 +584,7 @@ def scale(
         if (gpu is None) == (cluster is None):
             raise SpecError("give the GPU (--gpu h100) or a cluster file to replicate (--cluster), one of them",
                             source="--gpu/--cluster")
-        if max_days is not None and tokens is None:
-            raise SpecError("--max-days needs --tokens (the budget to finish within the deadline)", source="--max-days")
+        check_deadline(days, tokens)
         budget = parse_amount(tokens, source="--tokens") if tokens is not None else None
         unit = cluster_from_args(cluster) if cluster is not None else None
         m, _ = _load(model, cluster_at(counts[0], gpu=gpu, unit=unit), seq_len, batches[0] if batches else None,
@@ -589,12 +594,13 @@ def scale(
                           advise=True).advice
         opts = SweepOptions(framework=framework, features=frozenset(_features(allow, deny)), time_limit_s=time_limit,
                             workers=workers, seed=seed, tokens=budget,
-                            price_per_gpu_hour=price, objective=objective.value, max_days=max_days, rank=rank.value,
+                            price_per_gpu_hour=price, objective=objective.value, days=days, rank=rank.value,
                             critical_tokens=advice.critical_tokens if batches and len(batches) > 1 and advice.applies
                             else None)
         points = sweep(m, counts, opts, gpu=gpu, unit=unit, batches=batches)
-        chosen = choose(points, objective.value, max_days)
-        doc = _scale_doc(m, table, points, chosen, opts, batches, gpu, unit, counts, advice)
+        choice = decide(points, opts)
+        chosen = choice.chosen
+        doc = _scale_doc(m, table, points, choice, opts, batches, gpu, unit, counts, advice)
         if advice.over and chosen is not None:
             from autoplace.sweep import advised_plan_lines
 
@@ -610,14 +616,16 @@ def scale(
     if out_fmt == "json":
         doc.pop("advice_lines")
         typer.echo(_json(doc))
-        return
-    from autoplace.report import print_scale
+    else:
+        from autoplace.report import print_scale
 
-    print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
-                                          f"{len(counts)} sizes of {doc['gpu']}"], wide=wide)
+        print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
+                                              f"{len(counts)} sizes of {doc['gpu']}"], wide=wide)
+    if choice.missed and days is not None:  # the deadline asked for cannot be met: infeasible, as solve says
+        raise typer.Exit(3)
 
 
-def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, batches: list[int] | None,
+def _scale_doc(m: Any, table: Any, points: list[Any], choice: Any, opts: Any, batches: list[int] | None,
                gpu: str | None, unit: Any, counts: list[int], advice: Any) -> dict[str, Any]:
     """The autoplace.scale/v1 document; ``advice_lines`` (removed from the JSON) are the printed advice."""
     from autoplace.report import fmt_count
@@ -640,39 +648,22 @@ def _scale_doc(m: Any, table: Any, points: list[Any], chosen: Any, opts: Any, ba
         notes.append(f"batches compared by tokens to the same loss: E grows as 1 + B/B_crit with B_crit = "
                      f"{fmt_count(advice.critical_tokens)} tokens (McCandlish et al. 2018); throughput is scaled to "
                      f"the first batch's data efficiency")
-    from autoplace.sweep import fewest_gpus, fewest_line
+    from autoplace.sweep import DEFAULT_DAYS_WHY, choice_lines, fewest_gpus, fewest_line
 
-    lines = [fewest_line(m, points, pool), *advice.lines()]
-    if chosen is not None:
-        what = ("fewest GPU-hours per token" + (f" within {opts.max_days:g} days" if opts.max_days else "")
-                if opts.objective == "cost" else "fastest")
-        summary = f" · {chosen.cost.summary()}" if chosen.cost else ""
-        lines.insert(0, f"chosen ({opts.objective}: {what}): {chosen.gpus:,} GPUs, {chosen.tokens_per_s:,.0f} tokens/s"
-                        f"{summary}")
-        other = _other_choice(points, opts, chosen)
-        if other:
-            lines.insert(1, other)
-    elif opts.max_days is not None:
-        lines.insert(0, f"[red]no size finishes within {opts.max_days:g} days[/red]")
+    lines = [*choice_lines(choice, opts), fewest_line(m, points, pool), *advice.lines()]
+    deadline = None if choice.deadline is None else {
+        "days": choice.deadline, "source": "--days" if opts.days is not None else "default",
+        "why": None if opts.days is not None else DEFAULT_DAYS_WHY, "met": not choice.missed}
     return {"schema": "autoplace.scale/v1", "model": {"name": m.name, "params": int(table.params),
                                                        "params_text": fmt_count(table.params)},
             "gpu": pool, "objective": opts.objective, "global_batch": m.training.global_batch,
             "global_batch_text": batch_text.split(" at every")[0], "global_batches": batches or [m.training.global_batch],
-            "tokens": opts.tokens, "price_per_gpu_hour": opts.price_per_gpu_hour, "max_days": opts.max_days,
-            "chosen_gpus": chosen.gpus if chosen else None, "method": m.training.method,
+            "tokens": opts.tokens, "price_per_gpu_hour": opts.price_per_gpu_hour, "max_days": opts.days,
+            "deadline": deadline, "chosen_gpus": getattr(choice.chosen, "gpus", None),
+            "fastest_gpus": getattr(choice.fastest, "gpus", None), "cheapest_gpus": getattr(choice.cheapest, "gpus", None),
+            "method": m.training.method,
             "fewest_gpus": getattr(fewest_gpus(points), "used_gpus", None), "points": [p.to_dict() for p in points],
             "batch_advice": advice.to_dict(), "notes": notes, "advice_lines": lines, "sweep_seconds": 0.0}
-
-
-def _other_choice(points: list[Any], opts: Any, chosen: Any) -> str | None:
-    """The other objective's pick, when it differs (the fastest against the cheapest)."""
-    from autoplace.sweep import choose
-
-    other = choose(points, "time" if opts.objective == "cost" else "cost", opts.max_days)
-    if other is None or other.gpus == chosen.gpus:
-        return None
-    return (f"{'fastest' if opts.objective == 'cost' else 'cheapest'}: {other.gpus:,} GPUs, "
-            f"{other.tokens_per_s:,.0f} tokens/s" + (f" · {other.cost.summary()}" if other.cost else ""))
 
 
 @app.command()

@@ -5,6 +5,7 @@ both.  The commands themselves live in :mod:`autoplace.cli`.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -122,6 +123,20 @@ def cluster_from_args(path: Path | None, short: str | None = None, gpu: str | No
         raise SpecError("a cluster is needed: a cluster.yaml, --cluster 4x8xh100, or --gpu h100 --nodes 4",
                         source="CLUSTER")
     return cluster_from_flags(gpu, nodes or 1, gpus_per_node=gpus_per_node, intra_node=intra, inter_node=inter)
+
+
+def check_deadline(days: float | None, tokens: str | None) -> None:
+    """``scale --days``: a positive, finite number of days, given with ``--tokens`` (what it trains by then).
+
+    Raises:
+        SpecError: one line naming ``--days``.
+    """
+    if days is None:
+        return
+    if not (math.isfinite(days) and days > 0):
+        raise SpecError(f"the deadline must be a positive, finite number of days, got {days:g}", source="--days")
+    if tokens is None:
+        raise SpecError("needs --tokens: the token budget to train within the deadline", source="--days")
 
 
 def output_format(fmt: Format | None, as_json: bool) -> str:

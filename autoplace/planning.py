@@ -108,9 +108,9 @@ class TrainingCost:
 
     def summary(self) -> str:
         """``15.0T tokens: 31.2 days, 1.92M GPU-hours, $4.79M at $2.50/GPU-hour``."""
-        text = f"{_short(self.tokens)} tokens: {self.days:,.1f} days, {_short(self.gpu_hours)} GPU-hours"
+        text = f"{short_amount(self.tokens)} tokens: {self.days:,.1f} days, {short_amount(self.gpu_hours)} GPU-hours"
         if self.cost is not None and self.price_per_gpu_hour is not None:
-            text += f", ${_short(self.cost)} at ${self.price_per_gpu_hour:,.2f}/GPU-hour"
+            text += f", ${short_amount(self.cost)} at ${self.price_per_gpu_hour:,.2f}/GPU-hour"
         return text
 
 
@@ -128,7 +128,8 @@ def training_cost(tokens: float, tokens_per_s: float, gpus: int, price_per_gpu_h
     return TrainingCost(tokens, tokens_per_s, gpus, seconds / SECONDS_PER_DAY, gpu_hours, price_per_gpu_hour, cost)
 
 
-def _short(x: float) -> str:
+def short_amount(x: float) -> str:
+    """A count in three significant figures and a K/M/B/T suffix: ``15T``, ``4.55M``."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
@@ -205,8 +206,8 @@ class BatchAdvice:
         ratio = self.batch_tokens / self.critical_tokens
         verdict = ("[yellow]warning[/yellow]: the global batch is past the critical batch"
                    if self.over else "the global batch is within the critical batch")
-        return [f"batch: {verdict}: {_short(self.batch_tokens)} tokens = {ratio:.2f} x B_crit "
-                f"({_short(self.critical_tokens)} tokens); to reach the same loss it takes "
+        return [f"batch: {verdict}: {short_amount(self.batch_tokens)} tokens = {ratio:.2f} x B_crit "
+                f"({short_amount(self.critical_tokens)} tokens); to reach the same loss it takes "
                 f"{self.steps_factor:.2f} x the fewest steps and {self.tokens_factor:.2f} x the fewest tokens",
                 f"  B_crit from {self.source}; {self.assumption}. Advice, not a law: B_crit grows as the loss falls"]
 
@@ -229,7 +230,7 @@ def advise_batch(global_batch: int, seq_len: int, *, non_embedding_params: float
     if noise_scale_tokens is not None:
         b_crit, loss = noise_scale_tokens, None
         source = "the measured gradient noise scale (McCandlish et al. 2018 Sec. 2.2: B_crit ~ B_noise)"
-        assumption = f"--noise-scale {_short(noise_scale_tokens)} tokens, as given"
+        assumption = f"--noise-scale {short_amount(noise_scale_tokens)} tokens, as given"
     else:
         source = "Kaplan et al. 2020 eq. 1.4, B_crit(L) = 2e8 tokens / L^(1/0.21)"
         if target_loss is not None:
@@ -239,7 +240,7 @@ def advise_batch(global_batch: int, seq_len: int, *, non_embedding_params: float
             loss = kaplan_loss(non_embedding_params, d)
             how = "--tokens" if tokens is not None else "20 tokens per parameter (Chinchilla), no --tokens given"
             assumption = (f"loss {loss:.3f} nats assumed from Kaplan eq. 1.5 L(N, D) with N = "
-                          f"{_short(non_embedding_params)} non-embedding parameters and D = {_short(d)} tokens ({how}); "
+                          f"{short_amount(non_embedding_params)} non-embedding parameters and D = {short_amount(d)} tokens ({how}); "
                           f"WebText2 nats, so --target-loss or --noise-scale is better")
         b_crit = kaplan_critical_batch(loss)
     steps, examples = steps_examples(batch_tokens, b_crit)

@@ -319,7 +319,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     by_recipe: dict[str, list[str]] = {}  # one line per recipe (a column would not fit 80 columns)
     for p in doc["plans"]:
         by_recipe.setdefault(recipe_text(p.get("recipe", {})), []).append(str(p["rank"]))
-    lines += [f"recipe {text} (plans {', '.join(ranks)}): {RECIPE_LEGEND}" if text != "-" else
+    lines += [f"recipe {text} (plans {', '.join(ranks)}): {recipe_legend(text)}" if text != "-" else
               f"recipe: none (plans {', '.join(ranks)})" for text, ranks in by_recipe.items()]
     fp8 = [str(p["rank"]) for p in doc["plans"] if p.get("recipe", {}).get("fp8", "none") != "none"]
     if fp8:
@@ -360,7 +360,17 @@ def compact_section(doc: dict[str, Any]) -> Section:
 FP8_RISK = ("accuracy risk: 8-bit GEMM inputs (e4m3/e5m2) change the numerics; compare the loss curve with a "
             "bf16 run (Micikevicius et al. 2022)")
 _RECIPE_SHORT = {"compile": "C", "fused_loss": "L", "overlap": "O"}
-RECIPE_LEGEND = "C compile, L fused loss, O overlapped data-parallel communication"
+_RECIPE_NAMES = {"C": "compile", "L": "fused loss", "O": "overlapped data-parallel communication"}
+
+
+def recipe_legend(text: str) -> str:
+    """What a recipe cell (:func:`recipe_text`) says, only the parts it uses: its letters, then its
+    TP-communication overlap and fp8 recipe."""
+    parts = text.split(" ")
+    letters = parts.pop(0) if parts and set(parts[0]) <= set(_RECIPE_NAMES) else ""
+    named = {"tp": "TP-communication overlap", "fp8": "fp8 GEMMs"}
+    return ", ".join([*(f"{c} {name}" for c, name in _RECIPE_NAMES.items() if c in letters),
+                      *(f"{named[k]} {v}" for k, v in (p.split(":", 1) for p in parts))])
 
 
 def recipe_text(recipe: dict[str, Any]) -> str:
@@ -385,9 +395,21 @@ def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
         mem = near["memory_per_device_bytes"]
         degrees = " ".join(f"{k}={v}" for k, v in near["degrees"].items())
         lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
-                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f} "
-                     f"(short by {(mem['total'] - mem['capacity']) / GiB:.1f} GiB per device)")
+                     f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f}"
+                     f"{_missed_by(near)}")
     return lines + [f"  - {escape(line)}" for line in doc.get("advice", [])]
+
+
+def _missed_by(near: dict[str, Any]) -> str:
+    """How the nearest plan misses: device memory, host memory, or -- when it fits both -- the pins
+    it breaks (key, pinned value, its own); never a negative shortfall."""
+    if near.get("short_by_bytes", 0) > 0:
+        return f" (short by {near['short_by_bytes'] / GiB:.1f} GiB per device)"
+    if near.get("host_short_by_bytes", 0) > 0:
+        return (f" per device, and its offloaded states {near['host_short_by_bytes'] / GiB:.1f} GiB per GPU more "
+                "host memory than it has")
+    broken = ", ".join(f"{b['key']}={b['value']} (pinned {b['pinned']})" for b in near.get("breaks", []))
+    return f": it fits, but breaks the pin{'s' * (len(near['breaks']) > 1)} {broken}" if broken else ": it fits"
 
 
 def solution_header(doc: dict[str, Any]) -> str:

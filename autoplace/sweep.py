@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from autoplace.errors import Infeasible, SpecError
 from autoplace.evaluation import Evaluation
 from autoplace.frameworks import ANY, search
-from autoplace.planning import TrainingCost, tokens_at_batch, training_cost
+from autoplace.planning import TrainingCost, short_amount, tokens_at_batch, training_cost
 from autoplace.ranking import DEFAULT_RANK, depth, rerank
 from autoplace.report import fold
 from autoplace.solving import step_band
@@ -46,7 +46,10 @@ class SweepOptions:
         time_limit_s, workers, seed: the budget of each size's solve.
         tokens: the token budget (None: no time or cost columns).
         price_per_gpu_hour: dollars per GPU-hour (None: GPU-hours are the cost).
-        objective: ``time`` (fastest to the budget) or ``cost`` (cheapest, within ``max_days``).
+        objective: ``time`` (fastest to the budget) or ``cost`` (cheapest within the deadline).
+        days: the deadline to train ``tokens`` in (``--days``): the cheapest size is the cheapest
+            within it, and with it a sweep whose every size takes longer is infeasible; None: the
+            cheapest is held to :data:`DEFAULT_DAYS` (:attr:`deadline`).
         critical_tokens: B_crit in tokens, to compare global batches fairly (None: batches are
             compared by throughput alone).
         rank: which plan each size keeps, as ``solve --rank`` (autoplace/ranking.py).
@@ -60,9 +63,23 @@ class SweepOptions:
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
     objective: str = "time"
-    max_days: float | None = None
+    days: float | None = None
     critical_tokens: float | None = None
     rank: str = DEFAULT_RANK
+
+    @property
+    def deadline(self) -> float:
+        """The days the cheapest size must train the budget within: ``days``, else the default."""
+        return DEFAULT_DAYS if self.days is None else self.days
+
+
+# The deadline the cheapest size is held to when --days gives none: a quarter.  A cost optimum with
+# no deadline is the smallest cluster, which trains a pre-training budget in decades (Llama-3-70B's
+# 15T tokens on 8 H100: 56 years); published pre-training runs took two to four months of wall time
+# (DeepSeek-V3: "less than two months", arXiv 2412.19437 sec. 1; BLOOM-176B: about 3.5 months,
+# arXiv 2211.05100), so a plan is held to about a quarter unless its user says otherwise.
+DEFAULT_DAYS = 90.0
+DEFAULT_DAYS_WHY = "the default: published pre-training runs took two to four months; --days sets yours"
 
 
 @dataclass(frozen=True)
@@ -253,18 +270,69 @@ def _finish(points: list[SweepPoint], opts: SweepOptions) -> list[SweepPoint]:
     return out
 
 
-def choose(points: list[SweepPoint], objective: str, max_days: float | None = None) -> SweepPoint | None:
+def choose(points: list[SweepPoint], objective: str, days: float | None = None) -> SweepPoint | None:
     """The row ``objective`` picks: ``time``, the highest throughput (fewest GPUs on a tie);
-    ``cost``, the fewest GPU-hours per token (so the lowest cost to any budget) among the rows
-    that finish within ``max_days`` when a budget and a deadline are given."""
+    ``cost``, the fewest GPU-hours per token (so the lowest cost to any budget) -- among the rows
+    that finish within ``days`` when a budget and a deadline are given."""
     ok = [p for p in points if p.evaluation is not None]
-    if max_days is not None:
-        ok = [p for p in ok if p.cost is None or p.cost.days <= max_days]
+    if days is not None:
+        ok = [p for p in ok if p.cost is None or p.cost.days <= days]
     if not ok:
         return None
     if objective == "cost":
         return min(ok, key=lambda p: (p.gpus / p.effective_tokens_per_s, p.gpus))
     return max(ok, key=lambda p: (p.effective_tokens_per_s, -p.gpus))
+
+
+class Choice(NamedTuple):
+    """What a sweep answers: the row its objective picks, the fastest row, the cheapest row within
+    the deadline, and the deadline (None without a token budget: rows have no days)."""
+
+    chosen: SweepPoint | None
+    fastest: SweepPoint | None
+    cheapest: SweepPoint | None
+    deadline: float | None
+
+    @property
+    def missed(self) -> bool:
+        """No row trains the budget within the deadline, though some row has a plan."""
+        return self.deadline is not None and self.cheapest is None and self.fastest is not None
+
+
+def decide(points: list[SweepPoint], opts: SweepOptions) -> Choice:
+    """The rows to report (:class:`Choice`): ``time`` picks the fastest row, which must meet a
+    ``--days`` deadline; ``cost`` the cheapest within the deadline, given or :data:`DEFAULT_DAYS`."""
+    deadline = opts.deadline if opts.tokens else None
+    fastest, cheapest = choose(points, "time"), choose(points, "cost", deadline)
+    chosen = cheapest if opts.objective == "cost" else choose(points, "time", opts.days if opts.tokens else None)
+    return Choice(chosen, fastest, cheapest, deadline)
+
+
+def choice_lines(choice: Choice, opts: SweepOptions) -> list[str]:
+    """The chosen row and the other answer: with ``time``, the cheapest row within the deadline
+    (the chosen fastest says what it costs); with ``cost``, the fastest and what it costs.  When no
+    row trains the budget within the deadline, how long the fastest takes."""
+    days = choice.deadline
+    within = "" if days is None else f"within {days:g} day{'s' * (days != 1)}" + (
+        "" if opts.days is not None else f" ({DEFAULT_DAYS_WHY})")
+    lines = []
+    if choice.chosen is not None:
+        what = f"fewest GPU-hours per token {within}".rstrip() if opts.objective == "cost" else "fastest"
+        lines.append(f"chosen ({opts.objective}: {what}): {_row(choice.chosen)}")
+    if choice.missed and choice.fastest is not None and choice.fastest.cost is not None:
+        took = (f"the fastest ({choice.fastest.gpus:,} GPUs) takes {choice.fastest.cost.days:,.1f} days"
+                if choice.chosen is choice.fastest else f"the fastest, {_row(choice.fastest)}")
+        lines.append(f"no size trains {short_amount(opts.tokens or 0)} tokens {within}: {took}")
+    other, name = ((choice.fastest, "fastest") if opts.objective == "cost" else
+                   (choice.cheapest, f"cheapest {within}".rstrip()))
+    if other is not None and choice.chosen is not None and other.gpus != choice.chosen.gpus:
+        lines.append(f"{name}: {_row(other)}")
+    return lines
+
+
+def _row(p: SweepPoint) -> str:
+    """``1,024 GPUs, 936,794 tokens/s · 15T tokens: 185.3 days, 4.55M GPU-hours, $11.4M at ...``."""
+    return f"{p.gpus:,} GPUs, {p.tokens_per_s:,.0f} tokens/s" + (f" · {p.cost.summary()}" if p.cost else "")
 
 
 def fewest_gpus(points: list[SweepPoint]) -> SweepPoint | None:

@@ -46,7 +46,7 @@ from autoplace.plan import Config
 from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, Space, enumerate_configs, score_space
+from solvers.space import Scored, Space, enumerate_configs, score_space, split_of
 from solvers.splits import best_split_units
 from solvers.tables import StageTables, split_sizes, table_modes
 from solvers.tables_mixed import MixedTables, mixed_arcs, mixed_modes
@@ -107,20 +107,20 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
     cap = min(int(upper * D / unit * (1 + SLACK)) + rounding + 1, hi + 1) if upper is not None and np.isfinite(upper) else hi + 1
     present, objective, groups = {}, {}, {}
     for i in keep:
-        cf, tb = configs[i], tables[i]
+        cf, tb, forced = configs[i], tables[i], split_of(configs, i, problem)
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
         w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
         best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D) \
-            if time_obj and problem.fixed_split is None else None
+            if time_obj and forced is None else None
         if isinstance(tb, MixedTables):
             arcs = mixed_arcs(tb, problem.objective)
             if best is not None and best.bound >= best.cost:  # proven: its best split's arcs alone (no other beats it)
                 arcs = [[(int(a), n)] for a, n in zip(np.cumsum(best.split) - best.split, best.split, strict=True)]
             g = groups[i] = _arc_group(md, arcs, cf.pp, x)
         else:
-            sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, problem.fixed_split)
-            g = groups[i] = _group(md, (cf.pp, cf.vpp), L, problem.fixed_split, sizes)
+            sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, forced)
+            g = groups[i] = _group(md, (cf.pp, cf.vpp), L, forced, sizes)
         g["top"] = md.new_int_var(0, top_bound, "")
         g["tail"] = md.new_int_var(0, top_bound, "")
         if isinstance(tb, MixedTables):

@@ -22,7 +22,7 @@ from autoplace.errors import SolverError, SpecError
 from autoplace.plan import FIRST_FULL
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
-from solvers.space import Scored, enumerate_configs, recompute_of, score_space
+from solvers.space import Scored, enumerate_configs, recompute_of, score_space, split_of
 
 MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
 
@@ -77,8 +77,9 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     P, v, m = cf.pp, cf.vpp, cf.grad_accum
     fixed_mode = recompute_of(scored.configs, i, problem.fixed_mode)
     splits = compositions(table.blocks, P, v)
-    if problem.fixed_split is not None:
-        splits = [s for s in splits if s == problem.fixed_split]
+    forced = split_of(scored.configs, i, problem)
+    if forced is not None:
+        splits = [s for s in splits if s == forced]
     prefix = np.vstack([np.zeros(len(table.kinds)), np.cumsum(np.eye(len(table.kinds))[list(table.sequence)], axis=0)])
 
     @cache

@@ -49,6 +49,10 @@ class Problem:
         recompute_forms: the per-layer recompute a configuration's plans may take, as a set of
             :data:`autoplace.plan.FORMS` bits (``recompute_forms(config)``; no callable: any mix, ``PER_LAYER``):
             what the frameworks that express it can state.  A pinned recompute mode overrides it.
+        forced_split: the blocks per stage a configuration's plans must take, or None when the
+            search chooses it (``forced_split(config)``; no callable: always chosen): the split
+            every framework that expresses it makes, when none takes an explicit one (DeepSpeed's
+            PipelineModule).  ``--fix layers`` overrides it (:meth:`split_of`).
     """
 
     model: ModelSpec
@@ -65,6 +69,7 @@ class Problem:
     costing_key: Callable[[Config], int] | None = None
     recompute_forms: Callable[[Config], int] | None = None
     microbatching: Callable[[Config], Callable[[int, int], bool] | None] | None = None
+    forced_split: Callable[[Config], tuple[int, ...] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -74,6 +79,13 @@ class Problem:
     def fixed_split(self) -> tuple[int, ...] | None:
         """Blocks per stage pinned by ``--fix layers=...``, if any (parsed once per problem)."""
         return parse_layers(self.fixed["layers"], source="--fix") if "layers" in self.fixed else None
+
+    def split_of(self, config: Config) -> tuple[int, ...] | None:
+        """The blocks per stage ``config``'s plans must take (``--fix layers``, else its forced
+        split), or None when the search chooses them."""
+        if "layers" in self.fixed:
+            return self.fixed_split
+        return None if self.forced_split is None else self.forced_split(config)
 
     def costing(self, k: int) -> tuple[ModelSpec, Assumptions]:
         """(model, assumptions) of costing ``k``: 0 the problem's own, else ``costings[k - 1]``."""

@@ -125,8 +125,11 @@ def _dp_splits(dp: int, zero: int, node_dp: int, fx: dict[str, Any], feat: froze
             if fx.get("dp_replicate", r) == r and fx.get("dp_shard", s) == s]
 
 
+Label = tuple[int, int, tuple[int, ...] | None]  # a shape's costing index, recompute forms and forced split
+
+
 def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes: float,
-           recipes: Ranked) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[tuple[int, int]]]:
+           recipes: Ranked) -> tuple[list[Config], list[tuple[int, int, list[int]]], list[Label]]:
     """The micro-batching, interleaving and offload choices of one set of degrees: every
     micro-batch that divides the per-replica batch (``Problem.max_mbs`` caps it when set), every
     interleave ``v`` that divides the blocks into ``v`` chunks per stage, with the micro-batches a
@@ -140,8 +143,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     Returns:
         The shapes (everything but the micro-batching: ``base`` with the choices, at mbs=1),
         per micro-batching (mbs, grad_accum) the indices of the shapes it applies to, and each
-        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike)
-        and recompute forms (:meth:`Problem.forms`).
+        shape's costing (:meth:`Problem.costing_index`; a recipe dominates only those costed alike),
+        recompute forms (:meth:`Problem.forms`) and forced split (:meth:`Problem.split_of`).
     """
     fx, feat, pp = problem.fixed, problem.features, base.pp
     per_replica = B // dp
@@ -159,7 +162,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     # grad_accum (tests/test_emit_solve_frameworks.py)
     compressions = _compressions(problem, base, reduce_bytes)
     shapes: list[Config] = []
-    labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+    labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
     batching: list[Any] = []  # each shape's Problem.microbatching rule (None: every micro-batching)
     for vpp in vpps:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
@@ -181,7 +184,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                     continue
                 if problem.admissible is None or problem.admissible(shape):
                     shapes.append(shape)
-                    labels.append((costing, problem.forms(shape)))
+                    labels.append((costing, problem.forms(shape), problem.split_of(shape)))
                     batching.append(None if problem.microbatching is None else problem.microbatching(shape))
                     taken[i] = costing
     flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
@@ -257,7 +260,7 @@ class _Listing:
     """The configurations as enumeration finds them, each an admitted shape with a micro-batching."""
 
     def __init__(self) -> None:
-        self.labels: list[tuple[int, int]] = []  # each shape's Problem.costing_index and Problem.forms
+        self.labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
         self.shapes: list[Config] = []
         self.configs: list[Config] = []
         self.rows: list[int] = []  # each configuration's shape (an index into shapes)
@@ -265,9 +268,9 @@ class _Listing:
         self.ga: list[int] = []
 
     def add(self, shapes: list[Config], batchings: list[tuple[int, int, list[int]]],
-            labels: list[tuple[int, int]]) -> None:
+            labels: list[Label]) -> None:
         """The configurations of one set of degrees (:func:`_micro`'s shapes, batchings, and the shapes'
-        costings and forms)."""
+        costings, forms and forced splits)."""
         first = len(self.shapes)
         self.shapes.extend(shapes)
         self.labels.extend(labels)
@@ -283,8 +286,9 @@ class _Listing:
         rows = np.array(self.rows, dtype=np.int64)
         arrays = dataclasses.replace(shapes.take(rows), mbs=np.array(self.mbs, dtype=np.int64),
                                      ga=np.array(self.ga, dtype=np.int64))
-        costing, forms = np.array(self.labels, dtype=np.int64).reshape(-1, 2)[rows].T
-        return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms)
+        costing, forms = np.array([label[:2] for label in self.labels], dtype=np.int64).reshape(-1, 2)[rows].T
+        return ConfigList(self.configs, arrays, stopped=stopped, costing=costing, forms=forms,
+                          splits=[self.labels[r][2] for r in self.rows])
 
 
 class ConfigList(list[Config]):
@@ -294,12 +298,13 @@ class ConfigList(list[Config]):
     of tens of thousands of configurations.  Read it as a list: the arrays describe the list
     as enumerated.  :attr:`stopped`: the time limit ended enumeration before the whole space.
 
-    Each configuration has its costing (:meth:`Problem.costing_index`) and recompute forms
-    (:meth:`Problem.forms`); :meth:`by_form` lists it once per form, :attr:`form` says which."""
+    Each configuration has its costing (:meth:`Problem.costing_index`), recompute forms
+    (:meth:`Problem.forms`) and forced split (:meth:`Problem.split_of`, :attr:`splits`);
+    :meth:`by_form` lists it once per form, :attr:`form` says which."""
 
     def __init__(self, configs: list[Config], arrays: Candidates, stopped: bool = False,
                  costing: np.ndarray | None = None, forms: np.ndarray | None = None,
-                 form: np.ndarray | None = None) -> None:
+                 form: np.ndarray | None = None, splits: list[tuple[int, ...] | None] | None = None) -> None:
         super().__init__(configs)
         self.arrays = arrays
         self.stopped = stopped
@@ -307,12 +312,13 @@ class ConfigList(list[Config]):
         self.costing = np.zeros(n, dtype=np.int64) if costing is None else costing  # Problem.costing_index
         self.forms = np.full(n, 1 << PER_LAYER, dtype=np.int64) if forms is None else forms  # Problem.forms
         self.form = np.full(n, PER_LAYER, dtype=np.int64) if form is None else form  # the one each row takes
+        self.splits = [None] * n if splits is None else splits  # Problem.split_of
 
     def subset(self, rows: Sequence[int] | np.ndarray) -> ConfigList:
         """The configurations ``rows``, in that order, with their arrays."""
         rows = np.asarray(rows, dtype=np.int64)
         return ConfigList([self[i] for i in rows], self.arrays.take(rows), self.stopped, self.costing[rows],
-                          self.forms[rows], self.form[rows])
+                          self.forms[rows], self.form[rows], [self.splits[i] for i in rows])
 
     def by_form(self) -> tuple[ConfigList, np.ndarray]:
         """Each configuration once per recompute form it may take (forms in :data:`FORMS` order),
@@ -332,16 +338,39 @@ def recompute_of(configs: Sequence[Config], i: int, pinned: int | None) -> int |
     return pinned if form == PER_LAYER else form
 
 
+def split_of(configs: Sequence[Config], i: int, problem: Problem) -> tuple[int, ...] | None:
+    """The split configuration ``i``'s plans must take (:meth:`Problem.split_of`), as enumeration
+    labelled it, or None when the search chooses it."""
+    if isinstance(configs, ConfigList) and "layers" not in problem.fixed:
+        return configs.splits[i]
+    return problem.split_of(configs[i])
+
+
 def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
-                  rows: Sequence[int] | np.ndarray | None = None) -> Candidates:
-    """Configurations (the ``rows`` of ``configs``, or all) as arrays, each with an even split
-    and one recompute mode everywhere."""
+                  rows: Sequence[int] | np.ndarray | None = None,
+                  splits: Sequence[tuple[int, ...] | None] | None = None) -> Candidates:
+    """Configurations (the ``rows`` of ``configs``, or all) as arrays, each with one recompute mode
+    everywhere, on an even split -- or on ``splits[k]`` (blocks per stage) where it is not None."""
     if isinstance(configs, ConfigList):  # taken from its arrays, not packed
         cand = configs.arrays if rows is None else configs.arrays.take(np.asarray(rows, dtype=np.int64))
     else:
         chosen = configs if rows is None else [configs[i] for i in rows]
         cand = pack(chosen, np.zeros((len(chosen), 0, 0, 3)))
-    return dataclasses.replace(cand, counts=_even_counts(cand.pp, cand.vpp, table, mode))
+    counts = _even_counts(cand.pp, cand.vpp, table, mode)
+    given = list(splits or ())
+    for split in {sp for sp in given if sp is not None}:
+        counts[[k for k, sp in enumerate(given) if sp == split]] = _split_counts(split, counts.shape[1], table, mode)
+    return dataclasses.replace(cand, counts=counts)
+
+
+def _split_counts(split: tuple[int, ...], depth: int, table: LayerTable, mode: int) -> np.ndarray:
+    """Block counts ``[S, K, 3]`` (S = ``depth`` stages, the deepest of a batch) of one split,
+    contiguous as :func:`_even_counts` lays them, with recompute ``mode`` everywhere."""
+    seq, K = np.asarray(table.sequence), len(table.kinds)
+    out = np.zeros((depth, K, 3))
+    for s, (start, n) in enumerate(zip(np.cumsum((0, *split[:-1])), split, strict=True)):
+        out[s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
+    return out
 
 
 def _even_counts(pp: np.ndarray, vpp: np.ndarray, table: LayerTable, mode: int) -> np.ndarray:
@@ -425,15 +454,17 @@ class Space:
         return Scored(configs, self.table, _terms(self.problem, self.table, to_candidates(configs, self.table),
                                                   costing_rows(self.problem, configs)))
 
-    def uniform(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every configuration listed with an even split and recompute ``mode`` on every block, by
-        the evaluator: (objective value, inf where it does not fit; memory or host shortfall) ``[len(listed)]``."""
+    def uniform(self, mode: int, pinned: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Every configuration listed with recompute ``mode`` on every block, on an even split (with
+        ``pinned``, the split its plans must take where it has one: :func:`split_of`), by the
+        evaluator: (objective value, inf where it does not fit; memory or host shortfall) ``[len(listed)]``."""
         value, short = np.full(len(self.listed), np.inf), np.zeros(len(self.listed))
         p = self.problem
         which = costing_rows(p, self.listed)
         for rows in _groups(self.listed, which):
             model, assumptions = p.costing(int(which[rows[0]]))
-            b = evaluate_batch(self.table, p.cluster, to_candidates(self.listed, self.table, mode, rows),
+            splits = [split_of(self.listed, i, p) for i in rows] if pinned else None
+            b = evaluate_batch(self.table, p.cluster, to_candidates(self.listed, self.table, mode, rows, splits),
                                model.training.recipe(), assumptions)
             objective = {"time": b.step_time, "comm": b.comm_total, "memory": b.peak_memory}[p.objective]
             value[rows] = np.where(b.fits, objective, np.inf)

@@ -338,13 +338,16 @@ class TableBound:
 
 
 def bound_many(scored: Scored, rows: Sequence[int], objective: str, fixed_mode: int | None,
-               caps: Sequence[float], fixed_split: tuple[int, ...] | None) -> dict[int, TableBound]:
+               caps: Sequence[float], splits: Sequence[tuple[int, ...] | None]) -> dict[int, TableBound]:
     """Tables, split bounds and a good split of configurations ``rows`` (any mix), each built
     knowing a plan of objective ``caps[k]``: the tables by recompute form
     (:func:`solvers.space.recompute_of`, ``fixed_mode`` pinned) and groups of :func:`table_groups`,
-    the DPs by groups of one pipeline depth."""
+    the DPs by groups of one pipeline depth.  ``splits[k]``: the split row k's plans must take
+    (:func:`solvers.space.split_of`), its upper bound and split; None: the better of the even and
+    the bottleneck split.  The lower bound holds over every split, so over that one too."""
     L = scored.table.blocks
     cap_of = dict(zip(rows, caps, strict=True))
+    forced = dict(zip(rows, splits, strict=True))
     built: dict[int, tuple[StageTables, float, float]] = {}
     by_mode: dict[int | None, list[int]] = {}
     for i in rows:
@@ -361,8 +364,9 @@ def bound_many(scored: Scored, rows: Sequence[int], objective: str, fixed_mode: 
         for c, i in enumerate(group):
             (tb, lo, hi), v, neck = built[i], int(vs[c]), bottlenecks[c]
             even = [x * v for x in even_split(L // v, pp)]
-            splits = [list(fixed_split)] if fixed_split else [even, *([neck] if neck else [])]
-            values = [(split_value(tb, sp, v, int(m[c]), objective), sp) for sp in splits
+            pinned = forced[i]
+            tried = [list(pinned)] if pinned else [even, *([neck] if neck else [])]
+            values = [(split_value(tb, sp, v, int(m[c]), objective), sp) for sp in tried
                       if sum(sp) == L and len(sp) == pp]
             upper, split = min(values, key=lambda x: x[0]) if values else (INF, None)
             out[i] = TableBound(float(lower[c]), upper, split if np.isfinite(upper) else None, tb, cap_of[i], lo, hi)

@@ -18,7 +18,7 @@ import numpy as np
 from autoplace.cost.step import pipeline_weights
 from autoplace.plan import even_split
 from solvers.base import Problem
-from solvers.space import Scored, Space, recompute_of
+from solvers.space import Scored, Space, recompute_of, split_of
 from solvers.splits import best_arc_split
 from solvers.tables import StageTables, TableBound, bound_many
 from solvers.tables_mixed import MixedTables, mixed_split_bounds, mixed_split_value, mixed_tables
@@ -78,7 +78,7 @@ def bound_with_tables(problem: Problem, space: Space, deadline: float) -> Bounde
             found: dict[int, TableBound] = {}
             while build:
                 found.update(bound_many(batch, list(build), problem.objective, problem.fixed_mode,
-                                        list(build.values()), problem.fixed_split))
+                                        list(build.values()), [split_of(batch.configs, k, problem) for k in build]))
                 walk, build, visited = caps.copy(), {}, []
                 for k in ahead:  # the walk, with the upper bounds found so far
                     if not walk.within(rows[k]):
@@ -175,8 +175,8 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
     unless the deadline stops the visit, which the result says.  None when no configuration
     can fit.
     """
-    L, fixed_split, objective = space.table.blocks, problem.fixed_split, problem.objective
-    caps = _Caps(problem.top_k, space.lower_bound, ceiling=np.inf if fixed_split else _even_cap(problem, space))
+    L, objective = space.table.blocks, problem.objective
+    caps = _Caps(problem.top_k, space.lower_bound, ceiling=np.inf if problem.fixed_split else _even_cap(problem, space))
     kept: dict[int, _Found] = {}  # by index into space.configs
     stopped = False
     for chunk in by_lower_bound(space, caps.admits):
@@ -188,7 +188,7 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
             if time.perf_counter() > deadline and kept:  # deep pipelines' tables take milliseconds each
                 stopped = True
                 break
-            cf = space.configs[i]
+            cf, fixed_split = space.configs[i], split_of(batch.configs, j, problem)
             tb = mixed_tables(batch, j, objective, recompute_of(batch.configs, j, problem.fixed_mode), caps.cap,
                               fixed_split)
             if objective == "time" and not fixed_split:  # the exact optimum over splits (or a bound and a split)
@@ -211,8 +211,9 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
 
 
 def _even_cap(problem: Problem, space: Space) -> float:
-    """The K-th best objective of the even splits of the first ``2 K`` configurations in the
-    visit's order (inf when fewer fit): K plans, so a cap the visit may start from.
+    """The K-th best objective of the even splits (the forced ones where a configuration has one)
+    of the first ``2 K`` configurations in the visit's order (inf when fewer fit): K plans, so a
+    cap the visit may start from.
 
     The configurations the visit meets before it knows K plans would otherwise have tables
     of every stage size (no cap cuts them), by far the largest; an even split's tables hold
@@ -225,8 +226,8 @@ def _even_cap(problem: Problem, space: Space) -> float:
     batch, values = space.scored(first), []
     for j, i in enumerate(first):
         cf = space.configs[i]
-        even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+        split = split_of(batch.configs, j, problem) or tuple(x * cf.vpp for x in even_split(L // cf.vpp, cf.pp))
         tb = mixed_tables(batch, j, problem.objective, recompute_of(batch.configs, j, problem.fixed_mode),
-                          fixed_split=tuple(even))
-        values.append(mixed_split_value(tb, even, cf.vpp, cf.grad_accum, problem.objective))
+                          fixed_split=split)
+        values.append(mixed_split_value(tb, list(split), cf.vpp, cf.grad_accum, problem.objective))
     return float(np.sort(values)[k - 1]) if len(values) >= k else np.inf

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from autoplace.dryrun.hf_model import hf_config_args
 from autoplace.errors import EmitError
 from autoplace.frameworks import get, megatron, torchtitan
 from autoplace.specs.model import model_from_dict
@@ -66,11 +67,16 @@ def spec_of(config: dict[str, Any]) -> Any:
 
 
 def hf_model(config: dict[str, Any]) -> Any:
-    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model), as
-    ``autoplace dryrun`` builds it (:mod:`autoplace.dryrun.hf`)."""
-    from autoplace.dryrun.hf import causal_lm, hf_config
+    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model;
+    autoplace.dryrun.hf_model.hf_config_args reads the config as the dry runs do)."""
+    import torch
+    import transformers
 
-    return causal_lm(hf_config(config))
+    kind, args = hf_config_args(config)
+    hf_config = transformers.AutoConfig.for_model(kind, **args)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_config(hf_config)
 
 
 def count(module: Any) -> int:

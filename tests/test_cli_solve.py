@@ -70,6 +70,47 @@ def test_infeasible_exits_3_with_the_nearest_plan(tmp_path: Path) -> None:
     assert gpus == 8 * nodes and nodes > 1
 
 
+
+@pytest.mark.parametrize(("pins", "kept", "dropped"), [
+    (("--fix", "recompute=none", "--fix", "mbs=32"), ("recompute", "none"), "recompute=none (recompute=full instead)"),
+    (("--fix", "pp=2", "--fix", "layers=31:1"), ("layers", "31:1"), "layers=31:1 (layers=16:16 instead)"),
+])
+def test_the_nearest_plan_keeps_the_pins_and_names_the_one_to_drop(pins: tuple[str, ...], kept: tuple[str, str],
+                                                                    dropped: str) -> None:
+    """Issue 36: the nearest plan of an infeasible solve was a full-recompute, even-split plan that fit and
+    broke a pin ("short by -43.3 GiB per device").  It keeps the pins now, so it misses by a positive
+    shortfall, and the advice names the pin whose dropping makes a plan fit, its value and the plan's."""
+    cluster = "1x8xh100" if "mbs=32" in pins else "1x2xh100"
+    args = ("solve", LLAMA_8B, cluster, *pins, "--deny", "offload", "--deny", "cp", "--time-limit", "60")
+    result = invoke(*args, "--json")
+    assert result.exit_code == 3, result.output
+    doc = strict_json(result.stdout)
+    near = doc["nearest"]
+    value = near["recompute"] if kept[0] == "recompute" else ":".join(map(str, near["layers_per_stage"]))
+    assert value == kept[1] and near["breaks"] == []
+    assert near["short_by_bytes"] > 0 and near["short_by_bytes"] == pytest.approx(
+        near["memory_per_device_bytes"]["total"] - near["memory_per_device_bytes"]["capacity"])
+    assert doc["advice"][0].startswith(f"without the pin {dropped}, ") and " fits (" in doc["advice"][0]
+    if kept[0] == "recompute":  # the printed line, once
+        table = invoke(*args)
+        text = " ".join(table.stdout.split())  # lines wrap at 100 columns
+        assert table.exit_code == 3 and "short by -" not in text
+        assert re.search(r"recompute=none needs [\d.]+ GiB of [\d.]+ \(short by [\d.]+ GiB per device\)", text)
+
+
+def test_a_nearest_plan_that_fits_says_why_it_is_not_a_plan() -> None:
+    """Never a negative shortfall: a nearest plan short of host memory only says so, and one that fits says
+    which pins it breaks (key, its value, the pinned one)."""
+    from autoplace.report import _missed_by
+
+    assert _missed_by({"short_by_bytes": 2 * 2**30}) == " (short by 2.0 GiB per device)"
+    host = _missed_by({"short_by_bytes": 0.0, "host_short_by_bytes": 3 * 2**30, "breaks": []})
+    assert host == " per device, and its offloaded states 3.0 GiB per GPU more host memory than it has"
+    broken = _missed_by({"short_by_bytes": 0.0, "host_short_by_bytes": 0.0,
+                         "breaks": [{"key": "recompute", "pinned": "none", "value": "full"}]})
+    assert broken == ": it fits, but breaks the pin recompute=full (pinned none)"
+
+
 def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
     for args in (("--allow", "warp-drive"), ("--fix", "tp=three"), ("--fix", "colour=red")):
         result = invoke("solve", LLAMA_8B, A100_8, *args)

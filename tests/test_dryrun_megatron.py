@@ -208,7 +208,7 @@ def test_degrees_that_do_not_fill_the_world_are_refused(bundles: dict[tuple[str,
 
 @pytest.mark.parametrize(("dropped", "step", "fix"), [
     (["--save-interval"], "Megatron-LM's arguments: parse_args and validate_args",
-     "add --save-interval N (steps between checkpoints): Megatron-LM requires it whenever --save is given"),
+     "add --save-interval N > 0 (steps between checkpoints): Megatron-LM requires it whenever --save is given"),
     (["--lr", "--min-lr"], "the distributed optimizer: fp32 main-parameter shards",
      "add --lr (the peak learning rate, e.g. --lr 3e-4): Megatron-LM has no default learning rate"),
     (["--eval-interval"], "the datasets' sizes (get_train_valid_test_num_samples)",

@@ -94,10 +94,10 @@ def _megatron(folder: Path) -> None:
     plan = _plan(folder)
     printed = subprocess.run(["bash", "-c", 'source megatron_args.sh && printf "%s\\0" "${MEGATRON_ARGS[@]}"'],
                              cwd=folder, capture_output=True, text=True, check=True).stdout
-    config, opts = megatron_core_config(printed.split("\0")[:-1], plan.world)
+    config, args = megatron_core_config(printed.split("\0")[:-1], plan)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size) == (
         plan.tp, plan.pp, plan.cp)
-    assert (opts["micro_batch_size"], opts["global_batch_size"]) == (plan.mbs, plan.global_batch)
+    assert (args.micro_batch_size, args.global_batch_size) == (plan.mbs, plan.global_batch)
 
 
 def _torchtitan(folder: Path, flavor: tuple[str, str], tt: Any) -> None:

@@ -1,21 +1,19 @@
-"""Megatron-LM arguments: the right flags per plan, validated by megatron-core's own config classes.
+"""Megatron-LM arguments: the right flags per plan, validated by Megatron-LM's checks and megatron-core's own
+config classes.
 
 What runs without a GPU: megatron-core (PyPI ``megatron-core``, 0.16 for Python 3.11) builds
 ``TransformerConfig`` on CPU, and its ``__post_init__`` checks the parallel and model settings
-(pipeline split and layout, virtual stages, recompute, MoE, GQA...).  Megatron-LM's argument
-parser (``megatron.training.arguments``) is not in that wheel, and megatron-bridge needs
-Transformer Engine (CUDA), so the step from flags to config is this test's own translation,
-written after Megatron-LM's ``core_transformer_config_from_args`` (``megatron/training/
-argument_utils.py``): flags named like a TransformerConfig field are copied, the others mapped
-as it maps them.  Every check Megatron-LM core_v0.16.1 makes of a launch's words before its first
-step (``validate_args``, the micro-batch calculator, the tokenizer, the LR scheduler, the datasets,
-the interleaved schedule) is restated in ``autoplace.frameworks._megatron_args.validate``, which
-runs here on the words every emitted launch passes (and on a bundle's, through bash).
+(pipeline split and layout, virtual stages, recompute, MoE, GQA...).  Megatron-LM's training code
+is not in that wheel; the dry run's restatements of it take its place
+(``autoplace.frameworks._megatron_dry.launch_checks``: Megatron-LM's parser from its own flag table,
+``validate_args`` restated, ``core_transformer_config_from_args``, then megatron-core's micro-batch
+calculator, vocabulary split and LR scheduler, the datasets' sizes, the pipeline schedule's checks).
+They run here on the words every emitted launch passes (and on a bundle's, through bash).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import os
 import shutil
 import subprocess
@@ -26,10 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplace.bundle import emit
+from autoplace.dryrun.steps import StepFailed
 from autoplace.errors import EmitError
 from autoplace.frameworks import get
-from autoplace.frameworks._megatron_args import validate
-from autoplace.frameworks.megatron import block_pattern, emit_megatron, launch_args
+from autoplace.frameworks.megatron import block_pattern, emit_megatron, launch_args, megatron_environment
+from autoplace.plan import Plan
 from autoplace.specs.model import load_model
 from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_plans import CLUSTER16, MODEL, make_plan, small_model
@@ -118,96 +117,16 @@ def test_the_bundles_bash_array_gives_back_every_argument_unglobbed(tmp_path) ->
 # megatron-core's own validation
 
 
-def words_to_options(args: list[str]) -> dict[str, Any]:
-    """``--flag value`` / ``--flag`` words as {"flag_name": value or True}, values typed like argparse would."""
-    out: dict[str, Any] = {}
-    for i, word in enumerate(args):
-        if not word.startswith("--"):
-            continue
-        name = word[2:].replace("-", "_")
-        value: Any = True
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-            for kind in (int, float):
-                try:
-                    value = kind(value)
-                    break
-                except ValueError:
-                    pass
-        out[name] = value
-    return out
+def megatron_core_config(args: list[str], plan: Plan) -> tuple[Any, argparse.Namespace]:
+    """(TransformerConfig, validated args) as Megatron-LM builds them from a launch of ``args`` (a bundle's
+    arguments, then the launch's placeholder words) in ``plan``'s world and launch environment: every
+    check the dry run makes before it builds the model (``launch_checks``) passes first."""
+    from autoplace.frameworks._megatron_dry import launch_checks
 
-
-# Megatron-LM flags (arguments.py / training config) that are not TransformerConfig fields,
-# with what validate_args / GPTModel accept.
-_OTHER_FLAGS = {"use_distributed_optimizer", "num_distributed_optimizer_instances", "optimizer_cpu_offload",
-                "use_precision_aware_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy",
-                "ckpt_format", "num_layers_per_virtual_pipeline_stage", "decoder_first_pipeline_num_layers",
-                "decoder_last_pipeline_num_layers", "micro_batch_size", "global_batch_size", "seq_length",
-                "max_position_embeddings", "padded_vocab_size", "position_embedding_type",
-                "rotary_base", "group_query_attention", "swiglu", "untie_embeddings_and_output_weights",
-                "disable_bias_linear", "num_experts", "fp16", "bf16", "accumulate_allreduce_grads_in_fp32",
-                "fp8_format", "grad_reduce_in_bf16",
-                # GPTModel arguments (gpt_builders.py): partial rotary, Llama 3.1 RoPE scaling
-                "rotary_percent", "use_rope_scaling", "rope_scaling_factor",
-                # the run's own (_megatron_args.run_args): learning rate, intervals, data split
-                "lr", "min_lr", "lr_decay_style", "lr_warmup_fraction", "save_interval", "eval_interval", "eval_iters",
-                "split"}
-
-
-# TransformerConfig fields whose flag is named otherwise (their argparse_meta arg_names), by flag
-_RENAMED = {"norm_epsilon": "layernorm_epsilon"}
-
-
-# Megatron-LM core_v0.16.1 arguments.py defaults of the MLA flags and of the RoPE flags MLATransformerConfig
-# shares (restated): core_transformer_config_from_args copies them into the config whether given or not
-_MLA_ARG_DEFAULTS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
-                     "v_head_dim": 128, "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0,
-                     "rotary_base": 10000, "rotary_percent": 1.0}
-
-
-def megatron_core_config(args: list[str], world: int) -> tuple[Any, dict[str, Any]]:
-    """(TransformerConfig, options) as Megatron-LM builds them from ``args`` on ``world`` ranks."""
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-
-    opts = words_to_options(args)
-    config_class = MLATransformerConfig if opts.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}  # --overlap-grad-reduce, ...
-    unknown = set(opts) - fields - ddp_fields - _OTHER_FLAGS - set(_RENAMED)
-    assert not unknown, f"flags Megatron-LM does not define: {unknown}"
-    kw = {k: v for k, v in opts.items() if k in fields}
-    kw.update({field: opts[flag] for flag, field in _RENAMED.items() if flag in opts})
-    if config_class is MLATransformerConfig:  # arguments.py's defaults reach the MLA config's fields by name
-        kw = {**_MLA_ARG_DEFAULTS, **kw}
-    if "moe_layer_freq" in kw:  # Megatron's parser evaluates the list string
-        kw["moe_layer_freq"] = [int(x) for x in str(kw["moe_layer_freq"]).strip("[]").split(",")]
-    if "window_size" in kw:  # arguments.py tuple_type: "(4095,0)" -> (4095, 0)
-        kw["window_size"] = tuple(int(x) for x in str(kw["window_size"]).strip("()").split(","))
-    # core_transformer_config_from_args's own mappings
-    dtype = torch.bfloat16 if opts.get("bf16") else torch.float16 if opts.get("fp16") else torch.float32
-    kw.update(params_dtype=dtype, pipeline_dtype=dtype, bf16=bool(opts.get("bf16")), fp16=bool(opts.get("fp16")),
-              num_moe_experts=opts.get("num_experts"),
-              num_layers_in_first_pipeline_stage=opts.get("decoder_first_pipeline_num_layers"),
-              num_layers_in_last_pipeline_stage=opts.get("decoder_last_pipeline_num_layers"),
-              add_bias_linear=not opts.get("disable_bias_linear", False),
-              num_query_groups=opts.get("num_query_groups") if opts.get("group_query_attention") else None)
-    if opts.get("swiglu"):
-        kw.update(gated_linear_unit=True, activation_func=F.silu)
-    pp = opts.get("pipeline_model_parallel_size", 1)
-    if "num_layers_per_virtual_pipeline_stage" in opts:  # validate_args derives the virtual size from it
-        per = opts["num_layers_per_virtual_pipeline_stage"]
-        assert opts["num_layers"] % (pp * per) == 0
-        kw["virtual_pipeline_model_parallel_size"] = opts["num_layers"] // (pp * per)
-    config = config_class(**kw)  # megatron-core's __post_init__ validation
-    # Megatron-LM's own checks on the launch's words, restated in the package (and GPTModel's arguments)
-    why = validate([*args, *launch_args(lambda var, what: SAMPLE_ENV[var])], world)
-    assert why is None, why
-    assert not opts.get("sequence_parallel") or config.tensor_model_parallel_size > 1  # autoplace writes it so
-    return config, opts
+    namespace, config = launch_checks([*args, *launch_args(lambda var, what: SAMPLE_ENV[var])], plan.world,
+                                      env=megatron_environment(plan))
+    assert "--sequence-parallel" not in args or config.tensor_model_parallel_size > 1  # autoplace writes it so
+    return config, namespace
 
 
 # values for the launch's required variables (megatron.PLACEHOLDERS)
@@ -235,17 +154,17 @@ CORE_PLANS = [("tp=8,pp=4,vpp=2,zero=1,recompute=selective", 64), ("tp=8,pp=4,ze
 def test_megatron_core_accepts_the_llama3_arguments_and_reads_the_plan(text: str, world: int, mcore) -> None:
     cluster = gpu_cluster(world)
     plan = make_plan(text, LLAMA_70B, cluster)
-    config, opts = megatron_core_config(emit_megatron(plan, LLAMA_70B, cluster), world)
+    config, args = megatron_core_config(emit_megatron(plan, LLAMA_70B, cluster), plan)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.virtual_pipeline_model_parallel_size or 1) == (plan.tp, plan.pp, plan.cp, plan.vpp)
-    assert (opts["micro_batch_size"], opts["global_batch_size"]) == (plan.mbs, plan.global_batch)
+    assert (args.micro_batch_size, args.global_batch_size) == (plan.mbs, plan.global_batch)
     m = LLAMA_70B
     assert (config.num_layers, config.hidden_size, config.ffn_hidden_size, config.num_attention_heads,
             config.num_query_groups, config.kv_channels) == (m.layers, m.hidden, m.ffn_hidden, m.heads, 8, 128)
     assert config.gated_linear_unit and not config.add_bias_linear and config.normalization == "RMSNorm"
-    assert (opts["position_embedding_type"], opts["rotary_base"]) == ("rope", 500000)  # Llama 3's RoPE base
-    assert opts["untie_embeddings_and_output_weights"] and opts["seq_length"] == m.seq_len
-    assert opts["padded_vocab_size"] == m.vocab
+    assert (args.position_embedding_type, args.rotary_base) == ("rope", 500000)  # Llama 3's RoPE base
+    assert args.untie_embeddings_and_output_weights and args.seq_length == m.seq_len
+    assert args.padded_vocab_size == m.vocab
     if plan.pp > 1 and len(set(plan.layers_per_stage)) > 1 and plan.vpp == 1:
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (
             plan.layers_per_stage[0], plan.layers_per_stage[-1])
@@ -259,20 +178,21 @@ def test_megatron_core_accepts_the_llama3_arguments_and_reads_the_plan(text: str
 def test_megatron_core_accepts_other_architectures(name: str, checks: dict[str, Any], mcore) -> None:
     model, cluster = load_model(HF / name), gpu_cluster(16)
     plan = make_plan("tp=2,zero=1" + (",ep=4" if "mixtral" in name or "deepseek" in name else ""), model, cluster)
-    config, opts = megatron_core_config(emit_megatron(plan, model, cluster), 16)
+    config, args = megatron_core_config(emit_megatron(plan, model, cluster), plan)
     assert {k: getattr(config, k) for k in checks} == checks
-    assert opts["position_embedding_type"] == ("learned_absolute" if name == "gpt2.json" else "rope")
-    assert ("untie_embeddings_and_output_weights" in opts) == (not model.tied_embeddings)
+    assert args.position_embedding_type == ("learned_absolute" if name == "gpt2.json" else "rope")
+    assert args.untie_embeddings_and_output_weights == (not model.tied_embeddings)
     # gpt2's vocabulary (50257) is odd: tp=2 needs one padding row, the fewest Megatron allows
-    assert opts["padded_vocab_size"] - model.vocab == (1 if name == "gpt2.json" else 0)
+    assert args.padded_vocab_size - model.vocab == (1 if name == "gpt2.json" else 0)
 
 
 def test_megatron_core_rejects_what_it_should(mcore) -> None:
     """The validation can fail: a split that does not add up is refused by megatron-core itself."""
-    bad = args_of("pp=4,zero=1,layers=1:3:3:1")
+    plan = make_plan("pp=4,zero=1,layers=1:3:3:1", MODEL, CLUSTER16)
+    bad = emit_megatron(plan, MODEL, CLUSTER16)
     bad[bad.index("--decoder-first-pipeline-num-layers") + 1] = "6"  # 6 + 1 leaves 1 layer for 2 middle stages
-    with pytest.raises(ValueError, match="number of layers at middle stage: 1 must be divisible"):
-        megatron_core_config(bad, 16)
+    with pytest.raises(StepFailed, match="ValueError: number of layers at middle stage: 1 must be divisible"):
+        megatron_core_config(bad, plan)
 
 
 def test_rope_base_defaults_to_megatrons_and_must_be_whole() -> None:
@@ -281,20 +201,12 @@ def test_rope_base_defaults_to_megatrons_and_must_be_whole() -> None:
         args_of("zero=1", small_model(rope_theta=1e4 + 0.5))
 
 
-def ddp_config(opts: dict[str, Any]) -> Any:
-    """megatron-core's DistributedDataParallelConfig as Megatron-LM builds it from the options.
+def grad_reduce_in_fp32(args: argparse.Namespace) -> bool:
+    """DistributedDataParallelConfig.grad_reduce_in_fp32 as Megatron-LM's ``get_model`` fills it from the
+    validated args (``_megatron_build.ddp_config_from_args``)."""
+    from autoplace.frameworks._megatron_build import ddp_config_from_args
 
-    Restated from Megatron-LM core_v0.16.0: ``validate_args`` (with --bf16, --grad-reduce-in-bf16
-    turns accumulate_allreduce_grads_in_fp32 off, else fp32 main grads turn it on) and
-    ``training.get_model`` (``grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32``).
-    """
-    from megatron.core.distributed import DistributedDataParallelConfig
-
-    fp32 = bool(opts.get("accumulate_allreduce_grads_in_fp32"))
-    if opts.get("bf16"):
-        fp32 = False if opts.get("grad_reduce_in_bf16") else True  # main_grads_dtype defaults to fp32
-    return DistributedDataParallelConfig(grad_reduce_in_fp32=fp32,
-                                         use_distributed_optimizer=bool(opts.get("use_distributed_optimizer")))
+    return bool(ddp_config_from_args(args, 0, args.data_parallel_size).grad_reduce_in_fp32)
 
 
 @pytest.mark.parametrize("text", ["zero=1,compress=bf16", "tp=2,pp=2,zero=1,compress=bf16", "zero=3,compress=bf16"])
@@ -304,10 +216,10 @@ def test_bf16_reduction_is_megatrons_grad_reduce_in_bf16(text: str, mcore) -> No
     plan = make_plan(text, model, CLUSTER16)
     args = emit_megatron(plan, model, CLUSTER16)
     assert "--grad-reduce-in-bf16" in args and "--accumulate-allreduce-grads-in-fp32" not in args
-    _, opts = megatron_core_config(args, CLUSTER16.gpus)
-    assert ddp_config(opts).grad_reduce_in_fp32 is False
-    plain = emit_megatron(make_plan(text.replace(",compress=bf16", ""), model, CLUSTER16), model, CLUSTER16)
-    assert ddp_config(megatron_core_config(plain, CLUSTER16.gpus)[1]).grad_reduce_in_fp32 is True
+    assert grad_reduce_in_fp32(megatron_core_config(args, plan)[1]) is False
+    plain_plan = make_plan(text.replace(",compress=bf16", ""), model, CLUSTER16)
+    plain = emit_megatron(plain_plan, model, CLUSTER16)
+    assert grad_reduce_in_fp32(megatron_core_config(plain, plain_plan)[1]) is True
 
 
 def test_bf16_reduction_needs_bf16_training_and_other_options_are_refused() -> None:
@@ -320,7 +232,7 @@ def test_bf16_reduction_needs_bf16_training_and_other_options_are_refused() -> N
 
 
 # ---------------------------------------------------------------------------------------
-# Megatron-LM's checks before step 1 (autoplace.frameworks._megatron_args.validate)
+# Megatron-LM's checks before step 1 (autoplace.frameworks._megatron_dry.launch_refusal)
 
 
 def launch_words(text: str, model=LLAMA_70B, world: int = 64) -> list[str]:
@@ -338,81 +250,111 @@ def drop(words: list[str], flag: str) -> list[str]:
     return words[:i] + words[j:]
 
 
+def refusal(words: list[str], world: int, env: dict[str, str | None] | None) -> str | None:
+    from autoplace.frameworks._megatron_dry import launch_refusal
+
+    return launch_refusal(words, world, env)
+
+
 INTERLEAVED = "tp=8,pp=4,vpp=2,zero=1,recompute=selective"  # 64 GPUs: dp 2, 1024 micro-batches per step
 ONE_SET = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-# (what breaks it: extra words after the launch's, a flag dropped, the world, the environment), the flag named
-BROKEN: list[tuple[list[str], str | None, int, dict[str, str | None], str]] = [
-    ([], None, 48, ONE_SET, "--tensor-model-parallel-size: tp(8) x pp(4) x cp(1) = 32 does not divide"),
-    (["--tensor-model-parallel-size", "eight"], None, 64, ONE_SET, "--tensor-model-parallel-size: invalid int"),
-    (["--normalization", "BatchNorm"], None, 64, ONE_SET, "--normalization: 'BatchNorm' is not one of"),
-    ([], "--micro-batch-size", 64, ONE_SET, "--micro-batch-size: required"),
-    (["--num-virtual-stages-per-pipeline-rank", "2"], None, 64, ONE_SET, "--num-virtual-stages-per-pipeline-rank: give only one"),
-    (["--num-layers-per-virtual-pipeline-stage", "3"], None, 64, ONE_SET, "--num-layers-per-virtual-pipeline-stage: 80"),
+# (what breaks it: extra words after the launch's, a flag dropped, the world, the environment), the flag the
+# line names (in Megatron's message or autoplace's fix), and Megatron's message
+BROKEN: list[tuple[list[str], str | None, int, dict[str, str | None], str, str]] = [
+    ([], None, 48, ONE_SET, "--tensor-model-parallel-size",
+     "world size (48) is not divisible by total_model_size (total_model_size=32)"),
+    (["--tensor-model-parallel-size", "eight"], None, 64, ONE_SET, "--tensor-model-parallel-size", "invalid int value"),
+    (["--normalization", "BatchNorm"], None, 64, ONE_SET, "--normalization", "invalid choice: 'BatchNorm'"),
+    ([], "--micro-batch-size", 64, ONE_SET, "--micro-batch-size", "assert args.micro_batch_size is not None"),
+    (["--num-virtual-stages-per-pipeline-rank", "2"], None, 64, ONE_SET, "--num-virtual-stages-per-pipeline-rank",
+     "No more than one of the following arguments can be set at the same time"),
+    (["--num-layers-per-virtual-pipeline-stage", "3"], None, 64, ONE_SET, "--num-layers-per-virtual-pipeline-stage",
+     "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage"),
     (["--pipeline-model-parallel-size", "2", "--no-overlap-p2p-communication"], None, 64, ONE_SET,
-     "--pipeline-model-parallel-size: the interleaved schedule needs pp > 2"),
-    ([], "--overlap-grad-reduce", 64, ONE_SET, "--overlap-param-gather: needs --overlap-grad-reduce"),
-    (["--ckpt-format", "fsdp_dtensor"], None, 64, ONE_SET, "--ckpt-format: fsdp_dtensor needs --use-megatron-fsdp"),
-    (["--fp16"], None, 64, ONE_SET, "--bf16: not with --fp16"),
-    (["--train-samples", "100"], None, 64, ONE_SET, "--train-samples: not with --train-iters"),
-    ([], "--hidden-size", 64, ONE_SET, "--hidden-size: required"),
-    (["--num-attention-heads", "48"], "--kv-channels", 64, ONE_SET, "--num-attention-heads: 48 heads do not divide"),
-    (["--context-parallel-size", "2", "--seq-length", "8190"], None, 64, ONE_SET, "--seq-length: 8190 is not a multiple"),
-    (["--max-position-embeddings", "4096"], None, 64, ONE_SET, "--max-position-embeddings: 4096 is below"),
-    (["--min-lr", "1.0"], None, 64, ONE_SET, "--min-lr: 1.0 must not exceed --lr"),
-    ([], "--save-interval", 64, ONE_SET, "--save-interval: required with --save"),
-    (["--save-interval", "0"], None, 64, ONE_SET, "--save-interval: required with --save"),
-    (["--recompute-method", "uniform"], None, 64, ONE_SET, "--recompute-method: not with --recompute-granularity"),
-    (["--tp-comm-overlap"], "--sequence-parallel", 64, ONE_SET, "--tp-comm-overlap: needs --sequence-parallel"),
-    ([], None, 64, {}, "CUDA_DEVICE_MAX_CONNECTIONS: must be 1"),
-    (["--expert-model-parallel-size", "2"], None, 64, ONE_SET, "--expert-model-parallel-size: ep=2 must divide"),
-    (["--mock-data"], None, 64, ONE_SET, "--data-path: one data source"),
-    (["--optimizer-cpu-offload"], None, 64, ONE_SET, "--optimizer-cpu-offload: needs --use-precision-aware-optimizer"),
+     "--pipeline-model-parallel-size", "pipeline-model-parallel size should be greater than 2"),
+    ([], "--overlap-grad-reduce", 64, ONE_SET, "--overlap-grad-reduce",
+     "Must use --overlap-param-gather with --overlap-grad-reduce"),
+    (["--ckpt-format", "fsdp_dtensor"], None, 64, ONE_SET, "--ckpt-format",
+     "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP"),
+    (["--fp16"], None, 64, ONE_SET, "--bf16", "assert not args.bf16"),
+    (["--train-samples", "100"], None, 64, ONE_SET, "--train-samples", "expected iteration-based training"),
+    ([], "--hidden-size", 64, ONE_SET, "--hidden-size", "hidden_size argument is None"),
+    ([], "--seq-length", 64, ONE_SET, "--seq-length", "assert args.encoder_seq_length is not None"),
+    (["--num-attention-heads", "48"], "--kv-channels", 64, ONE_SET, "--num-attention-heads",
+     "assert args.hidden_size % args.num_attention_heads == 0"),
+    (["--context-parallel-size", "2", "--seq-length", "8190"], None, 64, ONE_SET, "--seq-length",
+     "seq-length should be a multiple of 2 * context-parallel-size"),
+    (["--max-position-embeddings", "4096"], None, 64, ONE_SET, "--max-position-embeddings",
+     "max_position_embeddings (4096) must be greater than or equal to seq_length (8192)"),
+    (["--min-lr", "1.0"], None, 64, ONE_SET, "--min-lr", "assert args.min_lr <= args.lr"),
+    ([], "--save-interval", 64, ONE_SET, "--save-interval", "assert args.save_interval is not None"),
+    (["--save-interval", "0"], None, 64, ONE_SET, "--save-interval", "assert args.save_interval > 0"),
+    (["--recompute-method", "uniform"], None, 64, ONE_SET, "--recompute-method",
+     "recompute method is not yet supported for selective recomputing granularity"),
+    (["--tp-comm-overlap"], "--sequence-parallel", 64, ONE_SET, "--sequence-parallel",
+     "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"),
+    ([], None, 64, {}, "CUDA_DEVICE_MAX_CONNECTIONS", "require setting the environment variable "
+                                                      "CUDA_DEVICE_MAX_CONNECTIONS to 1"),
+    (["--expert-model-parallel-size", "2"], None, 64, ONE_SET, "--expert-model-parallel-size",
+     "num_experts must be non None to use expert model parallelism"),
+    (["--mock-data"], None, 64, ONE_SET, "--data-path", "A single data source must be provided"),
+    (["--optimizer-cpu-offload"], None, 64, ONE_SET, "--optimizer-cpu-offload",
+     "The optimizer cpu offload must be used in conjunction with `--use-precision-aware-optimizer`"),
     (["--mtp-num-layers", "1", "--position-embedding-type", "learned_absolute"], None, 64, ONE_SET,
-     "--mtp-num-layers: needs rope"),
-    (["--multi-latent-attention"], None, 64, ONE_SET, "--group-query-attention: not with --multi-latent-attention"),
-    (["--global-batch-size", "2047"], None, 64, ONE_SET, "--global-batch-size: 2047 is not a multiple of micro-batch"),
-    (["--tokenizer-type", "GPT2BPETokenizer"], None, 64, ONE_SET, "--vocab-file: required by --tokenizer-type"),
-    ([], "--tokenizer-model", 64, ONE_SET, "--tokenizer-model: required by --tokenizer-type HuggingFaceTokenizer"),
-    (["--num-query-groups", "3"], None, 64, ONE_SET, "--num-query-groups: 3 groups do not divide 64 heads"),
-    (["--padded-vocab-size", "128257"], None, 64, ONE_SET, "--padded-vocab-size: 128257 rows do not split"),
-    ([], "--train-iters", 64, ONE_SET, "--train-iters: required"),
-    ([], "--lr", 64, ONE_SET, "--lr: required"),
-    (["--lr-warmup-init", "1.0"], None, 64, ONE_SET, "--lr-warmup-init: must not exceed"),
-    (["--lr-warmup-fraction", "1.5"], None, 64, ONE_SET, "--lr-warmup-fraction: the warmup must end"),
-    (["--lr-decay-style", "WSD"], None, 64, ONE_SET, "--lr-wsd-decay-iters: required"),
-    ([], "--eval-interval", 64, ONE_SET, "--eval-interval: required"),
-    ([], "--data-path", 64, ONE_SET, "--data-path: required"),
-    (["--global-batch-size", "2"], None, 64, ONE_SET, "--global-batch-size: the interleaved schedule runs 1"),
+     "--mtp-num-layers", "Multi-Token Prediction (MTP) is not supported with learned_absolute"),
+    (["--multi-latent-attention"], None, 64, ONE_SET, "--group-query-attention",
+     "Group query attention is mutually exclusive with multi latent attention"),
+    (["--global-batch-size", "2047"], None, 64, ONE_SET, "--global-batch-size",
+     "global batch size (2047) is not divisible by micro batch size (1) times data parallel size (2)"),
+    (["--tokenizer-type", "GPT2BPETokenizer"], None, 64, ONE_SET, "--vocab-file", "assert args.vocab_file is not None"),
+    ([], "--tokenizer-model", 64, ONE_SET, "--tokenizer-model", "assert args.tokenizer_model is not None"),
+    (["--num-query-groups", "3"], None, 64, ONE_SET, "--num-query-groups",
+     "num_query_groups (3) must be a multiple or divisor of tensor_model_parallel_size (8)"),
+    (["--padded-vocab-size", "128257"], None, 64, ONE_SET, "--padded-vocab-size", "128257 is not divisible by 8"),
+    ([], "--train-iters", 64, ONE_SET, "--train-iters", "either train-iters or train-samples should be provided"),
+    ([], "--lr", 64, ONE_SET, "--lr", "float() argument must be a string or a real number, not 'NoneType'"),
+    (["--lr-warmup-init", "1.0"], None, 64, ONE_SET, "--lr-warmup-init", "assert self.init_lr <= self.max_lr"),
+    (["--lr-warmup-fraction", "1.5"], None, 64, ONE_SET, "--lr-warmup-fraction",
+     "assert self.lr_warmup_steps < self.lr_decay_steps"),
+    (["--lr-decay-style", "WSD"], None, 64, ONE_SET, "--lr-wsd-decay-iters", "assert self.wsd_decay_steps is not None"),
+    ([], "--eval-interval", 64, ONE_SET, "--eval-interval", "unsupported operand type(s) for //: 'int' and 'NoneType'"),
+    ([], "--data-path", 64, ONE_SET, "--data-path", "no data source"),
+    (["--global-batch-size", "2"], None, 64, ONE_SET, "--global-batch-size",
+     "The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP=4 , M=1]"),
 ]
 
 
-@pytest.mark.parametrize("extra, dropped, world, env, line", BROKEN, ids=[b[-1].split(":")[0] + str(i)
-                                                                         for i, b in enumerate(BROKEN)])
-def test_each_check_megatron_makes_before_step_one_names_its_flag(extra: list[str], dropped: str | None, world: int,
-                                                                   env: dict[str, str | None], line: str) -> None:
-    """Each restated check fails on the launch broken its way, first, with one line naming the flag; a
-    flag given again wins (argparse keeps the last value: the launch's "$@" overrides the bundle's)."""
+@pytest.mark.parametrize("extra, dropped, world, env, flag, message", BROKEN,
+                         ids=[f"{b[4]}{i}" for i, b in enumerate(BROKEN)])
+def test_each_check_megatron_makes_before_step_one_names_its_flag(
+        extra: list[str], dropped: str | None, world: int, env: dict[str, str | None], flag: str, message: str,
+        mcore) -> None:
+    """Each check fails on the launch broken its way, first, in one line: Megatron's own message and a flag to
+    change (in the message or in autoplace's fix); a flag given again wins (argparse keeps the last value: the
+    launch's "$@" overrides the bundle's)."""
     words = launch_words(INTERLEAVED)
-    assert validate(words, 64, ONE_SET) is None
+    assert refusal(words, 64, ONE_SET) is None
     words = drop(words, dropped) if dropped else words
-    why = validate([*words, *extra], world, env)
-    assert why is not None and why.startswith(line) and "\n" not in why, why
+    why = refusal([*words, *extra], world, env)
+    assert why is not None and message in why and flag in why and "\n" not in why, why
 
 
-def test_a_word_before_any_flag_and_megatron_fsdp_with_one_connection_are_refused() -> None:
-    assert validate(["pretrain_gpt.py", *launch_words(INTERLEAVED)], 64) == "pretrain_gpt.py: expected a --flag first"
+def test_a_word_before_any_flag_and_megatron_fsdp_with_one_connection_are_refused(mcore) -> None:
+    assert "unrecognized arguments: pretrain_gpt.py" in (refusal(["pretrain_gpt.py", *launch_words(INTERLEAVED)], 64,
+                                                                 ONE_SET) or "")
     fsdp = launch_words("tp=2,zero=3")
-    assert validate(fsdp, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None}) is None
-    assert (validate(fsdp, 64, ONE_SET) or "").startswith("--use-megatron-fsdp: Megatron-FSDP refuses")
+    assert refusal(fsdp, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None}) is None
+    assert "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one" in (
+        refusal(fsdp, 64, ONE_SET) or "")
 
 
 @pytest.mark.parametrize("text", ["tp=8,pp=4,vpp=2,zero=1", "tp=4,pp=2,zero=1,layers=36:44,recompute=full",
                                   "tp=2,cp=2,zero=3", "dp_replicate=64,zero=0", "pp=4,zero=1,layers=16:24:24:16"])
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
-def test_the_bundles_launch_passes_megatron_every_check_before_step_one(text: str, tmp_path) -> None:
+def test_the_bundles_launch_passes_megatron_every_check_before_step_one(text: str, tmp_path, mcore) -> None:
     """Issue 34: launch_torchrun.sh, run by bash with the required variables set and a stand-in torchrun
     that records its words and environment, hands pretrain_gpt.py words Megatron-LM accepts (every
-    check validate restates), the learning rate and the intervals included."""
+    check launch_refusal makes), the learning rate and the intervals included."""
     cluster = gpu_cluster(64)
     plan = make_plan(text, LLAMA_70B, cluster)
     emit(plan, LLAMA_70B, cluster, ["megatron", "torchrun"], tmp_path / "bundle")
@@ -428,21 +370,24 @@ def test_the_bundles_launch_passes_megatron_every_check_before_step_one(text: st
     words = record.read_text().split("\0")[:-1]
     words = words[words.index("pretrain_gpt.py") + 1:]
     connections = (tmp_path / "words.env").read_text()
-    assert validate(words, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None if connections == "unset" else connections}) is None
+    assert refusal(words, 64, {"CUDA_DEVICE_MAX_CONNECTIONS": None if connections == "unset" else connections}) is None
     assert {"--lr", "--save-interval", "--eval-interval", "--padded-vocab-size"} <= set(words)
 
 
 def test_megatron_refuses_an_interleaved_plan_its_schedule_cannot_run() -> None:
-    """megatron-core's interleaved 1F1B runs the micro-batches in groups of pp: the plan check (what
-    the search and render ask) states the rule validate applies to the launch's words."""
+    """megatron-core's interleaved 1F1B runs the micro-batches in groups of pp: the plan check (what the
+    search and render ask) is the rule, and the message, the dry run's schedule step raises on a launch."""
     model = small_model(batch=32)
     plan = make_plan("pp=4,vpp=2,zero=1", model, CLUSTER16)  # 4 data-parallel ranks: 8 micro-batches
     assert get("megatron").plan_check(model)(plan) is None
     few = plan.replace(grad_accum=2)
     why = get("megatron").plan_check(model)(few)
-    assert why == get("megatron").batching_refusal(few) and why is not None and "groups of 4" in why
-    with pytest.raises(EmitError, match="interleaved schedule runs 2 micro-batch"):
+    assert why == get("megatron").batching_refusal(few) and why is not None
+    assert "refuses 2 micro-batch(es) per step on pp=4" in why and "should range in [PP=4 , M=2]" in why
+    with pytest.raises(EmitError, match=r"refuses 2 micro-batch\(es\) per step"):
         emit_megatron(few, model, CLUSTER16)
+    ragged = plan.replace(grad_accum=6)  # groups of 4, then 2: fewer than pp
+    assert "but it is 2. Otherwise" in (get("megatron").batching_refusal(ragged) or "")
 
 
 def test_the_learning_rate_is_gpt3s_for_the_width_and_the_vocabulary_the_models() -> None:
@@ -461,8 +406,9 @@ def test_the_learning_rate_is_gpt3s_for_the_width_and_the_vocabulary_the_models(
 
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
-def test_validate_answers_any_words_with_a_line_or_none(data: st.DataObject) -> None:
-    """``autoplace dryrun`` hands it what a user's edited files say: whatever the words, one line or None."""
+def test_launch_refusal_answers_any_words_with_a_line_or_none(data: st.DataObject, mcore) -> None:
+    """Whatever the words (a user's edited files), one line or None: every step is the dry run's, which reports
+    whatever the framework raises as that step's refusal."""
     words = launch_words(INTERLEAVED)
     flags = [w for w in words if w.startswith("--")]
     for _ in range(data.draw(st.integers(1, 4))):
@@ -473,5 +419,21 @@ def test_validate_answers_any_words_with_a_line_or_none(data: st.DataObject) -> 
             words = [*words, flag, *data.draw(st.lists(st.sampled_from(["0", "-1", "abc", "1e9", "2", "3.5", ""]),
                                                        max_size=2))]
     world = data.draw(st.sampled_from([0, 1, 3, 64]))
-    why = validate(words, world, data.draw(st.sampled_from([None, {}, ONE_SET])))
+    why = refusal(words, world, data.draw(st.sampled_from([None, {}, ONE_SET])))
     assert why is None or (isinstance(why, str) and "\n" not in why and why)
+
+
+def test_the_gpt3_example_is_megatrons_gpt_with_biases_on_every_linear_layer(mcore) -> None:
+    """Issue 36: ``bias: true`` alone meant every linear layer but q/k/v (qkv_bias defaulted to false),
+    which Megatron-LM refused for the shipped GPT-3 175B file; qkv_bias now follows bias unless
+    stated, and megatron-core builds GPT-3's attention with its q/k/v biases (attention.py:
+    ``bias=add_bias_linear or add_qkv_bias``)."""
+    from autoplace.frameworks import get
+
+    model, cluster = load_model(REPO / "examples/models/gpt-3-175b.json"), gpu_cluster(64)
+    assert model.bias and model.qkv_bias and get("megatron").model_refusal(model) is None
+    plan = make_plan("tp=8,pp=8,zero=1", model, cluster)
+    words = emit_megatron(plan, model, cluster)
+    config, _ = megatron_core_config(words, plan)
+    # validate_args keeps add_qkv_bias in step with add_bias_linear (arguments.py:968-970, core_v0.16.1)
+    assert config.add_bias_linear and config.add_qkv_bias and "--disable-bias-linear" not in words

@@ -170,7 +170,7 @@ def test_megatron_launch_line_is_megatrons_arguments(text: str, connections: str
     """pretrain_gpt.py receives MEGATRON_ARGS and the placeholders: megatron-core's TransformerConfig and
     the restated validate_args accept them (tests/test_emit_megatron.py); CUDA_DEVICE_MAX_CONNECTIONS is 1
     under tensor parallelism (kept as the site set it otherwise) and unset under Megatron-FSDP."""
-    from tests.test_emit_megatron import _OTHER_FLAGS, megatron_core_config
+    from tests.test_emit_megatron import megatron_core_config
 
     call = launched("megatron", text, tmp_path)
     argv = call["argv"]
@@ -181,10 +181,10 @@ def test_megatron_launch_line_is_megatrons_arguments(text: str, connections: str
     placeholders = {"data_path", "tokenizer_model", "tokenizer_type", "save", "load", "train_iters"}
     kept = [w for i, w in enumerate(args) if not (w.lstrip("-").replace("-", "_") in placeholders
                                                    or (i and args[i - 1].lstrip("-").replace("-", "_") in placeholders))]
-    config, _ = megatron_core_config(kept, world=16)
-    assert config.tensor_model_parallel_size == make_plan(text, *_model_cluster()).tp
+    plan = make_plan(text, *_model_cluster())
+    config, _ = megatron_core_config(kept, plan)
+    assert config.tensor_model_parallel_size == plan.tp
     assert call["max_connections"] == connections
-    assert _OTHER_FLAGS  # the restated checks know every flag but the placeholders'
 
 
 def _model_cluster():

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from autoplace import sweep as sweep_mod
 from autoplace.cli import app
 from autoplace.specs.model import load_model
-from autoplace.sweep import SweepOptions, choose, cluster_at, sweep
+from autoplace.sweep import DEFAULT_DAYS, SweepOptions, choice_lines, choose, cluster_at, decide, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = str(REPO / "examples" / "models" / "llama-3-8b.json")
@@ -75,8 +75,56 @@ def test_cheapest_is_not_the_fastest() -> None:
     assert (fastest.gpus, cheapest.gpus) == (32, 8)
     assert cheapest.cost and fastest.cost and cheapest.cost.cost < fastest.cost.cost  # type: ignore[operator]
     # a deadline rules the cheap, slow size out: 1e12 / 1000 tokens/s = 11,574 days
-    limited = choose(points, "cost", max_days=8000)
+    limited = choose(points, "cost", days=8000)
     assert limited is not None and limited.gpus == 16
+
+
+def _three_sizes(opts: SweepOptions) -> list[Any]:
+    """8, 16 and 32 GPUs at 1,000, 1,900 and 3,400 tokens/s: the smaller, the cheaper and the slower."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sweep_mod, "best_plan", _fake({8: 1000.0, 16: 1900.0, 32: 3400.0}))
+        mp.setattr(sweep_mod.search, "runnable_by", lambda *a: [])
+        return sweep(load_model(TINY), [8, 16, 32], opts, gpu="h100")
+
+
+def test_the_cheapest_size_is_held_to_a_deadline() -> None:
+    """Issue 36: 'cheapest: 8 GPUs' trained 15T tokens in 56 years.  Without --days the cheapest is the
+    cheapest within DEFAULT_DAYS, and the fastest says what it costs; with --days, within those days;
+    a deadline no size meets names how long the fastest takes."""
+    def answer(**kw: Any) -> tuple[Any, list[str]]:
+        opts = SweepOptions(tokens=1e10, price_per_gpu_hour=2.0, **kw)  # 8 GPUs: 116 days, 16: 61, 32: 34
+        choice = decide(_three_sizes(opts), opts)
+        return choice, choice_lines(choice, opts)
+
+    choice, lines = answer()
+    assert DEFAULT_DAYS == 90 and choice.deadline == 90
+    assert (choice.chosen.gpus, choice.fastest.gpus, choice.cheapest.gpus) == (32, 32, 16)
+    assert lines[0].startswith("chosen (time: fastest): 32 GPUs") and "$" in lines[0]
+    assert lines[1].startswith("cheapest within 90 days (the default: ") and ": 16 GPUs" in lines[1]
+    assert not any("8 GPUs" in line for line in lines)  # cheaper, but 116 days
+    choice, lines = answer(objective="cost")
+    assert choice.chosen.gpus == 16 and lines[1].startswith("fastest: 32 GPUs") and "$" in lines[1]
+    choice, lines = answer(days=200.0)
+    assert choice.cheapest.gpus == 8 and lines[1].startswith("cheapest within 200 days: 8 GPUs")
+    choice, lines = answer(days=10.0)  # none trains 1e10 tokens in 10 days
+    assert choice.missed and choice.chosen is None
+    assert len(lines) == 1 and lines[0].startswith("no size trains 10B tokens within 10 days: the fastest, 32 GPUs, "
+                                                   "3,400 tokens/s · 10B tokens: 34.0 days")
+    choice, lines = answer(days=10.0, objective="cost")
+    assert choice.missed and choice.chosen is None and lines[0].startswith("no size trains 10B tokens within 10 days")
+    assert decide(_three_sizes(SweepOptions()), SweepOptions()).deadline is None  # no budget: no days to hold to
+
+
+def test_a_deadline_no_size_meets_exits_3_and_says_the_fastest() -> None:
+    args = ["scale", TINY, "--gpu", "h100", "--gpus", "1,2", "--tokens", "100T", "--time-limit", "0.2", "--workers", "1"]
+    result = invoke(*args, "--days", "1")
+    assert result.exit_code == 3, result.output
+    assert "no size trains 100T tokens within 1 day: the fastest, 2 GPUs" in " ".join(result.stdout.split())
+    doc = json.loads(invoke(*args, "--days", "1", "--json").stdout)
+    assert doc["deadline"] == {"days": 1.0, "source": "--days", "why": None, "met": False}
+    assert (doc["chosen_gpus"], doc["fastest_gpus"], doc["cheapest_gpus"]) == (None, 2, None)
+    default = json.loads(invoke(*args, "--json").stdout)
+    assert default["deadline"]["source"] == "default" and default["deadline"]["days"] == DEFAULT_DAYS
 
 
 def test_scale_cli_cost_objective_picks_fewer_gpus_than_the_fastest(tmp_path: Path) -> None:
@@ -111,7 +159,11 @@ def test_scale_table_says_the_batch_policy_and_the_runtime() -> None:
     (["scale", MODEL, "--gpu", "h100", "--tokens", "15Q"], "--tokens"),
     (["scale", MODEL, "--gpus", "8..16"], "--gpu"),
     (["scale", MODEL, "--gpu", "h100", "--gpus", "12"], "--gpus"),
-    (["scale", MODEL, "--gpu", "h100", "--max-days", "3"], "--max-days"),
+    (["scale", MODEL, "--gpu", "h100", "--days", "3"], "--days"),
+    (["scale", MODEL, "--gpu", "h100", "--max-days", "3"], "--days"),
+    (["scale", MODEL, "--gpu", "h100", "--tokens", "1T", "--days", "0"], "--days"),
+    (["scale", MODEL, "--gpu", "h100", "--tokens", "1T", "--days", "-2"], "--days"),
+    (["scale", MODEL, "--gpu", "h100", "--tokens", "1T", "--days", "inf"], "--days"),
     (["solve", MODEL, "--cluster", "1x8xh100", "--tokens", "15Q"], "--tokens"),
     (["evaluate", MODEL, "--cluster", "1x8xh100", "--plan", "tp=2", "--noise-scale", "x"], "--noise-scale"),
 ])

@@ -26,9 +26,12 @@ from solvers.space import ConfigList, _dominates, _groups, _recipes, enumerate_c
 from tests.helpers import gpu_cluster
 
 
-def _model(layers: int, batch: int, moe: bool) -> ModelSpec:
+def _model(layers: int, batch: int, moe: bool, alibi: bool = False) -> ModelSpec:
+    """A small Llama (or, with ``alibi``, ALiBi positions: Megatron-LM and torchtitan refuse it, so
+    DeepSpeed alone expresses its pipelines, at its own split)."""
     spec: dict[str, Any] = {"name": "small", "layers": layers, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
-                            "kv_heads": 4, "vocab": 4096, "seq_len": 1024, "training": {"global_batch": batch}}
+                            "kv_heads": 4, "vocab": 4096, "seq_len": 1024, "training": {"global_batch": batch},
+                            **({"position": "alibi"} if alibi else {})}
     if moe:
         spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": 512, "first_dense_layers": 1}
     return model_from_dict(spec)
@@ -95,34 +98,40 @@ def _reference_admission(problem: Problem) -> Any:
     """``--framework any``'s verdict as it was: every framework that states the configuration's
     recipe asked its configuration check, on the configuration's plan (an even split of pp x vpp
     chunks, stage s holding chunks s, s + pp; no recompute): (admitted, the costing of the
-    frameworks that express it when they all cost alike, else 0, the recompute forms of them all)."""
+    frameworks that express it when they all cost alike, else 0, the recompute forms of them all,
+    the split they all make when none takes an explicit one, else None)."""
     model, blocks = problem.model, layer_table(problem.model).blocks
     able = [f for f in search.members(search.ANY) if f.model_refusal(model) is None]
     judges = [(problem.costings.index(f.costing(model, DEFAULT)) + 1, f, f.config_check(model)) for f in able]
 
-    def verdict(config: Config) -> tuple[bool, int, int]:
+    def verdict(config: Config) -> tuple[bool, int, int, tuple[int, ...] | None]:
         split = even_split(blocks, config.pp * config.vpp)
         plan = config.to_plan([sum(split[s::config.pp]) for s in range(config.pp)], ["none"] * blocks)
         express = [(k, f) for k, f, check in judges if unstated_recipe(config, f) is None and check(plan) is None]
         forms = functools.reduce(lambda acc, kf: search.recompute_forms(kf[1], config, acc), express, 0)
         costings = {k for k, _ in express}
-        return bool(costings), (costings.pop() if len(costings) == 1 else 0), forms
+        splits = {f.forced_split(blocks, config.pp) if config.pp > 1 else None for _, f in express}
+        return bool(costings), (costings.pop() if len(costings) == 1 else 0), forms, (
+            splits.pop() if len(splits) == 1 else None)
 
     return verdict
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.sampled_from([3, 4, 8]), gpus=st.sampled_from([2, 4, 8, 16]), batch=st.sampled_from([8, 16]),
-       moe=st.booleans(), features=st.sets(st.sampled_from(ONE_NODE)), fix=st.sampled_from(FIXES))
+       moe=st.booleans(), features=st.sets(st.sampled_from(ONE_NODE)), fix=st.sampled_from(FIXES),
+       alibi=st.booleans())
 def test_the_frameworks_admission_is_every_frameworks_check(layers: int, gpus: int, batch: int, moe: bool,
-                                                            features: set[str], fix: dict[str, Any]) -> None:
+                                                            features: set[str], fix: dict[str, Any],
+                                                            alibi: bool) -> None:
     """Enumeration under ``--framework any`` (its screens by recipe and pinned degree, its checks
     memoized by the fields they read) keeps the configurations, and records the costings and
-    recompute forms, that asking every framework's check of every configuration gives."""
-    problem = search.problem_for("any", _model(layers, batch, moe), gpu_cluster(gpus), fixed=fix, features=features)
+    recompute forms and forced splits, that asking every framework's check of every configuration gives."""
+    problem = search.problem_for("any", _model(layers, batch, moe, alibi), gpu_cluster(gpus), fixed=fix,
+                                 features=features)
     verdict = _reference_admission(problem)
-    reference = dataclasses.replace(problem, admissible=lambda cf: verdict(cf)[0],
-                                    costing_key=lambda cf: verdict(cf)[1], recompute_forms=lambda cf: verdict(cf)[2])
+    reference = dataclasses.replace(problem, admissible=lambda cf: verdict(cf)[0], costing_key=lambda cf: verdict(cf)[1],
+                                    recompute_forms=lambda cf: verdict(cf)[2], forced_split=lambda cf: verdict(cf)[3])
     try:
         want = enumerate_configs(reference)
     except Infeasible:
@@ -131,6 +140,7 @@ def test_the_frameworks_admission_is_every_frameworks_check(layers: int, gpus: i
         return
     got = enumerate_configs(problem)
     assert got == want and got.costing.tolist() == want.costing.tolist() and got.forms.tolist() == want.forms.tolist()
+    assert got.splits == want.splits
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -254,3 +254,19 @@ def test_small_model_kernel_fields_are_checked(path: tuple[str, ...], value: Any
     """The K-loop and head-dim overheads (issue 25 item 3) are one line naming the field."""
     message = _cluster_error(_with(INLINE, path, value))
     assert said in message and "\n" not in message
+
+
+def test_qkv_bias_follows_bias_unless_stated() -> None:
+    """Issue 36: ``bias: true`` alone is biases on every linear layer, q/k/v included (GPT-2/3, BLOOM);
+    a stated qkv_bias is kept (Qwen2: true alone; false beside bias: every linear layer but q/k/v,
+    whose q/k/v biases are then not counted)."""
+    from autoplace.cost.layers import layer_table
+
+    base = {"name": "m", "layers": 2, "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 1000, "seq_len": 128}
+    flags = [(m.bias, m.qkv_bias) for m in (model_from_dict({**base, **extra}) for extra in (
+        {}, {"bias": True}, {"qkv_bias": True}, {"bias": True, "qkv_bias": False}, {"bias": False}))]
+    assert flags == [(False, False), (True, True), (False, True), (True, False), (False, False)]
+    every, but_qkv = (layer_table(model_from_dict({**base, "bias": True, **extra})).params
+                      for extra in ({}, {"qkv_bias": False}))
+    assert every - but_qkv == 2 * 3 * 256  # two layers' q, k and v biases
+    assert model_from_dict(model_from_dict({**base, "bias": True}).model_dump()).qkv_bias  # round trip

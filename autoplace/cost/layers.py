@@ -249,7 +249,7 @@ def _attention(m: TransformerSpec) -> tuple[float, float, float, int, int, int]:
     d = m.dim_head
     qw, kw = heads * d, m.n_kv_heads * d
     weights = h * (qw + 2 * kw) + qw * h
-    col_bias = (qw + 2 * kw) if (bias or m.qkv_bias) else 0  # column-parallel: sharded
+    col_bias = (qw + 2 * kw) if m.qkv_bias else 0  # column-parallel: sharded (qkv_bias follows bias unless stated)
     row_bias = h if bias else 0  # row-parallel output bias: replicated
     return weights + col_bias, row_bias, row_bias, qw, kw, kw
 
@@ -325,7 +325,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     if m.qk_norm is not None:
         att_act_tp += b * (qw + kw) + (4 * (m.heads + m.n_kv_heads) if m.qk_norm == "head" else 0)
         norm_act += 8 if m.qk_norm == "layer" else 0
-    att_flops = 2 * (att_tp - (0 if not (m.bias or m.qkv_bias) else (qw + 2 * kw)))  # 2 FLOPs per weight
+    att_flops = 2 * (att_tp - (qw + 2 * kw if m.qkv_bias else 0))  # 2 FLOPs per weight
     att_flops += 2 * att_rep if m.attention is not None else 0
     flops_score = 2 * s * qw + 2 * s * o_in  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
     kinds: list[BlockKind] = []

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from autoplace.dryrun.hf import causal_lm, model_source
+from autoplace.dryrun.hf_model import causal_lm, model_source
 from autoplace.dryrun.steps import tensor_bytes
 from autoplace.frameworks._accelerate_world import accelerate_world, launch_environment
 from autoplace.frameworks._deepspeed_bytes import quant_state_bytes

@@ -6,7 +6,7 @@ of what that script does (:func:`dry_run`, step by step):
 
 1. DeepSpeed's own arguments in the launch's words (``deepspeed.add_config_arguments``): the config file;
 2. the config as DeepSpeed loads it (``load_ds_config``; the ``pipeline`` section by ``get_pipeline_config``);
-3. the model (:mod:`autoplace.dryrun.hf`) -- for a pipeline, cut into DeepSpeed's ``PipelineModule`` with the
+3. the model (:mod:`autoplace.dryrun.hf_model`) -- for a pipeline, cut into DeepSpeed's ``PipelineModule`` with the
    config's ``stages`` and ``partition``, whose topology places the rank on its stage;
 4. ``DeepSpeedConfig`` at the world size, with the pipeline's grid as its mpu (the data-parallel size the batch
    identity checks is world / stages, not the world: ECOSYSTEM.md's rank/world trap);
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplace.dryrun.hf import causal_lm, causal_lm_class, model_source
+from autoplace.dryrun.hf_model import causal_lm, causal_lm_class, model_source
 from autoplace.dryrun.launches import BUNDLE
 from autoplace.frameworks._deepspeed_bytes import measure
 from autoplace.frameworks._deepspeed_meta import deepspeed_world

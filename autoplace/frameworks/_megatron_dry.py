@@ -7,17 +7,23 @@ model chunks, DDP / Megatron-FSDP, the optimizer, the learning-rate scheduler, t
 the data iterators, and what ``train`` sets up before its loop (the pipeline schedule).  Megatron-LM's
 glue is restated (:mod:`._megatron_validate`, :mod:`._megatron_build`); everything it calls is
 megatron-core's own code, run on a fake process group of the launch's world size and the meta device.
+
+:func:`launch_refusal` runs the same steps but those that need a process group or build the model and
+optimizer -- every check Megatron-LM makes of a launch's words before step 1 but theirs -- in milliseconds
+once megatron-core is imported: the emit tests ask it of every launch autoplace writes.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import autoplace.frameworks._megatron_build as build
-from autoplace.dryrun.steps import DryContext, Steps, fake_world, tensor_bytes
+from autoplace.dryrun.steps import DryContext, StepFailed, Steps, fake_world, tensor_bytes
+from autoplace.frameworks._megatron_args import interleaved_refusal
 from autoplace.frameworks._megatron_fixes import eval_fix, lr_fix, suggest
 
 # The argument step: Megatron-LM's parse_args + validate_args on the launch's words.  One function,
@@ -38,24 +44,87 @@ _TOKENIZER_FILES = {"BertWordPieceLowerCase": ("vocab_file",), "BertWordPieceCas
 
 def dry_run(ctx: DryContext, steps: Steps, arguments: Arguments | None = None) -> None:
     """Build rank ``ctx.rank`` of the bundle's ``pretrain_gpt.py`` launch, step by step (see the module)."""
+    words = _typed_stand_ins(ctx, steps)
+    args = _arguments(words, ctx.world, steps, arguments, rank=ctx.rank, env=ctx.launched.env, arch=gpu_arch(ctx))
+    _tokenizer(args, steps)
+    with megatron_globals():
+        config, micro_batches = _config_and_micro_batches(args, steps)
+        with fake_world(ctx.world, ctx.rank):
+            _on_the_fake_world(args, config, micro_batches, steps)
+
+
+def launch_refusal(words: Sequence[str], world: int, env: Mapping[str, str | None] | None = None,
+                   arch: int = 9) -> str | None:
+    """The first refusal Megatron-LM core_v0.16.1 makes of a launch passing ``words`` to ``pretrain_gpt.py``
+    on ``world`` ranks with environment ``env`` (:func:`launch_checks`), as one line -- the step, the
+    framework's own message and autoplace's fix -- or None."""
+    try:
+        launch_checks(words, world, env=env, arch=arch)
+    except StepFailed as exc:
+        return f"{exc}" + (f" (fix: {exc.fix})" if exc.fix else "")
+    return None
+
+
+def launch_checks(words: Sequence[str], world: int, *, env: Mapping[str, str | None] | None = None,
+                  arch: int = 9) -> tuple[argparse.Namespace, Any]:
+    """The dry run's steps that need no process group and no model, on a launch's words: parse_args and
+    validate_args, the tokenizer's files, the TransformerConfig, the micro-batch calculator, then megatron-core's
+    split of the embedding's rows over TP (the model's), the LR scheduler (on a stand-in optimizer), the
+    datasets' sizes and source, and the pipeline schedule's checks.  Fast: no tokenizer, model or optimizer
+    is built.
+
+    Args:
+        words: the words after ``pretrain_gpt.py``.
+        world: WORLD_SIZE.
+        env: the launch's environment (None values: unset).
+        arch: the GPU's CUDA major version (9, Hopper, by default).
+
+    Returns:
+        (args as validate_args leaves them, megatron-core's TransformerConfig).
+
+    Raises:
+        StepFailed: the first step refused, with the framework's message and autoplace's fix.
+    """
+    steps = Steps(lambda event: None)
+    args = _arguments(words, world, steps, None, rank=0, env=env or {}, arch=arch)
+    with megatron_globals():
+        config, micro_batches = _config_and_micro_batches(args, steps)
+    fix = lambda e: suggest(e, args)  # noqa: E731 - the same rules for every step
+    with steps.step("the embedding's rows over tensor parallelism (megatron-core's VocabParallelEmbedding split)",
+                    fix=fix):
+        _vocabulary_split(args)
+    with steps.step(SCHEDULER, fix=lambda e: lr_fix(e, args)):
+        build.scheduler(args, _stand_in_optimizer())
+    _checkpoint_and_data(args, steps)
+    with steps.step(SCHEDULE, fix=fix):
+        schedule(args, config, _chunks(args), micro_batches)
+    return args, config
+
+
+def _arguments(words: Sequence[str], world: int, steps: Steps, arguments: Arguments | None, *, rank: int,
+               env: Mapping[str, str | None], arch: int) -> argparse.Namespace:
+    """parse_args and validate_args (``arguments``, :func:`._megatron_validate.megatron_arguments` by
+    default), then the files the tokenizer type reads."""
     if arguments is None:
         from autoplace.frameworks._megatron_validate import megatron_arguments
 
         arguments = megatron_arguments
-    words = _typed_stand_ins(ctx, steps)
     with steps.step("Megatron-LM's arguments: parse_args and validate_args", fix=suggest):
         _requires_megatron_core()
-        args = arguments(words, ctx.world, rank=ctx.rank, env=dict(ctx.launched.env), arch=gpu_arch(ctx))
-    _tokenizer(args, steps)
+        args = arguments(words, world, rank=rank, env={k: v for k, v in env.items() if v is not None}, arch=arch)
+    _tokenizer_files(args, steps)
+    return args
+
+
+def _config_and_micro_batches(args: argparse.Namespace, steps: Steps) -> tuple[Any, int]:
+    """megatron-core's TransformerConfig and micro-batch calculator (set inside :func:`megatron_globals`)."""
     with steps.step("megatron-core's TransformerConfig (core_transformer_config_from_args)",
                     fix=lambda e: suggest(e, args)):
         config = build.transformer_config(args)
-    with megatron_globals():
-        with steps.step("the micro-batch calculator (global batch = micro-batch x data-parallel x micro-batches)",
-                        fix=lambda e: suggest(e, args)):
-            micro_batches = _micro_batches(args)
-        with fake_world(ctx.world, ctx.rank):
-            _on_the_fake_world(args, config, micro_batches, steps)
+    with steps.step("the micro-batch calculator (global batch = micro-batch x data-parallel x micro-batches)",
+                    fix=lambda e: suggest(e, args)):
+        micro_batches = _micro_batches(args)
+    return config, micro_batches
 
 
 def _on_the_fake_world(args: argparse.Namespace, config: Any, micro_batches: int, steps: Steps) -> None:
@@ -87,12 +156,37 @@ def _on_the_fake_world(args: argparse.Namespace, config: Any, micro_batches: int
                        "tensor is not")
         else:
             _measure_optimizer(optimizer, optimizer_config, steps)
-    with steps.step("the learning-rate scheduler (OptimizerParamScheduler)", fix=lambda e: lr_fix(e, args)):
+    with steps.step(SCHEDULER, fix=lambda e: lr_fix(e, args)):
         build.scheduler(args, optimizer)
     _checkpoint_and_data(args, steps)
-    with steps.step("the pipeline schedule (get_forward_backward_func)", fix=fix):
-        name = schedule(args, config, model, micro_batches)
+    with steps.step(SCHEDULE, fix=fix):
+        name = schedule(args, config, len(model), micro_batches)
     steps.note(f"schedule: {name}, {micro_batches} micro-batches of {args.micro_batch_size} per step")
+
+
+SCHEDULER = "the learning-rate scheduler (OptimizerParamScheduler)"
+SCHEDULE = "the pipeline schedule (get_forward_backward_func)"
+
+
+def _chunks(args: argparse.Namespace) -> int:
+    """How many model chunks ``get_model`` builds on a rank: one per virtual stage under a pipeline."""
+    vp = args.virtual_pipeline_model_parallel_size
+    return vp if args.pipeline_model_parallel_size > 1 and vp is not None else 1
+
+
+def _vocabulary_split(args: argparse.Namespace) -> None:
+    """megatron-core's split of --padded-vocab-size rows over the TP ranks, as VocabParallelEmbedding asks it
+    (``VocabUtility.vocab_range_from_global_vocab_size``; without the flag the tokenizer's size is padded to a
+    multiple of tp)."""
+    from megatron.core.tensor_parallel.utils import VocabUtility
+
+    if args.padded_vocab_size is not None:
+        VocabUtility.vocab_range_from_global_vocab_size(args.padded_vocab_size, 0, args.tensor_model_parallel_size)
+
+
+def _stand_in_optimizer() -> Any:
+    """An optimizer of one parameter group: all the LR scheduler sets (each group's lr and weight decay)."""
+    return types.SimpleNamespace(param_groups=[{"params": []}])
 
 
 # what a numeric flag's stand-in is read as: a long run, so no schedule check trips on a short one
@@ -118,13 +212,11 @@ def _typed_stand_ins(ctx: DryContext, steps: Steps) -> list[str]:
 def _without_fsdp(args: argparse.Namespace, steps: Steps) -> Any:
     """--use-megatron-fsdp: its buffers and optimizer are not built (say why); the scheduler is built on a
     stand-in optimizer with one parameter group (it only sets each group's lr and weight decay)."""
-    import types
-
     steps.skip("Megatron-FSDP's sharded parameter and gradient buffers (--use-megatron-fsdp)", build.FSDP_NOT_BUILT)
     steps.skip("the distributed optimizer over Megatron-FSDP's buffers", "built from Megatron-FSDP's buffers")
     steps.note("the learning-rate scheduler is built on a stand-in optimizer (one parameter group): Megatron-FSDP's "
                "is not built")
-    return types.SimpleNamespace(param_groups=[{"params": []}])
+    return _stand_in_optimizer()
 
 
 def _requires_megatron_core() -> None:
@@ -165,19 +257,27 @@ def _micro_batches(args: argparse.Namespace) -> int:
     return int(get_num_microbatches())
 
 
+def _tokenizer_step(args: argparse.Namespace) -> str:
+    return f"the tokenizer ({args.tokenizer_type}) and the embedding's rows"
+
+
+def _tokenizer_files(args: argparse.Namespace, steps: Steps) -> None:
+    """What build_tokenizer asserts its tokenizer type was given (:data:`_TOKENIZER_FILES`)."""
+    needs = [flag for flag in _TOKENIZER_FILES.get(args.tokenizer_type, ()) if getattr(args, flag) is None]
+    if needs:
+        with steps.step(_tokenizer_step(args), fix=lambda e: f"add --{needs[0].replace('_', '-')} (--tokenizer-type "
+                                                             f"{args.tokenizer_type} reads it)"):
+            raise AssertionError(f"assert args.{needs[0]} is not None")
+
+
 def _tokenizer(args: argparse.Namespace, steps: Steps) -> None:
     """The tokenizer ``set_global_variables`` builds (tokenizer.py ``build_tokenizer``), and the embedding's
     rows: --padded-vocab-size when given, else the tokenizer's size padded to the next multiple of
     --make-vocab-size-divisible-by x tp (``_vocab_size_with_padding``)."""
     model = str(args.tokenizer_model or "")
-    name = f"the tokenizer ({args.tokenizer_type}) and the embedding's rows"
+    name = _tokenizer_step(args)
     given = args.padded_vocab_size
     size = None
-    needs = [flag for flag in _TOKENIZER_FILES.get(args.tokenizer_type, ()) if getattr(args, flag) is None]
-    if needs:
-        with steps.step(name, fix=lambda e: f"add --{needs[0].replace('_', '-')} (--tokenizer-type "
-                                            f"{args.tokenizer_type} reads it)"):
-            raise AssertionError(f"assert args.{needs[0]} is not None")
     if args.tokenizer_type == "NullTokenizer":
         size = args.vocab_size + 1  # _NullTokenizer.vocab_size: the ids and one end-of-document id
     elif args.tokenizer_type == "HuggingFaceTokenizer" and not model.startswith(STAND_IN):
@@ -320,30 +420,23 @@ def _checkpoint_and_data(args: argparse.Namespace, steps: Steps) -> None:
     steps.skip(name, f"{where}: the data is read on the cluster")
 
 
-def schedule(args: argparse.Namespace, config: Any, model: Sequence[Any], micro_batches: int) -> str:
-    """megatron-core's forward_backward_func for this rank, and the checks its schedule makes before the first
-    micro-batch (schedules.py: model chunking; the interleaved schedule's micro-batch groups)."""
-    from megatron.core import parallel_state
+def schedule(args: argparse.Namespace, config: Any, chunks: int, micro_batches: int) -> str:
+    """megatron-core's forward_backward_func for the launch's pipeline and virtual sizes, and the checks its
+    schedule makes before the first micro-batch, restated (schedules.py: model chunking; the interleaved
+    schedule's micro-batch groups, :func:`~._megatron_args.interleaved_refusal`) on a rank's ``chunks``."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    func = get_forward_backward_func()
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    pp = args.pipeline_model_parallel_size
+    func = get_forward_backward_func(pp, args.virtual_pipeline_model_parallel_size)
     interleaved = func.__name__ == "forward_backward_pipelining_with_interleaving"
-    if not interleaved and len(model) != 1:
+    if not interleaved and chunks != 1:
         raise AssertionError("non-interleaved pipeline-parallel schedule does not support model chunking")
     if interleaved:
         if config.overlap_p2p_comm and config.batch_p2p_comm:
             raise ValueError("Can not use both overlap_p2p_comm and batch_p2p_comm")
-        group = config.microbatch_group_size_per_vp_stage
-        if group > micro_batches or group < pp:
-            raise ValueError("The number of contiguous micro-batches in a virtual pipeline stage"
-                             f"should range in [PP={pp} , M={micro_batches}]")
-        rest = micro_batches % group
-        if 0 < rest < pp:
-            raise RuntimeError("The remainder of M (the total micro-batches) divided by N (number of contiguous "
-                               "micro-batches in a virtual pipeline stage) should be 0, or larger than or equal "
-                               f"to the pipeline-parallel size, but it is {rest}. Otherwise, it introduces "
-                               "dependency bubbles in the pipeline and reduces throughput.")
+        refused = interleaved_refusal(micro_batches, pp, config.microbatch_group_size_per_vp_stage)
+        if refused is not None:
+            raise refused
     elif pp > 1 and config.overlap_p2p_comm:
         raise ValueError("Non-interleaved pipeline parallelism does not support overlapping p2p communication")
     return str(func.__name__)

@@ -13,16 +13,22 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-Rule = tuple[re.Pattern[str], Callable[[re.Match[str], Any], str]]
+from autoplace.dryrun.steps import framework_message
+from autoplace.frameworks._megatron_flags import option
+
+# a rule's fix may decline (None) a message it matched: the next rule is asked
+Rule = tuple[re.Pattern[str], Callable[[re.Match[str], Any], "str | None"]]
 
 
 def suggest(exc: BaseException, args: Any = None) -> str | None:
-    """The fix for ``exc`` (a framework's refusal), given the parsed arguments when there are any."""
-    text = " ".join(str(exc).split())
+    """The fix for ``exc`` (a framework's refusal, as the dry run shows it: a bare assert by its source line),
+    given the parsed arguments when there are any."""
+    text = framework_message(exc)
     for pattern, fix in _RULES:
         found = pattern.search(text)
-        if found:
-            return fix(found, args)
+        fixed = fix(found, args) if found else None
+        if fixed:
+            return fixed
     return None
 
 
@@ -72,6 +78,19 @@ def _heads(m: re.Match[str], args: Any) -> str:
             f"ranks): use tp {' or '.join(map(str, valid[-3:]))}")
 
 
+def _vocab_rows(m: re.Match[str], args: Any) -> str | None:
+    rows, tp = getattr(args, "padded_vocab_size", None), getattr(args, "tensor_model_parallel_size", None)
+    if rows != int(m.group(1)) or tp != int(m.group(2)):
+        return None  # megatron-core's divide() refusing something else
+    return (f"--padded-vocab-size {rows} rows do not split over --tensor-model-parallel-size {tp}: pad them to a "
+            f"multiple of {tp} ({-(-rows // tp) * tp})")
+
+
+def _required(m: re.Match[str], args: Any) -> str | None:
+    flag = option(m.group(1))
+    return f"add {flag}: Megatron-LM has no default for it" if flag else None
+
+
 # a missing --lr: the optimizer (torch's Adam compares it with 0) or OptimizerParamScheduler (float(None)) refuses
 NO_LR = "add --lr (the peak learning rate, e.g. --lr 3e-4): Megatron-LM has no default learning rate"
 
@@ -99,8 +118,8 @@ _RULES: Sequence[Rule] = [(re.compile(p), f) for p, f in [
     (r"global batch size \((\d+)\) is not divisible by micro batch size \((\d+)\) times data parallel size "
      r"\((\d+)\)", _batch),
     (r"world size \((\d+)\) is not divisible by total_model_size \(total_model_size=(\d+)\)", _world),
-    (r"assert args\.save_interval is not None", _fixed(
-        "add --save-interval N (steps between checkpoints): Megatron-LM requires it whenever --save is given")),
+    (r"assert args\.save_interval (?:is not None|> 0)", _fixed(
+        "add --save-interval N > 0 (steps between checkpoints): Megatron-LM requires it whenever --save is given")),
     (r"either train-iters or train-samples should be provided", _fixed(
         "add --train-iters N (or --train-samples N): the learning-rate schedule is sized from it")),
     (r"require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1", _fixed(
@@ -118,8 +137,8 @@ _RULES: Sequence[Rule] = [(re.compile(p), f) for p, f in [
     (r"seq-length should be a multiple of 2 \* context-parallel-size", _fixed(
         "--seq-length must be a multiple of 2 x --context-parallel-size (its load-balanced chunks): change one")),
     (r"pipeline-model-parallel size should be greater than 2", _fixed(
-        "the interleaved schedule needs --pipeline-model-parallel-size above 2 (or --overlap-p2p-comm): drop "
-        "the virtual stages (--num-layers-per-virtual-pipeline-stage) or use more pipeline stages")),
+        "the interleaved schedule needs --pipeline-model-parallel-size above 2 without p2p overlap: drop "
+        "--no-overlap-p2p-communication, the virtual stages or use more pipeline stages")),
     (r"number of contiguous micro-batches in a virtual pipeline stage|remainder of M", _fixed(
         "the interleaved schedule wants the micro-batches per step (global batch / (micro-batch x dp)) to be a "
         "multiple of --pipeline-model-parallel-size, and at least as many: raise --global-batch-size or lower "
@@ -134,4 +153,35 @@ _RULES: Sequence[Rule] = [(re.compile(p), f) for p, f in [
     (r"Megatron FSDP only supports fsdp_dtensor", _fixed("add --ckpt-format fsdp_dtensor")),
     (r"max_position_embeddings \((\d+)\) must be greater than or equal to seq_length \((\d+)\)", lambda m, args: (
         f"raise --max-position-embeddings to at least {m.group(2)} or lower --seq-length to {m.group(1)}")),
+    (r"number of layers per pipeline stage must be divisible number of layers per virtual", _fixed(
+        "--num-layers-per-virtual-pipeline-stage must divide the layers of each pipeline stage (or give "
+        "--num-virtual-stages-per-pipeline-rank)")),
+    (r"assert not args\.(?:bf16|fp16)$", _fixed("give one of --bf16 and --fp16")),
+    (r"expected (?:iteration|sample)-based training", _fixed("give one of --train-iters and --train-samples")),
+    (r"assert args\.hidden_size % args\.num_attention_heads == 0", _fixed(
+        "--num-attention-heads does not divide --hidden-size: give the head size with --kv-channels, or a head "
+        "count that divides the width")),
+    (r"assert args\.min_lr <= args\.lr", _fixed("lower --min-lr to at most --lr (the decay's floor)")),
+    (r"recompute method is not yet supported for selective", _fixed(
+        "drop --recompute-method (selective recompute has none), or use --recompute-granularity full")),
+    (r"A single data source must be provided", _fixed(
+        "give one data source: --data-path, --mock-data, or --train-data-path / --valid-data-path / "
+        "--test-data-path")),
+    (r"optimizer cpu offload must be used in conjunction with", _fixed(
+        "add --use-precision-aware-optimizer (or drop --optimizer-cpu-offload)")),
+    (r"Multi-Token Prediction \(MTP\) is not supported with", _fixed(
+        "--mtp-num-layers needs --position-embedding-type rope or none")),
+    (r"Group query attention is mutually exclusive with multi latent", _fixed(
+        "drop --group-query-attention: --multi-latent-attention compresses the keys and values instead")),
+    (r"(\d+) is not divisible by (\d+)", _vocab_rows),
+    (r"assert self\.init_lr <= self\.max_lr", _fixed("lower --lr-warmup-init to at most --lr")),
+    (r"assert self\.lr_warmup_steps < self\.lr_decay_steps", _fixed(
+        "end the warmup (--lr-warmup-fraction below 1, or --lr-warmup-iters) before the decay does "
+        "(--lr-decay-iters, by default --train-iters)")),
+    (r"assert self\.wsd_decay_steps is not None", _fixed(
+        "add --lr-wsd-decay-iters N (or --lr-wsd-decay-samples) with --lr-decay-style WSD")),
+    (r"assert args\.encoder_seq_length is not None", _fixed("add --seq-length (the training sequence length)")),
+    # the general forms last: a flag without a value
+    (r"assert args\.(\w+) is not None", _required),
+    (r"(\w+) argument is None", _required),
 ]]

@@ -60,6 +60,11 @@ def value_type(option: str) -> str | None:
     return None if action is None or action.nargs == 0 else _kinds().get(action.dest)
 
 
+def option(dest: str) -> str | None:
+    """The flag that sets ``args.<dest>`` ("micro_batch_size" -> "--micro-batch-size"); None when no flag does."""
+    return next((a.option_strings[0] for a in _parser()._actions if a.dest == dest and a.option_strings), None)
+
+
 @cache
 def _kinds() -> dict[str, str | None]:
     return {flag["dest"]: flag["type"] for flag in json.loads(TABLE.read_text())["flags"]}

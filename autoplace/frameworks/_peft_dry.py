@@ -35,7 +35,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplace.dryrun.hf import causal_lm, model_source
+from autoplace.dryrun.hf_model import causal_lm, model_source
 from autoplace.dryrun.launches import BUNDLE
 
 if TYPE_CHECKING:

@@ -65,7 +65,10 @@ def batching_refusal(config: Config) -> str | None:
     """Why megatron-core's interleaved schedule cannot run ``config``'s micro-batches per step
     (:func:`~autoplace.frameworks._megatron_args.interleaved_refusal`), or None."""
     why = interleaved_refusal(config.grad_accum, config.pp) if config.vpp > 1 else None
-    return f"{FMT}: {why}" if why else None
+    if why is None:
+        return None
+    return (f"{FMT}: megatron-core's interleaved schedule refuses {config.grad_accum} micro-batch(es) per step on "
+            f"pp={config.pp} (it runs them in groups of pp): {why}")
 
 
 def check_batching(plan: Plan) -> None:

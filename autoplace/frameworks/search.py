@@ -77,7 +77,7 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         options["assumptions"] = shared_costing(able, given)
         test = admissible(members(ANY), model, given)
         options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
-        options["microbatching"] = test.microbatching
+        options["microbatching"], options["forced_split"] = test.microbatching, test.split
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
 
@@ -139,7 +139,7 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
                    recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms,
-                   microbatching=test.microbatching, **options)
+                   microbatching=test.microbatching, forced_split=test.split, **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
@@ -166,8 +166,12 @@ class Admission:
     costs it (``Problem.costings`` / ``costing_key``): as the frameworks that express it run it
     when they cost alike (Megatron-LM alone: its fp32 gradients and kept SwiGLU inputs), else
     under the shared costing, whose plans :class:`Runners` judges again -- and the recompute
-    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- and the
-    micro-batchings they run (``Problem.microbatching``)."""
+    its plans may take (``Problem.recompute_forms``): what those frameworks can state -- the
+    micro-batchings they run (``Problem.microbatching``), and the split its plans must take
+    (``Problem.forced_split``): the one those frameworks all make when none of them takes an
+    explicit split (DeepSpeed's PipelineModule balances the blocks itself).  A search that chose
+    such a configuration's split freely would find plans no framework runs and may leave out every
+    plan one does (a DeepSpeed-only configuration's best split is rarely DeepSpeed's)."""
 
     def __init__(self, group: Sequence[Framework], model: ModelSpec, assumptions: Any = DEFAULT) -> None:
         from autoplace.cost.layers import layer_table
@@ -186,13 +190,14 @@ class Admission:
         self._table = layer_table(model)
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
         self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
+        self._splits: dict[tuple[str, int], tuple[int, ...] | None] = {}  # (framework, pp) -> its forced split
         # a framework that cannot state a configuration's recipe, or that runs one of its degrees
         # only at another value (FSDP2's pp=1), refuses it whatever else it holds: its check is
         # asked only of the configurations it may express, found by those values
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
         self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
-        self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None))
+        self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
         self._batchings: dict[tuple[Any, ...], Callable[[int, int], bool]] = {}  # microbatching's rules
 
@@ -208,6 +213,13 @@ class Admission:
         """The recompute forms of ``config``'s plans (``Problem.recompute_forms``): those some
         framework that expresses it can state (:func:`recompute_forms`)."""
         return self._judged(config)[2]
+
+    def split(self, config: Config) -> tuple[int, ...] | None:
+        """The split ``config``'s plans must take (``Problem.forced_split``): the one every framework
+        that expresses it makes (:meth:`Framework.forced_split`), or None when one of them takes an
+        explicit split -- or when two make different ones (none do today: then the search chooses,
+        and the final check keeps the plans a framework runs)."""
+        return self._judged(config)[4]
 
     def microbatching(self, config: Config) -> Callable[[int, int], bool] | None:
         """The micro-batchings of shape ``config`` (``Problem.microbatching``): None when a framework
@@ -239,26 +251,39 @@ class Admission:
 
     def _judged(self, config: Config) -> _Verdict:
         """(whether a framework expresses ``config``, its costing, its recompute forms, and None when
-        one of those that express it runs every micro-batching, else those frameworks), from the
-        frameworks' verdicts."""
+        one of those that express it runs every micro-batching, else those frameworks, and its forced
+        split), from the frameworks' verdicts."""
         if config is self._last[0]:  # the search asks a shape's costing, its forms, and whether it is admitted
             return self._last[1]
         costed: list[int] = []
         forms = 0
         ruled: list[Framework] = []  # frameworks that express it but run only some micro-batchings
         free = False  # one that runs every micro-batching expresses it
+        any_split, forced = False, None  # one that takes any split expresses it; the split the others make
         for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one), a
-            for judge in judges:  # form, or the micro-batchings of those that express it are limited
-                news = (k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
+            for judge in judges:  # form, or the micro-batchings or the split of those that express it are limited
+                news = ((k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
+                        or not any_split)
                 if news and judge.admits(config, self._plan_of):
                     if k not in costed:
                         costed.append(k)
                     forms = recompute_forms(judge.framework, config, forms)
                     free = free or not judge.framework.batching_rules
                     ruled += [judge.framework] if judge.framework.batching_rules else []
-        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled))
+                    split = self._forced(judge.framework, config.pp)
+                    any_split = any_split or split is None or forced not in (None, split)
+                    forced = forced or split
+        verdict = (bool(costed), costed[0] if len(costed) == 1 else 0, forms, None if free else tuple(ruled),
+                   None if any_split else forced)
         self._last = (config, verdict)
         return verdict
+
+    def _forced(self, framework: Framework, pp: int) -> tuple[int, ...] | None:
+        """The split ``framework`` makes of this model's blocks into ``pp`` stages (None: the plan's own)."""
+        key = (framework.name, pp)
+        if key not in self._splits:
+            self._splits[key] = framework.forced_split(self._table.blocks, pp) if pp > 1 else None
+        return self._splits[key]
 
     def _screen(self, config: Config) -> list[tuple[int, list[_Judge]]]:
         """Per costing, the checks of the frameworks that may express ``config``: those that state its
@@ -288,8 +313,9 @@ class Admission:
 
 
 # Admission's verdict on a shape: admitted, its costing, its recompute forms, the frameworks whose
-# micro-batching rules limit it (None: one that expresses it runs every micro-batching)
-_Verdict = tuple[bool, int, int, "tuple[Framework, ...] | None"]
+# micro-batching rules limit it (None: one that expresses it runs every micro-batching), its forced
+# split (None: the search chooses).  A plain tuple: the search judges tens of thousands of shapes
+_Verdict = tuple[bool, int, int, "tuple[Framework, ...] | None", "tuple[int, ...] | None"]
 
 
 class _Judge:
@@ -407,10 +433,11 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     plans at least one framework of ``group`` can express.
 
     The search gives each configuration's plans only the recompute the frameworks that express
-    it can state (``Problem.recompute_forms``), and asks for ``2 * top`` plans (at most 20)
-    because a plan may still be one no framework of the group runs (an uneven split, memory as
-    the framework runs it); a note counts those left out, and it searches deeper while fewer
-    than ``top`` are kept.
+    it can state (``Problem.recompute_forms``) and the split they make when they take none
+    (``Problem.forced_split``), and asks for ``2 * top`` plans (at most 20) because a plan may
+    still be one no framework of the group runs (memory as the framework runs it, under the
+    shared costing); a note counts those left out, and it searches deeper while fewer than
+    ``top`` are kept.
 
     Args:
         framework: the name the user gave (``any`` or one framework), for messages.
@@ -423,14 +450,6 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     deadline = time.perf_counter() + budget.time_limit_s  # --time-limit bounds every solve below together
     results = [_solve_run(solver, wide, budget, who, deadline)]
     kept, reasons, plans = _keep(results, problem, runners)
-    pinned = _forced_splits(group, wide, plans)
-    for run in pinned:  # the pipeline depths whose best split the group cannot make, searched at its own split
-        try:
-            results.append(_solve_run(solver, run, budget, who, deadline))
-        except Infeasible:  # nothing fits at that split
-            continue
-    if pinned:
-        kept, reasons, plans = _keep(results, problem, runners)
     while len(kept) < top and _more_to_find(results, wide) and deadline - time.perf_counter() > 0.5:
         wide = dataclasses.replace(wide, top_k=3 * wide.top_k)  # look deeper: top-K means K runnable plans
         results.insert(0, _solve_run(solver, wide, budget, who, deadline))
@@ -458,22 +477,6 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes, bound=bound,
                                wall_s=sum(r.wall_s for r in results),
                                n_evaluated=sum(r.n_evaluated for r in results), phases=phases)
-
-
-def _forced_splits(group: Sequence[Framework], problem: Any, plans: list[Any]) -> list[Any]:
-    """``problem`` pinned, for each pipeline depth among ``plans`` whose split is not the one every
-    framework of ``group`` makes (DeepSpeed takes no explicit split), to that depth and that split."""
-    if "layers" in problem.fixed or not plans:
-        return []
-    blocks = sum(plans[0].plan.layers_per_stage)
-    runs = []
-    for pp in sorted({ev.plan.pp for ev in plans if ev.plan.pp > 1}):
-        splits = {f.forced_split(blocks, pp) for f in group}
-        split = splits.pop() if len(splits) == 1 else None
-        if split is not None and any(ev.plan.pp == pp and tuple(ev.plan.layers_per_stage) != split for ev in plans):
-            runs.append(dataclasses.replace(problem, fixed={**problem.fixed, "pp": pp,
-                                                            "layers": ":".join(map(str, split))}))
-    return runs
 
 
 def _more_to_find(results: list[Any], wide: Any) -> bool:

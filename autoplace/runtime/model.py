@@ -130,9 +130,9 @@ class Attention(nn.Module):
         h, d = spec.hidden, spec.dim_head
         self.head_dim = d
         self.dropout = DROPOUT if spec.dropout else 0.0
-        self.wq = nn.Linear(h, spec.heads * d, bias=spec.bias or spec.qkv_bias)
-        self.wk = nn.Linear(h, spec.n_kv_heads * d, bias=spec.bias or spec.qkv_bias)
-        self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=spec.bias or spec.qkv_bias)
+        self.wq = nn.Linear(h, spec.heads * d, bias=spec.qkv_bias)
+        self.wk = nn.Linear(h, spec.n_kv_heads * d, bias=spec.qkv_bias)
+        self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=spec.qkv_bias)
         self.wo = nn.Linear(spec.heads * d, h, bias=spec.bias)
         self.core: nn.Module = AttentionCore(spec)
 

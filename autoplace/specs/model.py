@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from autoplace.errors import SpecError
 from autoplace.plan import FP8, TP_OVERLAP
@@ -319,6 +319,9 @@ class TransformerSpec(Strict):
     # epsilon of every norm (Hugging Face rms_norm_eps / layer_norm_eps[ilon] / norm_epsilon); None =
     # unstated: each framework's own default (Megatron-LM 1e-5, torchtitan's llama3 1e-5, qwen3 1e-6)
     norm_eps: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    # biases on every linear layer (GPT-2/3, BLOOM, Falcon, ...); qkv_bias: on q/k/v, which follows
+    # bias unless stated (_qkv_bias_follows_bias): stated alone, q/k/v only (Qwen2); false beside
+    # bias, every linear layer but q/k/v
     bias: bool = False
     qkv_bias: bool = False
     tied_embeddings: bool = False
@@ -360,6 +363,16 @@ class TransformerSpec(Strict):
     parallel_block: bool = False  # attention and MLP read the same input, outputs summed (GPT-NeoX, Falcon)
     scaled_embeddings: bool = False  # embeddings multiplied by sqrt(hidden) (Gemma)
     training: Training = Training()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _qkv_bias_follows_bias(cls, data: Any) -> Any:
+        """``bias: true`` alone means biases on every linear layer, q/k/v included: the models that
+        have biases have them there too (GPT-2/3, BLOOM, Falcon, GPT-NeoX); a model without them on
+        q/k/v only states ``qkv_bias: false``, which Megatron-LM, for one, cannot train."""
+        if isinstance(data, dict) and "qkv_bias" not in data and isinstance(data.get("bias"), bool):
+            return {**data, "qkv_bias": data["bias"]}
+        return data
 
     @field_validator("family")
     @classmethod
