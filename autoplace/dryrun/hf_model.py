@@ -8,20 +8,31 @@ multimodal config, whose language model is the causal LM) and drops what needs r
 when it is Llama-style (:func:`llama_config_args`): every other shorthand, and a layer graph, is
 refused with one line naming the field ``LlamaConfig`` cannot state.
 
+For the dry runs that build the model themselves (DeepSpeed's and accelerate's, whose bundles run the user's
+script), :func:`model_source` picks the model -- the user's ``--model DIR_OR_ID`` after ``--`` (a directory with
+config.json, or a Hub id in the local cache), else plan.json's model file -- and :func:`causal_lm` builds it on
+the meta device: shapes and dtypes, no weights.
+
 transformers is imported inside the functions that build a config (``autoplace solve`` imports no torch).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplace.errors import SpecError
 from autoplace.specs._io import read_document
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext
+
 PLAN = "plan.json"
+MODEL_FLAG = "--model"
 
 
 def plan_model_file(bundle: Path) -> Path:
@@ -45,7 +56,8 @@ def hf_config_args(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if kind in ("RefinedWebModel", "RefinedWeb"):
         kind = "falcon"
         args["new_decoder_architecture"] = config["model_type"] == "RefinedWeb"
-        for old, key in (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads")):  # the port's names
+        for old, key in (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),  # the port's names
+                         ("n_head_kv", "num_kv_heads")):
             if old in args:
                 args[key] = args.pop(old)
     for key in ("auto_map", "quantization_config", "architectures"):
@@ -113,3 +125,69 @@ def model_file_config(path: Path, spec: ModelSpec) -> tuple[Any, str]:
         kind, args = hf_config_args(data)
         return transformers.AutoConfig.for_model(kind, **args), f"{path.name} ({kind})"
     return transformers.LlamaConfig(**llama_config_args(spec, str(path))), f"{path.name} as LlamaConfig"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """transformers' config of the model a dry run builds, and where it came from (for the run's note)."""
+
+    config: Any
+    said: str
+
+
+def model_source(ctx: DryContext) -> ModelSource:
+    """The model the bundle trains: ``--model`` after ``--`` (``autoplace dryrun BUNDLE -- --model DIR``), else
+    the model file plan.json names.
+
+    Raises:
+        SpecError: a --model that is neither a directory with config.json nor a cached Hub id, or a model file
+            no transformers model states (:func:`llama_config_args`).
+    """
+    user = flag_value(ctx.extra, MODEL_FLAG)
+    if user is not None:
+        config, _ = model_file_config(_user_config(user), ctx.model)
+        return ModelSource(config, f"the model: {user} (--model after --)")
+    config, kind = model_file_config(plan_model_file(ctx.bundle), ctx.model)
+    return ModelSource(config, f"the model: {kind}, the model file plan.json was made for")
+
+
+def flag_value(words: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The last value of ``flag`` in ``words`` (``--flag V`` or ``--flag=V``), or None."""
+    found = None
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            found = words[i + 1]
+        elif word.startswith(flag + "="):
+            found = word.split("=", 1)[1]
+    return found
+
+
+def causal_lm_class(config: Any) -> Any:
+    """transformers' causal-LM class for ``config``, its module imported (a framework that patches every
+    ``nn.Module`` subclass while a model is built -- DeepSpeed's zero.Init -- must find it defined before)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+
+
+def causal_lm(config: Any, dtype: Any = None) -> Any:
+    """transformers' causal LM for ``config`` on the meta device (parameters with shapes, no data), in
+    ``dtype`` (None: the config's own ``dtype``, as ``from_config`` takes it)."""
+    import torch
+
+    cls = causal_lm_class(config)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls._from_config(config, **({"dtype": dtype} if dtype is not None else {}))
+
+
+def _user_config(arg: str) -> Path:
+    """config.json of ``--model ARG``: a directory holding one, or a Hub id in the local cache."""
+    from autoplace.specs.hub import resolve_model
+
+    path = Path(arg).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecError(f"{path} has no config.json", source=MODEL_FLAG)
+        return path / "config.json"
+    return resolve_model(arg)[0]

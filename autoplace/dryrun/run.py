@@ -135,7 +135,7 @@ def dry_run(path: Path, ranks: Sequence[int] | None = None, *, extra: Sequence[s
                  {k: v if isinstance(v, Launched) else str(v) for k, v in launches.items()}, lines,
                  _world_edit(bundle, primary) + edits(bundle))
     for rank in wanted:
-        run.ranks.append(_build_rank(bundle, primary, rank, extra, progress, timeout))
+        run.ranks.append(_build_rank(bundle, recorded, rank, extra, progress, timeout))
     return run
 
 
@@ -167,7 +167,8 @@ def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> Ran
     events: list[dict[str, Any]] = []
     started = time.perf_counter()
     ctx = DryContext(bundle=bundle.path, launched=launched, plan=bundle.plan, model=bundle.model,
-                     cluster=bundle.cluster, rank=rank, world=launched.world, extra=tuple(extra))
+                     cluster=bundle.cluster, rank=rank, world=launched.world, extra=tuple(extra),
+                     launches={k: v for k, v in launches.items() if isinstance(v, Launched)})
     try:
         bundle.framework.dry_run(ctx, Steps(events.append))
     except StepFailed:
@@ -175,11 +176,13 @@ def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> Ran
     return _collect(bundle, rank, events, time.perf_counter() - started)
 
 
-def _build_rank(bundle: Bundle, launched: Launched, rank: int, extra: Sequence[str], progress: Progress | None,
-                timeout: float) -> RankRun:
-    """Run the worker for ``rank`` and gather its events into a RankRun."""
+def _build_rank(bundle: Bundle, launches: dict[str, Launched], rank: int, extra: Sequence[str],
+                progress: Progress | None, timeout: float) -> RankRun:
+    """Run the worker for ``rank`` (built from the primary launch; ``launches``: every kind recorded) and
+    gather its events into a RankRun."""
     started = time.perf_counter()
-    job = {"bundle": str(bundle.path), "rank": rank, "launched": launched.to_dict(), "extra": list(extra)}
+    job = {"bundle": str(bundle.path), "rank": rank, "launched": launches[PRIMARY].to_dict(), "extra": list(extra),
+           "launches": {k: v.to_dict() for k, v in launches.items()}}
     events: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="autoplace-dryrun-") as scratch:
         job_file, log_file = Path(scratch) / "job.json", Path(scratch) / "stderr.log"
