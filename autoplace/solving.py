@@ -203,14 +203,17 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     """Write the best plan's bundle in ``out`` and, unless one framework was asked for, each framework's
     best plan (``bests``, :func:`search_per_framework`) in ``out/<framework>/``; record both in ``doc``.
     Returns framework -> FrameworkBundle."""
-    from autoplace.bundle import write_bundle, write_framework_bundles
+    from autoplace.bundle import LAUNCHERS, write_bundle, write_framework_bundles
 
     best = result.plans[0]
+    if request.framework not in (ANY, NONE):  # its files, and launch scripts that run it
+        files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs,
+                             formats=(request.framework, *LAUNCHERS), framework=request.framework)
+        doc["bundle"] = {k: str(v) for k, v in files.items()}
+        return {}
     unfit = _runners(inputs, request).unfit(best.plan)
     files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs, unfit=unfit)
     doc["bundle"] = {k: str(v) for k, v in files.items()}
-    if request.framework not in (ANY, NONE):
-        return {}
     per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
     doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
     return per_framework

@@ -304,3 +304,14 @@ def test_solve_out_searches_each_framework_then_writing_only_writes(tmp_path, mo
     assert set(doc) == {"bundle", "framework_bundles"} and (tmp_path / "plan.json").is_file()
     assert {f for f, (ev, _) in bests.items() if ev is not None} == {f for f, b in written.items() if b.files}
     assert all((tmp_path / f / "plan.json").is_file() for f, b in written.items() if b.files)
+
+
+def test_a_named_framework_s_bundle_launches_that_framework(tmp_path) -> None:
+    """--framework fsdp: the bundle holds the FSDP2 files and its launch scripts run them, though torchtitan
+    (before FSDP2 in the registry) expresses the same plan and used to take the launch scripts."""
+    out = tmp_path / "b"
+    invoke("solve", MODELS / "llama-3-8b.json", "--cluster", "1x8xh100", "--framework", "fsdp", "--out", out,
+           "--time-limit", "20")
+    assert json.loads((out / "plan.json").read_text())["framework"] == "fsdp"
+    assert "launch scripts run PyTorch FSDP2" in (out / "README.txt").read_text()
+    assert "train_fsdp2.py" in (out / "launch_torchrun.sh").read_text() and not (out / "ds_config.json").exists()

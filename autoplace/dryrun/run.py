@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplace.bundle import LAUNCHERS
 from autoplace.dryrun.bundle import Bundle, edits, read_bundle
 from autoplace.dryrun.launches import KINDS, Launched, disagreements, record_all
 from autoplace.dryrun.steps import STATES, StepFailed, predicted_states
@@ -119,7 +120,7 @@ def dry_run(path: Path, ranks: Sequence[int] | None = None, *, extra: Sequence[s
         StepFailed: the bundle's torchrun launch stops before its launcher (exit 1).
     """
     bundle = read_bundle(path)
-    launches = record_all(bundle.path, extra=extra)
+    launches = own_launches(bundle, record_all(bundle.path, extra=extra))
     primary = launches.get(PRIMARY)
     if not isinstance(primary, Launched):
         raise StepFailed("record the launch", str(primary) if primary else f"the bundle has no {PRIMARY} launch")
@@ -137,6 +138,13 @@ def dry_run(path: Path, ranks: Sequence[int] | None = None, *, extra: Sequence[s
     for rank in wanted:
         run.ranks.append(_build_rank(bundle, recorded, rank, extra, progress, timeout))
     return run
+
+
+def own_launches(bundle: Bundle, launches: dict[str, Any]) -> dict[str, Any]:
+    """The launch kinds that start the bundle's framework: the generic launchers (torchrun, Slurm,
+    Kubernetes), which run the framework plan.json names, and that framework's own launcher.  A best
+    plan's bundle also holds other frameworks' files and launchers; those start their own jobs."""
+    return {k: v for k, v in launches.items() if k in LAUNCHERS or k == bundle.framework.name}
 
 
 def default_ranks(bundle: Bundle, world: int) -> list[int]:
@@ -160,7 +168,7 @@ def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> Ran
     from autoplace.dryrun.steps import DryContext, Steps
 
     bundle = read_bundle(path)
-    launches = record_all(bundle.path, extra=extra)
+    launches = own_launches(bundle, record_all(bundle.path, extra=extra))
     launched = launches.get(PRIMARY)
     if not isinstance(launched, Launched):
         raise StepFailed("record the launch", str(launched))
