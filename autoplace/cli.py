@@ -424,7 +424,11 @@ def solve(
     view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                     noise_scale)
     doc.update(view.to_dict())
-    per_framework = solving.write_bundles(doc, result, problem, inputs, request, out) if out and result.plans else {}
+    if out is not None and result.plans:
+        bests = solving.search_per_framework(result, inputs, request)
+        per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests)
+    else:
+        per_framework = {}
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:

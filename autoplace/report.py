@@ -319,7 +319,7 @@ def solution_sections(doc: dict[str, Any], plans: Sequence[str] = (), *, wide: b
     by_recipe: dict[str, list[str]] = {}  # one line per recipe (a column would not fit 80 columns)
     for p in doc["plans"]:
         by_recipe.setdefault(recipe_text(p.get("recipe", {})), []).append(str(p["rank"]))
-    lines += [f"recipe {text} (plans {', '.join(ranks)}): {RECIPE_LEGEND}" if text != "-" else
+    lines += [f"recipe {text} (plans {', '.join(ranks)}): {recipe_legend(text)}" if text != "-" else
               f"recipe: none (plans {', '.join(ranks)})" for text, ranks in by_recipe.items()]
     fp8 = [str(p["rank"]) for p in doc["plans"] if p.get("recipe", {}).get("fp8", "none") != "none"]
     if fp8:
@@ -360,7 +360,17 @@ def compact_section(doc: dict[str, Any]) -> Section:
 FP8_RISK = ("accuracy risk: 8-bit GEMM inputs (e4m3/e5m2) change the numerics; compare the loss curve with a "
             "bf16 run (Micikevicius et al. 2022)")
 _RECIPE_SHORT = {"compile": "C", "fused_loss": "L", "overlap": "O"}
-RECIPE_LEGEND = "C compile, L fused loss, O overlapped data-parallel communication"
+_RECIPE_NAMES = {"C": "compile", "L": "fused loss", "O": "overlapped data-parallel communication"}
+
+
+def recipe_legend(text: str) -> str:
+    """What a recipe cell (:func:`recipe_text`) says, only the parts it uses: its letters, then its
+    TP-communication overlap and fp8 recipe."""
+    parts = text.split(" ")
+    letters = parts.pop(0) if parts and set(parts[0]) <= set(_RECIPE_NAMES) else ""
+    named = {"tp": "TP-communication overlap", "fp8": "fp8 GEMMs"}
+    return ", ".join([*(f"{c} {name}" for c, name in _RECIPE_NAMES.items() if c in letters),
+                      *(f"{named[k]} {v}" for k, v in (p.split(":", 1) for p in parts))])
 
 
 def recipe_text(recipe: dict[str, Any]) -> str:

@@ -1,9 +1,10 @@
 """``autoplace solve`` as named, typed steps, each testable alone.
 
-load (:func:`load_inputs`) -> the problem (:func:`build_problem`) -> the search (:func:`search`)
--> annotate the plans (:func:`annotate`: who runs each, the 95% band, hints) -> each framework's
-best plan and the bundles (:func:`write_bundles`, within what is left of the time limit) -> one
-solution document.  The CLI only calls them in this order and prints.
+load (:class:`Inputs`) -> the problem (:func:`build_problem`) -> the search (:func:`run_search`)
+-> annotate the plans (:func:`annotate`: who runs each, the 95% band, hints) -> with ``--out``,
+each framework's best plan (:func:`search_per_framework`, within what is left of the time limit)
+-> the bundles (:func:`write_bundles`, which only writes) -> one solution document.  The CLI only
+calls them in this order and prints.
 """
 
 from __future__ import annotations
@@ -176,28 +177,43 @@ def add_batch_hint(doc: dict[str, Any], problem: Any, result: Any, request: Requ
         doc["notes"].append(hint["note"])
 
 
-def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs, request: Request,
-                  out: Path) -> dict[str, Any]:
-    """The best plan's bundle in ``out`` and, unless one framework was asked for, each framework's
-    best plan in ``out/<framework>/`` (searched within what is left of the time limit).
-    Returns framework -> FrameworkBundle and records both in ``doc``."""
-    from autoplace.bundle import write_bundle, write_framework_bundles
+# framework -> (its best plan's Evaluation, the model costed as it runs it), or (None, why there is none)
+FrameworkBests = dict[str, tuple[Any, Any]]
+
+
+def search_per_framework(result: Any, inputs: Inputs, request: Request) -> FrameworkBests:
+    """Each framework's best plan, searched alone (:func:`autoplace.frameworks.search.best_per_framework`)
+    within what is left of the time limit, unless one framework was asked for (its plans are ``result``'s);
+    {} when the search found no plan."""
     from solvers.registry import get_solver
 
-    best = result.plans[0]
-    unfit = _runners(inputs, request).unfit(best.plan)
-    files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs, unfit=unfit)
-    doc["bundle"] = {k: str(v) for k, v in files.items()}
-    if request.framework not in (ANY, NONE):
+    if not result.plans or request.framework not in (ANY, NONE):
         return {}
     left = dataclasses.replace(request.budget(), time_limit_s=max(request.left(), 0.0))  # none: none searched
     band = step_band(inputs.cluster, request.band)[0]
-    bests = search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver), left,
-                                      fixed=dict(request.fixed), features=set(request.features), fallback=best.plan,
-                                      depth=depth(1, request.rank), pick=lambda result, p: rerank(
-                                          result, p.model, p.cluster, band, 1, request.rank),
-                                      **request.search_options())
+    return search.best_per_framework(inputs.model, inputs.cluster, get_solver(request.solver), left,
+                                     fixed=dict(request.fixed), features=set(request.features),
+                                     fallback=result.plans[0].plan, depth=depth(1, request.rank),
+                                     pick=lambda found, p: rerank(found, p.model, p.cluster, band, 1, request.rank),
+                                     **request.search_options())
+
+
+def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs, request: Request, out: Path,
+                  bests: FrameworkBests) -> dict[str, Any]:
+    """Write the best plan's bundle in ``out`` and, unless one framework was asked for, each framework's
+    best plan (``bests``, :func:`search_per_framework`) in ``out/<framework>/``; record both in ``doc``.
+    Returns framework -> FrameworkBundle."""
+    from autoplace.bundle import LAUNCHERS, write_bundle, write_framework_bundles
+
+    best = result.plans[0]
+    if request.framework not in (ANY, NONE):  # its files, and launch scripts that run it
+        files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs,
+                             formats=(request.framework, *LAUNCHERS), framework=request.framework)
+        doc["bundle"] = {k: str(v) for k, v in files.items()}
+        return {}
+    unfit = _runners(inputs, request).unfit(best.plan)
+    files = write_bundle(best, problem.model, inputs.cluster, out, inputs=inputs.refs, unfit=unfit)
+    doc["bundle"] = {k: str(v) for k, v in files.items()}
     per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
     doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
     return per_framework
-

@@ -28,7 +28,7 @@ FENCE = re.compile(r"^```\n(\$ autoplace .*?)^```\n", re.MULTILINE | re.DOTALL)
 # wall-clock seconds: the solve's time, a sweep's, a dry run's steps and ranks
 MASKS = [(re.compile(r"(objective \w+), \d+(\.\d+)? s\b"), r"\1, N s"),
          (re.compile(r"(sweep: \d+ sizes in )\d+(\.\d+)? s\b"), r"\1N s"),
-         (re.compile(r"(│ ok )\d+\.\d+ s( +│)"), r"\1N s\2"),
+         (re.compile(r"(│ ok )\d+\.\d+ s(?= +│)"), r"\1N s"),
          (re.compile(r"(built in )\d+(\.\d+)? s\b"), r"\1N s")]
 
 

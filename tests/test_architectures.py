@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from autoplace.dryrun.hf_model import hf_config_args
 from autoplace.errors import EmitError
 from autoplace.frameworks import get, megatron, torchtitan
 from autoplace.specs.model import model_from_dict
@@ -66,21 +67,13 @@ def spec_of(config: dict[str, Any]) -> Any:
 
 
 def hf_model(config: dict[str, Any]) -> Any:
-    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model)."""
+    """transformers' causal LM for ``config`` on the meta device (Gemma 3: its text model;
+    autoplace.dryrun.hf_model.hf_config_args reads the config as the dry runs do)."""
     import torch
     import transformers
 
-    cfg = dict(config)
-    kind = cfg.pop("model_type")
-    if kind == "gemma3":
-        cfg, kind = dict(cfg["text_config"]), "gemma3_text"
-        cfg.pop("model_type", None)
-    if kind in ("RefinedWebModel", "RefinedWeb"):  # Falcon's old configs: the transformers port reads both
-        kind = "falcon"
-        cfg["new_decoder_architecture"] = config["model_type"] == "RefinedWeb"
-    for key in ("auto_map", "quantization_config", "architectures"):
-        cfg.pop(key, None)
-    hf_config = transformers.AutoConfig.for_model(kind, **cfg)
+    kind, args = hf_config_args(config)
+    hf_config = transformers.AutoConfig.for_model(kind, **args)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return transformers.AutoModelForCausalLM.from_config(hf_config)

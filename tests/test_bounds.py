@@ -45,7 +45,10 @@ def _problem(layers: int, hidden: int, moe: bool, cluster: str, features: list[s
                             "training": {"global_batch": 32, "method": method}}
     if moe:
         spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1}
-    return search.problem_for("any", model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
+    # the PEFT bundles run data parallel only, so --framework any plans LoRA without pipelines; the terms
+    # are the cost model's, which the unfiltered space ("none") exercises at every depth
+    framework = "any" if method == "full" else "none"
+    return search.problem_for(framework, model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
 
 
 def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str], seed: int,

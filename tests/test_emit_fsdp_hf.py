@@ -59,9 +59,11 @@ def _worker(rank: int, world: int, path: str, port: int, out: str) -> None:
     reference, model = _tiny_llama(), _tiny_llama()
     model.load_state_dict(reference.state_dict())
     batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
-    module.parallelize(model, module.build_mesh("cpu"))  # finds model.model.layers by itself
+    mesh = module.build_mesh("cpu")
+    dp_rank = mesh["dp_replicate"].get_local_rank() * module.DP_SHARD + mesh["dp_shard"].get_local_rank()
+    module.parallelize(model, mesh)  # finds model.model.layers by itself
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    shard = batch.chunk(world)[rank]
+    shard = batch.chunk(module.DP_REPLICATE * module.DP_SHARD)[dp_rank]
     model(input_ids=shard, labels=shard).loss.backward()
     optimizer.step()
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
@@ -69,9 +71,11 @@ def _worker(rank: int, world: int, path: str, port: int, out: str) -> None:
     ref_optimizer.step()
     wrapped = [type(layer).__name__ for layer in model.model.layers]
     sharded = all(isinstance(p, DTensor) for p in model.parameters())
+    edges = [isinstance(m.weight, DTensor) for m in (model.get_input_embeddings(), model.get_output_embeddings())]
     with torch.no_grad():
         result = {"after": model(input_ids=batch, labels=batch).loss.item(),
                   "expected": reference(input_ids=batch, labels=batch).loss.item(), "sharded": sharded,
+                  "edges": edges,
                   "wrapped": wrapped}
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     dist.barrier()
@@ -79,14 +83,18 @@ def _worker(rank: int, world: int, path: str, port: int, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_module_trains_a_hugging_face_llama_like_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", [PLAN, "tp=2,sp=true,zero=0,recompute_layers=f:n:s:f"])
+def test_fsdp2_module_trains_a_hugging_face_llama_like_one_process(text: str, tmp_path: Path) -> None:
+    """FSDP2 over 2 ranks; TP with SP over 2 ranks (Hugging Face's attention takes its input by keyword,
+    the embedding and head are vocabulary-parallel)."""
     mp = pytest.importorskip("torch.multiprocessing")
-    path = _module(tmp_path)
+    path = _module(tmp_path, text)
     mp.spawn(_worker, args=(2, str(path), _free_port(), str(tmp_path / "out")), nprocs=2)
     for rank in range(2):
         result = json.loads((tmp_path / f"out.{rank}").read_text())
         assert result["after"] == pytest.approx(result["expected"], rel=1e-5), rank
-        assert result["sharded"]  # every parameter is an FSDP2 shard
+        # FSDP2: every parameter is a shard; TP: the embedding and head are vocabulary-parallel DTensors
+        assert result["sharded"] if text == PLAN else result["edges"] == [True, True]
         # blocks 0 (full), 2 (selective) and 3 (full) are checkpoint-wrapped, block 1 is not
         assert ["CheckpointWrapper" in name for name in result["wrapped"]] == [True, False, True, True]
 

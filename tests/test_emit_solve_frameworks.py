@@ -274,3 +274,44 @@ def test_frameworks_are_not_searched_once_the_time_limit_is_spent() -> None:
     bests = search.best_per_framework(mistral, cluster, get_solver("cpsat"), Budget(time_limit_s=0), fixed={},
                                       features=set(DEFAULT_FEATURES))
     assert "sliding-window attention" in str(bests["torchtitan"][1])
+
+
+def test_solve_out_searches_each_framework_then_writing_only_writes(tmp_path, monkeypatch) -> None:
+    """``solve --out`` as named steps: :func:`autoplace.solving.search_per_framework` takes what is left
+    of --time-limit (here nothing: each framework gets the best plan it runs, or says it was not
+    searched), then :func:`autoplace.solving.write_bundles` writes what it is handed and searches nothing."""
+    import dataclasses
+    import time
+
+    from autoplace import solving
+
+    model, cluster = load_model(TINY), load_cluster(A100_8)
+    inputs = solving.Inputs(model, cluster, {}, {"model": str(TINY), "cluster": str(A100_8)})
+    request = solving.Request(time_limit_s=30, top=1)
+    problem = solving.build_problem(inputs, request)
+    result = solving.run_search(problem, request)
+    spent = dataclasses.replace(request, started=time.perf_counter() - request.time_limit_s)
+    bests = solving.search_per_framework(result, inputs, spent)
+    assert set(bests) == set(frameworks.FRAMEWORKS)
+    assert all(ev is None or ev.plan == result.plans[0].plan for ev, _ in bests.values())
+
+    def searched(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("write_bundles searched")
+
+    monkeypatch.setattr(search, "best_per_framework", searched)
+    doc: dict[str, Any] = {}
+    written = solving.write_bundles(doc, result, problem, inputs, request, tmp_path, bests)
+    assert set(doc) == {"bundle", "framework_bundles"} and (tmp_path / "plan.json").is_file()
+    assert {f for f, (ev, _) in bests.items() if ev is not None} == {f for f, b in written.items() if b.files}
+    assert all((tmp_path / f / "plan.json").is_file() for f, b in written.items() if b.files)
+
+
+def test_a_named_framework_s_bundle_launches_that_framework(tmp_path) -> None:
+    """--framework fsdp: the bundle holds the FSDP2 files and its launch scripts run them, though torchtitan
+    (before FSDP2 in the registry) expresses the same plan and used to take the launch scripts."""
+    out = tmp_path / "b"
+    invoke("solve", MODELS / "llama-3-8b.json", "--cluster", "1x8xh100", "--framework", "fsdp", "--out", out,
+           "--time-limit", "20")
+    assert json.loads((out / "plan.json").read_text())["framework"] == "fsdp"
+    assert "launch scripts run PyTorch FSDP2" in (out / "README.txt").read_text()
+    assert "train_fsdp2.py" in (out / "launch_torchrun.sh").read_text() and not (out / "ds_config.json").exists()

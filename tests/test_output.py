@@ -216,3 +216,12 @@ def test_scale_fits_100_columns_and_wide_keeps_every_column() -> None:
     assert_fits(compact)
     assert "┃ cost $ ┃" in compact and "scaling eff." not in compact
     assert "scaling eff." in wide and "nodes x GPUs" in wide and any(len(line) > 100 for line in wide.splitlines())
+
+
+def test_the_recipe_line_explains_only_what_its_plans_use() -> None:
+    from autoplace.report import recipe_legend, recipe_text
+
+    assert recipe_legend(recipe_text({"overlap": True})) == "O overlapped data-parallel communication"
+    assert recipe_legend(recipe_text({"compile": True, "fused_loss": True, "overlap": True, "tp_overlap": "async"})) == (
+        "C compile, L fused loss, O overlapped data-parallel communication, TP-communication overlap async")
+    assert recipe_legend(recipe_text({"fp8": "rowwise"})) == "fp8 GEMMs rowwise"

@@ -135,6 +135,12 @@ class Assumptions:
             ``backward_maybe_with_nosync``), so each stage accumulates its full gradients in the
             reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once.
             A framework ``behaviour`` (torchtitan: True).
+        replicas_keep_gathered: whether plain data parallelism (ZeRO-0) runs as FSDP2 over a shard
+            group of one, which all-gathers every unit's parameters into a copy in the compute dtype
+            and, not resharding after forward, keeps it until the unit's backward, as its ZeRO-2
+            does: autoplace's FSDP2 module calls ``fully_shard`` on the (dp_replicate, dp_shard=1)
+            mesh with reshard_after_forward=False (its dry run measures the copy: +2 bytes per
+            parameter in bf16).  PowerSGD's DDP keeps none.  A framework ``behaviour`` (FSDP2: True).
         loss_workspace_bytes_per_vocab: fp32 temporaries of the loss per token per vocabulary
             entry on the last stage at the start of backward: the gradients of the
             log-probabilities and of the fp32 logits (4 + 4; measured with FSDPMemTracker).
@@ -190,6 +196,7 @@ class Assumptions:
     swiglu_kept: float = 4.0
     fused_loss_fuses_mlp: bool = True
     pipeline_defers_grad_sync: bool = False
+    replicas_keep_gathered: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
     qwz_dequant_bytes: float = 3.0

@@ -53,8 +53,10 @@ def memory_terms(ctx: Context) -> MemoryTerms:
 
     # Without a separate master copy (fp32 training, FSDP2's fp32 shards) the stored weights are
     # the master: ZeRO-2 shards them like optimizer state and keeps the gathered copy (FSDP2's
-    # reshard_after_forward=False; DeepSpeed's fp32 partitions) for the whole step.
-    shard_and_gathered = (z == 2) & (not recipe.master_copy)
+    # reshard_after_forward=False; DeepSpeed's fp32 partitions) for the whole step; so does
+    # ZeRO-0 run as FSDP2 over a shard group of one (Assumptions.replicas_keep_gathered).
+    replicas = (z == 0) & assume.replicas_keep_gathered & (col(ctx.wire.rank) == 0)
+    shard_and_gathered = ((z == 2) | replicas) & (not recipe.master_copy)
     p_sharded = (z >= 3) | shard_and_gathered
     # ZeRO++'s hpZ keeps a secondary 16-bit shard of the weights over the node-local part of the
     # shard group; PowerSGD keeps an error-feedback copy of every gradient it reduces (its hook's

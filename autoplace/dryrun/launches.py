@@ -17,6 +17,7 @@ launches of different kinds (and a PyTorchJob, which mounts the bundle elsewhere
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,6 +76,8 @@ class Launched:
         program: the program's words: its script, or ``-m`` and its module, then its arguments.
         env: the environment the launch set for the program (the bundle's path written ``$AUTOPLACE_BUNDLE``).
         stand_ins: required variables the recording filled in (name -> the stand-in value).
+        launcher_words: every word the launcher received, its own options first (``accelerate launch
+            --config_file ...``: where a framework config reaches the program through its launcher).
     """
 
     kind: str
@@ -85,6 +88,7 @@ class Launched:
     program: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     stand_ins: Mapping[str, str] = field(default_factory=dict)
+    launcher_words: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:
@@ -103,7 +107,12 @@ class Launched:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "file": self.file, "launcher": self.launcher, "nodes": self.nodes,
                 "per_node": self.per_node, "program": list(self.program), "env": dict(self.env),
-                "stand_ins": dict(self.stand_ins)}
+                "stand_ins": dict(self.stand_ins), "launcher_words": list(self.launcher_words)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Launched:
+        """The Launched :meth:`to_dict` wrote."""
+        return cls(**{**doc, "program": tuple(doc["program"]), "launcher_words": tuple(doc.get("launcher_words", ()))})
 
 
 def kinds_in(bundle: Path) -> list[str]:
@@ -168,7 +177,8 @@ def record(bundle: Path, kind: str, *, extra: Sequence[str] = (), env: Mapping[s
                   if k not in _NOT_THE_LAUNCH and given.get(k) != v and not k.startswith(("BASH_FUNC_",))}
     return Launched(kind=kind, file=path.name, launcher=launcher, nodes=nodes or parsed_nodes,
                     per_node=per_node or parsed_per_node,
-                    program=tuple(_normal(w, bundle, mount) for w in program), env=launch_env, stand_ins=stand_ins)
+                    program=tuple(_normal(w, bundle, mount) for w in program), env=launch_env, stand_ins=stand_ins,
+                    launcher_words=tuple(_normal(w, bundle, mount) for w in argv))
 
 
 def record_all(bundle: Path, *, extra: Sequence[str] = (), env: Mapping[str, str] | None = None
@@ -223,7 +233,8 @@ def parse_launcher(launcher: str, argv: Sequence[str], *, source: str) -> tuple[
             head = ("-m", t.training_script) if t.module else (t.training_script,)
             return int(str(t.nnodes).split(":")[-1]), int(t.nproc_per_node), (*head, *t.training_script_args)
         if launcher == "deepspeed":
-            from deepspeed.launcher.runner import parse_args
+            with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout as it loads: keep it for --json
+                from deepspeed.launcher.runner import parse_args
 
             d = parse_args(list(argv))
             head = ("-m", d.user_script) if d.module else (d.user_script,)
@@ -244,7 +255,6 @@ def parse_launcher(launcher: str, argv: Sequence[str], *, source: str) -> tuple[
 
 def _parsed(parser: Any, argv: list[str]) -> Any:
     """argparse's namespace, its usage message kept off stderr (a refusal raises SystemExit)."""
-    import contextlib
     import io
 
     with contextlib.redirect_stderr(io.StringIO()):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplace.bundle import LAUNCHERS
 from autoplace.dryrun.bundle import Bundle, edits, read_bundle
 from autoplace.dryrun.launches import KINDS, Launched, disagreements, record_all
 from autoplace.dryrun.steps import STATES, StepFailed, predicted_states
@@ -119,7 +120,7 @@ def dry_run(path: Path, ranks: Sequence[int] | None = None, *, extra: Sequence[s
         StepFailed: the bundle's torchrun launch stops before its launcher (exit 1).
     """
     bundle = read_bundle(path)
-    launches = record_all(bundle.path, extra=extra)
+    launches = own_launches(bundle, record_all(bundle.path, extra=extra))
     primary = launches.get(PRIMARY)
     if not isinstance(primary, Launched):
         raise StepFailed("record the launch", str(primary) if primary else f"the bundle has no {PRIMARY} launch")
@@ -135,8 +136,15 @@ def dry_run(path: Path, ranks: Sequence[int] | None = None, *, extra: Sequence[s
                  {k: v if isinstance(v, Launched) else str(v) for k, v in launches.items()}, lines,
                  _world_edit(bundle, primary) + edits(bundle))
     for rank in wanted:
-        run.ranks.append(_build_rank(bundle, primary, rank, extra, progress, timeout))
+        run.ranks.append(_build_rank(bundle, recorded, rank, extra, progress, timeout))
     return run
+
+
+def own_launches(bundle: Bundle, launches: dict[str, Any]) -> dict[str, Any]:
+    """The launch kinds that start the bundle's framework: the generic launchers (torchrun, Slurm,
+    Kubernetes), which run the framework plan.json names, and that framework's own launcher.  A best
+    plan's bundle also holds other frameworks' files and launchers; those start their own jobs."""
+    return {k: v for k, v in launches.items() if k in LAUNCHERS or k == bundle.framework.name}
 
 
 def default_ranks(bundle: Bundle, world: int) -> list[int]:
@@ -160,14 +168,15 @@ def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> Ran
     from autoplace.dryrun.steps import DryContext, Steps
 
     bundle = read_bundle(path)
-    launches = record_all(bundle.path, extra=extra)
+    launches = own_launches(bundle, record_all(bundle.path, extra=extra))
     launched = launches.get(PRIMARY)
     if not isinstance(launched, Launched):
         raise StepFailed("record the launch", str(launched))
     events: list[dict[str, Any]] = []
     started = time.perf_counter()
     ctx = DryContext(bundle=bundle.path, launched=launched, plan=bundle.plan, model=bundle.model,
-                     cluster=bundle.cluster, rank=rank, world=launched.world, extra=tuple(extra))
+                     cluster=bundle.cluster, rank=rank, world=launched.world, extra=tuple(extra),
+                     launches={k: v for k, v in launches.items() if isinstance(v, Launched)})
     try:
         bundle.framework.dry_run(ctx, Steps(events.append))
     except StepFailed:
@@ -175,11 +184,13 @@ def build_in_process(path: Path, rank: int, *, extra: Sequence[str] = ()) -> Ran
     return _collect(bundle, rank, events, time.perf_counter() - started)
 
 
-def _build_rank(bundle: Bundle, launched: Launched, rank: int, extra: Sequence[str], progress: Progress | None,
-                timeout: float) -> RankRun:
-    """Run the worker for ``rank`` and gather its events into a RankRun."""
+def _build_rank(bundle: Bundle, launches: dict[str, Launched], rank: int, extra: Sequence[str],
+                progress: Progress | None, timeout: float) -> RankRun:
+    """Run the worker for ``rank`` (built from the primary launch; ``launches``: every kind recorded) and
+    gather its events into a RankRun."""
     started = time.perf_counter()
-    job = {"bundle": str(bundle.path), "rank": rank, "launched": launched.to_dict(), "extra": list(extra)}
+    job = {"bundle": str(bundle.path), "rank": rank, "launched": launches[PRIMARY].to_dict(), "extra": list(extra),
+           "launches": {k: v.to_dict() for k, v in launches.items()}}
     events: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="autoplace-dryrun-") as scratch:
         job_file, log_file = Path(scratch) / "job.json", Path(scratch) / "stderr.log"

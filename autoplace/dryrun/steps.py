@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,8 @@ class DryContext:
         rank: the global rank to build.
         world: the planned world size (the launch's nodes x processes per node).
         extra: words the user gave ``dryrun`` after ``--`` (as they would give the launch), e.g. ``--model DIR``.
+        launches: every launch kind of the bundle, recorded as ``launched`` is (a framework checks that each
+            hands its program what the plan needs).
     """
 
     bundle: Path
@@ -59,6 +61,7 @@ class DryContext:
     rank: int
     world: int
     extra: tuple[str, ...] = ()
+    launches: Mapping[str, Launched] = field(default_factory=dict)
 
 
 class StepFailed(AutoplaceError):

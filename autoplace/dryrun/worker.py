@@ -30,10 +30,11 @@ def main(argv: list[str]) -> int:
         events.flush()
 
     bundle = read_bundle(Path(job["bundle"]))
-    launched = Launched(**{**job["launched"], "program": tuple(job["launched"]["program"])})
+    launched = Launched.from_dict(job["launched"])
     ctx = DryContext(bundle=bundle.path, launched=launched, plan=bundle.plan, model=bundle.model,
                      cluster=bundle.cluster, rank=int(job["rank"]), world=launched.world,
-                     extra=tuple(job.get("extra", ())))
+                     extra=tuple(job.get("extra", ())),
+                     launches={k: Launched.from_dict(v) for k, v in job.get("launches", {}).items()})
     try:
         bundle.framework.dry_run(ctx, Steps(sink))
     except StepFailed:

@@ -5,6 +5,9 @@ or Hub id: its weights, or ``--from-config`` for a random start), applies the bu
 ``fsdp2_parallelize.parallelize`` and trains ``--steps`` steps of the plan's micro-batches and
 accumulation.  Without ``--data`` it trains on random tokens (a smoke test of the placement);
 ``--data`` takes a file of whitespace-separated token ids.  autoplace writes it as text.
+``main`` is made of the script's own steps (``parse_args``, ``load_model``, ``build_optimizer``,
+``batches``, ``micro_step``), which ``autoplace dryrun`` calls in the same order
+(:mod:`autoplace.frameworks._fsdp_dry`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from fsdp2_parallelize import build_mesh, parallelize
 MICRO_BATCH = {mbs}  # sequences per rank per micro-batch
 GRAD_ACCUM = {grad_accum}  # micro-batches per step
 SEQ_LEN = {seq_len}
+MODEL_DTYPE = torch.float32  # the weights FSDP2 shards (load_model says why)
 
 
 def batches(path, vocab, rank, world):
@@ -50,32 +54,62 @@ def batches(path, vocab, rank, world):
         step += 1
 
 
-def main():
+def parse_args(argv=None):
+    """The script's arguments (``argv``, default the command line's); argparse exits naming what is wrong."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="Hugging Face model directory or Hub id")
     parser.add_argument("--from-config", action="store_true", help="random weights from the model's config")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--data", default=None, help="file of whitespace-separated token ids (default: random)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def load_model(args):
+    """The causal LM of --model in fp32: its weights, or a random start from its config (--from-config).
+
+    fp32 because FSDP2 keeps the parameters' own dtype in its shards (the optimizer's weights) and
+    casts a copy to PARAM_DTYPE to compute (MixedPrecisionPolicy); transformers would otherwise use
+    config.json's dtype, bfloat16 for most checkpoints, and train without fp32 weights.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if args.from_config:
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=MODEL_DTYPE)
+    return AutoModelForCausalLM.from_pretrained(args.model, dtype=MODEL_DTYPE)
+
+
+def build_optimizer(model, args):
+    """AdamW over the sharded parameters; its state is created at the first step (foreach=False: one
+    parameter at a time, no multi-tensor temporaries)."""
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+
+
+def micro_step(model, ids):
+    """Forward and backward of one micro-batch; the gradients of GRAD_ACCUM of them make a step.
+
+    No KV cache (use_cache=False, as transformers' own gradient checkpointing sets it): training needs
+    none, and a recomputed block would find the cache its forward filled, so selective recompute's
+    replay stops ("invocation index N encountered during backward but not found in storage").
+    """
+    (model(input_ids=ids, labels=ids, use_cache=False).loss / GRAD_ACCUM).backward()
+
+
+def main():
+    args = parse_args()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if args.from_config:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model))
-    else:
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+    model = load_model(args)
+    vocab = model.config.vocab_size  # read before parallelize, which may wrap the model (DDP under PowerSGD)
     model = parallelize(model, build_mesh())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+    optimizer = build_optimizer(model, args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = batches(args.data, model.config.vocab_size, dist.get_rank(), dist.get_world_size())
+    data = batches(args.data, vocab, dist.get_rank(), dist.get_world_size())
     for step in range(args.steps):
         for _ in range(GRAD_ACCUM):
-            ids = next(data).to(device)
-            (model(input_ids=ids, labels=ids).loss / GRAD_ACCUM).backward()
+            micro_step(model, next(data).to(device))
         optimizer.step()
         optimizer.zero_grad()
         if dist.get_rank() == 0:

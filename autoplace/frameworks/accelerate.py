@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -39,6 +39,9 @@ from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
+
 FMT = "accelerate"
 
 
@@ -62,7 +65,7 @@ def emit_accelerate(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[
         raise fail(FMT, f"compress=bf16: accelerate's FSDP reduces in its mixed_precision dtype, {mixed} here")
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": _distributed_type(plan),
+        "distributed_type": distributed_type(plan),
         "mixed_precision": "no" if mixed == "fp32" else mixed,
         "num_machines": nodes,
         "num_processes": plan.world,  # all processes of the job, across machines
@@ -85,7 +88,7 @@ def check_expressible(plan: Plan) -> None:
     """Raise EmitError for what accelerate's FSDP2 / parallelism config cannot express."""
     check_compression(plan, FMT, Accelerate.compressions)
     check_recipe(plan, Accelerate)
-    if plan.compress == "bf16" and _distributed_type(plan) != "FSDP":
+    if plan.compress == "bf16" and distributed_type(plan) != "FSDP":
         raise fail(FMT, "compress=bf16: accelerate reduces in bf16 only under FSDP (its MixedPrecisionPolicy takes "
                         "reduce_dtype from mixed_precision); its DDP all-reduces the fp32 gradients autocast leaves: "
                         "use zero >= 2 over a shard group, or the fsdp module")
@@ -110,7 +113,7 @@ def check_expressible(plan: Plan) -> None:
     if mode not in ("none", "full"):
         raise fail(FMT, "fsdp_activation_checkpointing recomputes every block in full; this plan wants "
                         f"{plan.recompute_mode} recompute (use the fsdp module or torchtitan)")
-    if mode == "full" and _distributed_type(plan) != "FSDP":
+    if mode == "full" and distributed_type(plan) != "FSDP":
         raise fail(FMT, "fsdp_activation_checkpointing exists only under FSDP (zero >= 2 over a shard group); "
                         "this plan recomputes without FSDP")
     _check_offload(plan)
@@ -122,7 +125,8 @@ def _check_offload(plan: Plan) -> None:
         raise fail(FMT, "FSDP CPU offload needs zero=3 over a shard group (dp_shard * cp) larger than one")
 
 
-def _distributed_type(plan: Plan) -> str:
+def distributed_type(plan: Plan) -> str:
+    """accelerate's ``distributed_type`` for ``plan``: NO, MULTI_GPU (DDP) or FSDP."""
     if plan.world == 1:
         return "NO"
     # FSDP2 needs a dimension to shard over (dp_shard or cp); without one, replication is DDP
@@ -214,6 +218,17 @@ class Accelerate(Framework):
         note = (f"accelerate configs state no batch size: took the model's global batch "
                 f"{model.training.global_batch} with micro-batch {plan.mbs}")
         return ReadConfig(plan, self.name, False, (note,))
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """accelerate's own launch validation, Accelerator and prepare on the fake world (:mod:`._accelerate_dry`)."""
+        if Path(ctx.launched.entry).name == PEFT_SCRIPT:
+            from autoplace.frameworks._peft_dry import dry_run as peft_dry_run
+
+            peft_dry_run(ctx, steps, self.name)
+            return
+        from autoplace.frameworks._accelerate_dry import dry_run
+
+        dry_run(ctx, steps, distributed_type(ctx.plan))
 
 
 def accelerate_launcher(nodes: int, per_node: int, job_id: str, head: str, port: str, node_rank: str) -> list[str]:

@@ -12,7 +12,7 @@ import json
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,12 +28,15 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, exported_names, header, job_environment
 from autoplace.errors import SpecError
-from autoplace.frameworks.accelerate import peft_checked, peft_files, peft_program
+from autoplace.frameworks.accelerate import PEFT_SCRIPT, peft_checked, peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 
 FMT = "deepspeed"
 DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points it at a real NVMe mount
@@ -337,6 +340,16 @@ class DeepSpeed(Framework):
         plan = plan_from_deepspeed(path, model, cluster, notes=notes)
         return ReadConfig(plan, self.name, True, tuple(notes))
 
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """DeepSpeed's own setup of the user's script on the fake world (:mod:`._deepspeed_dry`)."""
+        if Path(ctx.launched.entry).name == PEFT_SCRIPT:
+            from autoplace.frameworks._peft_dry import dry_run as peft_dry_run
+
+            peft_dry_run(ctx, steps, self.name)
+            return
+        from autoplace.frameworks._deepspeed_dry import dry_run
+
+        dry_run(ctx, steps)
 
 
 def launch_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch, program: Program) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoplace.emit._common import check_compression, fail, training_dtype
 from autoplace.emit.launch import MODEL_INPUT, Launch, Program, user_program
@@ -23,8 +24,11 @@ from autoplace.frameworks._fsdp_read import fsdp_plan_values
 from autoplace.frameworks._fsdp_train import fsdp_train_script
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, ReadConfig, check_recipe, checked
 from autoplace.plan import Plan
+
+if TYPE_CHECKING:
+    from autoplace.dryrun.steps import DryContext, Steps
 from autoplace.specs.cluster import ClusterSpec
-from autoplace.specs.model import ModelSpec
+from autoplace.specs.model import ModelSpec, TransformerSpec
 
 FMT = "fsdp"
 _DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "None"}
@@ -137,8 +141,13 @@ def _split_sequence(mesh: DeviceMesh, x: torch.Tensor) -> torch.Tensor:
 
 
 def _first_arg_hook(fn):
+    """A forward pre-hook applying ``fn`` to the module's input: its first positional argument, else its
+    ``hidden_states`` (or first) keyword argument (Hugging Face decoders call ``self_attn(hidden_states=...)``)."""
     def hook(module, args, kwargs):
-        return (fn(args[0]), *args[1:]), kwargs
+        if args:
+            return (fn(args[0]), *args[1:]), kwargs
+        name = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+        return args, {{**kwargs, name: fn(kwargs[name])}}
     return hook
 
 
@@ -153,7 +162,8 @@ def default_tp_plan(block: nn.Module) -> dict[str, str]:
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str] | None = None) -> None:
-    """Megatron-style TP on every block; with SP, norms and the residual stream are split over the sequence."""
+    """Megatron-style TP on every block and the vocabulary-parallel edges; with SP, norms and the residual
+    stream are split over the sequence."""
     for _, block in _blocks(model):
         plan = tp_plan or default_tp_plan(block)
         if not any(style == "colwise" for style in plan.values()):
@@ -179,6 +189,32 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, str] | No
         blocks[0][1].register_forward_pre_hook(_first_arg_hook(functools.partial(_split_sequence, tp_mesh)),
                                                with_kwargs=True)
         blocks[-1][1].register_forward_hook(lambda m, a, out: _gather_sequence(tp_mesh, out))
+    apply_tp_edges(model, tp_mesh)
+
+
+# (Hugging Face accessor, torchtitan attribute) of the input embedding and the output head
+EDGES = (("get_input_embeddings", "tok_embeddings"), ("get_output_embeddings", "output"))
+
+
+def _edge(model: nn.Module, accessor: str, name: str) -> nn.Module | None:
+    get = getattr(model, accessor, None)
+    return get() if callable(get) else getattr(model, name, None)
+
+
+def apply_tp_edges(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Vocabulary-parallel edges, as torchtitan's apply_tp and Megatron's VocabParallelEmbedding /
+    column-parallel output layer split them: the embedding's rows and the head's output features over
+    the TP ranks, the logits gathered for the model's own loss; a tied head keeps sharing the
+    embedding's weight (one shard of it)."""
+    embed, head = (_edge(model, accessor, name) for accessor, name in EDGES)
+    head = head if isinstance(head, nn.Linear) else None
+    tied = embed is not None and head is not None and head.weight is embed.weight
+    if head is not None:
+        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+    if isinstance(embed, nn.Embedding):
+        parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        if tied:  # both split the [vocab, hidden] weight by rows (Shard(0)): one parameter again
+            embed.weight = head.weight
 
 
 def _selective_context():
@@ -250,10 +286,10 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None = None, tp_plan: dict[
             block.compile()
     if COMPRESS == "powersgd":
         return apply_powersgd(model, mesh["dp_replicate"])
-    if DP_REPLICATE * DP_SHARD > 1:
-        # 2-D (replicate, shard) mesh = HSDP; a shard dimension of one is plain replication (DDP).
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
-        apply_fsdp(model, dp_mesh)
+    # 2-D (replicate, shard) mesh = HSDP; a shard dimension of one is plain replication.  With one
+    # data-parallel rank FSDP2 still wraps the model: its MixedPrecisionPolicy is what computes in PARAM_DTYPE.
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
+    apply_fsdp(model, dp_mesh)
     return model
 '''
 
@@ -274,6 +310,7 @@ def emit_fsdp_module(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     """
     del cluster
     check_expressible(plan)
+    check_tp(plan, model)
     return _TEMPLATE.format(
         model_name=model.name, module_stem=module_stem, dp_replicate=plan.dp_replicate, dp_shard=plan.dp_shard,
         tp=plan.tp, sp=plan.sp and plan.tp > 1, zero=plan.zero, reshard=plan.zero == 3,
@@ -314,6 +351,32 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "CPU offload needs zero=3 over more than one data-parallel rank")
 
 
+# Hugging Face families whose every block projection the module's default TP plan splits by name
+# (q/k/v/o, gate/up/down, c_fc/c_proj; per-head q/k norms act on a rank's own heads).  The others fuse
+# q/k/v in one projection (GPT-NeoX, Falcon, BLOOM, MPT, Phi-3, StarCoder's c_attn; GPT-2's Conv1D),
+# norm q and k over all heads (OLMo 2), compress them (DeepSeek's MLA) or stack their experts in one
+# tensor (transformers 5's MoE blocks): a dry run measures them unsplit (Mixtral at tp=2: +89% params)
+# or stopped (OLMo 2: its q_norm meets a rank's share of q).
+TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "starcoder2"})
+
+
+def check_tp(plan: Plan, model: ModelSpec) -> None:
+    """Raise EmitError when the module's tensor parallelism cannot split the model as the plan counts it:
+    a family whose blocks it does not split whole (TP_FAMILIES; a shorthand is built as Llama, so one
+    without experts), or a KV head split across ranks -- DTensor's column split of k_proj / v_proj gives
+    each rank whole heads only when tp divides kv_heads (it cannot replicate them, as Megatron-LM does)."""
+    if plan.tp == 1 or not isinstance(model, TransformerSpec):
+        return
+    family = model.family or ("a shorthand with experts" if model.moe is not None else None)
+    if family is not None and family not in TP_FAMILIES:
+        raise fail(FMT, f"tp={plan.tp} with {family}: the module's TP splits q/k/v/o and gate/up/down projections "
+                        f"by name, which {family}'s blocks do not have all of (it splits {', '.join(sorted(TP_FAMILIES))}); "
+                        "use tp=1 or torchtitan / Megatron-LM")
+    if model.n_kv_heads % plan.tp:
+        raise fail(FMT, f"tp={plan.tp} with kv_heads={model.n_kv_heads}: the module splits k_proj and v_proj by "
+                        "columns, which cannot replicate KV heads; tp must divide kv_heads")
+
+
 def _check_powersgd(plan: Plan) -> None:
     """PowerSGD is a DDP comm hook: plain data parallelism (zero=0) over more than one rank."""
     if plan.zero != 0 or plan.dp < 2 or plan.powersgd_rank < 1:
@@ -336,6 +399,7 @@ class Fsdp(Framework):
     name = FMT
     title = "PyTorch FSDP2"
     bf16_recipe = "bf16-fsdp2"
+    behaviour = {"replicas_keep_gathered": True}  # zero=0 is fully_shard over dp_shard=1 (apply_fsdp)
     denied_features = frozenset({"cp", "ep", "interleave"})
     pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
     compressions = frozenset({"bf16", "powersgd"})
@@ -344,8 +408,11 @@ class Fsdp(Framework):
     config_file = MODULE_FILE
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
-        del model
-        return checked(check_expressible)
+        def check(plan: Plan) -> None:
+            check_expressible(plan)
+            check_tp(plan, model)
+
+        return checked(check)
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         return [BundleFile(MODULE_FILE, "PyTorch module applying the plan (DeviceMesh, DTensor TP, AC, FSDP2): a "
@@ -366,6 +433,14 @@ class Fsdp(Framework):
         var, what = MODEL_INPUT
         return Program((f'"$AUTOPLACE_BUNDLE"/{TRAIN_FILE}', "--model", f'"${var}"', *(q(a) for a in launch.args),
                         '"$@"'), required={var: what})
+
+    def dry_run(self, ctx: DryContext, steps: Steps) -> None:
+        """train_fsdp2.py's own steps on a fake process group: its arguments, the model, the module's mesh
+        and parallelization, the optimizer and one micro-batch of the first step on fake tensors
+        (:mod:`autoplace.frameworks._fsdp_dry`)."""
+        from autoplace.frameworks._fsdp_dry import dry_run
+
+        dry_run(ctx, steps)
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         """The module's plan; it states no batch, so the model file's global batch is taken in

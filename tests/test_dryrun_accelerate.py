@@ -1,0 +1,127 @@
+"""``autoplace dryrun`` of accelerate bundles: accelerate's launch, Accelerator and prepare on a fake group of 8.
+
+Eight Hugging Face families (layers shrunk) x what accelerate's config states -- FSDP2 at ZeRO-3 and ZeRO-2,
+HSDP, context parallelism, DDP, and LoRA / QLoRA through the bundle's PEFT script -- each built in this process:
+every step done or skipped with a reason, and each state's bytes as accelerate's FSDP2 or DDP holds them within
+2% of plan.json's, or a strict xfail naming the cost-model term that differs (:data:`DIFFERS`).  Then
+accelerate's own refusals of files a user edited, and tensor parallelism said skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
+from tests.dryrun_bundles import hf_bundle, state_cases, within
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+CASES: dict[str, tuple[str, str, str]] = {
+    "llama-fsdp2-zero3": ("llama-3.1-8b.json", "zero=3", "full"),
+    "qwen2.5-fsdp2-zero2": ("qwen2.5-0.5b.json", "zero=2", "full"),
+    "mixtral-cp2": ("mixtral-8x7b-v0.1.json", "dp_shard=4,cp=2,zero=3", "full"),
+    "olmo2-cp2": ("olmo-2-1124-7b.json", "dp_shard=4,cp=2,zero=3", "full"),
+    "llama-hsdp": ("llama-3.1-8b.json", "dp_replicate=2,dp_shard=4,zero=3", "full"),
+    "gemma2-fsdp2-zero3": ("gemma-2-9b.json", "zero=3", "full"),
+    "phi3-ddp": ("phi-3-mini-4k-instruct.json", "zero=0,dp_shard=1,dp_replicate=8", "full"),
+    "gpt2-fsdp2-zero2": ("gpt2.json", "zero=2", "full"),
+    "deepseek-v2-fsdp2-zero3": ("deepseek-v2-lite.json", "zero=3", "full"),
+    "gemma3-fsdp2-zero3": ("gemma-3-12b-it.json", "zero=3", "full"),
+    "llama-lora-fsdp2": ("llama-3.1-8b.json", "zero=3", "lora"),
+    "phi3-lora-ddp": ("phi-3-mini-4k-instruct.json", "zero=0,dp_shard=1,dp_replicate=8", "lora"),
+    "qwen2.5-qlora-fsdp2": ("qwen2.5-0.5b.json", "zero=3", "qlora"),
+}
+
+DDP_GRADS = ("cost model: DDP keeps one gradient per parameter; accelerate's DDP (gradient_as_bucket_view=False, "
+             "DistributedDataParallelKwargs' default) allocates its reducer buckets (bucket_sizes) beside autograd's "
+             ".grad: twice the bytes")
+FROZEN = ("cost model: the LoRA base is stored in the recipe's param_bytes (4: fp32 FSDP2 shards); the PEFT script "
+          "loads it in its compute dtype (bf16) and accelerate upcasts only trainable parameters to fp32 "
+          "(fsdp_utils.py fsdp2_prepare_model; DDP casts nothing)")
+DIFFERS: dict[tuple[str, str], str] = {
+    ("phi3-ddp", "grads"): DDP_GRADS,
+    ("phi3-lora-ddp", "grads"): DDP_GRADS,
+    ("llama-lora-fsdp2", "params"): FROZEN,
+    ("phi3-lora-ddp", "params"): FROZEN,
+}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Each case's bundle, built once on demand (rank 0: accelerate's ranks hold alike shards)."""
+    root = tmp_path_factory.mktemp("acc")
+    cache: dict[str, RankRun] = {}
+    bundles: dict[str, Path] = {}
+
+    def build(case: str) -> RankRun:
+        if case not in bundles:
+            bundles[case] = hf_bundle(root, *CASES[case][:2], "accelerate", CASES[case][2])
+            cache[case] = build_in_process(bundles[case], 0)
+        return cache[case]
+
+    build.bundles = bundles  # type: ignore[attr-defined]
+    build.root = root  # type: ignore[attr-defined]
+    return build
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_step_is_done_or_skipped_with_a_reason(case: str, builds: Any) -> None:
+    run = builds(case)
+    assert run.ok, run.failed
+    assert all(s["status"] == "done" or (s["status"] == "skipped" and s["why"]) for s in run.steps)
+    assert any(s["step"].startswith("accelerator.prepare") and s["status"] == "done" for s in run.steps)
+    assert run.stage == 0
+
+
+@pytest.mark.parametrize(("case", "state"), state_cases(CASES, DIFFERS))
+def test_each_state_is_within_2_percent_of_plan_json(case: str, state: str, builds: Any) -> None:
+    run = builds(case)
+    measured, _how = run.measured[state]
+    assert within(measured, run.predicted[state], TOLERANCE), (measured, run.predicted[state])
+
+
+def test_the_accelerator_is_the_one_the_config_states(builds: Any) -> None:
+    """accelerate's own Accelerator, from the launch's environment: FSDP2 over the config's mesh."""
+    notes = builds("mixtral-cp2").notes
+    assert any("FSDP, 8 processes, FSDP2, reshard_after_forward=True, mixed precision bf16" in n
+               and "'cp': 2" in n for n in notes), notes
+
+
+def test_tensor_parallelism_is_said_skipped(tmp_path: Path) -> None:
+    bundle = hf_bundle(tmp_path, "llama-3.1-8b.json", "tp=2,sp=false,dp_shard=4,zero=3", "accelerate")
+    run = build_in_process(bundle, 0)
+    assert run.ok and not run.measured
+    assert [s["step"] for s in run.steps if s["status"] == "skipped"] == [
+        "accelerate's tensor parallelism (the model sharded by its tp_plan)"]
+
+
+def _edited(builds: Any, case: str, to: Path, parallelism: dict[str, int]) -> Path:
+    builds(case)
+    bundle = Path(shutil.copytree(builds.bundles[case], to, symlinks=True))
+    config = yaml.safe_load((bundle / "accelerate_config.yaml").read_text())
+    config["parallelism_config"] = {f"parallelism_config_{k}_size": v for k, v in parallelism.items()}
+    (bundle / "accelerate_config.yaml").write_text(yaml.safe_dump(config))
+    return bundle
+
+
+def test_context_parallelism_edited_into_sliding_window_attention_fails_in_accelerate(builds: Any,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 34 defect 3, as a user's edit: accelerate's own context-parallel hooks refuse Gemma 2's layers."""
+    bundle = _edited(builds, "gemma2-fsdp2-zero3", tmp_path / "b", {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "cp": 2})
+    failed = build_in_process(bundle, 0).failed
+    assert failed is not None and failed["step"].startswith("accelerator.prepare(model, optimizer)")
+    assert "sliding" in failed["error"].lower() and "cp_size: 1" in failed["fix"]
+
+
+def test_a_mesh_that_is_not_the_world_fails_in_accelerator(builds: Any, tmp_path: Path) -> None:
+    bundle = _edited(builds, "llama-fsdp2-zero3", tmp_path / "b", {"dp_replicate": 1, "dp_shard": 16, "tp": 1, "cp": 1})
+    failed = build_in_process(bundle, 0).failed
+    assert failed is not None and failed["step"].startswith("accelerate's Accelerator from the launch's environment")
+    assert failed["error"] == "RuntimeError: Mesh should not be bigger than default world size 8, but found 16 ranks!"
+    assert "equal num_processes" in failed["fix"]
