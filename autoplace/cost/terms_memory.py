@@ -66,7 +66,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
 
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
     # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
-    deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    deferred = col(ctx.deferred_sync) > 0
     # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
     # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets -- unless
     # the reduce is deferred: FSDP2 then accumulates the unsharded gradients on the device until the
