@@ -99,15 +99,22 @@ def _reference_admission(problem: Problem) -> Any:
     recipe asked its configuration check, on the configuration's plan (an even split of pp x vpp
     chunks, stage s holding chunks s, s + pp; no recompute): (admitted, the costing of the
     frameworks that express it when they all cost alike, else 0, the recompute forms of them all,
-    the split they all make when none takes an explicit one, else None)."""
+    the split they all make when none takes an explicit one, else None): frameworks cost alike when
+    they differ only in behaviours idle on the configuration (search.IDLE_BEHAVIOUR)."""
     model, blocks = problem.model, layer_table(problem.model).blocks
     able = [f for f in search.members(search.ANY) if f.model_refusal(model) is None]
-    judges = [(problem.costings.index(f.costing(model, DEFAULT)) + 1, f, f.config_check(model)) for f in able]
+    judges = [(f, f.config_check(model)) for f in able]
+
+    def alike(f: Any, config: Config) -> int:  # f's costing with the behaviours idle on config as given
+        costed, assumptions = f.costing(model, DEFAULT)
+        idle = [name for name, unused in search.IDLE_BEHAVIOUR.items() if unused(config)]
+        return problem.costings.index((costed, assumptions.replace(**{name: getattr(DEFAULT, name) for name in idle}))) + 1
 
     def verdict(config: Config) -> tuple[bool, int, int, tuple[int, ...] | None]:
         split = even_split(blocks, config.pp * config.vpp)
         plan = config.to_plan([sum(split[s::config.pp]) for s in range(config.pp)], ["none"] * blocks)
-        express = [(k, f) for k, f, check in judges if unstated_recipe(config, f) is None and check(plan) is None]
+        express = [(alike(f, config), f) for f, check in judges
+                   if unstated_recipe(config, f) is None and check(plan) is None]
         forms = functools.reduce(lambda acc, kf: search.recompute_forms(kf[1], config, acc), express, 0)
         costings = {k for k, _ in express}
         splits = {f.forced_split(blocks, config.pp) if config.pp > 1 else None for _, f in express}

@@ -12,6 +12,7 @@ declarations (:meth:`~autoplace.frameworks.base.Framework.plan_check`), never fr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -80,6 +81,15 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         options["microbatching"], options["forced_split"] = test.microbatching, test.split
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
                    **options)
+
+
+# Assumptions fields a framework's behaviour sets, and the configurations on which they change
+# nothing: the deferred sync only a pipeline with ZeRO >= 2 (Context.deferred_sync), the gathered
+# replicas only ZeRO-0 (terms_memory's replicas)
+IDLE_BEHAVIOUR: dict[str, Callable[[Config], bool]] = {
+    "pipeline_defers_grad_sync": lambda c: c.pp == 1 or c.zero < 2,
+    "replicas_keep_gathered": lambda c: c.zero != 0,
+}
 
 
 def shared_costing(group: Sequence[Framework], assumptions: Any) -> Any:
@@ -187,6 +197,18 @@ class Admission:
                 self.costings += (costed,)
             by_costing.setdefault(self.costings.index(costed) + 1, []).append(_Judge(f, f.config_check(model)))
         self._by_costing = by_costing
+        # where a framework's behaviour changes nothing its costing is another's that differs only there
+        # (torchtitan's and FSDP2's on ZeRO-2 without a pipeline): each costing's index with each set
+        # of idle behaviours as given
+        self._alike: dict[tuple[int, tuple[str, ...]], int] = {}
+        for k in list(by_costing):
+            costed_model, costed_assume = self.costings[k - 1]
+            for idle in itertools.product(*[((), (name,)) for name in IDLE_BEHAVIOUR]):
+                names = tuple(name for part in idle for name in part)
+                alike = (costed_model, costed_assume.replace(**{name: getattr(assumptions, name) for name in names}))
+                if alike not in self.costings:
+                    self.costings += (alike,)
+                self._alike[k, names] = self.costings.index(alike) + 1
         self._table = layer_table(model)
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
         self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
@@ -261,6 +283,7 @@ class Admission:
         free = False  # one that runs every micro-batching expresses it
         any_split, forced = False, None  # one that takes any split expresses it; the split the others make
         for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one), a
+            k = self._alike[k, tuple(name for name, idle in IDLE_BEHAVIOUR.items() if idle(config))]
             for judge in judges:  # form, or the micro-batchings or the split of those that express it are limited
                 news = ((k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
                         or not any_split)
