@@ -10,15 +10,14 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SolverError
 from autoplace.evaluation import Evaluation
-from autoplace.plan import PER_LAYER, RECOMPUTE, Config, parse_layers
+from autoplace.plan import DEFAULT_FEATURES, FEATURES, PER_LAYER, RECOMPUTE, Config, parse_layers
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
+# FEATURES and DEFAULT_FEATURES live beside the plan keys they gate (the CLI's --allow help reads them
+# without importing the search); they are re-exported here, where the search's callers look for them
+__all__ = ["DEFAULT_FEATURES", "FEATURES", "OBJECTIVES", "Budget", "Problem", "SolveResult", "objective_key"]
 OBJECTIVES = ("time", "comm", "memory")
-# compress and fp8 are opt-in: every option changes the numbers the optimizer sees (autoplace.compression;
-# fp8 GEMMs, and only on GPUs with fp8 units)
-FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
-DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
 
 
 @dataclass(frozen=True)

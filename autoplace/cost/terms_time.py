@@ -409,14 +409,18 @@ def module_shares(table: LayerTable) -> tuple[Array, Array]:
     """Per block kind, its modules in forward order (one per GEMM of the layer table, padded
     with zeros to the longest kind), ``[1, 1, K, 1, M]``: each module's share of the block's
     parameters, and its share of the block's forward compute (GEMM FLOPs; the attention core
-    counts with the first module, the QKV projection it follows)."""
-    width = max(len(k.gemms) for k in table.kinds)
+    counts with the first module, the QKV projection it follows).  A kind without matmuls (a
+    layer graph's embedding lookup: parameters, no FLOPs) is one module holding all of them, so
+    every kind has a module whose gather a neighbour's compute can hide."""
+    width = max(1, *(len(k.gemms) for k in table.kinds))
     params = np.zeros((len(table.kinds), width))
     flops = np.zeros_like(params)
     for i, k in enumerate(table.kinds):
         for j, g in enumerate(k.gemms):
             params[i, j] = g.n * g.k * max(g.experts, 1)
             flops[i, j] = g.flops
+        if not k.gemms:
+            params[i, 0] = 1.0  # its whole share
         flops[i, 0] += k.flops_score
     shares = [a / np.maximum(a.sum(axis=1, keepdims=True), 1e-30) for a in (params, flops)]
     return tuple(a.reshape(1, 1, len(table.kinds), 1, width) for a in shares)  # type: ignore[return-value]

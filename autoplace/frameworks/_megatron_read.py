@@ -14,7 +14,8 @@ from typing import Any
 
 from autoplace.emit._common import blocks
 from autoplace.errors import SpecError
-from autoplace.plan import FP8, Plan, even_split, model_chunks
+from autoplace.plan import FP8, Plan, count_at, even_split, model_chunks
+from autoplace.specs._io import read_text
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -23,9 +24,16 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--use-megatr
              "--grad-reduce-in-bf16"}
 
 
-def megatron_words(text: str) -> list[str]:
-    """The argument words of a ``NAME=( ... )`` bash array file (comments skipped), or of plain words."""
-    words = shlex.split(text, comments=True)
+def megatron_words(text: str, src: str = "<megatron arguments>") -> list[str]:
+    """The argument words of a ``NAME=( ... )`` bash array file (comments skipped), or of plain words.
+
+    Raises:
+        SpecError: text bash would not split into words (an unclosed quote).
+    """
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise SpecError(f"not bash words: {str(exc).lower()}", source=src) from None
     if words and words[0].endswith("=(") and words[-1] == ")":
         return words[1:-1]
     return words
@@ -45,7 +53,8 @@ def _flags(words: list[str], src: str) -> dict[str, list[str]]:
     return flags
 
 
-def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None = None) -> int:
+def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None = None, minimum: int = 1) -> int:
+    """One whole number as Megatron's argparse reads it (``int(word)``), in [``minimum``, 2**31)."""
     values = flags.get(flag)
     if values is None:
         if default is None:
@@ -53,10 +62,11 @@ def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None =
         return default
     try:
         (value,) = values
-        return int(value)
+        number = int(value)
     except ValueError:
         raise SpecError(f"expected one whole number, got {' '.join(values) or 'nothing'}", source=src,
                         field=flag) from None
+    return count_at(number, minimum=minimum, source=src, field=flag)
 
 
 def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -67,8 +77,8 @@ def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: C
             the degrees cannot make, or a recompute/split a Plan cannot state (the flag named).
     """
     src = str(cfg) if isinstance(cfg, (str, Path)) and Path(cfg).exists() else "<megatron arguments>"
-    words = cfg if isinstance(cfg, list) else megatron_words(Path(cfg).read_text() if src != "<megatron arguments>"
-                                                             else str(cfg))
+    words = cfg if isinstance(cfg, list) else megatron_words(read_text(cfg) if src != "<megatron arguments>"
+                                                             else str(cfg), src)
     flags = _flags(words, src)
     n = blocks(model)
     if isinstance(model, TransformerSpec):
@@ -166,8 +176,8 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
                             source=src, field="--pipeline-model-parallel-layout")
         return parts
     if "--decoder-first-pipeline-num-layers" in flags or "--decoder-last-pipeline-num-layers" in flags:
-        first = _int(flags, "--decoder-first-pipeline-num-layers", src, 0)
-        last = _int(flags, "--decoder-last-pipeline-num-layers", src, 0)
+        first = _int(flags, "--decoder-first-pipeline-num-layers", src, 0, minimum=0)
+        last = _int(flags, "--decoder-last-pipeline-num-layers", src, 0, minimum=0)
         middle = n - first - last
         if pp < 2 or middle < 0 or (pp > 2 and middle % (pp - 2)) or (pp == 2 and middle):
             raise SpecError(f"first {first} and last {last} leave {middle} layers for {pp - 2} middle stages",
@@ -176,7 +186,7 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
     embedding = "--account-for-embedding-in-pipeline-split" in flags
     loss = "--account-for-loss-in-pipeline-split" in flags
     units = n + embedding + loss  # core_v0.16.1 arguments.py: the flags count them as layers
-    per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0)
+    per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0, minimum=0)
     count = units // per_chunk if per_chunk else pp
     if per_chunk and (units % per_chunk or count % pp):
         raise SpecError(f"{per_chunk} layers per virtual stage do not split {units} layers over {pp} stages",

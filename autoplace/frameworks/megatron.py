@@ -23,7 +23,7 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, bash_array
+from autoplace.emit.launch import Launch, bash_array, input_words
 from autoplace.errors import EmitError
 from autoplace.frameworks._megatron_args import interleaved_refusal, run_args
 from autoplace.frameworks._megatron_read import plan_from_megatron
@@ -489,6 +489,7 @@ ARGS_FILE = "megatron_args.sh"
 ENTRY = "pretrain_gpt.py"  # Megatron-LM's GPT pre-training entry point (the default --script)
 # What the plan cannot know: each a required environment variable, so a job started without it
 # stops at once with the variable's name (bash ${VAR:?message}).
+TOKENIZER_WORDS = ("--tokenizer-type", "HuggingFaceTokenizer")  # the tokenizer is a Hugging Face one (TOKENIZER_MODEL)
 PLACEHOLDERS = (
     ("--data-path", "DATA_PATH", "your Megatron-indexed dataset prefix"),
     ("--tokenizer-model", "TOKENIZER_MODEL", "your Hugging Face tokenizer name or directory"),
@@ -573,19 +574,22 @@ class Megatron(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs; a ``--script`` is given those set, :func:`input_words`), and
+        CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *launch_args(lambda var, _: f'"${var}"')]
+        inputs = (launch_args(lambda var, _: f'"${var}"') if launch.script is None else
+                  [*TOKENIZER_WORDS, *(w for flag, var, _ in PLACEHOLDERS for w in input_words(flag, var, launch))])
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *inputs]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
                        prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
-                       required={var: what for _, var, what in PLACEHOLDERS})
+                       required={} if launch.script else {var: what for _, var, what in PLACEHOLDERS})
 
 
 def launch_args(value: Callable[[str, str], str]) -> list[str]:
     """The words the launch passes after the bundle's arguments: the tokenizer type and each of
     :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: the required variable's value)."""
-    words = ["--tokenizer-type", "HuggingFaceTokenizer"]
+    words = list(TOKENIZER_WORDS)
     for flag, var, what in PLACEHOLDERS:
         words += [flag, value(var, what)]
     return words
