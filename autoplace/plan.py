@@ -352,7 +352,8 @@ class Plan(Config):
                    compress=_choice(d, "compress", COMPRESS, source, default="none"),
                    powersgd_rank=_count(d, "powersgd_rank", source, minimum=0) if "powersgd_rank" in d else 0,
                    recompute=recompute, layers_per_stage=layers, **_recipe_dict(d.get("recipe", {}), source),
-                   **{name: _flag(d, name, source, default=False) for name in SLOT_KEYS})
+                   pp_embedding=_flag(d, "pp_embedding", source, default=False),
+                   pp_loss=_flag(d, "pp_loss", source, default=False))
         if "global_batch" in d and d["global_batch"] != plan.global_batch:
             raise SpecError(f"{d['global_batch']!r} is not micro_batch x grad_accum x dp = {plan.mbs} x "
                             f"{plan.grad_accum} x {plan.dp} = {plan.global_batch}", source=source, field="global_batch")

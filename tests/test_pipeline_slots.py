@@ -54,7 +54,7 @@ def test_the_keys_read_like_every_plan_key_and_round_trip() -> None:
         plan.replace(pp_embedding=False, pp_loss=False)  # a plan.json written before the keys
     with pytest.raises(SpecError, match="pp_embedding.*expected true or false"):
         parse_plan_string("pp_embedding=maybe")
-    with pytest.raises(SpecError, match="pp_loss.*not true or false"):
+    with pytest.raises(SpecError, match="pp_loss.*expected true or false"):
         Plan.from_dict({**plan.to_dict(), "pp_loss": "yes"})
 
 
