@@ -264,15 +264,23 @@ def evaluate(
     table = layer_table(m)
     out = output_format(fmt, as_json)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
+    from autoplace.sanity import mfu_check
+
+    above = mfu_check(ev, m, c)  # a prediction past every published run on the GPU, with what lifts it
     if out == "json":
         typer.echo(_json({"schema": "autoplace.evaluation/v1",
                           "model": {"name": m.name, "params": int(table.params), **origin},
-                          "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
+                          "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}))
     else:
         from autoplace.report import origin_lines, print_evaluation
 
         print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
-        _print_lines(view.lines(), out)
+        _print_lines(view.lines() + ([f"warning: {above.line()}"] if above else []), out)
+
+
+def _above(above: Any) -> dict[str, Any]:
+    """``above_published`` of a plan's JSON when its MFU is past the best published (autoplace.sanity)."""
+    return {"above_published": above.to_dict()} if above else {}
 
 
 @app.command()

@@ -60,6 +60,7 @@ POWERSGD_RANKS = (1, 2, 4)  # searched ranks: "typically only 1-4" (PyTorch's po
 TP_OVERLAP = ("none", "async", "userbuffers")  # torchtitan's async TP; Megatron's --tp-comm-overlap
 FP8 = ("none", "tensorwise", "rowwise", "delayed", "mxfp8")  # torchao's recipes; Transformer Engine's delayed; MX
 RECIPE_KEYS = ("compile", "fused_loss", "tp_overlap", "overlap", "fp8")
+SLOT_KEYS = ("pp_embedding", "pp_loss")  # the embedding and the loss as pipeline layers (stage_slots)
 # What the search may use (solvers.problem.Problem.features; --allow and --deny name them).  compress and fp8
 # are opt-in: every option changes the numbers the optimizer sees (autoplace.compression; fp8 GEMMs, and only
 # on GPUs with fp8 units); tp-across-nodes puts TP's all-reduces on the network.
@@ -100,6 +101,12 @@ class Config:
             false: they run after (before) the compute, exposed.
         fp8: none, or the fp8 GEMM recipe: tensorwise / rowwise (torchao), delayed
             (Transformer Engine), mxfp8 (block-scaled, Blackwell).
+        pp_embedding, pp_loss: the embedding (the output layer and loss) takes one layer's place
+            in the pipeline split, as Megatron-LM's ``--account-for-embedding-in-pipeline-split``
+            (``--account-for-loss-in-pipeline-split``) count it: the first stage's first model
+            chunk (the last stage's last chunk) holds one block fewer than the stage's others
+            (:func:`stage_slots`).  With interleaving this states splits such as Llama-3.1-405B's
+            126 layers in 8 x 8 chunks (NVIDIA's published recipe).
     """
 
     tp: int = 1
@@ -123,6 +130,8 @@ class Config:
     tp_overlap: str = "none"
     overlap: bool = True
     fp8: str = "none"
+    pp_embedding: bool = False
+    pp_loss: bool = False
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -181,7 +190,7 @@ class Config:
 _DEGREES = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "mbs", "grad_accum")
 _CHOICES = {"schedule": SCHEDULES, "offload_optimizer": OFFLOAD, "offload_params": OFFLOAD, "compress": COMPRESS,
             "tp_overlap": TP_OVERLAP, "fp8": FP8}
-_FLAGS = ("sp", "compile", "fused_loss", "overlap")
+_FLAGS = ("sp", "compile", "fused_loss", "overlap", "pp_embedding", "pp_loss")
 
 
 def check_config(config: Config) -> None:
@@ -297,6 +306,7 @@ class Plan(Config):
             "layers_per_stage": list(self.layers_per_stage),
             "compress": self.compress, "powersgd_rank": self.powersgd_rank,
             "recipe": self.recipe(),
+            "pp_embedding": self.pp_embedding, "pp_loss": self.pp_loss,
         }
         if self.recompute_mode == "mixed":
             out["recompute_per_layer"] = list(self.recompute)
@@ -341,7 +351,9 @@ class Plan(Config):
                    offload_params=_choice(offload, "params", OFFLOAD, source, "offload."),
                    compress=_choice(d, "compress", COMPRESS, source, default="none"),
                    powersgd_rank=_count(d, "powersgd_rank", source, minimum=0) if "powersgd_rank" in d else 0,
-                   recompute=recompute, layers_per_stage=layers, **_recipe_dict(d.get("recipe", {}), source))
+                   recompute=recompute, layers_per_stage=layers, **_recipe_dict(d.get("recipe", {}), source),
+                   pp_embedding=_flag(d, "pp_embedding", source, default=False),
+                   pp_loss=_flag(d, "pp_loss", source, default=False))
         if "global_batch" in d and d["global_batch"] != plan.global_batch:
             raise SpecError(f"{d['global_batch']!r} is not micro_batch x grad_accum x dp = {plan.mbs} x "
                             f"{plan.grad_accum} x {plan.dp} = {plan.global_batch}", source=source, field="global_batch")
@@ -357,6 +369,7 @@ class Plan(Config):
                  *([f"compress={self.compress}"] if self.compress != "none" else []),
                  *([f"powersgd_rank={self.powersgd_rank}"] if self.powersgd_rank else []),
                  *(f"{k}={str(v).lower()}" for k, v in self.recipe().items() if v != RECIPE_DEFAULTS[k]),
+                 *(f"{k}=true" for k in SLOT_KEYS if getattr(self, k)),
                  f"layers={':'.join(map(str, self.layers_per_stage))}"]
         if self.recompute_mode == "mixed":
             parts.append("recompute_layers=" + ":".join(r[0] for r in self.recompute))
@@ -474,6 +487,7 @@ PLAN_KEYS = {
     "offload_optimizer": str, "offload_params": str, "layers": str, "recompute_layers": str, "preset": str,
     "compress": str, "powersgd_rank": int,
     "compile": bool, "fused_loss": bool, "tp_overlap": str, "overlap": bool, "fp8": str,
+    "pp_embedding": bool, "pp_loss": bool,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -563,6 +577,52 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def stage_slots(pp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
+    """Places in each pipeline stage's split that the embedding and the loss take (``pp_embedding``,
+    ``pp_loss``): one on the first stage, one on the last.  A stage's *units* are its blocks plus
+    these; with interleaving its units divide into ``vpp`` equal model chunks, the first chunk of the
+    first stage holding the embedding in place of a block, the last chunk of the last stage the
+    loss (Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``: megatron-core 0.16.1
+    transformer_block.py ``get_num_layers_to_build``)."""
+    slots = [0] * pp
+    slots[0] += int(embedding)
+    slots[-1] += int(loss)
+    return tuple(slots)
+
+
+def config_slots(config: Config) -> tuple[int, ...]:
+    """:func:`stage_slots` of a configuration."""
+    return stage_slots(config.pp, config.pp_embedding, config.pp_loss)
+
+
+def split_units(blocks: int, pp: int, vpp: int = 1, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """The even split: blocks per stage when the blocks and the embedding and loss places
+    (:func:`stage_slots`) are spread as evenly as whole model chunks of ``vpp`` units allow
+    (:func:`even_split` of the chunks; of the units when ``vpp`` does not divide them, a split the
+    interleave rule then refuses)."""
+    slots = stage_slots(pp, embedding, loss)
+    units = blocks + sum(slots)
+    per = [q * vpp for q in even_split(units // vpp, pp)] if units % vpp == 0 else list(even_split(units, pp))
+    return tuple(u - s for u, s in zip(per, slots, strict=True))
+
+
+def model_chunks(layers_per_stage: Sequence[int], vpp: int, embedding: bool = False,
+                 loss: bool = False) -> list[int] | None:
+    """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order (chunk ``v * pp + r``
+    is the v-th chunk of pipeline rank r: the looped placement of Narayanan et al. 2021, Sec. 2.2,
+    used by Megatron-LM and torch.distributed.pipelining); None when a stage's units
+    (:func:`stage_slots`) are not ``vpp`` chunks of at least one unit each."""
+    pp = len(layers_per_stage)
+    slots = stage_slots(pp, embedding, loss)
+    units = [n + s for n, s in zip(layers_per_stage, slots, strict=True)]
+    if any(u % vpp or u < vpp for u in units):
+        return None
+    chunks = [units[r] // vpp for v in range(vpp) for r in range(pp)]
+    chunks[0] -= int(embedding)  # the first rank's first chunk holds the embedding
+    chunks[-1] -= int(loss)  # the last rank's last chunk the loss
+    return chunks
+
+
 def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch: int,
                gpus_per_node: int = 8, source: str = "--plan") -> Plan:
     """Complete a partial plan (from --plan or a preset) into a Plan with defaults.
@@ -597,14 +657,15 @@ def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch:
                         source=source, field="mbs")
     else:
         ga = global_batch // (mbs * dp)
-    layers = _layers(v, pp, blocks, source)
+    slots = {k: v[k] for k in SLOT_KEYS if k in v}
+    layers = _layers(v, pp, blocks, source, vpp if slots else 1, **slots)
     recompute = _recompute(v, blocks, source)
     compress, rank = _compress(v, source)
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, vpp=vpp,
                 sp=v.get("sp", tp > 1), zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule,
                 offload_optimizer=v.get("offload_optimizer", "none"), offload_params=v.get("offload_params", "none"),
                 compress=compress, powersgd_rank=rank, recompute=recompute, layers_per_stage=layers,
-                **{k: v[k] for k in RECIPE_KEYS if k in v})
+                **{k: v[k] for k in RECIPE_KEYS if k in v}, **slots)
 
 
 def _compress(v: dict[str, Any], source: str) -> tuple[str, int]:
@@ -633,10 +694,15 @@ def _dp_split(v: dict[str, Any], zero: int, node_dp: int, source: str) -> tuple[
     return 1, dp
 
 
-def _layers(v: dict[str, Any], pp: int, blocks: int, source: str) -> tuple[int, ...]:
+def _layers(v: dict[str, Any], pp: int, blocks: int, source: str, vpp: int = 1, pp_embedding: bool = False,
+            pp_loss: bool = False) -> tuple[int, ...]:
+    """The ``layers`` key, else the even split (with the embedding and loss places when set:
+    :func:`split_units`)."""
     if "layers" not in v:
         if blocks < pp:
             raise SpecError(f"pp={pp} exceeds the model's {blocks} layers", source=source, field="pp")
+        if pp > 1 and (pp_embedding or pp_loss):
+            return split_units(blocks, pp, vpp, pp_embedding, pp_loss)
         return even_split(blocks, pp)
     layers = parse_layers(v["layers"], source=source)
     if len(layers) != pp or sum(layers) != blocks or min(layers) < 0:

@@ -48,6 +48,10 @@ class Problem:
         recompute_forms: the per-layer recompute a configuration's plans may take, as a set of
             :data:`autoplace.plan.FORMS` bits (``recompute_forms(config)``; no callable: any mix, ``PER_LAYER``):
             what the frameworks that express it can state.  A pinned recompute mode overrides it.
+        pipeline_slots: whether interleaved shapes are also tried with the embedding and / or the
+            loss counted as pipeline layers (``pp_embedding`` / ``pp_loss``, where the interleave
+            then divides the layers and those places; :func:`autoplace.plan.stage_slots`), as a
+            framework that states them runs them (``Framework.pipeline_slots``).  ``--fix`` may pin them.
         forced_split: the blocks per stage a configuration's plans must take, or None when the
             search chooses it (``forced_split(config)``; no callable: always chosen): the split
             every framework that expresses it makes, when none takes an explicit one (DeepSpeed's
@@ -68,6 +72,7 @@ class Problem:
     costing_key: Callable[[Config], int] | None = None
     recompute_forms: Callable[[Config], int] | None = None
     microbatching: Callable[[Config], Callable[[int, int], bool] | None] | None = None
+    pipeline_slots: bool = False
     forced_split: Callable[[Config], tuple[int, ...] | None] | None = None
 
     def __post_init__(self) -> None:

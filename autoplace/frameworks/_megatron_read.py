@@ -14,7 +14,7 @@ from typing import Any
 
 from autoplace.emit._common import blocks
 from autoplace.errors import SpecError
-from autoplace.plan import FP8, Plan, count_at, even_split
+from autoplace.plan import FP8, Plan, count_at, even_split, model_chunks
 from autoplace.specs._io import read_text
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
@@ -100,13 +100,14 @@ def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: C
                         source=src, field="--global-batch-size")
     parts = _parts(flags, pp, n, src)
     vpp = len(parts) // pp
+    stages = tuple(sum(parts[r::pp]) for r in range(pp))
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=replicate, dp_shard=dp // replicate, vpp=vpp,
                 sp="--sequence-parallel" in flags and tp > 1, zero=zero, mbs=mbs, grad_accum=batch // (mbs * dp),
                 schedule="interleaved" if vpp > 1 else "1f1b",
                 offload_optimizer="cpu" if "--optimizer-cpu-offload" in flags else "none",
                 compress="bf16" if "--grad-reduce-in-bf16" in flags else "none",
-                recompute=_recompute(flags, parts, src), layers_per_stage=tuple(sum(parts[r::pp]) for r in range(pp)),
-                **_recipe(flags, model, tp, src))
+                recompute=_recompute(flags, parts, src), layers_per_stage=stages,
+                **_recipe(flags, model, tp, src), **_slots(flags, parts, stages, vpp, src))
 
 
 def _recipe(flags: dict[str, list[str]], model: ModelSpec, tp: int, src: str) -> dict[str, Any]:
@@ -139,8 +140,28 @@ def _sharding(flags: dict[str, list[str]], dp: int, src: str) -> tuple[int, int]
     return 1, replicate
 
 
+def _slots(flags: dict[str, list[str]], parts: list[int], stages: tuple[int, ...], vpp: int,
+           src: str) -> dict[str, Any]:
+    """``pp_embedding`` / ``pp_loss``: the account-for flags, or the places a layout's chunks leave for
+    the embedding and the loss (the first chunk of the first stage, the last of the last, one block
+    short of the stage's others: :func:`autoplace.plan.model_chunks`).
+
+    Raises:
+        SpecError: a layout whose chunks no plan states (unequal chunks elsewhere on a stage).
+    """
+    if "--pipeline-model-parallel-layout" not in flags:
+        return {"pp_embedding": "--account-for-embedding-in-pipeline-split" in flags,
+                "pp_loss": "--account-for-loss-in-pipeline-split" in flags}
+    for embedding, loss in ((False, False), (True, False), (False, True), (True, True)):
+        if model_chunks(stages, vpp, embedding, loss) == parts:
+            return {"pp_embedding": embedding, "pp_loss": loss}
+    raise SpecError(f"chunks of {parts} blocks: a plan's stage holds {vpp} equal chunks, the embedding's and the "
+                    "loss's one block short at most", source=src, field="--pipeline-model-parallel-layout")
+
+
 def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
-    """Blocks per model chunk in virtual-stage order: a layout, first/last stage counts, or even."""
+    """Blocks per model chunk in virtual-stage order: a layout, first/last stage counts, the embedding and
+    loss counted as layers, or even."""
     if pp == 1:
         return [n]
     if "--pipeline-model-parallel-layout" in flags:
@@ -162,12 +183,25 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
             raise SpecError(f"first {first} and last {last} leave {middle} layers for {pp - 2} middle stages",
                             source=src, field="--decoder-first-pipeline-num-layers")
         return [first, *([middle // (pp - 2)] * (pp - 2) if pp > 2 else []), last]
+    embedding = "--account-for-embedding-in-pipeline-split" in flags
+    loss = "--account-for-loss-in-pipeline-split" in flags
+    units = n + embedding + loss  # core_v0.16.1 arguments.py: the flags count them as layers
     per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0, minimum=0)
-    count = n // per_chunk if per_chunk else pp
-    if per_chunk and (n % per_chunk or count % pp):
-        raise SpecError(f"{per_chunk} layers per virtual stage do not split {n} layers over {pp} stages", source=src,
+    count = units // per_chunk if per_chunk else pp
+    if per_chunk and (units % per_chunk or count % pp):
+        raise SpecError(f"{per_chunk} layers per virtual stage do not split {units} layers over {pp} stages",
+                        source=src, field="--num-layers-per-virtual-pipeline-stage")
+    if (embedding or loss) and units % pp:
+        raise SpecError(f"{units} layers with the embedding / loss counted do not split evenly over pp={pp}",
+                        source=src, field="--account-for-embedding-in-pipeline-split")
+    if not (embedding or loss):
+        return [per_chunk] * count if per_chunk else list(even_split(n, count))
+    chunks = model_chunks([units // pp - embedding, *[units // pp] * (pp - 2), units // pp - loss], count // pp,
+                          embedding, loss)
+    if chunks is None:
+        raise SpecError(f"{units // pp} layers per stage are not {count // pp} chunks of a layer or more", source=src,
                         field="--num-layers-per-virtual-pipeline-stage")
-    return [per_chunk] * count if per_chunk else list(even_split(n, count))
+    return chunks
 
 
 def _recompute(flags: dict[str, list[str]], parts: list[int], src: str) -> tuple[str, ...]:
