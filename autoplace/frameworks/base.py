@@ -144,6 +144,13 @@ class Framework:
         del model
         return None
 
+    def degree_refusals(self, model: ModelSpec) -> Mapping[str, str]:
+        """Degrees this framework cannot raise above 1 for ``model`` (its architecture, not the plan):
+        degree -> why, one line naming the feature.  A ``--fix`` of one is refused before any search;
+        :meth:`plan_check` refuses the plans.  By default none."""
+        del model
+        return {}
+
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         """A check for plans of ``model``: ``check(plan)`` is None when this framework's config
         expresses ``plan``, else one line naming what it cannot.  The model's own rules are

@@ -42,16 +42,20 @@ def members(framework: str) -> list[Framework]:
     return [get(f) for f in FRAMEWORKS] if framework == ANY else [get(framework)]
 
 
-def search_limits(framework: Framework, fixed: dict[str, Any], features: set[str]) -> tuple[dict[str, Any], set[str]]:
+def search_limits(framework: Framework, model: ModelSpec, fixed: dict[str, Any], features: set[str]
+                  ) -> tuple[dict[str, Any], set[str]]:
     """The user's ``--fix`` values with the framework's pinned degrees added, and the features left.
 
     Raises:
-        SpecError: the user pinned a degree the framework cannot run.
+        SpecError: the user pinned a degree the framework cannot run, or cannot run for this model.
     """
     for key, value in framework.pinned_degrees.items():
         if key in fixed and int(fixed[key]) != value:
             raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} (it supports only {key}={value})",
                             field="--fix")
+    for key, why in framework.degree_refusals(model).items():
+        if int(fixed.get(key, 1)) > 1:
+            raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} for {model.name}: {why}", field="--fix")
     return {**framework.pinned_degrees, **fixed}, features - framework.denied_features
 
 
@@ -156,7 +160,7 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     why = framework.model_refusal(model) or fixed_recipe_refusal(framework, model, fixed)
     if why:
         raise Infeasible(why)
-    fixed, features = search_limits(framework, fixed, features)
+    fixed, features = search_limits(framework, model, fixed, features)
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
