@@ -114,6 +114,24 @@ def test_fsdp2_pads_each_shard_at_large_shard_groups(tmp_path: Path) -> None:
     assert run.measured["optimizer"][0] / even["optimizer"] - 1 == pytest.approx(0.0785, abs=5e-4)
 
 
+def test_a_pipeline_leaves_each_unit_unsharded_after_its_backward(tmp_path: Path) -> None:
+    """torch.distributed.pipelining keeps FSDP2 from resharding after backward until REDUCE_GRAD, so the end
+    of a backward holds every ZeRO-3 unit's unsharded copy (bf16, padded): plan.json counts them as params at
+    the end of the first backward, where stage 0 of this plan peaks (2 micro-batches, every activation
+    recomputed), and the dry run counts them there -- and leaves them out on the last stage, which peaks at
+    the start of backward (the loss's workspace)."""
+    bundle = write_test_bundle(tmp_path / "b", family("llama-3.1-8b", 4), GPUS8, "pp=2,zero=3,recompute=full",
+                               "torchtitan", {"global_batch": 8})
+    assert json.loads((bundle / "plan.json").read_text())["memory_peak_at_per_stage"] == ["bwd end", "bwd start"]
+    first, last = build_in_process(bundle, 0), build_in_process(bundle, 4)
+    check_built(first, 0, [0])
+    check_built(last, 1, [1])
+    assert "+ the unsharded copies of the 19 tensors of units that reshard after forward" in first.measured["params"][1]
+    assert "not counted: the unsharded copies of the 20 tensors" in last.measured["params"][1]
+    # stage 0: 2 blocks of Llama-3.1-8B and the embedding, fp32 shards over 4 ranks and bf16 copies (param_dtype)
+    assert first.measured["params"][0] == (2 * 218_112_000 + 525_336_576) * (4 / 4 + 2)
+
+
 # --- bundles a user edited: torchtitan's own refusal, and autoplace's fix ------------------------------
 
 

@@ -133,8 +133,10 @@ class Assumptions:
             pipelines) calls ``set_requires_gradient_sync(False)`` and
             ``set_reshard_after_backward(False)`` on every backward but the last (stage.py,
             ``backward_maybe_with_nosync``), so each stage accumulates its full gradients in the
-            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once.
-            A framework ``behaviour`` (torchtitan: True).
+            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once; and
+            each ZeRO-3 unit, resharded after its forward, stays unsharded from its backward to its
+            next forward, so at the end of a backward every unit of the stage holds its all-gathered
+            copy (the torchtitan dry run counts them).  A framework ``behaviour`` (torchtitan: True).
         fsdp2_dim0_padding: whether the ZeRO shards are FSDP2's, which cut each parameter's dim 0
             into chunks of ``ceil(rows / N)`` rows and pad every rank's to a full chunk
             (:mod:`autoplace.cost.shards`; torch 2.13 ``FSDPParam``): +28% parameters, gradients and

@@ -24,13 +24,16 @@ from autoplace.cost.memory import (
 from autoplace.plan import OFFLOAD
 
 Array = np.ndarray
+# the per-block state columns: the three model states, then the parameters' unsharded copies a
+# pipeline leaves after a backward (alive at the end of the first backward, counted as params)
+STATE_COLUMNS = ("params", "grads", "optimizer", "params after backward")
 
 
 @dataclass(frozen=True)
 class MemoryTerms:
-    state_block: Array  # [C, 1, K, 3]  params, grads, optimizer bytes per block
+    state_block: Array  # [C, 1, K, 4]  STATE_COLUMNS bytes per block
     act_block: Array  # [C, 1, K, R]   activation bytes per block per in-flight micro-batch
-    state_live: Array  # [C, S, 2, 3]  share of each state alive in each memory phase
+    state_live: Array  # [C, S, 2, 4]  share of each column alive in each memory phase
     act_mult: Array  # [C, S, 2]      in-flight micro-batches (whole stages) in each phase
     mem_static: Array  # [C, S, 2, 6] MEMORY_PARTS for the edges, buffers and reserve per phase
     host_block: Array  # [C, S, K]     host bytes per block per GPU
@@ -65,8 +68,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     error_feedback = col(ctx.wire.rank > 0)
 
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
-    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
+    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync);
+    # nor does it reshard after backward: each ZeRO-3 unit, resharded after its forward, is left
+    # all-gathered by its backward until its next forward, so the end of a backward holds every
+    # unit's unsharded copy (ZeRO-2's units keep theirs gathered anyway)
     deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    after_backward = deferred & (z >= 3)
     # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
     # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets -- unless
     # the reduce is deferred: FSDP2 then accumulates the unsharded gradients on the device until the
@@ -79,7 +86,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
 
     def states(dense: Array, expert: Array, frozen: tuple[Array, Array, Array, Array],
                pad: tuple[Array, Array, Array, Array]) -> Array:
-        """Params, grads and optimizer bytes of ``dense`` and ``expert`` trainable parameters and of a frozen
+        """STATE_COLUMNS bytes of ``dense`` and ``expert`` trainable parameters and of a frozen
         base (``frozen``: dense and expert stored bytes, then their gathered bytes), which has no
         gradient and no optimizer state: ZeRO-3 shards it like any parameter, ZeRO-1/2 keep it
         whole, FSDP2's ZeRO-2 keeps it sharded and gathered.  ``pad``: FSDP2's padding elements of
@@ -96,11 +103,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
             state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off, pd) * (1 + error_feedback)
             + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off, pe),
             state_bytes(dense, ob, z_sh, z >= 1, opt_off, pd) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off, pe),
+            np.where(after_backward, gathered, 0.0),
         ], axis=-1)
 
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
                                                           ctx.frozen_exp_wire),
-                         (ctx.pad_dense, ctx.pad_exp, ctx.pad_frozen_dense, ctx.pad_frozen_exp))  # [C,1,K,3]
+                         (ctx.pad_dense, ctx.pad_exp, ctx.pad_frozen_dense, ctx.pad_frozen_exp))  # [C,1,K,4]
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused); uncompiled, the
     # framework's own SwiGLU kernel may keep fewer than eager PyTorch's four f-wide tensors
     # (Megatron-Core's bias_swiglu_impl saves only its 2f-wide input; fc2 keeps the product)
@@ -121,8 +129,9 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
     # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
     live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)
-    state_live = np.ones((C, S, 2, 3))
+    state_live = np.ones((C, S, 2, len(STATE_COLUMNS)))
     state_live[:, :, 0, 1] = live
+    state_live[:, :, 0, 3] = 0.0  # a forward reshards each unit again before the next backward starts
     e, h = table.embed, table.head
     none = np.zeros((1, 1, 1, 1))
     ends = ctx.ends()  # the edges' states differ only on the first and last stages (Context.ends)
@@ -131,7 +140,8 @@ def memory_terms(ctx: Context) -> MemoryTerms:
                                                                 on.frozen_edge_wire[..., None, None], none),
                          (on.pad_edge[..., None, None], none, on.pad_frozen_edge[..., None, None], none))
     edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :]
-    edge_states = edge_states * state_live  # [C,S,2,3]
+    edge_states = edge_states * state_live  # [C,S,2,4]
+    edge_states = np.concatenate([edge_states[..., :1] + edge_states[..., 3:], edge_states[..., 1:3]], axis=-1)
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
@@ -162,7 +172,9 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # are needed (FSDPMemTracker, autoplace.fidelity)
     per_vocab = np.where(tp > 1, assume.loss_workspace_bytes_per_vocab_tp, assume.loss_workspace_bytes_per_vocab)
     loss = last * tok * (per_vocab * table.vocab / tp * ~c.fused_loss)[:, None]
-    buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
+    # at the end of a backward under a pipeline the edges' unsharded copies are params (after_backward)
+    root_at = root[..., None] * np.stack(np.broadcast_arrays(1.0, ~after_backward[:, :, 0, 0]), axis=-1)
+    buffers = root_at + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
     reserve = np.broadcast_to(reserve_bytes(ctx.hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)
     mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
