@@ -67,3 +67,34 @@ def test_llama_405b_blocks_at_tp8(n: int, more: float) -> None:
     kind = layer_table(load_model(REPO / "tests" / "data" / "hf" / "llama-3.1-405b.json")).kinds[0]
     pad = shards.dim0_padding(shards.row_table([kind.rows]), np.array([8]), np.array([1]), np.array([n]), np.array([n]))
     assert pad[0, 0] / (kind.params_tp / 8 + kind.params_rep) == pytest.approx(more, abs=5e-5)
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "fsdp", "accelerate"])
+def test_the_padding_changes_nothing_where_the_search_calls_it_idle(framework: str) -> None:
+    """--framework any costs frameworks as one where their behaviours differ only in ones idle on a configuration
+    (search.IDLE_BEHAVIOUR): on every configuration the framework runs that the rule calls idle for FSDP2's
+    padding, the memory terms with and without it are the same; on the others, some differ (a model whose
+    K/V projections and vocabulary no shard group divides)."""
+    from autoplace.cost.assumptions import DEFAULT
+    from autoplace.cost.terms import stage_terms
+    from autoplace.frameworks import get, search
+    from autoplace.specs.model import model_from_dict
+    from solvers.space import enumerate_configs, to_candidates
+    from tests.helpers import gpu_cluster
+
+    model = model_from_dict({"name": "odd", "layers": 4, "hidden": 520, "ffn_hidden": 1400, "heads": 8, "kv_heads": 4,
+                             "vocab": 4099, "seq_len": 512, "training": {"global_batch": 16}})
+    cluster = gpu_cluster(8)
+    configs = list(enumerate_configs(search.problem_for(framework, model, cluster, fixed={}, features={"cp"})))
+    costed, assume = get(framework).costing(model, DEFAULT)
+    assert assume.fsdp2_dim0_padding
+    table = layer_table(costed)
+    cand = to_candidates(configs, table)
+    padded, even = (stage_terms(table, cluster, cand, costed.training.recipe(), assume.replace(fsdp2_dim0_padding=on))
+                    for on in (True, False))
+    idle = np.array([search.IDLE_BEHAVIOUR["fsdp2_dim0_padding"](c) for c in configs])
+    same = np.array([all(np.array_equal(getattr(padded, f)[i], getattr(even, f)[i])
+                         for f in ("state_block", "mem_static", "host_block", "host_static")) for i in range(len(configs))])
+    assert idle.any() and (~idle).any()
+    assert same[idle].all()
+    assert not same[~idle].all()

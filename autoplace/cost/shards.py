@@ -181,5 +181,5 @@ def dim0_padding(table: RowTable, tp: Array, ep: Array, shards: Array, expert_sh
     rows = table.rows / np.where(table.rows_tp, tp, 1.0) / np.where(table.stacked, ep, 1.0)
     elems = table.elems / np.where(table.elems_tp, tp, 1.0)
     even = table.stacked & (ep > 1) & (n * ep > table.rows)
-    pad = np.where(even, 0.0, (np.ceil(rows / n) * n - rows) * elems)
+    pad = np.where(even | (n <= 1), 0.0, (np.ceil(rows / n) * n - rows) * elems)  # a group of one stores it whole
     return pad.sum(axis=-1)
