@@ -57,6 +57,16 @@ def hf_bundle(root: Path, family: str, plan: str, framework: str, method: str = 
                              overrides={"global_batch": global_batch, **({"method": method} if method != "full" else {})})
 
 
+def unpadded(bundle: Path, stage: int = 0) -> dict[str, float]:
+    """plan.json's bytes per state on ``stage`` as the cost model would predict them without FSDP2's dim-0
+    padding (``Assumptions.fsdp2_dim0_padding``): what a test of the padding measures it against."""
+    from autoplace.dryrun.bundle import read_bundle
+
+    b = read_bundle(bundle)
+    costed, assume = b.framework.costing(b.model, DEFAULT)
+    return evaluate(costed, b.cluster, b.plan, assume.replace(fsdp2_dim0_padding=False)).memory_per_stage[stage]
+
+
 def within(measured: int, predicted: int, tolerance: float) -> bool:
     """Whether ``measured`` agrees with ``predicted`` (0 predicted: 0 measured, as an offloaded state)."""
     return measured == 0 if predicted == 0 else abs(measured / predicted - 1) <= tolerance

@@ -9,6 +9,7 @@ accelerate's own refusals of files a user edited, and tensor parallelism said sk
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
-from tests.dryrun_bundles import hf_bundle, state_cases, within
+from tests.dryrun_bundles import hf_bundle, state_cases, unpadded, within, write_test_bundle
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -91,6 +92,22 @@ def test_the_accelerator_is_the_one_the_config_states(builds: Any) -> None:
     notes = builds("mixtral-cp2").notes
     assert any("FSDP, 8 processes, FSDP2, reshard_after_forward=True, mixed precision bf16" in n
                and "'cp': 2" in n for n in notes), notes
+
+
+def test_stacked_experts_spread_over_more_ranks_than_experts(tmp_path: Path) -> None:
+    """transformers 5 stacks Mixtral's 8 experts in one tensor per projection; accelerate's FSDP2 over 64 ranks
+    cuts dim 0 in chunks of one expert and every rank stores one (FSDPParam.padded_sharded_param_size): 8 times
+    the experts' even share, +623% on this rank (2 blocks, shrunk), as plan.json counts (autoplace.cost.shards)."""
+    from tests.test_architectures import shrunk
+
+    config = tmp_path / "mixtral.json"
+    config.write_text(json.dumps(shrunk("mixtral-8x7b-v0.1.json")))
+    bundle = write_test_bundle(tmp_path / "b", config, "8x8xh100-sxm5-80gb", "zero=3", "accelerate")
+    run = build_in_process(bundle, 0)
+    assert run.ok, run.failed
+    for state in ("params", "grads", "optimizer"):
+        assert within(run.measured[state][0], run.predicted[state], TOLERANCE), (state, run.measured[state])
+    assert run.measured["params"][0] / unpadded(bundle)["params"] - 1 == pytest.approx(6.2346, abs=1e-3)
 
 
 def test_tensor_parallelism_is_said_skipped(tmp_path: Path) -> None:

@@ -133,8 +133,16 @@ class Assumptions:
             pipelines) calls ``set_requires_gradient_sync(False)`` and
             ``set_reshard_after_backward(False)`` on every backward but the last (stage.py,
             ``backward_maybe_with_nosync``), so each stage accumulates its full gradients in the
-            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once.
-            A framework ``behaviour`` (torchtitan: True).
+            reduce dtype (FSDP2's ``unsharded_accumulated_grad``) and reduce-scatters them once; and
+            each ZeRO-3 unit, resharded after its forward, stays unsharded from its backward to its
+            next forward, so at the end of a backward every unit of the stage holds its all-gathered
+            copy (the torchtitan dry run counts them).  A framework ``behaviour`` (torchtitan: True).
+        fsdp2_dim0_padding: whether the ZeRO shards are FSDP2's, which cut each parameter's dim 0
+            into chunks of ``ceil(rows / N)`` rows and pad every rank's to a full chunk
+            (:mod:`autoplace.cost.shards`; torch 2.13 ``FSDPParam``): +28% parameters, gradients and
+            optimizer state on Llama-3.1-405B's blocks at tp=8 sharded 2,048 ways, whose K and V
+            projections have 128 rows.  DeepSpeed and Megatron pad a flat buffer by fewer than ``N``
+            elements (False).  A framework ``behaviour`` (torchtitan, FSDP2, accelerate: True).
         replicas_keep_gathered: whether plain data parallelism (ZeRO-0) runs as FSDP2 over a shard
             group of one, which all-gathers every unit's parameters into a copy in the compute dtype
             and, not resharding after forward, keeps it until the unit's backward, as its ZeRO-2
@@ -197,6 +205,7 @@ class Assumptions:
     fused_loss_fuses_mlp: bool = True
     pipeline_defers_grad_sync: bool = False
     replicas_keep_gathered: bool = False
+    fsdp2_dim0_padding: bool = False
     loss_workspace_bytes_per_vocab: float = 8.0
     loss_workspace_bytes_per_vocab_tp: float = 12.0
     qwz_dequant_bytes: float = 3.0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplace.cost import comm, finetune
+from autoplace.cost import comm, finetune, shards
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.compress import Wire, wire
@@ -78,6 +78,15 @@ class Context:
     frozen_exp_wire: Array  # [C, 1, K, 1]
     frozen_edge_wire: Array  # [C, S]
     quantized: Array  # 4-bit parameters of one block on one device (QLoRA) [C, 1, K, 1]
+    # elements FSDP2's dim-0 chunks add before sharding (autoplace.cost.shards; 0 unless
+    # Assumptions.fsdp2_dim0_padding): of the trainable parameters above, and of the frozen base's
+    # tensors it does not store in 4 bit (bytes: times param_bytes stored, gather_bytes gathered)
+    pad_dense: Array  # [C, 1, K, 1]
+    pad_exp: Array  # [C, 1, K, 1]
+    pad_edge: Array  # [C, S]
+    pad_frozen_dense: Array  # [C, 1, K, 1]
+    pad_frozen_exp: Array  # [C, 1, K, 1]
+    pad_frozen_edge: Array  # [C, S]
     stages: Array | None = None  # the stage each entry of the stage axis stands for (None: 0..S-1; see ends)
 
     @property
@@ -138,7 +147,8 @@ class Context:
         return dataclasses.replace(
             self, cand=dataclasses.replace(self.cand, counts=self.cand.counts[:, at]), stages=at,
             edge_dense=self.edge_dense[:, at], train_edge=self.train_edge[:, at], frozen_edge=self.frozen_edge[:, at],
-            frozen_edge_wire=self.frozen_edge_wire[:, at])
+            frozen_edge_wire=self.frozen_edge_wire[:, at], pad_edge=self.pad_edge[:, at],
+            pad_frozen_edge=self.pad_frozen_edge[:, at])
 
     def spread(self, x: Array, stages: int) -> Array:
         """``x [C, 1 or 3, ...]`` of an :meth:`ends` context on all ``stages`` stages (the middle
@@ -177,9 +187,12 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
     stage_links = comm.Links(lk.intra_Bps / scale, lk.intra_latency_s, lk.inter_Bps / scale, lk.inter_latency_s, G)
     dense_local, exp_local = kind[0] / tp + kind[1], kind[2] / (ep * tp)
     tuned = _frozen_split(table, recipe, tp, ep, dense_local, exp_local, edge_dense)
+    size = {k: v[0].astype(float) for k, v in groups.items()}
+    padding = _padding(table, cand, size, first, last) if assume.fsdp2_dim0_padding else _no_padding(C, len(table.kinds),
+                                                                                                       edge_dense)
     return Context(
-        **tuned, table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
-        size={k: v[0].astype(float) for k, v in groups.items()},
+        **tuned, **padding, table=table, cand=cand, recipe=recipe, assume=assume, hw=hw,
+        size=size,
         n_in={k: comm.members_per_domain(size, stride, cluster.nvlink_domain) for k, (size, stride) in groups.items()},
         tokens=cand.mbs * table.seq_len / cand.cp.astype(float),
         dense_local=dense_local, exp_local=exp_local, edge_dense=edge_dense,
@@ -217,3 +230,36 @@ def _frozen_split(table: LayerTable, recipe: Precision, tp: Array, ep: Array, de
             "frozen_dense_wire": (dense_local - quant_dense) * pgb + quant_dense * nf4,
             "frozen_exp_wire": (exp_local - quant_exp) * pgb + quant_exp * nf4, "frozen_edge_wire": edge_dense * pgb,
             "quantized": quant_dense + quant_exp}
+
+
+def _padding(table: LayerTable, cand: Candidates, size: dict[str, Array], first: Array, last: Array) -> dict[str, Array]:
+    """FSDP2's padding of each block kind's and each stage's edge tensors (the ``pad_*`` fields of
+    :class:`Context`, :func:`autoplace.cost.shards.dim0_padding`): the block's tensors and the edges'
+    train in full training; under LoRA the adapters train and the base's tensors are frozen, those
+    QLoRA stores in 4 bit (packed flat) padding nothing."""
+    C, K = cand.size, len(table.kinds)
+    qlora = any(k.quant_tp or k.quant_rep or k.quant_expert for k in table.kinds)
+    base = [[r for r in k.rows if not (qlora and r.linear)] for k in table.kinds]
+    groups = ([[r for r in g if not r.expert] for g in base] + [[r for r in g if r.expert] for g in base]
+              + [[r for r in k.adapter_rows if not r.expert] for k in table.kinds]
+              + [[r for r in k.adapter_rows if r.expert] for k in table.kinds]
+              + [list(table.embed.rows_tp), list(table.embed.rows_rep), list(table.head.rows_tp),
+                 list(table.head.rows_rep)])
+    pad = shards.dim0_padding(shards.row_table(groups), cand.tp, cand.ep, size["zero"], size["ezero"])  # [C, 4K + 4]
+    blocks = pad[:, :4 * K].reshape(C, 4, 1, K, 1)
+    e_tp, e_rep, h_tp, h_rep = (pad[:, 4 * K + i, None] for i in range(4))
+    head_tp = np.where(((cand.pp == 1) & table.tied)[:, None], 0.0, h_tp)
+    edge = first * (e_tp + e_rep) + last * (head_tp + h_rep)  # as Context.edge_dense counts the edges
+    if table.frozen:
+        return {"pad_dense": blocks[:, 2], "pad_exp": blocks[:, 3], "pad_edge": np.zeros_like(edge),
+                "pad_frozen_dense": blocks[:, 0], "pad_frozen_exp": blocks[:, 1], "pad_frozen_edge": edge}
+    zero = np.zeros((C, 1, K, 1))
+    return {"pad_dense": blocks[:, 0], "pad_exp": blocks[:, 1], "pad_edge": edge,
+            "pad_frozen_dense": zero, "pad_frozen_exp": zero, "pad_frozen_edge": np.zeros_like(edge)}
+
+
+def _no_padding(C: int, K: int, edge_dense: Array) -> dict[str, Array]:
+    """The ``pad_*`` fields of :class:`Context` where shards are not FSDP2's (nothing counted)."""
+    block, edge = np.zeros((C, 1, K, 1)), np.zeros_like(edge_dense)
+    return {"pad_dense": block, "pad_exp": block, "pad_edge": edge, "pad_frozen_dense": block, "pad_frozen_exp": block,
+            "pad_frozen_edge": edge}

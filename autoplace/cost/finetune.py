@@ -56,7 +56,8 @@ class Projection:
         return 0.0, a + b, 0.0
 
 
-def _attention(m: TransformerSpec) -> list[Projection]:
+def attention_projections(m: TransformerSpec) -> list[Projection]:
+    """The attention projections of a block as the family's Hugging Face modules hold them (fused or not)."""
     h = m.hidden
     if m.attention is not None:  # DeepSeek MLA, the projections of layers._attention_gemms
         a = m.attention
@@ -74,7 +75,8 @@ def _attention(m: TransformerSpec) -> list[Projection]:
     return [*qkv, Projection("o", h, q, "k")]
 
 
-def _mlp(m: TransformerSpec, f: float) -> list[Projection]:
+def mlp_projections(m: TransformerSpec, f: float) -> list[Projection]:
+    """An MLP of width ``f`` as the family's Hugging Face modules hold it (gate and up fused or not)."""
     h = m.hidden
     down = Projection("down", h, f, "k")
     if m.ffn != "swiglu":
@@ -101,12 +103,12 @@ def block_projections(m: TransformerSpec, moe: bool) -> list[Projection]:
     block's shared experts, one MLP of their summed width as Hugging Face builds it); in
     :data:`~autoplace.specs.lora.PEFT_EXPERT_FAMILIES` the MLP roles name the routed experts instead."""
     if m.family in PEFT_EXPERT_FAMILIES:
-        return _attention(m) + (_routed(m) if moe else [])
+        return attention_projections(m) + (_routed(m) if moe else [])
     if not moe:
-        return _attention(m) + _mlp(m, m.ffn_hidden)
+        return attention_projections(m) + mlp_projections(m, m.ffn_hidden)
     e = m.moe
     shared = e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden) if e is not None else 0
-    return _attention(m) + (_mlp(m, shared) if shared else [])
+    return attention_projections(m) + (mlp_projections(m, shared) if shared else [])
 
 
 def adapted_projections(m: TransformerSpec, moe: bool) -> list[Projection]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplace.cost import finetune
+from autoplace.cost import finetune, shards
+from autoplace.cost.shards import Rows
 from autoplace.specs.model import GraphSpec, ModelSpec, TransformerSpec
 
 
@@ -113,6 +114,10 @@ class BlockKind:
     # parameter tensors (weights, biases, norm scales and shifts): what a framework's
     # per-parameter host loops iterate over (DeepSpeed's ZeRO-3 reduce-scatter)
     tensors: float = 0.0
+    # each parameter tensor's rows and elements per row, as FSDP2 pads its shards (autoplace.cost.shards);
+    # a frozen base's adapters' likewise
+    rows: tuple[Rows, ...] = ()
+    adapter_rows: tuple[Rows, ...] = ()
 
     @property
     def params(self) -> float:
@@ -134,6 +139,8 @@ class Edge:
     act_tp: float  # activation bytes per token sharded by TP (logits)
     tp_allreduce: float  # bytes per token all-reduced across TP per forward
     gemms: tuple[Gemm, ...] = ()  # its matmuls (the head's output layer)
+    rows_tp: tuple[Rows, ...] = ()  # the tensors of params_tp and params_rep (autoplace.cost.shards)
+    rows_rep: tuple[Rows, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -341,7 +348,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         flops=att_flops + 2 * (3 if m.ffn == "swiglu" else 2) * h * m.ffn_hidden + flops_score,
         act_rep=att_act_rep + norm_act + mlp_rep, act_tp=att_act_tp + mlp_tp, ep_alltoall=0.0,
         act_fused=_mlp_fused(m.ffn_hidden, gated, b), act_glu=gated * m.ffn_hidden * b, gemms=dense_gemms,
-        tensors=_tensors(m, dense_gemms), **common))  # type: ignore[arg-type]
+        tensors=_tensors(m, dense_gemms), rows=shards.block_rows(m, moe=False), **common))  # type: ignore[arg-type]
     sequence = [0] * m.layers
     if m.moe is not None:
         e = m.moe
@@ -376,7 +383,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                        + e.shared_experts * _mlp_fused(e.shared_ffn_hidden or e.expert_ffn_hidden, gated, b)),
             act_glu=gated * b * (e.top_k * e.expert_ffn_hidden
                                  + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden)),
-            gemms=moe_gemms, tensors=_tensors(m, moe_gemms), **common))  # type: ignore[arg-type]
+            gemms=moe_gemms, tensors=_tensors(m, moe_gemms), rows=shards.block_rows(m, moe=True), **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
     if m.training.frozen_base:
         kinds = [_tuned(m, k, b) for k in kinds]
@@ -404,7 +411,8 @@ def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
         quant_tp=linear["tp"] * quantized, quant_rep=linear["rep"] * quantized,
         quant_expert=linear["expert"] * quantized, frozen_flops=sum(g.flops for g in k.gemms),
         frozen_gemms=k.gemms, gemms=(*k.gemms, *adapter_gemms), flops=k.flops + sum(g.flops for g in adapter_gemms),
-        act_rep=k.act_rep + sum(rank * p.rank_factor * (p.top_k or 1) for p in projections) * b)
+        act_rep=k.act_rep + sum(rank * p.rank_factor * (p.top_k or 1) for p in projections) * b,
+        adapter_rows=shards.adapter_rows(m, k.moe))
 
 
 def _windowed(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int]) -> tuple[list[BlockKind], list[int]]:
@@ -429,17 +437,19 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     # Embedding: vocab-parallel table (Megatron), one all-reduce of its output; the dropout
     # mask on its output is Korthikanti's "sbhp/t" extra term.
     emb_norm = (_norm_params(m), b * h + _norm_stats(m)) if m.embedding_norm else (0, 0.0)  # BLOOM's
+    embed_tp, embed_rep = shards.embed_rows(m)
     embed = Edge(params_tp=v * h, params_rep=pos + emb_norm[0], flops=0.0, act_rep=drop * h + emb_norm[1], act_tp=0.0,
-                 tp_allreduce=b * h)
+                 tp_allreduce=b * h, rows_tp=embed_tp, rows_rep=embed_rep)
     # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
     # norm input 2sbh, the output-layer input 2sbh (bytes at 16 bit) and fp32 logits 4sbv
     # (sharded by TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and
     # the vocab-parallel loss all-reduces three fp32 numbers per token (max, sum-exp, target).
     # Gemma 2's final soft-cap keeps tanh(z / cap) for backward: one more vocab-wide tensor
     softcap = b * v if m.final_logit_softcap else 0.0
+    head_tp, head_rep = shards.head_rows(m)
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
                 act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
-                gemms=(Gemm(v, h, "n"),))
+                gemms=(Gemm(v, h, "n"),), rows_tp=head_tp, rows_rep=head_rep)
     counts = np.bincount(sequence, minlength=len(kinds))
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)

@@ -19,9 +19,11 @@ SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
 
 
 def state_bytes(params: Array, bytes_per_param: float | Array, shards: Array, sharded: Array | bool,
-                offloaded: Array | bool) -> Array:
-    """Bytes of one model state: ``Ψ * bytes / N`` when sharded, 0 on the device when offloaded."""
-    per = params * bytes_per_param / np.where(sharded, shards, 1)
+                offloaded: Array | bool, padding: Array | float = 0.0) -> Array:
+    """Bytes of one model state: ``Ψ * bytes / N`` when sharded, 0 on the device when offloaded.
+
+    ``padding``: what sharding adds to ``params`` first (FSDP2's dim-0 chunks: :mod:`autoplace.cost.shards`)."""
+    per = (params + np.where(sharded, padding, 0.0)) * bytes_per_param / np.where(sharded, shards, 1)
     return np.where(offloaded, 0.0, per)
 
 

@@ -63,10 +63,11 @@ class StageTerms(MemoryTerms, TimeTerms):
         ``[C, S]`` (0: start of backward, 1: end of the first backward), and the model states
         once every gradient exists ``[C, S, 3]`` (the end of backward)."""
         per_stage = n.sum(axis=-1)  # [C, S, K]
-        states = np.einsum("csk,cokp->csp", per_stage, self.state_block)
+        states = np.einsum("csk,cokp->csp", per_stage, self.state_block)[:, :, None, :] * self.state_live  # [C,S,2,4]
         acts = np.einsum("cskr,cokr->cs", n, self.act_block)
         phases = self.mem_static.copy()  # [C, S, 2, 6]
-        phases[..., :3] += states[:, :, None, :] * self.state_live
+        phases[..., :3] += states[..., :3]
+        phases[..., 0] += states[..., 3]  # the unsharded copies after a backward are params
         phases[..., 3] += self.act_mult * acts[..., None]
         fuller = phases.sum(-1).argmax(-1)  # [C, S]
         return np.take_along_axis(phases, fuller[..., None, None], axis=2)[:, :, 0], fuller, phases[:, :, 1, :3]
@@ -78,9 +79,11 @@ class StageTerms(MemoryTerms, TimeTerms):
         Returns ``static [C, S, 2]``, ``per_block [C, S, 2, K]`` (state bytes of one block)
         and ``mult [C, S, 2]``; a stage fits when every phase does.
         """
-        block, live = self.state_block[:, :, None], self.state_live[:, :, :, None]  # [C,1,1,K,3], [C,S,F,1,3]
-        # written out (an einsum over three states runs four times slower): params and optimizer, then gradients
-        per_block = (block[..., 0] * live[..., 0] + block[..., 2] * live[..., 2]) + block[..., 1] * live[..., 1]
+        block, live = self.state_block[:, :, None], self.state_live[:, :, :, None]  # [C,1,1,K,4], [C,S,F,1,4]
+        # written out (an einsum over the columns runs four times slower): params and optimizer, then
+        # gradients, then the unsharded copies a pipeline leaves after a backward
+        per_block = ((block[..., 0] * live[..., 0] + block[..., 2] * live[..., 2]) + block[..., 1] * live[..., 1]
+                     + block[..., 3] * live[..., 3])
         return self.mem_static.sum(-1), per_block, self.act_mult
 
     def binding_phases(self, i: int, stages: int) -> list[int]:

@@ -25,13 +25,16 @@ from autoplace.cost.memory import (
 from autoplace.plan import OFFLOAD
 
 Array = np.ndarray
+# the per-block state columns: the three model states, then the parameters' unsharded copies a
+# pipeline leaves after a backward (alive at the end of the first backward, counted as params)
+STATE_COLUMNS = ("params", "grads", "optimizer", "params after backward")
 
 
 @dataclass(frozen=True)
 class MemoryTerms:
-    state_block: Array  # [C, 1, K, 3]  params, grads, optimizer bytes per block
+    state_block: Array  # [C, 1, K, 4]  STATE_COLUMNS bytes per block
     act_block: Array  # [C, 1, K, R]   activation bytes per block per in-flight micro-batch
-    state_live: Array  # [C, S, 2, 3]  share of each state alive in each memory phase
+    state_live: Array  # [C, S, 2, 4]  share of each column alive in each memory phase
     act_mult: Array  # [C, S, 2]      in-flight micro-batches (whole stages) in each phase
     mem_static: Array  # [C, S, 2, 6] MEMORY_PARTS for the edges, buffers and reserve per phase
     host_block: Array  # [C, S, K]     host bytes per block per GPU
@@ -66,8 +69,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     error_feedback = col(ctx.wire.rank > 0)
 
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
-    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
+    # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync);
+    # nor does it reshard after backward: each ZeRO-3 unit, resharded after its forward, is left
+    # all-gathered by its backward until its next forward, so the end of a backward holds every
+    # unit's unsharded copy (ZeRO-2's units keep theirs gathered anyway)
     deferred = col(ctx.deferred_sync) > 0
+    after_backward = deferred & (z >= 3)
     # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
     # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets -- unless
     # the reduce is deferred: FSDP2 then accumulates the unsharded gradients on the device until the
@@ -78,25 +85,31 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # optimizer states off the device: offloaded, or paged out to the host (paged optimizers)
     opt_off = col(c.off_opt) + table.paged_optimizer > 0
 
-    def states(dense: Array, expert: Array, frozen: tuple[Array, Array, Array, Array]) -> Array:
-        """Params, grads and optimizer bytes of ``dense`` and ``expert`` trainable parameters
-        and of a frozen base (``frozen``: dense and expert stored bytes, then their gathered
-        bytes), which has no gradient and no optimizer state: ZeRO-3 shards it like any
-        parameter, ZeRO-1/2 keep it whole, FSDP2's ZeRO-2 keeps it sharded and gathered."""
-        kept = np.where(shard_and_gathered, (dense + expert) * pgb + frozen[2] + frozen[3], 0.0)
+    def states(dense: Array, expert: Array, frozen: tuple[Array, Array, Array, Array],
+               pad: tuple[Array, Array, Array, Array]) -> Array:
+        """STATE_COLUMNS bytes of ``dense`` and ``expert`` trainable parameters and of a frozen
+        base (``frozen``: dense and expert stored bytes, then their gathered bytes), which has no
+        gradient and no optimizer state: ZeRO-3 shards it like any parameter, ZeRO-1/2 keep it
+        whole, FSDP2's ZeRO-2 keeps it sharded and gathered.  ``pad``: FSDP2's padding elements of
+        the dense, expert, frozen dense and frozen expert tensors (Context.pad_*)."""
+        pd, pe, pfd, pfe = pad
+        gathered = (dense + pd + expert + pe + pfd + pfe) * pgb + frozen[2] + frozen[3]  # all-gather outputs
+        kept = np.where(shard_and_gathered, gathered, 0.0)
         secondary = hpz * (dense / col(ctx.n_in["zero"]) + expert / col(ctx.n_in["ezero"]))
-        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par))
-                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par)))
+        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par), pfd * pb)
+                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par), pfe * pb))
         return np.concatenate([
-            state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par)) + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par))
-            + kept + secondary + base,
-            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off) * (1 + error_feedback)
-            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off),
-            state_bytes(dense, ob, z_sh, z >= 1, opt_off) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off),
+            state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par), pd)
+            + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par), pe) + kept + secondary + base,
+            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off, pd) * (1 + error_feedback)
+            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off, pe),
+            state_bytes(dense, ob, z_sh, z >= 1, opt_off, pd) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off, pe),
+            np.where(after_backward, gathered, 0.0),
         ], axis=-1)
 
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
-                                                          ctx.frozen_exp_wire))  # [C,1,K,3]
+                                                          ctx.frozen_exp_wire),
+                         (ctx.pad_dense, ctx.pad_exp, ctx.pad_frozen_dense, ctx.pad_frozen_exp))  # [C,1,K,4]
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused); uncompiled, the
     # framework's own SwiGLU kernel may keep fewer than eager PyTorch's four f-wide tensors
     # (Megatron-Core's bias_swiglu_impl saves only its 2f-wide input; fc2 keeps the product)
@@ -118,16 +131,19 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
     # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
     live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)
-    state_live = np.ones((C, S, 2, 3))
+    state_live = np.ones((C, S, 2, len(STATE_COLUMNS)))
     state_live[:, :, 0, 1] = live
+    state_live[:, :, 0, 3] = 0.0  # a forward reshards each unit again before the next backward starts
     e, h = table.embed, table.head
     none = np.zeros((1, 1, 1, 1))
     ends = ctx.ends()  # the edges' states differ only on the first and last stages (Context.ends)
     on = ends or ctx
     edge_states = states(on.train_edge[..., None, None], none, (on.frozen_edge[..., None, None], none,
-                                                                on.frozen_edge_wire[..., None, None], none))
+                                                                on.frozen_edge_wire[..., None, None], none),
+                         (on.pad_edge[..., None, None], none, on.pad_frozen_edge[..., None, None], none))
     edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :]
-    edge_states = edge_states * state_live  # [C,S,2,3]
+    edge_states = edge_states * state_live  # [C,S,2,4]
+    edge_states = np.concatenate([edge_states[..., :1] + edge_states[..., 3:], edge_states[..., 1:3]], axis=-1)
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
@@ -140,14 +156,17 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # FSDP units: a block, experts included; with ep > 1 its local experts are a unit of their own
     # over the expert-data-parallel group (torchtitan), so the largest unit is reduced while the
     # smaller ones are gathered
-    # (a frozen base is gathered in its stored form, 4-bit under QLoRA; only adapters reduce)
-    dense_unit, exp_unit = ctx.train_dense.max(axis=(1, 2, 3)), ctx.train_exp.max(axis=(1, 2, 3))
-    dense_gather = (ctx.train_dense * pgb + ctx.frozen_dense_wire).max(axis=(1, 2, 3))
-    exp_gather = (ctx.train_exp * pgb + ctx.frozen_exp_wire).max(axis=(1, 2, 3))
+    # (a frozen base is gathered in its stored form, 4-bit under QLoRA; only adapters reduce;
+    # FSDP2's buffers hold its padded chunks)
+    dense, exp = ctx.train_dense + ctx.pad_dense, ctx.train_exp + ctx.pad_exp
+    dense_unit, exp_unit = dense.max(axis=(1, 2, 3)), exp.max(axis=(1, 2, 3))
+    dense_gather = (dense * pgb + ctx.frozen_dense_wire + ctx.pad_frozen_dense * pgb).max(axis=(1, 2, 3))
+    exp_gather = (exp * pgb + ctx.frozen_exp_wire + ctx.pad_frozen_exp * pgb).max(axis=(1, 2, 3))
     apart = c.ep > 1
     reduced = np.where(apart, np.where(dense_gather >= exp_gather, dense_unit, exp_unit), dense_unit + exp_unit)
     next_unit = np.where(apart, np.minimum(dense_gather, exp_gather), dense_gather + exp_gather)
-    root = np.where(gathered[:, None], ctx.train_edge * pgb + ctx.frozen_edge_wire, 0.0)
+    root = np.where(gathered[:, None], (ctx.train_edge + ctx.pad_edge + ctx.pad_frozen_edge) * pgb + ctx.frozen_edge_wire,
+                    0.0)
     working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, 1.0, rgb, assume.zero3_prefetch_units),
                        2 * assume.comm_bucket_MiB * 2**20)[:, None]
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
@@ -155,7 +174,9 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # are needed (FSDPMemTracker, autoplace.fidelity)
     per_vocab = np.where(tp > 1, assume.loss_workspace_bytes_per_vocab_tp, assume.loss_workspace_bytes_per_vocab)
     loss = last * tok * (per_vocab * table.vocab / tp * ~c.fused_loss)[:, None]
-    buffers = root[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
+    # at the end of a backward under a pipeline the edges' unsharded copies are params (after_backward)
+    root_at = root[..., None] * np.stack(np.broadcast_arrays(1.0, ~after_backward[:, :, 0, 0]), axis=-1)
+    buffers = root_at + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
     reserve = np.broadcast_to(reserve_bytes(ctx.hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)
     mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
@@ -201,13 +222,23 @@ def host_bytes(ctx: Context) -> tuple[Array, Array]:
                        + ctx.assume.offload_grad_bytes, paged)  # NVMe-offloaded states leave the host free
     par_per = np.where(c.offload_params == on_host, recipe.param_bytes, 0.0)
     frozen_par = (c.offload_params == on_host).astype(float)  # frozen weights offload in their stored form
-    z_opt, ez_opt = np.where(c.zero >= 1, ctx.size["zero"], 1), np.where(c.zero >= 1, ctx.size["ezero"], 1)
-    z_par, ez_par = np.where(c.zero >= 3, ctx.size["zero"], 1), np.where(c.zero >= 3, ctx.size["ezero"], 1)
-    dense, expert = ctx.train_dense[:, 0, :, 0], ctx.train_exp[:, 0, :, 0]  # [C, K]
-    f_dense, f_exp = ctx.frozen_dense[:, 0, :, 0], ctx.frozen_exp[:, 0, :, 0]
-    block = ((dense / z_opt[:, None] + expert / ez_opt[:, None]) * opt_per[:, None]
-             + (dense / z_par[:, None] + expert / ez_par[:, None]) * par_per[:, None]
-             + (f_dense / z_par[:, None] + f_exp / ez_par[:, None]) * frozen_par[:, None])
-    edges = (ctx.train_edge * (opt_per / z_opt + par_per / z_par)[:, None]
-             + ctx.frozen_edge * (frozen_par / z_par)[:, None])
+    zero, ezero = ctx.size["zero"][:, None], ctx.size["ezero"][:, None]
+    opt, par = (c.zero >= 1)[:, None], (c.zero >= 3)[:, None]  # sharded optimizer state, sharded parameters
+
+    def share(x: Array, pad: Array, n: Array, sharded: Array) -> Array:
+        """One GPU's share of ``x`` (FSDP2's padded chunk when sharded)."""
+        return state_bytes(x, 1.0, n, sharded, False, pad)
+
+    def block_of(x: Array) -> Array:
+        return x[:, 0, :, 0]  # [C, 1, K, 1] -> [C, K]
+
+    dense, expert, pd, pe = (block_of(x) for x in (ctx.train_dense, ctx.train_exp, ctx.pad_dense, ctx.pad_exp))
+    f_dense, f_exp = block_of(ctx.frozen_dense), block_of(ctx.frozen_exp)
+    pfd, pfe = block_of(ctx.pad_frozen_dense) * recipe.param_bytes, block_of(ctx.pad_frozen_exp) * recipe.param_bytes
+    block = ((share(dense, pd, zero, opt) + share(expert, pe, ezero, opt)) * opt_per[:, None]
+             + (share(dense, pd, zero, par) + share(expert, pe, ezero, par)) * par_per[:, None]
+             + (share(f_dense, pfd, zero, par) + share(f_exp, pfe, ezero, par)) * frozen_par[:, None])
+    edges = (share(ctx.train_edge, ctx.pad_edge, zero, opt) * opt_per[:, None]
+             + share(ctx.train_edge, ctx.pad_edge, zero, par) * par_per[:, None]
+             + share(ctx.frozen_edge, ctx.pad_frozen_edge * recipe.param_bytes, zero, par) * frozen_par[:, None])
     return ctx.stage(block[:, None, :]), edges

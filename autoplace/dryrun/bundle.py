@@ -50,6 +50,14 @@ class Bundle:
         worst = self.doc.get("memory_per_device_bytes")
         return worst if isinstance(worst, dict) else {}
 
+    def peak_phase(self, stage: int) -> str | None:
+        """The memory phase plan.json's prediction for pipeline stage ``stage`` is taken at ("bwd start"
+        or "bwd end", ``memory_peak_at_per_stage``); None when plan.json does not say."""
+        phases = self.doc.get("memory_peak_at_per_stage")
+        if isinstance(phases, list) and 0 <= stage < len(phases) and isinstance(phases[stage], str):
+            return phases[stage]
+        return None
+
 
 def read_bundle(path: Path) -> Bundle:
     """Read the bundle at ``path``.

@@ -23,7 +23,7 @@ from typing import Any
 from autoplace.bundle import LAUNCHERS
 from autoplace.dryrun.bundle import Bundle, edits, read_bundle
 from autoplace.dryrun.launches import KINDS, Launched, disagreements, record_all
-from autoplace.dryrun.steps import STATES, StepFailed, predicted_states
+from autoplace.dryrun.steps import STATES, StepFailed, at_peak, predicted_states
 from autoplace.dryrun.worker import EVENT_PREFIX
 from autoplace.errors import SpecError
 
@@ -219,9 +219,10 @@ def _collect(bundle: Bundle, rank: int, events: list[dict[str, Any]], seconds: f
     """A rank's events as a RankRun, beside plan.json's prediction for the stage it reported."""
     steps = tuple({k: v for k, v in e.items() if k != "event"} for e in events if e["event"] == "step")
     notes = tuple(e["text"] for e in events if e["event"] == "note")
-    measured = {e["state"]: (e["bytes"], e["how"]) for e in events if e["event"] == "measured"}
     placed = next((e for e in reversed(events) if e["event"] == "stage"), None)
     stage = placed["stage"] if placed else None
+    phase = bundle.peak_phase(stage if stage is not None else 0)
+    measured = {e["state"]: at_peak(e, phase) for e in events if e["event"] == "measured"}
     predicted = predicted_states(bundle.predicted(stage if stage is not None else 0))
     return RankRun(rank, stage, steps, notes, measured, predicted, seconds,
                    chunks=tuple(placed.get("chunks", ())) if placed else ())

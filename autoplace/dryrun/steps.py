@@ -120,11 +120,20 @@ class Steps:
         """The pipeline stage the rank holds, as the framework's own code placed it (and its virtual chunks)."""
         self._sink({"event": "stage", "stage": int(pipeline_rank), "chunks": [int(c) for c in chunks]})
 
-    def measured(self, state: str, nbytes: int, how: str) -> None:
-        """Bytes of ``state`` the framework allocated on the rank, and where they were counted."""
+    def measured(self, state: str, nbytes: int, how: str, *, backward_end: tuple[int, str] | None = None) -> None:
+        """Bytes of ``state`` the framework allocated on the rank, and where they were counted.
+
+        Args:
+            backward_end: bytes of the state that exist only at the end of a backward, and what they are
+                (FSDP2's unsharded copies under a pipeline): the comparison counts them where plan.json's
+                peak on the rank's stage is the end of the first backward (:func:`at_peak`).
+        """
         if state not in STATES:
             raise ValueError(f"unknown state {state!r}; valid: {', '.join(STATES)}")
-        self._sink({"event": "measured", "state": state, "bytes": int(nbytes), "how": how})
+        event: Event = {"event": "measured", "state": state, "bytes": int(nbytes), "how": how}
+        if backward_end is not None:
+            event |= {"backward_end_bytes": int(backward_end[0]), "backward_end_how": backward_end[1]}
+        self._sink(event)
 
 
 def framework_message(exc: BaseException) -> str:
@@ -172,6 +181,21 @@ def fake_world(world: int, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def at_peak(event: Mapping[str, Any], phase: str | None) -> tuple[int, str]:
+    """A ``measured`` event's bytes and how, at plan.json's peak ``phase`` for the rank's stage
+    (``memory_peak_at_per_stage``: "bwd start" or "bwd end", :data:`autoplace.cost.terms.MEMORY_PHASES`):
+    what exists only at the end of a backward is counted at "bwd end" and named as left out otherwise."""
+    nbytes, how, extra = int(event["bytes"]), str(event["how"]), int(event.get("backward_end_bytes") or 0)
+    if not extra:
+        return nbytes, how
+    what = event["backward_end_how"]
+    if phase == "bwd end":
+        return nbytes + extra, f"{how} + {what} (plan.json's peak on this stage: the end of the first backward)"
+    when = {"bwd start": "the start of backward"}.get(phase or "", "not stated")
+    return nbytes, (f"{how}; not counted: {what} ({extra / 2**30:.2f} GiB), which exist only at the end of a "
+                    f"backward (plan.json's peak on this stage: {when})")
 
 
 def predicted_states(stage: Mapping[str, Any]) -> dict[str, int]:

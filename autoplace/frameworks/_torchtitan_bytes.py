@@ -7,7 +7,11 @@ first step.  They are counted from the framework's own structures, at the step's
   dtype), plus the unsharded copies (the all-gather output, in the mixed-precision ``param_dtype``) of
   the units that do not reshard after forward (``post_forward_mesh_info is None``: torchtitan's
   ``fsdp_reshard_after_forward = "never"``), which live from a unit's first forward to its backward;
-  parameters FSDP2 does not manage (TP or DDP only) in full, as their local tensors;
+  parameters FSDP2 does not manage (TP or DDP only) in full, as their local tensors; under a pipeline
+  schedule, at the end of a backward, the unsharded copies of the units that reshard after forward too
+  (torch.distributed.pipelining calls ``set_reshard_after_backward(False)`` until the schedule's
+  REDUCE_GRAD, stage.py ``backward_maybe_with_nosync``: each unit stays unsharded from its backward to
+  its next forward), counted where plan.json's peak is the end of the first backward;
 - gradients: FSDP2's reduce-scatter output, sharded, cast to the parameter's dtype (foreach_reduce in
   torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); under a pipeline schedule the unsharded
   gradients in the reduce dtype instead (``FSDPParam.to_accumulated_grad_if_needed``:
@@ -64,10 +68,10 @@ def _on_any_device(param: Any, cuda_unsupported: bool = False) -> None:
     del param, cuda_unsupported
 
 
-def measure(parts: list[Any], optimizers: Iterable[Any], *, deferred: bool, steps: Steps
-            ) -> dict[str, tuple[int, str]]:
-    """The rank's device bytes per state (params, grads, optimizer) with where they were counted; notes
-    (``steps.note``) for what FSDP2 keeps on the host and what the pipeline keeps unsharded.
+def measure(parts: list[Any], optimizers: Iterable[Any], *, deferred: bool, steps: Steps) -> None:
+    """The rank's device bytes per state (params, grads, optimizer) with where they were counted
+    (``steps.measured``; the unsharded copies a pipeline leaves after a backward as the params' part at
+    the end of a backward); a note (``steps.note``) for what FSDP2 keeps on the host.
 
     Args:
         parts: the rank's model chunks, parallelized.
@@ -105,21 +109,16 @@ def measure(parts: list[Any], optimizers: Iterable[Any], *, deferred: bool, step
         steps.note(f"CPU offload: {_gib(host)} of sharded parameters, as much again of sharded gradients and "
                    f"{_gib(tensor_bytes(t for pid, t in state if pid in offloaded and t.device.type == 'meta'))} "
                    "of optimizer state on the host (FSDP2's CPUOffloadPolicy)")
-    if deferred:
-        kept_ids = {id(fp) for fp in kept}
-        resharded = [fp for fp, _ in units if id(fp) not in kept_ids]
-        if resharded:
-            steps.note(f"under the pipeline schedule FSDP2 does not reshard after backward (torch.distributed."
-                       "pipelining's set_reshard_after_backward(False), until REDUCE_GRAD): each unit stays "
-                       "unsharded from its backward to its next forward, so at the end of a backward "
-                       f"{_gib(sum(gathered[id(fp)] for fp in resharded))} of unsharded copies of the "
-                       f"{len(resharded)} parameters that reshard after forward are allocated, counted neither in "
-                       "params below nor in plan.json")
-    return {"params": (params, _params_how(units, kept, plain)),
-            "grads": (grads, _grads_how(units, plain, deferred)),
-            "optimizer": (optimizer, "Adam exp_avg + exp_avg_sq (+ fused Adam's step counters) of the rank's "
-                                     "parameters on the device, created by torch.optim's Adam._init_group as the "
-                                     "first step creates them")}
+    resharded = [fp for fp, group in units if group.post_forward_mesh_info is not None] if deferred else []
+    backward_end = (sum(gathered[id(fp)] for fp in resharded),
+                    f"the unsharded copies of the {len(resharded)} tensors of units that reshard after forward, "
+                    "left gathered by each backward until the next forward (torch.distributed.pipelining's "
+                    "set_reshard_after_backward(False) until REDUCE_GRAD)") if resharded else None
+    steps.measured("params", params, _params_how(units, kept, plain), backward_end=backward_end)
+    steps.measured("grads", grads, _grads_how(units, plain, deferred))
+    steps.measured("optimizer", optimizer, "Adam exp_avg + exp_avg_sq (+ fused Adam's step counters) of the rank's "
+                                           "parameters on the device, created by torch.optim's Adam._init_group as "
+                                           "the first step creates them")
 
 
 def _params_how(units: list[Any], kept: list[Any], plain: list[Any]) -> str:

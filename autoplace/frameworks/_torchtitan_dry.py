@@ -119,8 +119,7 @@ def _build(ctx: DryContext, steps: Steps) -> None:
     if redirected:
         steps.note("fused AdamW checks its parameters are on an accelerator when it creates their state; the "
                    "check is bypassed on the meta shards (the state is what the first step allocates)")
-    for state, (nbytes, how) in measure(parts, optimizers, deferred=deferred, steps=steps).items():
-        steps.measured(state, nbytes, how)
+    measure(parts, optimizers, deferred=deferred, steps=steps)
 
 
 def _job_and_mesh(ctx: DryContext, steps: Steps) -> tuple[Any, Any]:

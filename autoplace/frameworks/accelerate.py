@@ -177,6 +177,7 @@ class Accelerate(Framework):
     config_suffixes = (".yaml", ".yml")
     config_file = CONFIG
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
+    behaviour = {"fsdp2_dim0_padding": True}  # its FSDP2 is fully_shard (fsdp2_prepare_model)
 
     def degree_refusals(self, model: ModelSpec) -> dict[str, str]:
         return degree_refusals(model)

@@ -399,7 +399,8 @@ class Fsdp(Framework):
     name = FMT
     title = "PyTorch FSDP2"
     bf16_recipe = "bf16-fsdp2"
-    behaviour = {"replicas_keep_gathered": True}  # zero=0 is fully_shard over dp_shard=1 (apply_fsdp)
+    # zero=0 is fully_shard over dp_shard=1 (apply_fsdp); fully_shard pads each parameter's dim 0
+    behaviour = {"replicas_keep_gathered": True, "fsdp2_dim0_padding": True}
     denied_features = frozenset({"cp", "ep", "interleave"})
     pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
     compressions = frozenset({"bf16", "powersgd"})

@@ -592,7 +592,7 @@ class Torchtitan(Framework):
     layer_recompute = "every"  # [activation_checkpoint] selective_ac_option = N
     batching_rules = True  # its pipeline schedules' micro-batch counts (batching_refusal)
     # its pipelines (torch.distributed.pipelining) hold FSDP2's gradient sync to the last micro-batch
-    behaviour = {"pipeline_defers_grad_sync": True}
+    behaviour = {"pipeline_defers_grad_sync": True, "fsdp2_dim0_padding": True}
     # [compile], async TP, FSDP2's prefetch (always on), torchao's float8 and MX converters
     recipes = {"compile": (True, False), "fused_loss": (True, False), "tp_overlap": ("async", "none"),
                "overlap": (True,), "fp8": ("none", "tensorwise", "rowwise", "mxfp8")}
