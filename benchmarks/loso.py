@@ -188,4 +188,6 @@ def print_loso(console: Console, result: dict[str, object]) -> None:
     worse = sorted((s for s in scores if s.gap > LOSO_GAP), key=lambda s: -s.gap)
     said = "; ".join(f"{s.source} ({s.runs} runs): {mape(s.held_out):.1%} held out vs {mape(s.in_sample):.1%} in sample"
                      for s in worse)
-    console.print(f"sources predicted > {LOSO_GAP:.0%} (MAPE) worse held out than in sample: {said or 'none'}")
+    top = max(scores, key=lambda s: s.gap)
+    console.print(f"sources predicted > {LOSO_GAP:.0%} (MAPE) worse held out than in sample: {said or 'none'} "
+                  f"(largest: {top.source}, {mape(top.held_out):.1%} vs {mape(top.in_sample):.1%})")
