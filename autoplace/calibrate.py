@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,15 +129,11 @@ def fit(observations: list[Observation], base: Assumptions = DEFAULT) -> Calibra
         raise SpecError(f"measured step times must be positive and finite; bad: {', '.join(bad)}")
     logs = np.log([o.measured_s for o in observations])
 
-    def loss(lc: float, lb: float) -> float:
+    def log_predicted(lc: float, lb: float) -> np.ndarray:
         a = base.replace(compute_scale=float(np.exp(lc)), bandwidth_scale=float(np.exp(lb)))
-        pred = np.log([predict(o, a) for o in observations])
-        return float(((logs - pred) ** 2).sum() + RIDGE * (lc**2 + lb**2))
+        return np.log([predict(o, a) for o in observations])
 
-    # a coarse grid over factors 1/1000 .. 1000 finds the basins; Nelder-Mead polishes the best three
-    grid = np.linspace(-math.log(1000.0), math.log(1000.0), 13)
-    coarse = sorted(((loss(x, y), (x, y)) for x in grid for y in grid), key=lambda t: t[0])
-    center = min((_nelder_mead(loss, start) for _, start in coarse[:3]), key=lambda p: loss(*p))
+    center = fit_log_factors(logs, log_predicted)
     fitted = base.replace(compute_scale=float(np.exp(center[0])), bandwidth_scale=float(np.exp(center[1])))
     resid = logs - np.log([predict(o, fitted) for o in observations])
     n = len(observations)
@@ -152,6 +149,20 @@ def fit(observations: list[Observation], base: Assumptions = DEFAULT) -> Calibra
         band = (math.exp(-half), math.exp(half))
     return Calibration(fitted, sigma, band, errors(observations, base), errors(observations, fitted), n,
                        measured_on(observations), factor_sd)
+
+
+def fit_log_factors(logs: np.ndarray, log_predicted: Callable[[float, float], np.ndarray]) -> tuple[float, float]:
+    """The (log compute_scale, log bandwidth_scale) minimising ``sum (logs - log_predicted(lc, lb))^2``
+    plus the ridge: the fit itself, apart from where its predictions come from (:func:`fit` evaluates
+    the trials; benchmarks/loso.py refits the published runs with every source held out in turn)."""
+
+    def loss(lc: float, lb: float) -> float:
+        return float(((logs - log_predicted(lc, lb)) ** 2).sum() + RIDGE * (lc**2 + lb**2))
+
+    # a coarse grid over factors 1/1000 .. 1000 finds the basins; Nelder-Mead polishes the best three
+    grid = np.linspace(-math.log(1000.0), math.log(1000.0), 13)
+    coarse = sorted(((loss(x, y), (x, y)) for x in grid for y in grid), key=lambda t: t[0])
+    return min((_nelder_mead(loss, start) for _, start in coarse[:3]), key=lambda p: loss(*p))
 
 
 def _jacobian(observations: list[Observation], base: Assumptions, center: tuple[float, float],

@@ -5,7 +5,8 @@ shipped profiles and the framework's assumptions, with no per-row constants; eac
 the measured and predicted value of its own metric and the signed error (predicted / measured
 - 1: positive means autoplace is optimistic).  Then a summary per GPU family, and the pairwise
 ranking: for every two runs of the same model on the same cluster, whether the predicted order
-matches the measured one.
+matches the measured one.  Last, the headline development figure: the leave-one-source-out
+error (benchmarks/loso.py), every run predicted by calibration factors fitted without its source.
 
 Run: python benchmarks/published.py [--json] [--family h100]
 """
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from autoplace.validation import PublishedRun, load_runs, megatron_runs, predict  # noqa: E402
+from benchmarks.loso import print_loso, score_runs, to_json  # noqa: E402
 
 RUNS = REPO / "tests" / "reference" / "published_runs.yaml"
 MEGATRON = REPO / "tests" / "reference" / "megatron2021_table1.yaml"
@@ -38,7 +40,7 @@ def score(runs: list[PublishedRun]) -> list[dict[str, object]]:
         value, ev = predict(run)
         out.append({"id": run.id, "family": run.family, "framework": run.framework, "metric": run.metric,
                     "measured": run.measured, "predicted": value, "error": value / run.measured - 1,
-                    "fits": ev.fits, "mfu": ev.mfu, "group": "/".join(map(str, run.group))})
+                    "fits": ev.fits, "mfu": ev.mfu, "step_time_s": ev.step_time_s, "group": "/".join(map(str, run.group))})
     return out
 
 
@@ -233,8 +235,10 @@ def main() -> None:
     ordered = ranking(rows)
     good, pairs = sum(ok for _, ok in ordered), len(ordered)
     stats = summary(rows)
+    loso = score_runs(runs, rows)
     if args.json:
-        print(json.dumps({"rows": rows, "summary": stats, "ranking": {"ordered": good, "pairs": pairs}}, indent=1))
+        print(json.dumps({"rows": rows, "summary": stats, "ranking": {"ordered": good, "pairs": pairs},
+                          "leave_one_source_out": to_json(loso)}, indent=1))
         return
     console = Console(width=160)
     table = Table(title="Development set: predicted vs measured (error = predicted / measured - 1)")
@@ -259,6 +263,7 @@ def main() -> None:
     small_models_by_source(console, runs, rows)
     print_regimes(console, runs, rows)
     sharded_at_scale_section(console, runs, rows)
+    print_loso(console, loso)
 
 
 if __name__ == "__main__":
