@@ -398,6 +398,9 @@ def solve(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML page of the solution "
+                                                "here: charts of the best plan, the plans, each framework's best "
+                                                "(needs matplotlib).")] = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time
@@ -407,6 +410,10 @@ def solve(
 
     started = time.perf_counter()  # --time-limit bounds the whole command, loading and bundles included
     out_fmt = output_format(fmt, as_json)
+    if report is not None:  # a page that cannot be written is refused before the search
+        from autoplace.report_html import check_target
+
+        check_target(report)
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
@@ -424,11 +431,10 @@ def solve(
     view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                     noise_scale)
     doc.update(view.to_dict())
-    if out is not None and result.plans:
-        bests = solving.search_per_framework(result, inputs, request)
-        per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests)
-    else:
-        per_framework = {}
+    bests = solving.search_per_framework(result, inputs, request) if (out or report) and result.plans else {}
+    per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests) if out and result.plans else {}
+    if report is not None:
+        _write_report(report, doc, result, inputs, request, bests)
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:
@@ -437,8 +443,26 @@ def solve(
         _print_lines(view.lines() + _advised_solve(view, m, c, problem, request), out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
+        if report is not None:
+            _print_lines([f"report: {report} ({doc['report']['bytes'] / 1e3:,.0f} kB, {doc['report']['seconds']:.1f} s)"],
+                         out_fmt)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
+    """solve --report: each framework's part recorded in ``doc``, then the page written from ``doc``;
+    its size and seconds recorded in ``doc["report"]`` (after the page: they are not on it)."""
+    import time
+
+    from autoplace import solving
+    from autoplace.report_html import write_solve_report
+
+    begun = time.perf_counter()
+    if result.plans:
+        doc["per_framework"] = solving.framework_summary(result, inputs, request, bests)
+    size = write_solve_report(path, doc, result, inputs.cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
 
 
 def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None,
