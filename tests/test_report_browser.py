@@ -1,0 +1,122 @@
+"""solve --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
+page logs no console error, requests nothing but itself, draws something, and every number it
+shows equals the same command's --json.  Skipped where chromium or playwright is missing (.ci/run
+installs chromium; playwright is in the ``test`` extra and uses the system browser, never its own)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_cli import A100_8, MODELS, invoke, strict_json
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+
+# Every number the page ties to the JSON: path, exact value, unit of its text, the text
+_NUMBERS = """[...document.querySelectorAll('[data-json]')].map(e =>
+  [e.dataset.json, e.dataset.value, parseFloat(e.dataset.scale), e.textContent])"""
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """One solve of Llama-3-8B on 8 A100s with --json and --report: the document and the page."""
+    page = tmp_path_factory.mktemp("report") / "solve.html"
+    result = invoke("solve", MODELS / "llama-3-8b.json", A100_8, "--json", "--time-limit", "60", "--report", page)
+    assert result.exit_code == 0, result.output
+    return strict_json(result.stdout), page
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with sync_api.sync_playwright() as pw:
+        # the system chromium: Playwright's own browser download needs a network CI does not have
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def _at(doc: Any, key: str) -> Any:
+    """The value at a dotted JSON path (list indices as numbers)."""
+    for part in key.split("."):
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+def _shown(text: str) -> tuple[float, int]:
+    """The number a text shows and its decimals: ``'31,828'`` -> (31828.0, 0), ``'+7.9%'`` -> (7.9, 1)."""
+    match = re.search(r"[-+]?[\d,]*\.?\d+", text)
+    assert match, f"no number in {text!r}"
+    digits = match.group().replace(",", "")
+    return float(digits), len(digits.split(".")[1]) if "." in digits else 0
+
+
+def check_numbers(numbers: list[list[Any]], doc: dict[str, Any]) -> None:
+    """Each number's data-value is the JSON's, and its text is that value in its unit, to the digits shown."""
+    for key, value, scale, text in numbers:
+        expected = _at(doc, key)
+        assert json.loads(value) == expected, f"{key}: the page holds {value}, --json {expected}"
+        shown, decimals = _shown(text)
+        assert abs(shown * scale - expected) <= (0.5 * 10 ** -decimals + 1e-9) * scale, \
+            f"{key}: the page shows {text!r} (x{scale}), --json {expected}"
+
+
+def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
+        solved: tuple[dict[str, Any], Path], browser: Any, tmp_path: Path) -> None:
+    doc, path = solved
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    png = page.screenshot(full_page=True)
+    numbers = page.evaluate(_NUMBERS)
+    page.dispatch_event("#plans th:nth-child(8)", "click")  # sort by step time
+    order = page.evaluate("[...document.querySelectorAll('#plans tbody tr')].map(r => r.cells[0].textContent)")
+    page.close()
+
+    assert requests == [path.as_uri()]
+    assert errors == []
+    # what the browser fetches outside the page's own requests (its icon) is named by no attribute either
+    assert re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', path.read_text()) == []
+    _not_blank(png)
+    check_numbers(numbers, doc)
+    keys = {key for key, *_ in numbers}
+    for i in range(len(doc["plans"])):
+        assert {f"plans.{i}.step_time_s", f"plans.{i}.mfu", f"plans.{i}.memory_per_device_bytes.total"} <= keys
+    assert {f"per_framework.{f}.own_best.slowdown" for f, v in doc["per_framework"].items()
+            if "plan" in v.get("own_best", {})} <= keys
+    assert order == [str(p["rank"]) for p in sorted(doc["plans"], key=lambda p: p["step_time_s"])]
+
+
+def test_a_number_that_differs_from_json_fails(solved: tuple[dict[str, Any], Path]) -> None:
+    """The check itself: one step time off by a millisecond in the page fails it."""
+    doc, _ = solved
+    p = doc["plans"][0]
+    good = [["plans.0.step_time_s", json.dumps(p["step_time_s"]), 1.0, f"{p['step_time_s']:.3f}"]]
+    check_numbers(good, doc)
+    for bad in ([good[0][0], json.dumps(p["step_time_s"] + 1e-3), 1.0, good[0][3]],
+                [*good[0][:3], f"{p['step_time_s'] + 1e-3:.3f}"]):
+        with pytest.raises(AssertionError):
+            check_numbers([bad], doc)
+
+
+def _not_blank(png: bytes) -> None:
+    """A screenshot with content: many colours, and a good share of pixels off the background."""
+    from matplotlib import image
+
+    pixels = image.imread(io.BytesIO(png), format="png")[..., :3]
+    background = pixels[0, 0]
+    off = (abs(pixels - background).sum(axis=-1) > 0.1).mean()
+    colours = len({tuple(px) for px in (pixels[::7, ::7].reshape(-1, 3) * 255).astype(int).tolist()})
+    assert off > 0.05 and colours > 50, f"a blank page? {off:.1%} of pixels off the background, {colours} colours"
