@@ -115,10 +115,13 @@ def timeline(ax: Any, ops: Sequence[Op], pp: int, seconds_per_unit: float, title
     for op in ops:
         ax.broken_barh([(op.start * seconds_per_unit, (op.end - op.start) * seconds_per_unit)],
                        (op.device - 0.45, 0.9), facecolor=_PASS[op.kind], edgecolor="white", linewidth=0.5)
-        if op.end - op.start >= 0.8:  # a label only where it fits
+        if op.end - op.start >= 0.02 * end:  # a label only where it fits
             ax.text((op.start + op.end) / 2 * seconds_per_unit, op.device, op.label, ha="center", va="center",
                     fontsize=6, color="white")
-    ax.set_yticks(range(pp), [f"stage {d}" for d in range(pp)], fontsize=8)
+    chunks = ops[0].chunks  # interleaved: device d holds stages d, d + pp, ...
+    ax.set_yticks(range(pp), [f"stage {d}" if chunks == 1 else
+                              f"GPU {d}: stages {', '.join(str(c * pp + d) for c in range(chunks))}" for d in range(pp)],
+                  fontsize=8)
     ax.invert_yaxis()
     ax.set(title=title, xlabel="seconds", xlim=(0, end * seconds_per_unit))
     handles = [ax.bar(0, 0, color=c, label=lab) for lab, c in

@@ -29,8 +29,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:
 main{max-width:1240px;margin:0 auto;padding:20px 28px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 .sub{color:#555;margin:2px 0}.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
-.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 16px;min-width:150px}
-.card b{display:block;font-size:22px}.card small{color:#666}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 14px;min-width:140px;flex:1 1 auto}
+.card b{display:block;font-size:22px;white-space:nowrap}.card small{color:#666}
 .bad{background:#fdecea;border:1px solid #e45756;border-radius:8px;padding:10px 16px;margin:12px 0}
 table{border-collapse:collapse;background:#fff;width:100%}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
 th{background:#f0f0f0;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
