@@ -57,6 +57,9 @@ ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
                                                "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+ReportOpt = Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML page here: charts of "
+                                                "the plan, each framework's part, the numbers --json prints "
+                                                "(needs matplotlib).")]
 
 
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
@@ -253,26 +256,30 @@ def evaluate(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     from autoplace.cost.layers import layer_table
 
-    m, c, origin, ev, _ = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
-                                                             inter_node), plan, seq_len, global_batch, allow,
-                                  calibration, force, tuning_overrides(method, lora_rank, lora_alpha, lora_targets,
-                                                                       paged_optimizer))
-    table = layer_table(m)
     out = output_format(fmt, as_json)
+    _check_report(report)
+    m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+                                                                  inter_node), plan, seq_len, global_batch, allow,
+                                       calibration, force, tuning_overrides(method, lora_rank, lora_alpha,
+                                                                            lora_targets, paged_optimizer))
+    table = layer_table(m)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
+    doc = {"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params), **origin},
+           "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}
+    if report is not None:
+        _write_evaluation_report(report, doc, m, c, ev, assume)
     if out == "json":
-        typer.echo(_json({"schema": "autoplace.evaluation/v1",
-                          "model": {"name": m.name, "params": int(table.params), **origin},
-                          "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
+        typer.echo(_json(doc))
     else:
         from autoplace.report import origin_lines, print_evaluation
 
         print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
-        _print_lines(view.lines(), out)
+        _print_lines(view.lines() + _report_line(doc), out)
 
 
 @app.command()
@@ -398,9 +405,7 @@ def solve(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML page of the solution "
-                                                "here: charts of the best plan, the plans, each framework's best "
-                                                "(needs matplotlib).")] = None,
+    report: ReportOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time
@@ -410,10 +415,7 @@ def solve(
 
     started = time.perf_counter()  # --time-limit bounds the whole command, loading and bundles included
     out_fmt = output_format(fmt, as_json)
-    if report is not None:  # a page that cannot be written is refused before the search
-        from autoplace.report_html import check_target
-
-        check_target(report)
+    _check_report(report)
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
@@ -443,11 +445,23 @@ def solve(
         _print_lines(view.lines() + _advised_solve(view, m, c, problem, request), out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
-        if report is not None:
-            _print_lines([f"report: {report} ({doc['report']['bytes'] / 1e3:,.0f} kB, {doc['report']['seconds']:.1f} s)"],
-                         out_fmt)
+        _print_lines(_report_line(doc), out_fmt)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _check_report(path: Path | None) -> None:
+    """--report: a page that cannot be written (or drawn: no matplotlib) is refused before any work."""
+    if path is not None:
+        from autoplace.report_html import check_target
+
+        check_target(path)
+
+
+def _report_line(doc: dict[str, Any]) -> list[str]:
+    """The closing line naming the page written, its size and seconds (none without --report)."""
+    page = doc.get("report")
+    return [f"report: {page['path']} ({page['bytes'] / 1e3:,.0f} kB, {page['seconds']:.1f} s)"] if page else []
 
 
 def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
@@ -462,6 +476,20 @@ def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, req
     if result.plans:
         doc["per_framework"] = solving.framework_summary(result, inputs, request, bests)
     size = write_solve_report(path, doc, result, inputs.cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
+def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
+    """evaluate --report: who runs the plan recorded in ``doc``, the page written, then its size and seconds."""
+    import time
+
+    from autoplace.frameworks.search import Runners
+    from autoplace.report_html import write_evaluation_report
+    from autoplace.solving import who_runs
+
+    begun = time.perf_counter()
+    doc["per_framework"] = who_runs(Runners(model, cluster, assume), ev.plan)
+    size = write_evaluation_report(path, doc, ev, cluster)
     doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
 
 

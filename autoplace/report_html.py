@@ -91,26 +91,29 @@ def _card(title: str, body: str, small: str = "") -> str:
     return f'<div class="card"><small>{title}</small><b>{body}</b><small>{small}</small></div>'
 
 
-def _header(doc: dict[str, Any]) -> str:
-    """The title, where the model and cluster came from, and the search's status."""
+def _origin(doc: dict[str, Any]) -> str:
+    """The title and where the model and the cluster came from."""
     m, c = doc["model"], doc["cluster"]
-    gap = (num("gap", doc["gap"], f"{doc['gap']:.2%}", 0.01) if doc.get("gap") is not None else "none proven")
     params = num("model.params", m["params"], f"{m['params'] / 1e9:.2f}", 1e9)
-    seconds = num("solve_seconds", doc["solve_seconds"], f"{doc['solve_seconds']:.2f}")
     return (f"<h1>{html.escape(m['name'])} on {c['gpus']} × {html.escape(c['gpu'])}</h1>"
             f'<p class="sub">model: {params}B params · '
             f"seq len {num('model.seq_len', m['seq_len'], str(m['seq_len']))} · global batch "
             f"{num('model.global_batch', m['global_batch'], str(m['global_batch']))} sequences · from "
             f"{html.escape(str(m.get('source', '?')))}</p>"
             f'<p class="sub">cluster {html.escape(c["name"])}: {c["nodes"]} node(s) × {c["gpus_per_node"]} GPUs '
-            f"(NVLink domain {c.get('nvlink_domain', '?')})</p>"
-            f'<p class="sub">search: status <b>{html.escape(doc["status"])}</b>, objective {doc["objective"]}, '
-            f"framework {html.escape(doc['framework'])}, proven gap {gap}, "
-            f"{seconds} s</p>")
+            f"(NVLink domain {c.get('nvlink_domain', '?')})</p>")
 
 
-def _cards(p: dict[str, Any], key: str) -> str:
-    """The plan's headline numbers: the ten-second story."""
+def _search(doc: dict[str, Any]) -> str:
+    """The search's status, proven gap and seconds."""
+    gap = (num("gap", doc["gap"], f"{doc['gap']:.2%}", 0.01) if doc.get("gap") is not None else "none proven")
+    seconds = num("solve_seconds", doc["solve_seconds"], f"{doc['solve_seconds']:.2f}")
+    return (f'<p class="sub">search: status <b>{html.escape(doc["status"])}</b>, objective {doc["objective"]}, '
+            f"framework {html.escape(doc['framework'])}, proven gap {gap}, {seconds} s</p>")
+
+
+def _cards(p: dict[str, Any], key: str, runs: Sequence[str]) -> str:
+    """The plan's headline numbers: the ten-second story (``runs``: the frameworks that run it)."""
     d, mem, band = p["degrees"], p["memory_per_device_bytes"], p.get("step_time_band_95_s")
     shape = " × ".join(f"{k}{d[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if d[k] > 1) or "one GPU"
     sched = f"{p['schedule']}" + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
@@ -127,7 +130,7 @@ def _cards(p: dict[str, Any], key: str) -> str:
               "of " + num(f"{key}.memory_per_device_bytes.capacity", mem["capacity"], f"{mem['capacity'] / GiB:.1f}",
                           GiB) + " GiB"),
         _card("micro-batches", f"{p['micro_batch']} × {p['grad_accum']}", "micro-batch × accumulation"),
-        _card("runs with", html.escape(", ".join(p.get("frameworks", [])) or "none"), ""),
+        _card("runs with", html.escape(", ".join(runs) or "none"), ""),
     ]) + "</div>"
 
 
@@ -165,12 +168,15 @@ def _plans_table(doc: dict[str, Any], strings: Sequence[str]) -> str:
 
 
 def _frameworks_table(per_framework: dict[str, Any]) -> str:
-    """Per framework: runs the best plan or why not; its own best plan, step time and slowdown."""
-    rows = []
+    """Per framework: runs the plan or why not; when searched (solve), its own best plan, step time
+    and slowdown."""
+    searched, rows = any("own_best" in f for f in per_framework.values()), []
     for name, f in per_framework.items():
         key, own = f"per_framework.{name}.own_best", f.get("own_best") or {}
-        runs = "yes" if f["runs_best_plan"] else f"no: {html.escape(str(f['why_not']))}"
-        if "plan" in own:
+        runs = "yes" if f["runs_plan"] else f"no: {html.escape(str(f['why_not']))}"
+        if not searched:
+            cells = ""
+        elif "plan" in own:
             step = num(f"{key}.step_time_s", own["step_time_s"], f"{own['step_time_s']:.3f}")
             slow = num(f"{key}.slowdown", own["slowdown"], f"{own['slowdown']:+.1%}", 0.01)
             cells = (f'<td class="n" data-sort="{own["step_time_s"]!r}">{step}</td>'
@@ -178,8 +184,9 @@ def _frameworks_table(per_framework: dict[str, Any]) -> str:
         else:
             cells = f'<td></td><td></td><td>{html.escape(own.get("reason", "not searched (one framework asked for)"))}</td>'
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{runs}</td>{cells}</tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("framework", "runs plan 1", "its best: step s", "slowdown",
-                                              "its best plan"))
+    columns = ("framework", "runs plan 1", "its best: step s", "slowdown", "its best plan") if searched else \
+        ("framework", "runs the plan")
+    head = "".join(f"<th>{h}</th>" for h in columns)
     return f'<table class="sortable" id="frameworks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
@@ -188,12 +195,19 @@ def _memory_and_time(plans: Sequence[dict[str, Any]]) -> str:
     fig, (ax_mem, ax_time) = charts.figure(12.5, 3.8, ncols=2)
     charts.memory_bars(ax_mem, plans[0]["memory_per_stage_bytes"])
     band = plans[0].get("step_time_band_95_s")
-    charts.time_bars(ax_time, [(f"plan {p['rank']}", p["time_breakdown_s"]) for p in plans],
+    charts.time_bars(ax_time, [(f"plan {p['rank']}" if "rank" in p else "plan", p["time_breakdown_s"]) for p in plans],
                      tuple(band) if band else None)
-    return charts.svg(fig, "mt")
+    return f'<div class="charts">{charts.svg(fig, "mt")}</div>'
 
 
-def _timeline(p: dict[str, Any]) -> str:
+def _plan_charts(plans: Sequence[dict[str, Any]], key: str, links: dict[str, str], name: str) -> list[str]:
+    """The first plan's charts with their headings: memory and step time, schedule, communication."""
+    return [f"<h2>{name}: memory per stage and step time</h2>", _memory_and_time(plans),
+            f"<h2>{name}: pipeline schedule</h2>", _timeline(plans[0], key),
+            f"<h2>{name}: communication by dimension</h2>", _comm(plans[0], key, links)]
+
+
+def _timeline(p: dict[str, Any], key: str) -> str:
     """The chosen plan's pipeline schedule laid out in time, or a line saying it has none."""
     from autoplace.pipeline_timeline import drawn_microbatches, idle_share, lay_out
 
@@ -202,7 +216,7 @@ def _timeline(p: dict[str, Any]) -> str:
     if pp == 1:
         return (f'<p class="note">No pipeline (pp=1): each device runs all {m} micro-batches of the step '
                 "back to back, accumulating gradients; there is no bubble.</p>")
-    step = num("plans.0.step_time_s", p["step_time_s"], f"{p['step_time_s']:.3f}")
+    step = num(f"{key}.step_time_s", p["step_time_s"], f"{p['step_time_s']:.3f}")
     drawn = drawn_microbatches(schedule, pp, m)
     ops = lay_out(schedule, pp, vpp, drawn)
     # one forward of a whole stage per micro-batch: a third of the step's compute per micro-batch
@@ -215,18 +229,18 @@ def _timeline(p: dict[str, Any]) -> str:
     return (charts.svg(fig, "tl") +
             f'<p class="note">Drawn: {shown}, stages equal, backward twice forward; idle share of the drawn span '
             f"{idle_share(ops, pp):.1%}. Over the whole step the bubble costs "
-            f"{num('plans.0.time_breakdown_s.bubble', bubble, f'{bubble:.3f}')} s of "
+            f"{num(f'{key}.time_breakdown_s.bubble', bubble, f'{bubble:.3f}')} s of "
             f"{step} s.</p>")
 
 
-def _comm(p: dict[str, Any], links: dict[str, str]) -> str:
+def _comm(p: dict[str, Any], key: str, links: dict[str, str]) -> str:
     """Bytes per step per device by dimension and the link tiers each uses."""
     comm = p["comm_bytes_per_step_per_device"]
     if not comm["total"]:
         return '<p class="note">This plan moves no bytes between devices.</p>'
     fig, ax = charts.figure(7.5, 0.4 * sum(1 for k, v in comm.items() if v and k != "total") + 1.4)
     charts.comm_bars(ax, comm, links)
-    total = num("plans.0.comm_bytes_per_step_per_device.total", comm["total"], f"{comm['total'] / 1e9:,.1f}", 1e9)
+    total = num(f"{key}.comm_bytes_per_step_per_device.total", comm["total"], f"{comm['total'] / 1e9:,.1f}", 1e9)
     return charts.svg(fig, "cm") + f'<p class="note">In all {total} GB per device per step.</p>'
 
 
@@ -253,24 +267,48 @@ def _infeasible(doc: dict[str, Any]) -> str:
 def solve_page(doc: dict[str, Any], strings: Sequence[str], links: dict[str, str]) -> str:
     """The whole page of a solve: ``doc`` is what ``--json`` prints, ``strings`` each plan's
     ``--plan`` string, ``links`` the best plan's link tiers per dimension."""
-    title = f"autoplace: {doc['model']['name']} on {doc['cluster']['gpus']} × {doc['cluster']['gpu']}"
-    body = [_header(doc)]
+    body = [_origin(doc), _search(doc)]
     if not doc["plans"]:
         body.append(_infeasible(doc))
     else:
-        best = doc["plans"][0]
-        body += [_cards(best, "plans.0"), "<h2>Top plans</h2>", _plans_table(doc, strings),
-                 "<h2>Plan 1: memory per stage and step time</h2>", f'<div class="charts">{_memory_and_time(doc["plans"])}'
-                 "</div>", "<h2>Plan 1: pipeline schedule</h2>", _timeline(best),
-                 "<h2>Plan 1: communication by dimension</h2>", _comm(best, links)]
+        body += [_cards(doc["plans"][0], "plans.0", doc["plans"][0]["frameworks"]), "<h2>Top plans</h2>", _plans_table(doc, strings),
+                 *_plan_charts(doc["plans"], "plans.0", links, "Plan 1")]
         if doc.get("per_framework"):
             body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in doc.get("notes", []))
     body.append(f'<h2>Notes</h2><ul class="note">{notes}</ul>')
+    return _page(doc, body)
+
+
+def evaluation_page(doc: dict[str, Any], string: str, links: dict[str, str]) -> str:
+    """The whole page of ``evaluate``: ``doc`` as ``--json`` prints it, the plan's string and link tiers."""
+    p = doc["plan"]
+    verdict = ('<p class="sub">verdict: <b>fits and is sound</b></p>' if not p["violations"] else
+               '<div class="bad"><b>This plan cannot run as given.</b><ul>' +
+               "".join(f"<li>{html.escape(v['rule'])}: {html.escape(v['message'])}</li>" for v in p["violations"]) +
+               "</ul></div>")
+    body = [_origin(doc), verdict, _cards(p, "plan", [n for n, f in doc.get("per_framework", {}).items() if f["runs_plan"]]), f"<p>{_copyable(string)}</p>",
+            *_plan_charts([p], "plan", links, "The plan")]
+    if doc.get("per_framework"):
+        body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
+    return _page(doc, body)
+
+
+def _page(doc: dict[str, Any], body: Sequence[str]) -> str:
+    """The document around ``body``: title, inline style and script, nothing fetched."""
+    title = f"autoplace: {doc['model']['name']} on {doc['cluster']['gpus']} × {doc['cluster']['gpu']}"
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             # no request of any kind: not even the browser's default /favicon.ico
             '<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'
             f'<style>{_CSS}</style></head><body><main>{"".join(body)}</main><script>{_JS}</script></body></html>')
+
+
+def write_page(path: Path, text: str) -> int:
+    """Write a page whole (a reader never sees half of one); returns its size in bytes."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return len(text.encode())
 
 
 def write_solve_report(path: Path, doc: dict[str, Any], result: Any, cluster: Any) -> int:
@@ -278,9 +316,11 @@ def write_solve_report(path: Path, doc: dict[str, Any], result: Any, cluster: An
     from autoplace.report import tiers
 
     strings = [ev.plan.to_string() for ev in result.plans]
-    links = tiers(result.plans[0], cluster) if result.plans else {}
-    text = solve_page(doc, strings, links)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a page
-    return len(text.encode())
+    return write_page(path, solve_page(doc, strings, tiers(result.plans[0], cluster) if result.plans else {}))
+
+
+def write_evaluation_report(path: Path, doc: dict[str, Any], evaluation: Any, cluster: Any) -> int:
+    """Write the page of ``evaluate`` (:func:`evaluation_page`) to ``path``; returns its size in bytes."""
+    from autoplace.report import tiers
+
+    return write_page(path, evaluation_page(doc, evaluation.plan.to_string(), tiers(evaluation, cluster)))

@@ -1,4 +1,4 @@
-"""solve --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
+"""solve and evaluate --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
 page logs no console error, requests nothing but itself, draws something, and every number it
 shows equals the same command's --json.  Skipped where chromium or playwright is missing (.ci/run
 installs chromium; playwright is in the ``test`` extra and uses the system browser, never its own)."""
@@ -24,16 +24,20 @@ _NUMBERS = """[...document.querySelectorAll('[data-json]')].map(e =>
   [e.dataset.json, e.dataset.value, parseFloat(e.dataset.scale), e.textContent])"""
 
 
-# A solve that finds plans (exit 0), and one that finds none (exit 3: the page shows the nearest plan)
-SOLVES = {"llama-3-8b": 0, "llama-3-405b": 3}
+# On 8 A100s: a solve that finds plans (exit 0), one that finds none (exit 3: the page shows the nearest
+# plan), and evaluate of an interleaved pipeline plan
+CASES = {"solve": (("solve", MODELS / "llama-3-8b.json", "--time-limit", "60"), 0),
+         "solve-infeasible": (("solve", MODELS / "llama-3-405b.json", "--time-limit", "60"), 3),
+         "evaluate": (("evaluate", MODELS / "llama-3-8b.json", "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"), 0)}
 
 
-@pytest.fixture(scope="module", params=list(SOLVES))
+@pytest.fixture(scope="module", params=list(CASES))
 def solved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """One solve on 8 A100s with --json and --report: the document and the page."""
-    page = tmp_path_factory.mktemp("report") / "solve.html"
-    result = invoke("solve", MODELS / f"{request.param}.json", A100_8, "--json", "--time-limit", "60", "--report", page)
-    assert result.exit_code == SOLVES[request.param], result.output
+    """One command with --json and --report: the document and the page."""
+    page = tmp_path_factory.mktemp("report") / "page.html"
+    (command, model, *args), code = CASES[request.param]
+    result = invoke(command, model, A100_8, *args, "--json", "--report", page)
+    assert result.exit_code == code, result.output
     return strict_json(result.stdout), page
 
 
@@ -85,7 +89,7 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
     page.wait_for_load_state("load")
     png = page.screenshot(full_page=True)
     numbers = page.evaluate(_NUMBERS)
-    if doc["plans"]:
+    if doc.get("plans"):
         page.dispatch_event("#plans th:nth-child(8)", "click")  # sort by step time
     order = page.evaluate("[...document.querySelectorAll('#plans tbody tr')].map(r => r.cells[0].textContent)")
     page.close()
@@ -97,6 +101,10 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
     _not_blank(png)
     check_numbers(numbers, doc)
     keys = {key for key, *_ in numbers}
+    if "plan" in doc:  # evaluate: the one plan
+        assert {"plan.step_time_s", "plan.mfu", "plan.memory_per_device_bytes.total",
+                "plan.time_breakdown_s.bubble"} <= keys
+        return
     if not doc["plans"]:  # no plan fits: the nearest one and by how much it misses
         assert {"nearest.memory_per_device_bytes.total", "nearest.memory_per_device_bytes.capacity"} <= keys
         return

@@ -1,4 +1,4 @@
-"""solve --report without a browser: bad report paths refused in one line before any search, the
+"""solve and evaluate --report without a browser: bad report paths refused in one line before any search, the
 pipeline timeline's layout against the bubble the cost model assumes."""
 
 from __future__ import annotations
@@ -36,6 +36,18 @@ def test_a_report_path_that_cannot_be_written_is_one_line_before_the_search(
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("autoplace: error: --report") and says in lines[0], lines
+
+
+def test_evaluate_refuses_a_report_path_before_scoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoplace import evaluation
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the plan was scored before the report path was checked")
+
+    monkeypatch.setattr(evaluation, "evaluate", refuse)
+    result = invoke("evaluate", LLAMA_8B, A100_8, "--plan", "tp=2", "--report", tmp_path / "missing" / "r.html")
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
 
 
 def test_a_folder_the_file_system_refuses_is_named(no_search: None) -> None:
