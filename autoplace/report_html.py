@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 import importlib.util
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -304,11 +303,12 @@ def _page(doc: dict[str, Any], body: Sequence[str]) -> str:
 
 
 def write_page(path: Path, text: str) -> int:
-    """Write a page whole (a reader never sees half of one); returns its size in bytes."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return len(text.encode())
+    """Write a page into ``path``; returns its size in bytes.  Written in place, never renamed over
+    the path: a path that is no regular file (``/dev/null``, a pipe) must stay what it is."""
+    data = text.encode("utf-8")
+    with path.open("wb") as f:
+        f.write(data)
+    return len(data)
 
 
 def write_solve_report(path: Path, doc: dict[str, Any], result: Any, cluster: Any) -> int:

@@ -71,6 +71,26 @@ def test_without_matplotlib_the_report_names_the_extra(monkeypatch: pytest.Monke
     assert not (tmp_path / "r.html").exists()
 
 
+def test_a_page_written_into_a_pipe_leaves_the_pipe_a_pipe(tmp_path: Path) -> None:
+    """--report /dev/null discards the page; a page renamed over the path would replace the device
+    (a FIFO stands in for it here)."""
+    import os
+    import stat
+    import threading
+
+    from autoplace.report_html import write_page
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert write_page(fifo, "<p>page</p>") == len("<p>page</p>")
+    reader.join(timeout=30)
+    assert got == [b"<p>page</p>"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
 @pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), [
     ("1f1b", 4, 1, 8), ("1f1b", 4, 1, 2), ("1f1b", 8, 1, 16), ("interleaved", 4, 2, 8), ("interleaved", 8, 4, 16),
     ("interleaved", 2, 3, 2),
