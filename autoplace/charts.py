@@ -21,14 +21,14 @@ MEMORY = ("params", "grads", "optimizer", "activations", "buffers", "reserve")
 _PASS = {"F": "#4c78a8", "B": "#f58518"}
 
 
-def figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
+def figure(width: float, height: float, ncols: int = 1, nrows: int = 1) -> tuple[Any, Any]:
     """A matplotlib figure (headless Agg back end) and its axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, ncols, figsize=(width, height))
+    return plt.subplots(nrows, ncols, figsize=(width, height))
 
 
 def svg(fig: Any, prefix: str) -> str:
@@ -128,3 +128,41 @@ def timeline(ax: Any, ops: Sequence[Op], pp: int, seconds_per_unit: float, title
                (("forward", _PASS["F"]), ("backward", _PASS["B"]), ("idle (bubble)", "#f4c7c6"))]
     _legend(ax, handles=handles)
 
+
+
+def scaling(ax: Any, gpus: Sequence[int], tokens_per_s: Sequence[float], efficiency: Sequence[float],
+            title: str) -> None:
+    """Throughput against GPUs on log axes, the linear line from the first size, and scaling
+    efficiency on a second axis (``scale --png`` and the scale report)."""
+    import matplotlib.ticker
+
+    ax.plot(gpus, tokens_per_s, "o-", color="tab:blue", label="tokens/s")
+    if gpus:
+        ax.plot(gpus, [tokens_per_s[0] * g / gpus[0] for g in gpus], ":", color="tab:blue",
+                label="linear from the first row")
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="tokens/s", title=title)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    eff = ax.twinx()
+    eff.plot(gpus, [100 * e for e in efficiency], "s--", color="tab:orange", label="scaling efficiency")
+    eff.set(ylabel="scaling efficiency, %", ylim=(0, 110))
+    lines = ax.get_legend_handles_labels()[0] + eff.get_legend_handles_labels()[0]
+    ax.legend(lines, [str(h.get_label()) for h in lines], loc="lower right", fontsize=8)
+
+
+def against_gpus(ax: Any, gpus: Sequence[int], values: Sequence[float], ylabel: str,
+                 marks: Mapping[str, int | None]) -> None:
+    """One quantity against the GPU count (log x), the sizes named in ``marks`` (chosen, cheapest)
+    ringed and labelled."""
+    import matplotlib.ticker
+
+    ax.plot(gpus, values, "o-", color="#4c78a8")
+    for (name, at), colour, size in zip(marks.items(), ("#e45756", "#54a24b"), (17, 11), strict=False):
+        if at in gpus:  # rings of two sizes: one size can be both
+            i = list(gpus).index(at)
+            ax.plot([at], [values[i]], "o", markersize=size, markerfacecolor="none", markeredgecolor=colour,
+                    markeredgewidth=2, label=f"{name}: {at} GPUs")
+    ax.set(xscale="log", xlabel="GPUs", ylabel=ylabel, title=ylabel)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=8)

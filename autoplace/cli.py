@@ -479,6 +479,17 @@ def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, req
     doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
 
 
+def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> None:
+    """scale --report: the page written from ``doc``, then its size and seconds recorded in it."""
+    import time
+
+    from autoplace.report_scale import write_scale_report
+
+    begun = time.perf_counter()
+    size = write_scale_report(path, doc, chosen, cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
 def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
     """evaluate --report: who runs the plan recorded in ``doc``, the page written, then its size and seconds."""
     import time
@@ -630,11 +641,13 @@ def scale(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """The best plan at every GPU count: tokens/s, MFU, scaling efficiency, time and cost to a token budget."""
     import time as _time
 
     t0 = _time.perf_counter()
+    _check_report(report)
     try:
         from autoplace.cost.layers import layer_table
         from autoplace.planning import parse_amount, parse_counts
@@ -678,6 +691,8 @@ def scale(
             doc["png"] = str(png)
     except ImportError as exc:
         raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
+    if report is not None:
+        _write_scale_report(report, doc, chosen, cluster_at(chosen.used_gpus, gpu=gpu, unit=unit) if chosen else None)
     if out_fmt == "json":
         doc.pop("advice_lines")
         typer.echo(_json(doc))
@@ -686,6 +701,7 @@ def scale(
 
         print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
                                               f"{len(counts)} sizes of {doc['gpu']}"], wide=wide)
+        _print_lines(_report_line(doc), out_fmt)
     if choice.missed and days is not None:  # the deadline asked for cannot be met: infeasible, as solve says
         raise typer.Exit(3)
 

@@ -86,7 +86,8 @@ def num(key: str, value: float, text: str, scale: float = 1.0) -> str:
             f"{html.escape(text)}</span>")
 
 
-def _card(title: str, body: str, small: str = "") -> str:
+def card(title: str, body: str, small: str = "") -> str:
+    """One headline number: its name above, the value, a line of context below."""
     return f'<div class="card"><small>{title}</small><b>{body}</b><small>{small}</small></div>'
 
 
@@ -119,21 +120,22 @@ def _cards(p: dict[str, Any], key: str, runs: Sequence[str]) -> str:
     band_text = (f"95%: {num(f'{key}.step_time_band_95_s.0', band[0], f'{band[0]:.3f}')}–"
                  f"{num(f'{key}.step_time_band_95_s.1', band[1], f'{band[1]:.3f}')} s") if band else ""
     return '<div class="cards">' + "".join([
-        _card("layout", html.escape(shape), f"ZeRO {p['zero_stage']} · {html.escape(sched)} · recompute "
+        card("layout", html.escape(shape), f"ZeRO {p['zero_stage']} · {html.escape(sched)} · recompute "
               f"{html.escape(p['recompute'])}"),
-        _card("step time", num(f"{key}.step_time_s", p["step_time_s"], f"{p['step_time_s']:.3f}") + " s", band_text),
-        _card("throughput", num(f"{key}.tokens_per_s", p["tokens_per_s"], f"{p['tokens_per_s']:,.0f}"),
+        card("step time", num(f"{key}.step_time_s", p["step_time_s"], f"{p['step_time_s']:.3f}") + " s", band_text),
+        card("throughput", num(f"{key}.tokens_per_s", p["tokens_per_s"], f"{p['tokens_per_s']:,.0f}"),
               "tokens/s · MFU " + num(f"{key}.mfu", p["mfu"], f"{p['mfu']:.1%}", 0.01)),
-        _card("memory, fullest device", num(f"{key}.memory_per_device_bytes.total", mem["total"],
+        card("memory, fullest device", num(f"{key}.memory_per_device_bytes.total", mem["total"],
                                             f"{mem['total'] / GiB:.1f}", GiB) + " GiB",
               "of " + num(f"{key}.memory_per_device_bytes.capacity", mem["capacity"], f"{mem['capacity'] / GiB:.1f}",
                           GiB) + " GiB"),
-        _card("micro-batches", f"{p['micro_batch']} × {p['grad_accum']}", "micro-batch × accumulation"),
-        _card("runs with", html.escape(", ".join(runs) or "none"), ""),
+        card("micro-batches", f"{p['micro_batch']} × {p['grad_accum']}", "micro-batch × accumulation"),
+        card("runs with", html.escape(", ".join(runs) or "none"), ""),
     ]) + "</div>"
 
 
-def _copyable(text: str) -> str:
+def copyable(text: str) -> str:
+    """A plan string with the button that copies it."""
     return f'<code>{html.escape(text)}</code><button class="copy" type="button">copy</button>'
 
 
@@ -159,7 +161,7 @@ def _plans_table(doc: dict[str, Any], strings: Sequence[str]) -> str:
             cell("tokens_per_s", p["tokens_per_s"], f"{p['tokens_per_s']:,.0f}"),
             cell("mfu", p["mfu"], f"{p['mfu']:.1%}", 0.01),
             f"<td>{html.escape(', '.join(p.get('frameworks', [])) or 'none')}</td>",
-            f"<td>{_copyable(text)}</td>"]) + "</tr>")
+            f"<td>{copyable(text)}</td>"]) + "</tr>")
     ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     return (f'<table class="sortable" id="plans"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
             '<p class="note">Click a column to sort; each plan string is what <code>--plan</code> and '
@@ -179,7 +181,7 @@ def _frameworks_table(per_framework: dict[str, Any]) -> str:
             step = num(f"{key}.step_time_s", own["step_time_s"], f"{own['step_time_s']:.3f}")
             slow = num(f"{key}.slowdown", own["slowdown"], f"{own['slowdown']:+.1%}", 0.01)
             cells = (f'<td class="n" data-sort="{own["step_time_s"]!r}">{step}</td>'
-                     f'<td class="n" data-sort="{own["slowdown"]!r}">{slow}</td><td>{_copyable(own["plan"])}</td>')
+                     f'<td class="n" data-sort="{own["slowdown"]!r}">{slow}</td><td>{copyable(own["plan"])}</td>')
         else:
             cells = f'<td></td><td></td><td>{html.escape(own.get("reason", "not searched (one framework asked for)"))}</td>'
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{runs}</td>{cells}</tr>")
@@ -199,7 +201,7 @@ def _memory_and_time(plans: Sequence[dict[str, Any]]) -> str:
     return f'<div class="charts">{charts.svg(fig, "mt")}</div>'
 
 
-def _plan_charts(plans: Sequence[dict[str, Any]], key: str, links: dict[str, str], name: str) -> list[str]:
+def plan_charts(plans: Sequence[dict[str, Any]], key: str, links: dict[str, str], name: str) -> list[str]:
     """The first plan's charts with their headings: memory and step time, schedule, communication."""
     return [f"<h2>{name}: memory per stage and step time</h2>", _memory_and_time(plans),
             f"<h2>{name}: pipeline schedule</h2>", _timeline(plans[0], key),
@@ -271,12 +273,12 @@ def solve_page(doc: dict[str, Any], strings: Sequence[str], links: dict[str, str
         body.append(_infeasible(doc))
     else:
         body += [_cards(doc["plans"][0], "plans.0", doc["plans"][0]["frameworks"]), "<h2>Top plans</h2>", _plans_table(doc, strings),
-                 *_plan_charts(doc["plans"], "plans.0", links, "Plan 1")]
+                 *plan_charts(doc["plans"], "plans.0", links, "Plan 1")]
         if doc.get("per_framework"):
             body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in doc.get("notes", []))
     body.append(f'<h2>Notes</h2><ul class="note">{notes}</ul>')
-    return _page(doc, body)
+    return page(_title(doc), body)
 
 
 def evaluation_page(doc: dict[str, Any], string: str, links: dict[str, str]) -> str:
@@ -286,16 +288,19 @@ def evaluation_page(doc: dict[str, Any], string: str, links: dict[str, str]) -> 
                '<div class="bad"><b>This plan cannot run as given.</b><ul>' +
                "".join(f"<li>{html.escape(v['rule'])}: {html.escape(v['message'])}</li>" for v in p["violations"]) +
                "</ul></div>")
-    body = [_origin(doc), verdict, _cards(p, "plan", [n for n, f in doc.get("per_framework", {}).items() if f["runs_plan"]]), f"<p>{_copyable(string)}</p>",
-            *_plan_charts([p], "plan", links, "The plan")]
+    body = [_origin(doc), verdict, _cards(p, "plan", [n for n, f in doc.get("per_framework", {}).items() if f["runs_plan"]]), f"<p>{copyable(string)}</p>",
+            *plan_charts([p], "plan", links, "The plan")]
     if doc.get("per_framework"):
         body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
-    return _page(doc, body)
+    return page(_title(doc), body)
 
 
-def _page(doc: dict[str, Any], body: Sequence[str]) -> str:
+def _title(doc: dict[str, Any]) -> str:
+    return f"autoplace: {doc['model']['name']} on {doc['cluster']['gpus']} × {doc['cluster']['gpu']}"
+
+
+def page(title: str, body: Sequence[str]) -> str:
     """The document around ``body``: title, inline style and script, nothing fetched."""
-    title = f"autoplace: {doc['model']['name']} on {doc['cluster']['gpus']} × {doc['cluster']['gpu']}"
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             # no request of any kind: not even the browser's default /favicon.ico
             '<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'

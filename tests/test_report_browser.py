@@ -1,4 +1,4 @@
-"""solve and evaluate --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
+"""solve, evaluate and scale --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
 page logs no console error, requests nothing but itself, draws something, and every number it
 shows equals the same command's --json.  Skipped where chromium or playwright is missing (.ci/run
 installs chromium; playwright is in the ``test`` extra and uses the system browser, never its own)."""
@@ -25,18 +25,21 @@ _NUMBERS = """[...document.querySelectorAll('[data-json]')].map(e =>
 
 
 # On 8 A100s: a solve that finds plans (exit 0), one that finds none (exit 3: the page shows the nearest
-# plan), and evaluate of an interleaved pipeline plan
-CASES = {"solve": (("solve", MODELS / "llama-3-8b.json", "--time-limit", "60"), 0),
-         "solve-infeasible": (("solve", MODELS / "llama-3-405b.json", "--time-limit", "60"), 3),
-         "evaluate": (("evaluate", MODELS / "llama-3-8b.json", "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"), 0)}
+# plan), evaluate of an interleaved pipeline plan; and scale over 8 and 16 A100s
+CASES = {"solve": (("solve", MODELS / "llama-3-8b.json", A100_8, "--time-limit", "60"), 0),
+         "solve-infeasible": (("solve", MODELS / "llama-3-405b.json", A100_8, "--time-limit", "60"), 3),
+         "evaluate": (("evaluate", MODELS / "llama-3-8b.json", A100_8, "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"),
+                      0),
+         "scale": (("scale", MODELS / "llama-3-8b.json", "--gpu", "a100", "--gpus", "8,16", "--tokens", "1e10",
+                    "--time-limit", "5"), 0)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def solved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     """One command with --json and --report: the document and the page."""
     page = tmp_path_factory.mktemp("report") / "page.html"
-    (command, model, *args), code = CASES[request.param]
-    result = invoke(command, model, A100_8, *args, "--json", "--report", page)
+    args, code = CASES[request.param]
+    result = invoke(*args, "--json", "--report", page)
     assert result.exit_code == code, result.output
     return strict_json(result.stdout), page
 
@@ -101,6 +104,12 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
     _not_blank(png)
     check_numbers(numbers, doc)
     keys = {key for key, *_ in numbers}
+    if "points" in doc:  # scale: every size's numbers and the chosen plan's
+        chosen = next(i for i, p in enumerate(doc["points"]) if p["gpus"] == doc["chosen_gpus"])
+        for i in range(len(doc["points"])):
+            assert {f"points.{i}.plan.step_time_s", f"points.{i}.tokens_per_s", f"points.{i}.training_cost.days"} <= keys
+        assert f"points.{chosen}.plan.comm_bytes_per_step_per_device.total" in keys  # its charts' numbers
+        return
     if "plan" in doc:  # evaluate: the one plan
         assert {"plan.step_time_s", "plan.mfu", "plan.memory_per_device_bytes.total",
                 "plan.time_breakdown_s.bubble"} <= keys

@@ -1,4 +1,4 @@
-"""solve and evaluate --report without a browser: bad report paths refused in one line before any search, the
+"""solve, evaluate and scale --report without a browser: bad report paths refused in one line before any search, the
 pipeline timeline's layout against the bubble the cost model assumes."""
 
 from __future__ import annotations
@@ -48,6 +48,18 @@ def test_evaluate_refuses_a_report_path_before_scoring(tmp_path: Path, monkeypat
     result = invoke("evaluate", LLAMA_8B, A100_8, "--plan", "tp=2", "--report", tmp_path / "missing" / "r.html")
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
+
+
+def test_scale_refuses_a_report_path_before_sweeping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoplace import sweep
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep ran before the report path was checked")
+
+    monkeypatch.setattr(sweep, "sweep", refuse)
+    result = invoke("scale", LLAMA_8B, "--gpu", "a100", "--gpus", "8,16", "--report", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "is a folder" in result.stderr
 
 
 def test_a_folder_the_file_system_refuses_is_named(no_search: None) -> None:
