@@ -158,7 +158,7 @@ def against_gpus(ax: Any, gpus: Sequence[int], values: Sequence[float], ylabel: 
 
     ax.plot(gpus, values, "o-", color="#4c78a8")
     for (name, at), colour, size in zip(marks.items(), ("#e45756", "#54a24b"), (17, 11), strict=False):
-        if at in gpus:  # rings of two sizes: one size can be both
+        if at is not None and at in gpus:  # rings of two sizes: one size can be both
             i = list(gpus).index(at)
             ax.plot([at], [values[i]], "o", markersize=size, markerfacecolor="none", markeredgecolor=colour,
                     markeredgewidth=2, label=f"{name}: {at} GPUs")

@@ -307,8 +307,10 @@ def explain(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
+    _check_report(report)
     try:
         from autoplace.cost.layers import layer_table
         from autoplace.explain import alternatives, plot, print_explanation
@@ -323,15 +325,19 @@ def explain(
             plot(ev, alts, png)
         out = output_format(fmt, as_json)
         params = layer_table(m).params
+        doc = {"schema": "autoplace.explanation/v1", "model": {"name": m.name, "params": int(params), **origin},
+               "cluster": c.summary(), "plan": ev.to_dict(),
+               "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
+               "png": str(png) if png else None}
+        if report is not None:
+            _write_evaluation_report(report, doc, m, c, ev, assume)
         if out == "json":
-            typer.echo(_json({"schema": "autoplace.explanation/v1",
-                              "model": {"name": m.name, "params": int(params), **origin}, "plan": ev.to_dict(),
-                              "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
-                              "png": str(png) if png else None}))
+            typer.echo(_json(doc))
         else:
             from autoplace.report import origin_lines
 
             print_explanation(ev, alts, c, png, fmt=out, header=origin_lines(m.name, params, origin, c))
+            _print_lines(_report_line(doc), out)
     except ImportError as exc:
         raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
 
@@ -491,7 +497,8 @@ def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: A
 
 
 def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
-    """evaluate --report: who runs the plan recorded in ``doc``, the page written, then its size and seconds."""
+    """evaluate and explain --report: who runs the plan recorded in ``doc``, the page written, then its
+    size and seconds."""
     import time
 
     from autoplace.frameworks.search import Runners

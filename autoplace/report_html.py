@@ -91,12 +91,16 @@ def card(title: str, body: str, small: str = "") -> str:
     return f'<div class="card"><small>{title}</small><b>{body}</b><small>{small}</small></div>'
 
 
+def model_params(m: dict[str, Any]) -> str:
+    """The model's parameter count in billions, tied to ``model.params``."""
+    return num("model.params", m["params"], f"{m['params'] / 1e9:.2f}", 1e9) + "B params"
+
+
 def _origin(doc: dict[str, Any]) -> str:
     """The title and where the model and the cluster came from."""
     m, c = doc["model"], doc["cluster"]
-    params = num("model.params", m["params"], f"{m['params'] / 1e9:.2f}", 1e9)
     return (f"<h1>{html.escape(m['name'])} on {c['gpus']} × {html.escape(c['gpu'])}</h1>"
-            f'<p class="sub">model: {params}B params · '
+            f'<p class="sub">model: {model_params(m)} · '
             f"seq len {num('model.seq_len', m['seq_len'], str(m['seq_len']))} · global batch "
             f"{num('model.global_batch', m['global_batch'], str(m['global_batch']))} sequences · from "
             f"{html.escape(str(m.get('source', '?')))}</p>"
@@ -196,7 +200,8 @@ def _memory_and_time(plans: Sequence[dict[str, Any]]) -> str:
     fig, (ax_mem, ax_time) = charts.figure(12.5, 3.8, ncols=2)
     charts.memory_bars(ax_mem, plans[0]["memory_per_stage_bytes"])
     band = plans[0].get("step_time_band_95_s")
-    charts.time_bars(ax_time, [(f"plan {p['rank']}" if "rank" in p else "plan", p["time_breakdown_s"]) for p in plans],
+    charts.time_bars(ax_time, [(p.get("change") or (f"plan {p['rank']}" if "rank" in p else "plan"), p["time_breakdown_s"])
+                                for p in plans],
                      tuple(band) if band else None)
     return f'<div class="charts">{charts.svg(fig, "mt")}</div>'
 
@@ -245,6 +250,24 @@ def _comm(p: dict[str, Any], key: str, links: dict[str, str]) -> str:
     return charts.svg(fig, "cm") + f'<p class="note">In all {total} GB per device per step.</p>'
 
 
+def _alternatives(doc: dict[str, Any]) -> str:
+    """explain's neighbours: the change, step time and peak memory against the plan's, fits or not."""
+    base, rows = doc["plan"], []
+    for i, a in enumerate(doc["alternatives"]):
+        key, mem = f"alternatives.{i}", a["memory_per_device_bytes"]["total"]
+        step = num(f"{key}.step_time_s", a["step_time_s"], f"{a['step_time_s']:.3f}")
+        peak = num(f"{key}.memory_per_device_bytes.total", mem, f"{mem / GiB:.1f}", GiB)
+        fits = mem <= a["memory_per_device_bytes"]["capacity"]
+        rows.append(f"<tr><td>{html.escape(a['change'])}</td><td class='n' data-sort='{a['step_time_s']!r}'>{step}</td>"
+                    f"<td class='n'>{a['step_time_s'] / base['step_time_s'] - 1:+.1%}</td>"
+                    f"<td class='n' data-sort='{mem!r}'>{peak}</td>"
+                    f"<td class='n'>{mem / base['memory_per_device_bytes']['total'] - 1:+.1%}</td>"
+                    f"<td>{'yes' if fits else 'no'}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("change", "step s", "step vs plan", "peak GiB", "peak vs plan", "fits"))
+    return (f'<table class="sortable" id="alternatives"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
 def _infeasible(doc: dict[str, Any]) -> str:
     """No plan fits: the nearest plan, by how much it misses, its memory chart, and the advice."""
     from autoplace.report import _missed_by
@@ -282,14 +305,18 @@ def solve_page(doc: dict[str, Any], strings: Sequence[str], links: dict[str, str
 
 
 def evaluation_page(doc: dict[str, Any], string: str, links: dict[str, str]) -> str:
-    """The whole page of ``evaluate``: ``doc`` as ``--json`` prints it, the plan's string and link tiers."""
+    """The whole page of ``evaluate`` or ``explain`` (its ``alternatives`` too): ``doc`` as ``--json``
+    prints it, the plan's string and link tiers."""
     p = doc["plan"]
     verdict = ('<p class="sub">verdict: <b>fits and is sound</b></p>' if not p["violations"] else
                '<div class="bad"><b>This plan cannot run as given.</b><ul>' +
                "".join(f"<li>{html.escape(v['rule'])}: {html.escape(v['message'])}</li>" for v in p["violations"]) +
                "</ul></div>")
-    body = [_origin(doc), verdict, _cards(p, "plan", [n for n, f in doc.get("per_framework", {}).items() if f["runs_plan"]]), f"<p>{copyable(string)}</p>",
-            *plan_charts([p], "plan", links, "The plan")]
+    runs = [name for name, f in doc.get("per_framework", {}).items() if f["runs_plan"]]
+    body = [_origin(doc), verdict, _cards(p, "plan", runs), f"<p>{copyable(string)}</p>",
+            *plan_charts([p, *doc.get("alternatives", [])], "plan", links, "The plan")]
+    if doc.get("alternatives"):
+        body += ["<h2>Alternatives that change the most (one knob each)</h2>", _alternatives(doc)]
     if doc.get("per_framework"):
         body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
     return page(_title(doc), body)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace import charts
-from autoplace.report_html import GiB, card, copyable, num, page, plan_charts, write_page
+from autoplace.report_html import GiB, card, copyable, model_params, num, page, plan_charts, write_page
 
 
 def _sized(doc: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -22,13 +22,13 @@ def _sized(doc: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _header(doc: dict[str, Any]) -> str:
+    """The title, the model, the budget and price, the deadline."""
     m, deadline = doc["model"], doc["deadline"]
     tokens = f"{doc['tokens']:.3g} tokens" if doc.get("tokens") else "no token budget (--tokens)"
     price = f"${doc['price_per_gpu_hour']}/GPU-hour" if doc.get("price_per_gpu_hour") else "no price (--price-per-gpu-hour)"
     seconds = num("sweep_seconds", doc["sweep_seconds"], f"{doc['sweep_seconds']:.1f}")
-    params = num("model.params", m["params"], f"{m['params'] / 1e9:.2f}", 1e9)
     return (f"<h1>{html.escape(m['name'])} on {html.escape(doc['gpu'])}: {len(doc['points'])} sizes</h1>"
-            f'<p class="sub">model: {params}B params · '
+            f'<p class="sub">model: {model_params(m)} · '
             f"global batch {html.escape(doc['global_batch_text'])} · {tokens} · {price}</p>"
             f'<p class="sub">objective {html.escape(doc["objective"])} · deadline {deadline["days"]:g} days '
             f"({html.escape(deadline['why'])}){'' if deadline.get('met', True) else ': <b>not met</b>'} · "

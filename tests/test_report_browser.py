@@ -1,4 +1,4 @@
-"""solve, evaluate and scale --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
+"""solve, explain (evaluate's page and more) and scale --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
 page logs no console error, requests nothing but itself, draws something, and every number it
 shows equals the same command's --json.  Skipped where chromium or playwright is missing (.ci/run
 installs chromium; playwright is in the ``test`` extra and uses the system browser, never its own)."""
@@ -25,11 +25,12 @@ _NUMBERS = """[...document.querySelectorAll('[data-json]')].map(e =>
 
 
 # On 8 A100s: a solve that finds plans (exit 0), one that finds none (exit 3: the page shows the nearest
-# plan), evaluate of an interleaved pipeline plan; and scale over 8 and 16 A100s
+# plan), explain of an interleaved pipeline plan (evaluate's page and the alternatives); and scale over
+# 8 and 16 A100s
 CASES = {"solve": (("solve", MODELS / "llama-3-8b.json", A100_8, "--time-limit", "60"), 0),
          "solve-infeasible": (("solve", MODELS / "llama-3-405b.json", A100_8, "--time-limit", "60"), 3),
-         "evaluate": (("evaluate", MODELS / "llama-3-8b.json", A100_8, "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"),
-                      0),
+         "explain": (("explain", MODELS / "llama-3-8b.json", A100_8, "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"),
+                     0),
          "scale": (("scale", MODELS / "llama-3-8b.json", "--gpu", "a100", "--gpus", "8,16", "--tokens", "1e10",
                     "--time-limit", "5"), 0)}
 
@@ -110,9 +111,10 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
             assert {f"points.{i}.plan.step_time_s", f"points.{i}.tokens_per_s", f"points.{i}.training_cost.days"} <= keys
         assert f"points.{chosen}.plan.comm_bytes_per_step_per_device.total" in keys  # its charts' numbers
         return
-    if "plan" in doc:  # evaluate: the one plan
+    if "plan" in doc:  # explain: the one plan, then its alternatives
         assert {"plan.step_time_s", "plan.mfu", "plan.memory_per_device_bytes.total",
                 "plan.time_breakdown_s.bubble"} <= keys
+        assert {f"alternatives.{i}.step_time_s" for i in range(len(doc["alternatives"]))} <= keys
         return
     if not doc["plans"]:  # no plan fits: the nearest one and by how much it misses
         assert {"nearest.memory_per_device_bytes.total", "nearest.memory_per_device_bytes.capacity"} <= keys

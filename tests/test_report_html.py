@@ -62,6 +62,20 @@ def test_scale_refuses_a_report_path_before_sweeping(tmp_path: Path, monkeypatch
     assert len(result.stderr.strip().splitlines()) == 1 and "is a folder" in result.stderr
 
 
+def test_evaluate_writes_its_page_and_says_so_in_json(tmp_path: Path) -> None:
+    """The page itself is opened in a browser for explain (tests/test_report_browser.py), the same page."""
+    import json
+
+    page = tmp_path / "plan.html"
+    result = invoke("evaluate", LLAMA_8B, A100_8, "--plan", "tp=2,pp=2", "--json", "--report", page)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["report"]["path"] == str(page) and doc["report"]["bytes"] == page.stat().st_size
+    assert doc["per_framework"] and all(f["runs_plan"] == (f["why_not"] is None) for f in doc["per_framework"].values())
+    text = page.read_text()
+    assert f'data-json="plan.step_time_s" data-value="{doc["plan"]["step_time_s"]}"' in text and "<svg" in text
+
+
 def test_a_folder_the_file_system_refuses_is_named(no_search: None) -> None:
     if Path("/sys").is_dir() and not Path("/sys/kernel").exists():
         pytest.skip("no sysfs here")
