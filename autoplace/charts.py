@@ -165,4 +165,6 @@ def against_gpus(ax: Any, gpus: Sequence[int], values: Sequence[float], ylabel: 
     ax.set(xscale="log", xlabel="GPUs", ylabel=ylabel, title=ylabel)
     ax.set_xticks(gpus, [str(g) for g in gpus])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if max(values) >= 1e4:  # dollars as 10,465,918, not 1.046 with 1e7 above the axis
+        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.legend(fontsize=8)

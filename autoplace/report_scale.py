@@ -42,8 +42,8 @@ def _cards(doc: dict[str, Any]) -> str:
         return '<div class="bad"><b>No size fits</b>: none of the swept GPU counts runs the model.</div>'
     i, p = chosen
     key, cost = f"points.{i}", p.get("training_cost") or {}
-    cells = [card("chosen size", f"{p['gpus']} GPUs", f"fastest {doc['fastest_gpus']} · cheapest {doc['cheapest_gpus']}"
-                  f" · fewest {doc['fewest_gpus']}"),
+    others = f"fastest {doc['fastest_gpus']} · cheapest in the deadline {doc.get('cheapest_gpus') or 'none'}"
+    cells = [card("chosen size", f"{p['gpus']} GPUs", f"{others} · fewest {doc['fewest_gpus']}"),
              card("step time", num(f"{key}.plan.step_time_s", p["plan"]["step_time_s"],
                                    f"{p['plan']['step_time_s']:.3f}") + " s", ""),
              card("throughput", num(f"{key}.tokens_per_s", p["tokens_per_s"], f"{p['tokens_per_s']:,.0f}"),
