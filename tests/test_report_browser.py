@@ -17,7 +17,7 @@ import pytest
 from tests.test_cli import A100_8, MODELS, invoke, strict_json
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
 
 # Every number the page ties to the JSON: path, exact value, unit of its text, the text
 _NUMBERS = """[...document.querySelectorAll('[data-json]')].map(e =>
@@ -80,6 +80,7 @@ def check_numbers(numbers: list[list[Any]], doc: dict[str, Any]) -> None:
             f"{key}: the page shows {text!r} (x{scale}), --json {expected}"
 
 
+@needs_chromium
 def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
         solved: tuple[dict[str, Any], Path], browser: Any, tmp_path: Path) -> None:
     doc, path = solved
