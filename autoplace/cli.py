@@ -57,6 +57,9 @@ ModelArg = Annotated[Path, typer.Argument(metavar="MODEL",
                                                "or a Hub id ORG/NAME read from the local Hugging Face cache")]
 ClusterArg = Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+ReportOpt = Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML page here: charts of "
+                                                "the plan, each framework's part, the numbers --json prints "
+                                                "(needs matplotlib).")]
 
 
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Override the model's training sequence length.")]
@@ -253,29 +256,33 @@ def evaluate(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
     from autoplace.cost.layers import layer_table
 
-    m, c, origin, ev, _ = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
-                                                             inter_node), plan, seq_len, global_batch, allow,
-                                  calibration, force, tuning_overrides(method, lora_rank, lora_alpha, lora_targets,
-                                                                       paged_optimizer))
-    table = layer_table(m)
     out = output_format(fmt, as_json)
+    _check_report(report)
+    m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+                                                                  inter_node), plan, seq_len, global_batch, allow,
+                                       calibration, force, tuning_overrides(method, lora_rank, lora_alpha,
+                                                                            lora_targets, paged_optimizer))
+    table = layer_table(m)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
     from autoplace.sanity import mfu_check
 
     above = mfu_check(ev, m, c)  # a prediction past every published run on the GPU, with what lifts it
+    doc = {"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params), **origin},
+           "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}
+    if report is not None:
+        _write_evaluation_report(report, doc, m, c, ev, assume)
     if out == "json":
-        typer.echo(_json({"schema": "autoplace.evaluation/v1",
-                          "model": {"name": m.name, "params": int(table.params), **origin},
-                          "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}))
+        typer.echo(_json(doc))
     else:
         from autoplace.report import origin_lines, print_evaluation
 
         print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
-        _print_lines(view.lines() + ([f"warning: {above.line()}"] if above else []), out)
+        _print_lines(view.lines() + ([f"warning: {above.line()}"] if above else []) + _report_line(doc), out)
 
 
 def _above(above: Any) -> dict[str, Any]:
@@ -308,8 +315,10 @@ def explain(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """Where every GB and second goes, beside the alternatives that change the most."""
+    _check_report(report)
     try:
         from autoplace.cost.layers import layer_table
         from autoplace.explain import alternatives, plot, print_explanation
@@ -324,15 +333,19 @@ def explain(
             plot(ev, alts, png)
         out = output_format(fmt, as_json)
         params = layer_table(m).params
+        doc = {"schema": "autoplace.explanation/v1", "model": {"name": m.name, "params": int(params), **origin},
+               "cluster": c.summary(), "plan": ev.to_dict(),
+               "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
+               "png": str(png) if png else None}
+        if report is not None:
+            _write_evaluation_report(report, doc, m, c, ev, assume)
         if out == "json":
-            typer.echo(_json({"schema": "autoplace.explanation/v1",
-                              "model": {"name": m.name, "params": int(params), **origin}, "plan": ev.to_dict(),
-                              "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
-                              "png": str(png) if png else None}))
+            typer.echo(_json(doc))
         else:
             from autoplace.report import origin_lines
 
             print_explanation(ev, alts, c, png, fmt=out, header=origin_lines(m.name, params, origin, c))
+            _print_lines(_report_line(doc), out)
     except ImportError as exc:
         raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
 
@@ -406,6 +419,7 @@ def solve(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """Rank plans with the integer program; with --out, write the best plan's bundle and each framework's best."""
     import time
@@ -415,6 +429,7 @@ def solve(
 
     started = time.perf_counter()  # --time-limit bounds the whole command, loading and bundles included
     out_fmt = output_format(fmt, as_json)
+    _check_report(report)
     inputs = _inputs(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node, inter_node),
                      seq_len, global_batch, tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
     request = _request(inputs.cluster, framework, top, objective.value, time_limit, solver.value, fix, allow, deny,
@@ -432,11 +447,10 @@ def solve(
     view = _outlook(m, c, result.plans[0].tokens_per_s if result.plans else None, tokens, price, target_loss,
                     noise_scale)
     doc.update(view.to_dict())
-    if out is not None and result.plans:
-        bests = solving.search_per_framework(result, inputs, request)
-        per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests)
-    else:
-        per_framework = {}
+    bests = solving.search_per_framework(result, inputs, request) if (out or report) and result.plans else {}
+    per_framework = solving.write_bundles(doc, result, problem, inputs, request, out, bests) if out and result.plans else {}
+    if report is not None:
+        _write_report(report, doc, result, inputs, request, bests)
     if out_fmt == "json":
         typer.echo(_json(doc))
     else:
@@ -445,8 +459,64 @@ def solve(
         _print_lines(view.lines() + _advised_solve(view, m, c, problem, request), out_fmt)
         if out is not None and result.plans:
             _print_bundles(out, doc, per_framework)
+        _print_lines(_report_line(doc), out_fmt)
     if not result.plans:
         raise typer.Exit(3)
+
+
+def _check_report(path: Path | None) -> None:
+    """--report: a page that cannot be written (or drawn: no matplotlib) is refused before any work."""
+    if path is not None:
+        from autoplace.report_html import check_target
+
+        check_target(path)
+
+
+def _report_line(doc: dict[str, Any]) -> list[str]:
+    """The closing line naming the page written, its size and seconds (none without --report)."""
+    page = doc.get("report")
+    return [f"report: {page['path']} ({page['bytes'] / 1e3:,.0f} kB, {page['seconds']:.1f} s)"] if page else []
+
+
+def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
+    """solve --report: each framework's part recorded in ``doc``, then the page written from ``doc``;
+    its size and seconds recorded in ``doc["report"]`` (after the page: they are not on it)."""
+    import time
+
+    from autoplace import solving
+    from autoplace.report_html import write_solve_report
+
+    begun = time.perf_counter()
+    if result.plans:
+        doc["per_framework"] = solving.framework_summary(result, inputs, request, bests)
+    size = write_solve_report(path, doc, result, inputs.cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
+def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> None:
+    """scale --report: the page written from ``doc``, then its size and seconds recorded in it."""
+    import time
+
+    from autoplace.report_scale import write_scale_report
+
+    begun = time.perf_counter()
+    size = write_scale_report(path, doc, chosen, cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
+def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
+    """evaluate and explain --report: who runs the plan recorded in ``doc``, the page written, then its
+    size and seconds."""
+    import time
+
+    from autoplace.frameworks.search import Runners
+    from autoplace.report_html import write_evaluation_report
+    from autoplace.solving import who_runs
+
+    begun = time.perf_counter()
+    doc["per_framework"] = who_runs(Runners(model, cluster, assume), ev.plan)
+    size = write_evaluation_report(path, doc, ev, cluster)
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
 
 
 def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None,
@@ -586,11 +656,13 @@ def scale(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     paged_optimizer: PagedOpt = None,
+    report: ReportOpt = None,
 ) -> None:
     """The best plan at every GPU count: tokens/s, MFU, scaling efficiency, time and cost to a token budget."""
     import time as _time
 
     t0 = _time.perf_counter()
+    _check_report(report)
     try:
         from autoplace.cost.layers import layer_table
         from autoplace.planning import parse_amount, parse_counts
@@ -634,6 +706,8 @@ def scale(
             doc["png"] = str(png)
     except ImportError as exc:
         raise AutoplaceError(f"{exc.name} is needed for --png: pip install 'autoplace[plot]'") from None
+    if report is not None:
+        _write_scale_report(report, doc, chosen, cluster_at(chosen.used_gpus, gpu=gpu, unit=unit) if chosen else None)
     if out_fmt == "json":
         doc.pop("advice_lines")
         typer.echo(_json(doc))
@@ -642,6 +716,7 @@ def scale(
 
         print_scale(doc, fmt=out_fmt, header=[f"[bold]{m.name}[/bold] ({doc['model']['params_text']} params), "
                                               f"{len(counts)} sizes of {doc['gpu']}"], wide=wide)
+        _print_lines(_report_line(doc), out_fmt)
     if choice.missed and days is not None:  # the deadline asked for cannot be met: infeasible, as solve says
         raise typer.Exit(3)
 

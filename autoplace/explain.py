@@ -24,7 +24,6 @@ from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
 GiB = 2**30
-MEMORY = ("params", "grads", "optimizer", "activations", "buffers", "reserve")
 
 
 @dataclass(frozen=True)
@@ -162,37 +161,15 @@ def alternatives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, current: Ev
 
 def plot(current: Evaluation, alts: list[Alternative], path: Path) -> Path:
     """A stacked bar of memory per stage (with capacity) and of the step time's parts, for the
-    plan and its alternatives, written as PNG."""
-    import matplotlib
+    plan and its alternatives, written as PNG (drawn by :mod:`autoplace.charts`, as the HTML report's)."""
+    from autoplace import charts
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(13, 5))
-    stages = current.memory_per_stage
-    bottom = [0.0] * len(stages)
-    for part in MEMORY:
-        values = [s[part] / GiB for s in stages]
-        ax_mem.bar(range(len(stages)), values, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax_mem.axhline(stages[0]["capacity"] / GiB, color="black", linestyle="--", label="capacity")
-    ax_mem.set_xticks(range(len(stages)))
-    ax_mem.set(title="Memory per device by stage", xlabel="pipeline stage", ylabel="GiB")
-    ax_mem.legend(fontsize=8)
-    rows = [("plan", current)] + [(a.change, a.evaluation) for a in alts]
-    parts = [k for k in current.time if any(ev.time[k] for _, ev in rows)]
-    left = [0.0] * len(rows)
-    for part in parts:
-        values = [ev.time[part] for _, ev in rows]
-        ax_time.barh(range(len(rows)), values, left=left, label=part)
-        left = [a + b for a, b in zip(left, values, strict=True)]
-    ax_time.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
-    ax_time.invert_yaxis()
-    ax_time.set(title="Step time by part", xlabel="seconds")
-    ax_time.legend(fontsize=8)
+    fig, (ax_mem, ax_time) = charts.figure(13, 5, ncols=2)
+    charts.memory_bars(ax_mem, current.memory_per_stage)
+    charts.time_bars(ax_time, [("plan", current.time)] + [(a.change, a.evaluation.time) for a in alts])
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")  # --png: PNG whatever the name ends in
-    plt.close(fig)
+    charts.close(fig)
     return path
 
 

@@ -231,3 +231,25 @@ def write_bundles(doc: dict[str, Any], result: Any, problem: Any, inputs: Inputs
     per_framework = write_framework_bundles(best, bests, inputs.cluster, out, inputs=inputs.refs)
     doc["framework_bundles"] = {f: b.to_dict() for f, b in per_framework.items()}
     return per_framework
+
+
+def framework_summary(result: Any, inputs: Inputs, request: Request, bests: FrameworkBests) -> dict[str, Any]:
+    """Per framework (``doc["per_framework"]``, for the report): whether it runs the best plan and
+    why not (:func:`who_runs`), and its own best plan (:func:`search_per_framework`) -- the plan string, step time and
+    ``slowdown`` over the best plan's, as ``--out`` writes it -- or why it has none."""
+    best = result.plans[0]
+    out = who_runs(_runners(inputs, request), best.plan)
+    for name, (ev, costed) in bests.items():
+        entry = out.setdefault(name, {"runs_plan": False, "why_not": str(costed) if ev is None else None})
+        if ev is None:
+            entry["own_best"] = {"reason": str(costed)}
+        else:
+            entry["own_best"] = {"plan": ev.plan.to_string(), "step_time_s": round(ev.step_time_s, 6),
+                                 "slowdown": ev.step_time_s / best.step_time_s - 1.0}
+    return out
+
+
+def who_runs(runners: search.Runners, plan: Any) -> dict[str, Any]:
+    """Per framework: ``runs_plan`` and, when it does not, ``why_not`` (its config cannot express
+    the plan, or the plan does not fit as it runs it: :class:`search.Runners`)."""
+    return {name: {"runs_plan": why is None, "why_not": why} for name, why in runners.refusals([plan])[0].items()}

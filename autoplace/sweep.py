@@ -362,35 +362,22 @@ def fewest_line(model: ModelSpec, points: list[SweepPoint], gpu: str) -> str:
 
 
 def plot(points: list[SweepPoint], path: Path, title: str) -> None:
-    """Throughput (with the ideal line from the first row) and scaling efficiency against GPUs, as a PNG.
+    """Throughput (with the ideal line from the first row) and scaling efficiency against GPUs, as a
+    PNG (drawn by :func:`autoplace.charts.scaling`, as the scale report's).
 
     Raises:
         ImportError: matplotlib is missing (``pip install 'autoplace[plot]'``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from autoplace import charts
 
     rows = [p for p in points if p.evaluation is not None and p.efficiency is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    gpus = [p.gpus for p in rows]
-    ax.plot(gpus, [p.effective_tokens_per_s for p in rows], "o-", color="tab:blue", label="tokens/s")
-    if rows:
-        ax.plot(gpus, [rows[0].effective_tokens_per_s * g / rows[0].gpus for g in gpus], ":", color="tab:blue",
-                label="linear from the first row")
-    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="tokens/s", title=title)
-    ax.set_xticks(gpus, [str(g) for g in gpus])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    eff = ax.twinx()
-    eff.plot(gpus, [100 * (p.efficiency or 0) for p in rows], "s--", color="tab:orange", label="scaling efficiency")
-    eff.set(ylabel="scaling efficiency, %", ylim=(0, 110))
-    lines = ax.get_legend_handles_labels()[0] + eff.get_legend_handles_labels()[0]
-    ax.legend(lines, [str(h.get_label()) for h in lines], loc="lower right")
+    fig, ax = charts.figure(7, 4.5)
+    charts.scaling(ax, [p.gpus for p in rows], [p.effective_tokens_per_s for p in rows],
+                   [p.efficiency or 0 for p in rows], title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, format="png")  # --png: PNG whatever the name ends in
-    plt.close(fig)
+    charts.close(fig)
 
 
 def advised_plan_lines(model: ModelSpec, cluster: ClusterSpec, advised: int, opts: SweepOptions,

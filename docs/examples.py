@@ -2,6 +2,7 @@
 
     python docs/examples.py            # run every `$ autoplace ...` block's command, write its output in
     python docs/examples.py --check    # exit 1 naming each block whose command now prints something else
+    python docs/examples.py --screenshot  # only docs/report-solve.png (also taken by a plain run)
 
 A block is a fenced code block whose first line is ``$ autoplace ...`` (continued with a trailing
 backslash); what follows the command is its output.  Commands run as a user would, in a scratch
@@ -16,6 +17,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,10 +83,42 @@ def scratch() -> tempfile.TemporaryDirectory[str]:
     return folder
 
 
+# The README's picture of a report: the command that writes the page, and the PNG taken of it
+REPORT = ("solve", "examples/models/llama-3-70b.json", "examples/clusters/8x8-h100.yaml", "--report", "report-solve.html")
+SCREENSHOT = REPO / "docs" / "report-solve.png"
+
+
+def screenshot(cwd: Path) -> str:
+    """docs/report-solve.png: the page ``solve --report`` writes, whole, in headless chromium
+    (the system browser, as tests/test_report_browser.py opens it)."""
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return f"{SCREENSHOT.name}: not taken (pip install playwright)"
+    if chromium is None:
+        return f"{SCREENSHOT.name}: not taken (no chromium on PATH; Debian: apt-get install chromium)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "autoplace.cli", *REPORT], cwd=cwd, env=env, check=True,
+                   capture_output=True, timeout=600)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto((cwd / REPORT[-1]).as_uri())
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        browser.close()
+    return f"{SCREENSHOT.relative_to(REPO)}: {SCREENSHOT.stat().st_size / 1e3:.0f} kB"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument("--screenshot", action="store_true", help="take only the report's screenshot")
     args = parser.parse_args(argv)
+    if args.screenshot:
+        with scratch() as cwd:
+            print(screenshot(Path(cwd)))
+        return 0
     text = README.read_text()
     found = blocks(text)
     stale, out, at = [], [], 0
@@ -102,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     README.write_text("".join(out))
     print(f"README.md: {len(found)} examples, {len(stale)} rewritten")
+    with scratch() as cwd:
+        print(screenshot(Path(cwd)))
     return 0
 
 

@@ -119,16 +119,18 @@ def test_bad_feature_and_bad_fix_are_exit_2_one_line() -> None:
 
 
 def test_solve_as_a_process_prints_a_table_and_imports_no_torch() -> None:
+    """Nor matplotlib: only --report draws."""
     probe = (f"import runpy, sys; sys.argv = ['autoplace', 'solve', {str(LLAMA_8B)!r}, {str(A100_8)!r}];"
              "\ntry:\n    runpy.run_module('autoplace.cli', run_name='__main__')\nexcept SystemExit as e:\n"
-             "    code = e.code\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+             "    code = e.code\nprint('MPL' if 'matplotlib' in sys.modules else 'NO-MPL')"
+             "\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     proc = run_cli("--help")  # the entry point itself runs
     assert proc.returncode == 0
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
-    assert "Top plans" in out.stdout and out.stdout.strip().endswith("NO-TORCH"), out.stdout + out.stderr
+    assert "Top plans" in out.stdout and out.stdout.strip().endswith("NO-MPL\nNO-TORCH"), out.stdout + out.stderr
 
 
 def _plans_for(framework: str, *extra: str) -> tuple[dict, list]:
