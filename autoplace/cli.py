@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -933,6 +934,9 @@ def tune(
     grace: Annotated[int, typer.Option("--grace", min=1, help="Seconds without a heartbeat before a trial's "
                                        "worker counts as dead (beats every grace/6 s).")] = 60,
     as_json: JsonOpt = False,
+    dashboard: Annotated[bool, typer.Option("--dashboard", help="After the study, serve it with optuna-dashboard "
+                                            "(pip install 'autoplace[dashboard]') until Ctrl-C; tune prints the "
+                                            "command either way.")] = False,
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
@@ -946,6 +950,9 @@ def tune(
         raise SpecError(f"unknown launcher {launcher!r}; valid: local, slurm", field="--launcher")
     if trainer not in ("native", "deepspeed"):
         raise SpecError(f"unknown trainer {trainer!r}; valid: native, deepspeed", field="--trainer")
+    if dashboard and shutil.which("optuna-dashboard") is None:  # said before any trial runs
+        raise SpecError("optuna-dashboard is not installed: pip install 'autoplace[dashboard]' (without --dashboard, "
+                        "tune prints the command to run later)", field="--dashboard")
     report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
                       progress=not as_json, framework=trainer, seed=seed,
                       heartbeat=Heartbeat(interval_s=max(1, grace // 6), grace_s=grace, max_retry=retries))
@@ -953,6 +960,10 @@ def tune(
         typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
     else:
         print_report(report)
+    if dashboard:  # in the foreground, as the user would run the printed command
+        import subprocess
+
+        subprocess.run(report.dashboard, check=False)
     if report.incomplete:
         _fail(Incomplete(report.incomplete))
 

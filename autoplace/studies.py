@@ -202,6 +202,15 @@ def open_storage(storage: str | None, out_dir: Path, heartbeat: Heartbeat | None
         return _rdb(storage, hb, retry), storage
 
 
+def dashboard_command(storage: str) -> list[str]:
+    """The optuna-dashboard command line that opens ``storage`` (a URL or a journal file, as
+    :func:`open_storage` takes it): optuna-dashboard 0.21 takes an RDB URL, and a journal file by its
+    path (``_storage_url.guess_storage_from_url``), never autoplace's ``journal:`` prefix."""
+    if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
+        return ["optuna-dashboard", str(Path(storage.removeprefix("journal:")).resolve())]
+    return ["optuna-dashboard", storage]
+
+
 def _rdb(url: str, hb: Heartbeat, retry: Any, attempts: int = 5) -> Any:
     """An RDBStorage; retried because workers starting together on an empty database race to create
     Optuna's tables, and the losers' CREATE TABLE fails (PostgreSQL: a duplicate key in pg_type)."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shlex
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from optuna.trial import TrialState
 
 from autoplace.errors import BenchmarkError
 from autoplace.plan import Plan, build_plan, parse_plan_string
-from autoplace.studies import Heartbeat, beating, claim, fail_stale_trials, open_storage, replaced
+from autoplace.studies import Heartbeat, beating, claim, dashboard_command, fail_stale_trials, open_storage, replaced
 
 log = logging.getLogger("autoplace")
 
@@ -105,10 +106,15 @@ class TuneReport:
         done = [r for r in self.records if r.state == "COMPLETE" and r.measured_step_s is not None]
         return min(done, key=lambda r: r.measured_step_s or 0.0) if done else None
 
+    @property
+    def dashboard(self) -> list[str]:
+        """The optuna-dashboard command that shows this study's trials in a browser."""
+        return dashboard_command(self.storage)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``autoplace tune --json``."""
         best = self.best
-        return {"study": self.study, "storage": self.storage, "ran": self.ran,
+        return {"study": self.study, "storage": self.storage, "dashboard": self.dashboard, "ran": self.ran,
                 "best": best.__dict__ if best else None, "trials": [r.__dict__ for r in self.records],
                 "plots": [str(p) for p in self.plots], "notes": self.notes, "given_up": self.given_up,
                 "unmeasured": self.unmeasured}
@@ -649,6 +655,7 @@ def print_report(report: TuneReport) -> None:
         c.print(f"note: {note}")
     for p in report.plots:
         c.print(f"plot: {p}")
+    c.print(f"dashboard: {shlex.join(report.dashboard)}", soft_wrap=True)
 
 
 def _num(x: float | None, digits: int = 4) -> str:
