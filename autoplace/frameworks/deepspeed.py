@@ -312,9 +312,17 @@ class DeepSpeed(Framework):
     # (cost.terms_time.zero3_buckets, zero3_collective_counts and zero3_hidden; DeepSpeed's own
     # defaults, runtime/zero/config.py, are 5e8 and 5e7); zero3_reduce_host_us:
     # reduce_scatter_coalesced's per-(tensor, rank) Python loops, measured by
-    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here)
+    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here).  What it allocates, each
+    # measured by its dry run (tests/test_dryrun_deepspeed.py; the sources in cost/assumptions.py):
+    # ZeRO-1/2's flat partitions (whole parameters in a ZeRO-2 gradient partition, the offload staging
+    # buffers), the fp32 master it clones from fp32 weights (ZeRO-1 to 3), ZeRO-3's gradient partitions from
+    # initialize on, the host's 16-bit partition copy under ZeRO-Offload, its reduce_bucket_size buckets
     behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
-                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0}
+                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0,
+                 "zero12_flat_partitions": True, "zero_master_clone": True, "zero3_grad_buffer_kept": True,
+                 "offload_host_partition_copy": True, "reduce_buckets": "size"}
+    # LoRA under ZeRO-3: PEFT's fp32 adapters, added after zero.Init, keep their dtype
+    method_behaviour = {"lora": {"zero3_adapters_fp32": True}}
     run_assumptions = staticmethod(run_assumptions)
     denied_features = frozenset({"cp", "interleave"})
     layer_recompute = None
