@@ -35,7 +35,7 @@ from autoplace.cli_inputs import (
     TraceDtype,
     TraceInput,
     check_deadline,
-    check_tuning,
+    check_lora_rank,
     cluster_from_args,
     cluster_ref,
     model_origin_of,
@@ -43,9 +43,11 @@ from autoplace.cli_inputs import (
     output_format,
     tuning_overrides,
 )
+from autoplace.cli_usage import OneLineUsage, finite
 from autoplace.errors import AutoplaceError, Incomplete, SpecError
+from autoplace.plan import DEFAULT_FEATURES, FEATURES
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best way to place a training job on a cluster.")
 log = logging.getLogger("autoplace")
 _state = {"debug": False}
@@ -64,20 +66,29 @@ CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="cali
 TokensOpt = Annotated[str | None, typer.Option("--tokens", help="Token budget, e.g. 15T or 300B: print days, "
                                                "GPU-hours and (with a price) cost to train on it.",
                                                rich_help_panel="Time and cost")]
-PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, help="Dollars per GPU-hour "
-                                                "(cost = GPU-hours x price).", rich_help_panel="Time and cost")]
-LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, help="Target loss in nats: the critical "
-                                               "batch from Kaplan et al. 2020 eq. 1.4 at this loss.",
-                                               rich_help_panel="Batch advice")]
+# Bounds that keep the arithmetic finite: a price up to $1e6 per GPU-hour (cloud H100s rent for a few
+# dollars) times GPU-hours of at most 1e18 tokens; a loss up to 100 nats (a uniform guess over a
+# 100,000-token vocabulary is 11.5), where Kaplan's L**(1/0.21) would overflow past ~1e64
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", min=0.0, max=1e6, callback=finite,
+                                                help="Dollars per GPU-hour (cost = GPU-hours x price).",
+                                                rich_help_panel="Time and cost")]
+LossOpt = Annotated[float | None, typer.Option("--target-loss", min=1e-3, max=100.0, callback=finite,
+                                               help="Target loss in nats: the critical batch from Kaplan et al. 2020 "
+                                               "eq. 1.4 at this loss.", rich_help_panel="Batch advice")]
+# CP-SAT's num_workers and random_seed are int32 fields (ortools/sat/sat_parameters.proto)
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=2**31 - 1, help="CP-SAT worker threads.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**31 - 1, help="CP-SAT random seed.")]
 NoiseOpt = Annotated[str | None, typer.Option("--noise-scale", help="Measured gradient noise scale in tokens "
                                               "(McCandlish et al. 2018), e.g. 4M: used as the critical batch.",
                                               rich_help_panel="Batch advice")]
 
 
-AllowOpt = Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature that is off by default: offload, "
-                                                   "cp, ep, interleave, hsdp, tp-across-nodes, compress (repeatable; "
-                                                   "compression changes the numbers the optimizer sees).")]
-DenyOpt = Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature (repeatable).")]
+# the help lists the features from the list the search reads, so neither can name one the other lacks
+AllowOpt = Annotated[list[str] | None, typer.Option("--allow", help="Enable a feature that is off by default: " + ", ".join(
+    f for f in FEATURES if f not in DEFAULT_FEATURES) + " (repeatable; compression and fp8 change the numbers the "
+    "optimizer sees).")]
+DenyOpt = Annotated[list[str] | None, typer.Option("--deny", help="Disable a feature that is on by default: " + ", ".join(
+    f for f in FEATURES if f in DEFAULT_FEATURES) + " (repeatable).")]
 FrameworkOpt = Annotated[str, typer.Option("--framework", help="any (default): plans at least one supported framework "
                                            "can run; none: the theoretical optimum, unfiltered; or one of deepspeed, "
                                            "megatron, torchtitan, fsdp, accelerate: the plans it can run, costed with "
@@ -130,6 +141,8 @@ def guarded(command: Callable[..., None]) -> Callable[..., None]:
         except BrokenPipeError:  # `autoplace solve ... | head`: end quietly with 0, as standard tools do
             _quiet_stdout()
             raise typer.Exit(0) from None
+        except OSError as exc:  # a path the file system refuses (--out naming a file, --png a directory): bad input
+            _fail(SpecError(exc.strerror or type(exc).__name__, source=str(exc.filename)) if exc.filename else exc)
         except Exception as exc:  # noqa: BLE001 - every failure, output included, becomes one line and an exit code
             _fail(exc)
 
@@ -156,7 +169,7 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
 
     path, repo = resolve_model(model)
     m, recorded = read_model(path, overrides={"seq_len": seq_len, "global_batch": global_batch, **(tuning or {})})
-    check_tuning(m, tuning or {})
+    check_lora_rank(m, tuning or {}, path)
     if repo is not None:  # named as the user typed it, not by the snapshot's file
         m = m.model_copy(update={"name": repo})
     c = cluster_from_args(cluster) if isinstance(cluster, Path) else cluster
@@ -251,15 +264,23 @@ def evaluate(
     table = layer_table(m)
     out = output_format(fmt, as_json)
     view = _outlook(m, c, ev.tokens_per_s, tokens, price, target_loss, noise_scale)
+    from autoplace.sanity import mfu_check
+
+    above = mfu_check(ev, m, c)  # a prediction past every published run on the GPU, with what lifts it
     if out == "json":
         typer.echo(_json({"schema": "autoplace.evaluation/v1",
                           "model": {"name": m.name, "params": int(table.params), **origin},
-                          "cluster": c.summary(), "plan": ev.to_dict(), **view.to_dict()}))
+                          "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}))
     else:
         from autoplace.report import origin_lines, print_evaluation
 
         print_evaluation(ev, c, fmt=out, header=origin_lines(m.name, table.params, origin, c))
-        _print_lines(view.lines(), out)
+        _print_lines(view.lines() + ([f"warning: {above.line()}"] if above else []), out)
+
+
+def _above(above: Any) -> dict[str, Any]:
+    """``above_published`` of a plan's JSON when its MFU is past the best published (autoplace.sanity)."""
+    return {"above_published": above.to_dict()} if above else {}
 
 
 @app.command()
@@ -350,7 +371,8 @@ def solve(
                                                  "cost (to --tokens): on this fixed cluster the same ranking as "
                                                  "time; `autoplace scale --objective cost` chooses the GPU count.")
                          ] = Objective.time,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds for the search.")] = 10.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, callback=finite,
+                                                              help="Seconds for the search.")] = 10.0,
     solver: Annotated[SolverName, typer.Option("--solver")] = SolverName.cpsat,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="KEY=VALUE pinned in every plan (repeatable).")] = None,
     allow: AllowOpt = None,
@@ -360,8 +382,8 @@ def solve(
                                              "each framework's own best plan in OUT/<framework>/.")] = None,
     seq_len: SeqOpt = None,
     global_batch: BatchOpt = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
-    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    workers: WorkersOpt = 2,
+    seed: SeedOpt = 0,
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
     framework: FrameworkOpt = "any",
@@ -464,8 +486,6 @@ def _features(allow: list[str] | None, deny: list[str] | None) -> set[str]:
     Raises:
         SpecError: a feature name that is not one (listing the valid ones).
     """
-    from solvers.problem import DEFAULT_FEATURES, FEATURES
-
     for name in (allow or []) + (deny or []):
         if name not in FEATURES:
             raise SpecError(f"unknown feature {name!r}; valid: {', '.join(FEATURES)}", source="--allow/--deny")
@@ -546,9 +566,10 @@ def scale(
     seq_len: SeqOpt = None,
     target_loss: LossOpt = None,
     noise_scale: NoiseOpt = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds of search per size.")] = 2.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 2,
-    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, callback=finite,
+                                                              help="Seconds of search per size.")] = 2.0,
+    workers: WorkersOpt = 2,
+    seed: SeedOpt = 0,
     framework: FrameworkOpt = "any",
     rank: RankOpt = Rank.robust,
     allow: AllowOpt = None,
@@ -685,18 +706,21 @@ def emit(
     is left out (README.txt says why); asked for by --format, its files are written with a warning.
     """
     from autoplace.bundle import emit as write
+    from autoplace.cost.layers import layer_table
     from autoplace.emit.launch import Launch
     from autoplace.frameworks.search import Runners
-    from autoplace.plan import Plan
+    from autoplace.plan import Plan, check_blocks
     from autoplace.specs._io import read_document
 
     doc = read_document(plan_json)
     inputs = doc.get("inputs", {}) if isinstance(doc.get("inputs"), dict) else {}
     model_path, cluster_path = model or inputs.get("model"), cluster or inputs.get("cluster")
-    if not model_path or not cluster_path:
+    if not isinstance(model_path, (str, Path)) or not isinstance(cluster_path, (str, Path)) \
+            or not model_path or not cluster_path:
         raise SpecError("names no model/cluster file; pass --model and --cluster", source=str(plan_json))
     m, c = _load(Path(model_path), Path(cluster_path), None, None)
     plan = Plan.from_dict(doc, source=str(plan_json))
+    check_blocks(plan, layer_table(m).blocks, source=str(plan_json))
     unfit = Runners(m, c).unfit(plan)  # a framework that would run out of memory running the plan
     asked = {name: why for name, why in unfit.items() if fmt and name in fmt}
     files = write(plan, m, c, fmt or None, out, launch=Launch(script=script),
@@ -824,11 +848,11 @@ def tune(
     launcher: Annotated[str, typer.Option("--launcher", help="local (torchrun here) or slurm (submitit).")] = "local",
     trainer: Annotated[str, typer.Option("--trainer", help="What runs the trials: native (PyTorch parallelism) or "
                                          "deepspeed (trials train with the emitted ds_config.json).")] = "native",
-    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per trial before it is killed.")] = 300.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, callback=finite, help="Seconds per trial before it is killed.")] = 300.0,
     out: Annotated[Path, typer.Option("--out", help="Trial logs, storage and plots.")] = Path("autoplace-tune"),
-    scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, help="Shrink the model to fit this machine.")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed; workers sharing a study each want "
-                                      "their own, or they propose the same knobs.")] = 0,
+    scale: Annotated[float, typer.Option("--scale", min=1e-6, max=1.0, callback=finite, help="Shrink the model to fit this machine.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**31 - 1, help="TPE sampler seed; workers sharing a "
+                                      "study each want their own, or they propose the same knobs.")] = 0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Re-runs of a candidate whose worker died "
                                          "(heartbeat stale) before it is given up.")] = 3,
     grace: Annotated[int, typer.Option("--grace", min=1, help="Seconds without a heartbeat before a trial's "

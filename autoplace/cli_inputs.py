@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from autoplace.cli_usage import finite
 from autoplace.errors import SpecError
 
 OptClusterArg = Annotated[Path | None, typer.Argument(
@@ -54,7 +55,7 @@ MethodOpt = Annotated[Method | None, typer.Option(
     rich_help_panel=_TUNE)]
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", min=1, help="Adapter rank r (default 16).",
                                                  rich_help_panel=_TUNE)]
-LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha",
+LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha", callback=finite,
                                                    help="Adapter scale alpha (default 32).", rich_help_panel=_TUNE)]
 LoraTargetsOpt = Annotated[str | None, typer.Option(
     "--lora-targets", help="Projections to adapt, comma-separated from q,k,v,o,gate,up,down (default: all).",
@@ -80,13 +81,18 @@ def tuning_overrides(method: Method | None, rank: int | None, alpha: float | Non
             "lora_targets": roles, "paged_optimizer": paged}
 
 
-def check_tuning(model: Any, overrides: dict[str, Any]) -> None:
-    """LoRA options need a frozen-base method (given here or in the model file)."""
-    given = [f"--{k.replace('_', '-')}" for k in ("lora_rank", "lora_alpha", "lora_targets")
-             if overrides.get(k) is not None]
-    if given and not model.training.frozen_base:
-        raise SpecError(f"{', '.join(given)} need --method lora or qlora (the model trains with method full)",
-                        source=given[0])
+def check_lora_rank(model: Any, tuning: dict[str, Any], path: Path) -> None:
+    """The LoRA rank must fit every projection it adapts (:func:`autoplace.cost.finetune.rank_refusal`),
+    a rank given as --lora-rank as one the model file gives; the error names where the rank (or,
+    with the file's rank, the --lora-targets that chose the projection) came from."""
+    from autoplace.cost.finetune import rank_refusal
+    from autoplace.specs.model import TransformerSpec
+
+    why = rank_refusal(model) if isinstance(model, TransformerSpec) else None
+    if why is None:
+        return
+    flag = next((f"--{k.replace('_', '-')}" for k in ("lora_rank", "lora_targets") if tuning.get(k) is not None), None)
+    raise SpecError(why, source=flag or str(path), field=None if flag else "training.lora.rank")
 
 
 class TraceInput(StrEnum):

@@ -191,7 +191,7 @@ def plot(current: Evaluation, alts: list[Alternative], path: Path) -> Path:
     ax_time.set(title="Step time by part", xlabel="seconds")
     ax_time.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # --png: PNG whatever the name ends in
     plt.close(fig)
     return path
 

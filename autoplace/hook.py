@@ -12,7 +12,6 @@ Entry points for schedulers and wrappers (Slurm cli_filter scripts, CI, submitit
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from autoplace.cost.layers import layer_table
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.evaluation import Evaluation, evaluate
-from autoplace.plan import Plan, build_plan, parse_plan_string, with_pins
+from autoplace.plan import Plan, build_plan, check_blocks, parse_plan_string, with_pins
 from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
 
@@ -76,14 +75,12 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
     from autoplace.frameworks import FRAMEWORKS
     from autoplace.frameworks import read_config as read_framework_config
     from autoplace.frameworks.base import ReadConfig
+    from autoplace.specs._io import read_document
 
     p = Path(path)
     if p.suffix.lower() == ".json":
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SpecError(f"cannot read JSON ({exc})", source=str(path)) from None
-        if isinstance(doc, dict) and "degrees" in doc:
+        doc = read_document(p, "json")  # bounded in size, strict JSON (no NaN), one value per key
+        if "degrees" in doc:
             recipe = doc.get("recipe", {})  # the keys it leaves out: the model file's pins, else the defaults
             if isinstance(recipe, dict):
                 doc = {**doc, "recipe": {**model.training.recipe_pins.values(), **recipe}}
@@ -91,7 +88,12 @@ def read_config(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> Rea
             runner = named if isinstance(named, str) and named in FRAMEWORKS else None
             return ReadConfig(Plan.from_dict(doc, source=str(path)), f"{runner} plan.json" if runner else "plan.json",
                               True, runner=runner)
-    return read_framework_config(p, model, cluster)
+    try:
+        return read_framework_config(p, model, cluster)
+    except SpecError as exc:  # a Plan the reader built refused a value: the file's
+        if exc.source:
+            raise
+        raise SpecError(exc.detail, source=str(path), field=exc.field) from None
 
 
 def _default_features() -> set[str]:
@@ -129,6 +131,7 @@ def check_config(config: str | Path, model: ModelSpec, cluster: ClusterSpec) -> 
             (``training.recipe``), or fp8 on GPUs without fp8 units -- one line each.
     """
     read = read_config(config, model, cluster)
+    check_blocks(read.plan, layer_table(model).blocks, source=str(config))
     with_pins(read.plan.recipe(), model.training.recipe_pins.values(), source=str(config))
     why = fp8_refusal(cluster, read.plan.fp8)
     if why:

@@ -56,19 +56,36 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` says the storage was unreachable, not that the request was wrong."""
+def outage_cause(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain that says the storage was unreachable (not that the request
+    was wrong), or None.  Optuna raises StorageInternalError ("... invalid data in the commit,
+    e.g. exceeding max length") from any SQLAlchemy error: the cause decides."""
     import sqlalchemy.exc as sx
 
-    for e in _chain(exc):  # Optuna raises StorageInternalError from SQLAlchemy's error: the cause decides
+    for e in _chain(exc):
         if isinstance(e, (sx.OperationalError, sx.InterfaceError, sx.DisconnectionError, sx.PendingRollbackError,
                           ConnectionError, TimeoutError)):
-            return True
+            return e
         if isinstance(e, sx.DBAPIError) and e.connection_invalidated:
-            return True
+            return e
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNO:
-            return True
-    return False
+            return e
+    return None
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage was unreachable, not that the request was wrong."""
+    return outage_cause(exc) is not None
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """"study storage unreachable (OperationalError: ...)" for an outage, naming its cause (its first
+    line), not the wrapper Optuna raised; None when ``exc`` is no outage."""
+    cause = outage_cause(exc)
+    if cause is None:
+        return None
+    first = (str(cause).strip().splitlines() or [""])[0][:160]
+    return f"study storage unreachable ({type(cause).__name__}{': ' + first if first else ''})"
 
 
 class Outage:
@@ -114,7 +131,7 @@ def _retrying(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
                 if waited >= outage.patience_s:
                     raise BenchmarkError(f"the study storage stayed unreachable for {waited:.0f} s ({name}: "
                                          f"{type(exc).__name__}); run the same command again when it is back") from exc
-                log.warning("study storage unreachable (%s: %s); retrying in %.1f s", name, type(exc).__name__, delay)
+                log.warning("%s in %s; retrying in %.1f s", unreachable(exc), name, delay)
                 time.sleep(delay)
                 waited, delay, attempt = waited + delay, min(2 * delay, MAX_DELAY_S), attempt + 1
                 continue

@@ -41,6 +41,9 @@ class Mode(StrEnum):
     OFFLOADED = "O"
 
 
+# The largest degree, micro-batch or step count + 1: the cost model packs them into int64 arrays and
+# multiplies a few (no real job comes near); plan strings, plan.json and every config reader hold to it
+MAX_COUNT = 2**31
 RECOMPUTE = ("none", "selective", "full")
 # The recompute forms the search gives a configuration's plans (solvers.problem.Problem.recompute_forms, as
 # bits 1 << form): every block in one mode (0, 1, 2: RECOMPUTE's indices); full on the first k blocks and none
@@ -57,6 +60,12 @@ POWERSGD_RANKS = (1, 2, 4)  # searched ranks: "typically only 1-4" (PyTorch's po
 TP_OVERLAP = ("none", "async", "userbuffers")  # torchtitan's async TP; Megatron's --tp-comm-overlap
 FP8 = ("none", "tensorwise", "rowwise", "delayed", "mxfp8")  # torchao's recipes; Transformer Engine's delayed; MX
 RECIPE_KEYS = ("compile", "fused_loss", "tp_overlap", "overlap", "fp8")
+SLOT_KEYS = ("pp_embedding", "pp_loss")  # the embedding and the loss as pipeline layers (stage_slots)
+# What the search may use (solvers.problem.Problem.features; --allow and --deny name them).  compress and fp8
+# are opt-in: every option changes the numbers the optimizer sees (autoplace.compression; fp8 GEMMs, and only
+# on GPUs with fp8 units); tp-across-nodes puts TP's all-reduces on the network.
+FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
+DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,12 @@ class Config:
             false: they run after (before) the compute, exposed.
         fp8: none, or the fp8 GEMM recipe: tensorwise / rowwise (torchao), delayed
             (Transformer Engine), mxfp8 (block-scaled, Blackwell).
+        pp_embedding, pp_loss: the embedding (the output layer and loss) takes one layer's place
+            in the pipeline split, as Megatron-LM's ``--account-for-embedding-in-pipeline-split``
+            (``--account-for-loss-in-pipeline-split``) count it: the first stage's first model
+            chunk (the last stage's last chunk) holds one block fewer than the stage's others
+            (:func:`stage_slots`).  With interleaving this states splits such as Llama-3.1-405B's
+            126 layers in 8 x 8 chunks (NVIDIA's published recipe).
     """
 
     tp: int = 1
@@ -115,6 +130,8 @@ class Config:
     tp_overlap: str = "none"
     overlap: bool = True
     fp8: str = "none"
+    pp_embedding: bool = False
+    pp_loss: bool = False
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -173,7 +190,7 @@ class Config:
 _DEGREES = ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "mbs", "grad_accum")
 _CHOICES = {"schedule": SCHEDULES, "offload_optimizer": OFFLOAD, "offload_params": OFFLOAD, "compress": COMPRESS,
             "tp_overlap": TP_OVERLAP, "fp8": FP8}
-_FLAGS = ("sp", "compile", "fused_loss", "overlap")
+_FLAGS = ("sp", "compile", "fused_loss", "overlap", "pp_embedding", "pp_loss")
 
 
 def check_config(config: Config) -> None:
@@ -189,6 +206,8 @@ def check_config(config: Config) -> None:
         if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral))) \
                 or value < 1:
             raise SpecError(f"{name} must be a whole number >= 1, got {value!r}", field=name)
+        if int(value) >= MAX_COUNT:
+            raise SpecError(f"{name} must be below 2**31, got {value!r}", field=name)
     if config.zero not in (0, 1, 2, 3):
         raise SpecError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}", field="zero")
     for name in _FLAGS:
@@ -287,48 +306,57 @@ class Plan(Config):
             "layers_per_stage": list(self.layers_per_stage),
             "compress": self.compress, "powersgd_rank": self.powersgd_rank,
             "recipe": self.recipe(),
+            "pp_embedding": self.pp_embedding, "pp_loss": self.pp_loss,
         }
         if self.recompute_mode == "mixed":
             out["recompute_per_layer"] = list(self.recompute)
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "plan.json") -> Plan:
+    def from_dict(cls, d: Any, *, source: str = "plan.json") -> Plan:
         """Rebuild a plan from :meth:`to_dict` output (e.g. the plan.json ``solve --out`` writes).
 
+        Strict, as every reader: counts are ints (not floats such as 2.0, not booleans) below
+        2**31 (:func:`count_at`), flags are booleans, choices are names from their lists, one
+        block count per pipeline stage, and ``degrees.dp`` and ``global_batch`` agree with what
+        they are made of.  Keys beyond the plan's own (an evaluation's memory, step time) are not read.
+
         Raises:
-            SpecError: a missing or ill-typed key, named.
+            SpecError: a missing or ill-typed key, named, with what is valid.
         """
-        try:
-            deg = d["degrees"]
-            layers = tuple(int(n) for n in d["layers_per_stage"])
-            blocks = sum(layers)
-            mode = d["recompute"]
-            recompute = tuple(d["recompute_per_layer"]) if mode == "mixed" else (mode,) * blocks
-            recipe = _recipe_dict(d.get("recipe", {}), source)
-            plan = cls(tp=int(deg["tp"]), pp=int(deg["pp"]), cp=int(deg["cp"]), ep=int(deg["ep"]),
-                       dp_replicate=int(d.get("dp_replicate", 1 if d["zero_stage"] else deg["dp"])),
-                       dp_shard=int(d.get("dp_shard", deg["dp"] if d["zero_stage"] else 1)),
-                       vpp=int(d["virtual_stages"]), sp=bool(d.get("sequence_parallel", deg["tp"] > 1)),
-                       zero=int(d["zero_stage"]), mbs=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
-                       schedule=str(d["schedule"]), offload_optimizer=str(d["offload"]["optimizer"]),
-                       offload_params=str(d["offload"]["params"]), compress=str(d.get("compress", "none")),
-                       powersgd_rank=int(d.get("powersgd_rank", 0)), recompute=recompute, layers_per_stage=layers,
-                       **recipe)
-        except KeyError as exc:
-            raise SpecError("required key is missing", source=source, field=str(exc.args[0])) from None
-        except (TypeError, ValueError) as exc:
-            raise SpecError(f"not a plan object: {exc}", source=source) from None
-        for field_name, value, valid in (("schedule", plan.schedule, SCHEDULES), ("recompute", mode, (*RECOMPUTE, "mixed")),
-                                         ("offload.optimizer", plan.offload_optimizer, OFFLOAD),
-                                         ("offload.params", plan.offload_params, OFFLOAD),
-                                         ("compress", plan.compress, COMPRESS),
-                                         ("recipe.tp_overlap", plan.tp_overlap, TP_OVERLAP), ("recipe.fp8", plan.fp8, FP8)):
-            if value not in valid:
-                raise SpecError(f"{value!r} is not valid; valid: {', '.join(valid)}", source=source, field=field_name)
-        if any(r not in RECOMPUTE for r in plan.recompute) or len(plan.recompute) != blocks:
-            raise SpecError(f"needs {blocks} modes from {', '.join(RECOMPUTE)}", source=source,
-                            field="recompute_per_layer")
+        if not isinstance(d, dict):
+            raise SpecError("expected a plan object", source=source)
+        deg = _mapping(d, "degrees", source)
+        zero = _count(d, "zero_stage", source, minimum=0)
+        if zero > 3:
+            raise SpecError(f"must be 0, 1, 2 or 3, got {zero}", source=source, field="zero_stage")
+        tp, pp, cp, ep, dp = (_count(deg, key, source, "degrees.") for key in ("tp", "pp", "cp", "ep", "dp"))
+        rep = _count(d, "dp_replicate", source) if "dp_replicate" in d else (1 if zero else dp)
+        shard = _count(d, "dp_shard", source) if "dp_shard" in d else (dp if zero else 1)
+        if rep * shard != dp:
+            raise SpecError(f"dp_replicate ({rep}) x dp_shard ({shard}) is not degrees.dp ({dp})", source=source,
+                            field="degrees.dp")
+        layers = _counts(d, "layers_per_stage", source)
+        if len(layers) != pp:
+            raise SpecError(f"needs one block count per pipeline stage (pp={pp}), got {len(layers)}", source=source,
+                            field="layers_per_stage")
+        mode = _choice(d, "recompute", (*RECOMPUTE, "mixed"), source)
+        recompute = _recompute_per_layer(d, sum(layers), source) if mode == "mixed" else (mode,) * sum(layers)
+        offload = _mapping(d, "offload", source)
+        plan = cls(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep, dp_shard=shard,
+                   vpp=_count(d, "virtual_stages", source), sp=_flag(d, "sequence_parallel", source, default=tp > 1),
+                   zero=zero, mbs=_count(d, "micro_batch", source), grad_accum=_count(d, "grad_accum", source),
+                   schedule=_choice(d, "schedule", SCHEDULES, source),
+                   offload_optimizer=_choice(offload, "optimizer", OFFLOAD, source, "offload."),
+                   offload_params=_choice(offload, "params", OFFLOAD, source, "offload."),
+                   compress=_choice(d, "compress", COMPRESS, source, default="none"),
+                   powersgd_rank=_count(d, "powersgd_rank", source, minimum=0) if "powersgd_rank" in d else 0,
+                   recompute=recompute, layers_per_stage=layers, **_recipe_dict(d.get("recipe", {}), source),
+                   pp_embedding=_flag(d, "pp_embedding", source, default=False),
+                   pp_loss=_flag(d, "pp_loss", source, default=False))
+        if "global_batch" in d and d["global_batch"] != plan.global_batch:
+            raise SpecError(f"{d['global_batch']!r} is not micro_batch x grad_accum x dp = {plan.mbs} x "
+                            f"{plan.grad_accum} x {plan.dp} = {plan.global_batch}", source=source, field="global_batch")
         return plan
 
     def to_string(self) -> str:
@@ -341,6 +369,7 @@ class Plan(Config):
                  *([f"compress={self.compress}"] if self.compress != "none" else []),
                  *([f"powersgd_rank={self.powersgd_rank}"] if self.powersgd_rank else []),
                  *(f"{k}={str(v).lower()}" for k, v in self.recipe().items() if v != RECIPE_DEFAULTS[k]),
+                 *(f"{k}=true" for k in SLOT_KEYS if getattr(self, k)),
                  f"layers={':'.join(map(str, self.layers_per_stage))}"]
         if self.recompute_mode == "mixed":
             parts.append("recompute_layers=" + ":".join(r[0] for r in self.recompute))
@@ -350,6 +379,89 @@ class Plan(Config):
 
 
 RECIPE_DEFAULTS = {name: Config.__dataclass_fields__[name].default for name in RECIPE_KEYS}
+
+
+def count_at(value: Any, *, minimum: int, source: str, field: str) -> int:
+    """``value`` as a count a document states (plan.json, a framework's config): an int in
+    [``minimum``, 2**31) -- not a boolean, and not a float such as 2.0, which no framework takes
+    for a degree or a batch size.
+
+    Raises:
+        SpecError: anything else, naming ``source`` and ``field``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < MAX_COUNT:
+        raise SpecError(f"expected a whole number >= {minimum} and below 2**31, got {value!r}", source=source,
+                        field=field)
+    return value
+
+
+def check_blocks(plan: Plan, blocks: int, *, source: str) -> None:
+    """A plan read from a file places the model's ``blocks``: one count per pipeline stage adding
+    up to them, and a recompute mode (a name from :data:`RECOMPUTE`) for each -- a plan for
+    another model would index past them.
+
+    Raises:
+        SpecError: naming ``source`` and what does not add up.
+    """
+    layers = plan.layers_per_stage
+    if len(layers) != plan.pp:
+        raise SpecError(f"{len(layers)} block counts for pp={plan.pp} stages", source=source, field="layers_per_stage")
+    if sum(layers) != blocks:
+        raise SpecError(f"the stages hold {sum(layers)} blocks ({':'.join(map(str, layers))}) but the model has "
+                        f"{blocks}: a plan for another model?", source=source, field="layers_per_stage")
+    if len(plan.recompute) != blocks or any(r not in RECOMPUTE for r in plan.recompute):
+        raise SpecError(f"needs {blocks} recompute modes, one per block, from {', '.join(RECOMPUTE)}; got "
+                        f"{len(plan.recompute)}: {', '.join(sorted(set(map(str, plan.recompute))))}", source=source,
+                        field="recompute")
+
+
+def _mapping(d: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    if key not in d:
+        raise SpecError("required key is missing", source=source, field=key)
+    if not isinstance(d[key], dict):
+        raise SpecError(f"expected an object, got {d[key]!r}", source=source, field=key)
+    return d[key]
+
+
+def _count(d: dict[str, Any], key: str, source: str, prefix: str = "", *, minimum: int = 1) -> int:
+    if key not in d:
+        raise SpecError("required key is missing", source=source, field=prefix + key)
+    return count_at(d[key], minimum=minimum, source=source, field=prefix + key)
+
+
+def _counts(d: dict[str, Any], key: str, source: str) -> tuple[int, ...]:
+    """A non-empty list of block counts (>= 0) whose sum is a count too."""
+    value = d.get(key)
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"expected a list of block counts, one per pipeline stage, got {value!r}", source=source,
+                        field=key)
+    counts = tuple(count_at(n, minimum=0, source=source, field=f"{key}.{i}") for i, n in enumerate(value))
+    count_at(sum(counts), minimum=1, source=source, field=key)
+    return counts
+
+
+def _flag(d: dict[str, Any], key: str, source: str, *, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"expected true or false, got {value!r}", source=source, field=key)
+    return value
+
+
+def _choice(d: dict[str, Any], key: str, valid: tuple[str, ...], source: str, prefix: str = "",
+            default: str | None = None) -> str:
+    if key not in d and default is None:
+        raise SpecError("required key is missing", source=source, field=prefix + key)
+    value = d.get(key, default)
+    if value not in valid:  # a tuple's membership compares, so a list or mapping is simply not one
+        raise SpecError(f"{value!r} is not valid; valid: {', '.join(valid)}", source=source, field=prefix + key)
+    return str(value)
+
+
+def _recompute_per_layer(d: dict[str, Any], blocks: int, source: str) -> tuple[str, ...]:
+    modes = d.get("recompute_per_layer")
+    if not isinstance(modes, list) or len(modes) != blocks or any(m not in RECOMPUTE for m in modes):
+        raise SpecError(f"needs {blocks} modes from {', '.join(RECOMPUTE)}", source=source, field="recompute_per_layer")
+    return tuple(modes)
 
 
 def _recipe_dict(d: Any, source: str) -> dict[str, Any]:
@@ -375,6 +487,7 @@ PLAN_KEYS = {
     "offload_optimizer": str, "offload_params": str, "layers": str, "recompute_layers": str, "preset": str,
     "compress": str, "powersgd_rank": int,
     "compile": bool, "fused_loss": bool, "tp_overlap": str, "overlap": bool, "fp8": str,
+    "pp_embedding": bool, "pp_loss": bool,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -391,10 +504,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 def parse_plan_string(text: str, *, source: str = "--plan") -> dict[str, Any]:
     """Parse ``"dp=64,tp=8,zero=1,recompute=selective"`` into typed values.
 
+    ``--fix`` words arrive joined by "," (``source`` names the flag), so a key given in two of
+    them is a repeat like one given twice in a ``--plan`` string.
+
     Raises:
-        SpecError: unknown key (listing the valid ones), a value of the wrong type.
+        SpecError: unknown key (listing the valid ones), a value of the wrong type, a key given
+            twice (naming both values: neither silently wins).
     """
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the value as written, for a repeat's message
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
@@ -402,6 +520,10 @@ def parse_plan_string(text: str, *, source: str = "--plan") -> dict[str, Any]:
             raise SpecError(f"expected KEY=VALUE, got {item!r}", source=source)
         if key not in PLAN_KEYS:
             raise SpecError(f"unknown key; valid keys: {', '.join(PLAN_KEYS)}", source=source, field=key)
+        if key in given:
+            raise SpecError(f"given twice ({key}={given[key]} and {key}={value}); give it once", source=source,
+                            field=key)
+        given[key] = value
         out[key] = _typed(key, value, source)
     return out
 
@@ -411,7 +533,7 @@ def _typed(key: str, value: str, source: str) -> Any:
     if kind is int:
         # ASCII digits only (int() refuses "²", which isdigit() accepts); below 2**31: the cost
         # model packs plans into int64 arrays, and no degree or batch comes near it
-        if not (value.isascii() and value.isdigit()) or not (0 if key == "zero" else 1) <= int(value) < 2**31:
+        if not (value.isascii() and value.isdigit()) or not (0 if key == "zero" else 1) <= int(value) < MAX_COUNT:
             raise SpecError(f"expected a positive whole number below 2**31, got {value!r}", source=source, field=key)
         return int(value)
     if kind is bool:
@@ -455,6 +577,52 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def stage_slots(pp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
+    """Places in each pipeline stage's split that the embedding and the loss take (``pp_embedding``,
+    ``pp_loss``): one on the first stage, one on the last.  A stage's *units* are its blocks plus
+    these; with interleaving its units divide into ``vpp`` equal model chunks, the first chunk of the
+    first stage holding the embedding in place of a block, the last chunk of the last stage the
+    loss (Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``: megatron-core 0.16.1
+    transformer_block.py ``get_num_layers_to_build``)."""
+    slots = [0] * pp
+    slots[0] += int(embedding)
+    slots[-1] += int(loss)
+    return tuple(slots)
+
+
+def config_slots(config: Config) -> tuple[int, ...]:
+    """:func:`stage_slots` of a configuration."""
+    return stage_slots(config.pp, config.pp_embedding, config.pp_loss)
+
+
+def split_units(blocks: int, pp: int, vpp: int = 1, embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """The even split: blocks per stage when the blocks and the embedding and loss places
+    (:func:`stage_slots`) are spread as evenly as whole model chunks of ``vpp`` units allow
+    (:func:`even_split` of the chunks; of the units when ``vpp`` does not divide them, a split the
+    interleave rule then refuses)."""
+    slots = stage_slots(pp, embedding, loss)
+    units = blocks + sum(slots)
+    per = [q * vpp for q in even_split(units // vpp, pp)] if units % vpp == 0 else list(even_split(units, pp))
+    return tuple(u - s for u, s in zip(per, slots, strict=True))
+
+
+def model_chunks(layers_per_stage: Sequence[int], vpp: int, embedding: bool = False,
+                 loss: bool = False) -> list[int] | None:
+    """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order (chunk ``v * pp + r``
+    is the v-th chunk of pipeline rank r: the looped placement of Narayanan et al. 2021, Sec. 2.2,
+    used by Megatron-LM and torch.distributed.pipelining); None when a stage's units
+    (:func:`stage_slots`) are not ``vpp`` chunks of at least one unit each."""
+    pp = len(layers_per_stage)
+    slots = stage_slots(pp, embedding, loss)
+    units = [n + s for n, s in zip(layers_per_stage, slots, strict=True)]
+    if any(u % vpp or u < vpp for u in units):
+        return None
+    chunks = [units[r] // vpp for v in range(vpp) for r in range(pp)]
+    chunks[0] -= int(embedding)  # the first rank's first chunk holds the embedding
+    chunks[-1] -= int(loss)  # the last rank's last chunk the loss
+    return chunks
+
+
 def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch: int,
                gpus_per_node: int = 8, source: str = "--plan") -> Plan:
     """Complete a partial plan (from --plan or a preset) into a Plan with defaults.
@@ -489,14 +657,15 @@ def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch:
                         source=source, field="mbs")
     else:
         ga = global_batch // (mbs * dp)
-    layers = _layers(v, pp, blocks, source)
+    slots = {k: v[k] for k in SLOT_KEYS if k in v}
+    layers = _layers(v, pp, blocks, source, vpp if slots else 1, **slots)
     recompute = _recompute(v, blocks, source)
     compress, rank = _compress(v, source)
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_rep, dp_shard=dp_shard, vpp=vpp,
                 sp=v.get("sp", tp > 1), zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule,
                 offload_optimizer=v.get("offload_optimizer", "none"), offload_params=v.get("offload_params", "none"),
                 compress=compress, powersgd_rank=rank, recompute=recompute, layers_per_stage=layers,
-                **{k: v[k] for k in RECIPE_KEYS if k in v})
+                **{k: v[k] for k in RECIPE_KEYS if k in v}, **slots)
 
 
 def _compress(v: dict[str, Any], source: str) -> tuple[str, int]:
@@ -525,10 +694,15 @@ def _dp_split(v: dict[str, Any], zero: int, node_dp: int, source: str) -> tuple[
     return 1, dp
 
 
-def _layers(v: dict[str, Any], pp: int, blocks: int, source: str) -> tuple[int, ...]:
+def _layers(v: dict[str, Any], pp: int, blocks: int, source: str, vpp: int = 1, pp_embedding: bool = False,
+            pp_loss: bool = False) -> tuple[int, ...]:
+    """The ``layers`` key, else the even split (with the embedding and loss places when set:
+    :func:`split_units`)."""
     if "layers" not in v:
         if blocks < pp:
             raise SpecError(f"pp={pp} exceeds the model's {blocks} layers", source=source, field="pp")
+        if pp > 1 and (pp_embedding or pp_loss):
+            return split_units(blocks, pp, vpp, pp_embedding, pp_loss)
         return even_split(blocks, pp)
     layers = parse_layers(v["layers"], source=source)
     if len(layers) != pp or sum(layers) != blocks or min(layers) < 0:

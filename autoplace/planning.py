@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autoplace.errors import SpecError
+from autoplace.plan import MAX_COUNT
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -49,16 +50,21 @@ _AMOUNT = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*(?P<unit>[K
 # ---------------------------------------------------------------- parsing the flags
 
 
+# The largest token amount (--tokens, --noise-scale): 1e18, some 10^5 times the largest corpora models
+# train on (Llama 3's 15T); below it, days and cost stay finite for any price and throughput
+MAX_TOKENS = 1e18
+
+
 def parse_amount(text: str, *, source: str) -> float:
-    """A positive amount with an optional suffix: ``15T``, ``300B``, ``2.5e12``, ``1M``.
+    """A token amount with an optional suffix: ``15T``, ``300B``, ``2.5e12``, ``1M``; from 1 to 1e18.
 
     Raises:
-        SpecError: not a positive number with one of the suffixes K, M, B (or G), T, P.
+        SpecError: not a number from 1 to 1e18 with one of the suffixes K, M, B (or G), T, P.
     """
     match = _AMOUNT.match(text)
     value = float(match["num"]) * _SUFFIX[match["unit"].upper()] if match else 0.0
-    if not match or not value > 0 or not math.isfinite(value):
-        raise SpecError(f"expected a positive amount such as 15T, 300B or 2.5e12 (suffixes K, M, B, T, P), "
+    if not match or not 1 <= value <= MAX_TOKENS:
+        raise SpecError(f"expected an amount from 1 to 1e18 such as 15T, 300B or 2.5e12 (suffixes K, M, B, T, P), "
                         f"got {text!r}", source=source)
     return value
 
@@ -71,10 +77,11 @@ def parse_counts(text: str, *, source: str) -> list[int]:
         SpecError: a bound or item that is not a positive integer, or lower > upper.
     """
     def integer(item: str) -> int:
-        if not item.strip().isdigit() or int(item) < 1:
+        digits = item.strip()  # ASCII digits: int() refuses "²", which isdigit() takes
+        if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) < MAX_COUNT:
             raise SpecError(f"expected LOW..HIGH (e.g. 8..4096), a list (8,16,64) or one number; "
-                            f"{item.strip()!r} is not a positive integer", source=source)
-        return int(item)
+                            f"{digits!r} is not a whole number from 1 to 2**31 - 1", source=source)
+        return int(digits)
 
     if ".." in text:
         low, _, high = text.partition("..")

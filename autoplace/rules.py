@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplace.compression import applies
 from autoplace.cost.layers import LayerTable
-from autoplace.plan import Plan
+from autoplace.plan import Plan, model_chunks
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -59,8 +59,12 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerT
     rule(p.vpp == 1 or (p.schedule == "interleaved" and p.pp > 1), "interleave",
          f"vpp={p.vpp} needs the interleaved schedule and pp > 1")
     rule(p.schedule != "interleaved" or p.vpp > 1, "interleave", "the interleaved schedule needs vpp > 1")
-    rule(p.vpp == 1 or all(n % p.vpp == 0 and n > 0 for n in p.layers_per_stage), "interleave",
-         f"every stage's layer count {list(p.layers_per_stage)} must be a positive multiple of vpp={p.vpp}")
+    rule(p.pp > 1 or not (p.pp_embedding or p.pp_loss), "layer-split",
+         "pp_embedding / pp_loss count the embedding / the loss as a pipeline layer: they need pp > 1")
+    rule(p.vpp == 1 or len(p.layers_per_stage) != p.pp or
+         model_chunks(p.layers_per_stage, p.vpp, p.pp_embedding, p.pp_loss) is not None, "interleave",
+         f"every stage's layer count {list(p.layers_per_stage)}{_slots_said(p)} must be a positive multiple of "
+         f"vpp={p.vpp}")
     rule(p.schedule != "interleaved" or p.grad_accum % p.pp == 0, "interleave",
          f"interleaved 1F1B needs grad_accum({p.grad_accum}) to be a multiple of pp({p.pp}) (Megatron-LM)")
     rule(p.offload_params == "none" or p.zero == 3, "offload-params-needs-zero3",
@@ -89,6 +93,13 @@ def _transformer_rules(p: Plan, m: TransformerSpec, rule: object) -> None:
               f"ep={p.ep} must divide experts={m.moe.experts}")
     else:
         check(p.ep == 1, "ep-needs-moe", f"ep={p.ep} but the model has no experts")  # type: ignore[operator]
+
+
+def _slots_said(p: Plan) -> str:
+    """How the embedding and the loss count in the interleave rule, in words (nothing when they do not)."""
+    places = [name for name, on in (("the embedding on the first", p.pp_embedding), ("the loss on the last", p.pp_loss))
+              if on]
+    return f" (with {' and '.join(places)} stage counted as a layer)" if places else ""
 
 
 def _compress_rule(p: Plan) -> str:

@@ -113,12 +113,26 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
         plan["step_time_band_95_s"] = [plan["step_time_s"] * band[0], plan["step_time_s"] * band[1]]
         plan["step_time_band_source"] = source
     annotate_ranking(doc, getattr(result, "ranking", {}))
+    above_published(doc, result, m, c)
     if result.nearest is not None:
         doc["nearest"] = nearest_doc(result.nearest, problem)
     hint = compression_hint(problem, result)
     if hint:
         doc["notes"].append(hint)
     return doc
+
+
+def above_published(doc: dict[str, Any], result: Any, model: Any, cluster: ClusterSpec) -> None:
+    """Each plan whose MFU is past the best published on its GPU gets ``above_published`` (autoplace.sanity),
+    and the best plan's, a warning note naming the term that lifts it."""
+    from autoplace.sanity import mfu_check
+
+    for i, (plan, ev) in enumerate(zip(doc["plans"], result.plans, strict=True)):
+        above = mfu_check(ev, model, cluster)
+        if above is not None:
+            plan["above_published"] = above.to_dict()
+            if i == 0:
+                doc["notes"].insert(0, f"warning: plan 1's {above.line()}")
 
 
 def nearest_doc(nearest: Any, problem: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
 from autoplace.errors import BenchmarkError
-from autoplace.patience import Outage, patient, transient
+from autoplace.patience import Outage, patient, transient, unreachable
 
 log = logging.getLogger("autoplace")
 _BEAT = "autoplace:heartbeat"  # journal trials' heartbeat (a system attribute: wall-clock seconds)
@@ -233,19 +233,13 @@ def beating(storage: Any, study_id: int, number: int, interval_s: int,
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
     stop = threading.Event()
 
-    def beat_once() -> None:
-        try:
-            storage.record_heartbeat(trial_id)
-        except Exception as exc:  # noqa: BLE001 - a missed beat (the database restarting) must not end the trial
-            log.warning("heartbeat of trial %d not recorded: %s", number, exc)
-
     def beat() -> None:
         while not stop.wait(interval_s):
-            beat_once()
+            beat_once(storage, trial_id, number)
             if sweep is not None:
                 sweep()
 
-    beat_once()
+    beat_once(storage, trial_id, number)
 
     thread = threading.Thread(target=beat, name=f"autoplace-heartbeat-{number}", daemon=True)
     thread.start()
@@ -254,6 +248,16 @@ def beating(storage: Any, study_id: int, number: int, interval_s: int,
     finally:
         stop.set()
         thread.join()
+
+
+def beat_once(storage: Any, trial_id: int, number: int) -> None:
+    """Record one heartbeat of trial ``number``; a missed one is a warning, not the trial's end."""
+    try:
+        storage.record_heartbeat(trial_id)
+    except Exception as exc:  # noqa: BLE001 - a missed beat (the database restarting) must not end the trial
+        # an outage reads as one, not as Optuna's wrapper ("invalid data in the commit, e.g. exceeding max length")
+        log.warning("heartbeat of trial %d not recorded: %s", number,
+                    f"{unreachable(exc)}; the next beat retries" if transient(exc) else exc)
 
 
 def fail_stale_trials(st: Any) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -142,7 +143,7 @@ def cluster_at(gpus: int, *, gpu: str | None = None, unit: ClusterSpec | None = 
         SpecError: a count that is not a whole number of nodes, or a unit with several pools.
     """
     if unit is not None:
-        return _replicated(unit, gpus)
+        return _sized(gpus, lambda: _replicated(unit, gpus))
     from autoplace.specs.cluster import gpu_profile_name, load_profile
 
     name = gpu_profile_name(gpu or "")
@@ -151,7 +152,15 @@ def cluster_at(gpus: int, *, gpu: str | None = None, unit: ClusterSpec | None = 
         return cluster_from_flags(name, 1, gpus_per_node=gpus, name=f"1x{gpus}x{name}")
     if gpus % gpn:
         raise SpecError(f"{gpus} GPUs is not a whole number of {gpn}-GPU nodes", source="--gpus")
-    return cluster_from_flags(name, gpus // gpn, gpus_per_node=gpn)
+    return _sized(gpus, lambda: cluster_from_flags(name, gpus // gpn, gpus_per_node=gpn))
+
+
+def _sized(gpus: int, build: Callable[[], ClusterSpec]) -> ClusterSpec:
+    """``build()``; a cluster of that size refused (too many nodes) is --gpus's error, the size named."""
+    try:
+        return build()
+    except SpecError as exc:
+        raise SpecError(f"{gpus:,} GPUs: {exc.field + ': ' if exc.field else ''}{exc.detail}", source="--gpus") from None
 
 
 def _replicated(unit: ClusterSpec, gpus: int) -> ClusterSpec:
@@ -213,8 +222,10 @@ def sweep(model: ModelSpec, counts: list[int], opts: SweepOptions, *, gpu: str |
     reference = batches[0] * model.seq_len  # effective throughput is measured against the first batch
     points: list[SweepPoint] = []
     best: SweepPoint | None = None
-    for gpus in sorted(counts):
-        cluster = cluster_at(gpus, gpu=gpu, unit=unit)
+    # every size's cluster before any search: a size no cluster can have is refused at once, not
+    # after the smaller sizes' searches
+    clusters = [cluster_at(gpus, gpu=gpu, unit=unit) for gpus in sorted(counts)]
+    for cluster in clusters:
         found = [_at_batch(model, cluster, b, opts, reference) for b in batches]
         point = max(found, key=lambda p: p.effective_tokens_per_s)
         point = replace(point, solve_s=sum(p.solve_s for p in found))
@@ -378,7 +389,7 @@ def plot(points: list[SweepPoint], path: Path, title: str) -> None:
     ax.legend(lines, [str(h.get_label()) for h in lines], loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # --png: PNG whatever the name ends in
     plt.close(fig)
 
 

@@ -148,13 +148,18 @@ def trace(module: nn.Module, *, seq_len: int, batch: int = 1, inputs: str = "tok
             regions[state["region"]].saved_bytes += t.numel() * t.element_size()
         return t
 
-    x = (torch.zeros(batch, seq_len, dtype=torch.long, device="meta") if inputs == "tokens"
-         else torch.zeros(batch, seq_len, h, device="meta", requires_grad=True))
+    shape = (batch, seq_len) if inputs == "tokens" else (batch, seq_len, h)
     try:
+        x = (torch.zeros(*shape, dtype=torch.long, device="meta") if inputs == "tokens"
+             else torch.zeros(*shape, device="meta", requires_grad=True))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as fwd:
             loss = _loss(module(x), x if inputs == "tokens" else None, vocab)
         with FlopCounterMode(display=False) as bwd:
             loss.backward()
+    except Exception as exc:  # noqa: BLE001 - the user's model code, or torch refusing the shapes asked for
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise SpecError(f"its forward and backward on {inputs} of shape {shape} (--input, --batch, --seq-len) "
+                        f"failed: {type(exc).__name__}: {first}", source="FACTORY") from exc
     finally:
         for hook in hooks:
             hook.remove()

@@ -1,34 +1,36 @@
-"""Hostile inputs through the CLI: every reader, N inputs, counts by exit code and the tracebacks found.
+"""Hostile inputs through the CLI: every reader and flag, N inputs, counts by exit code and the tracebacks found.
 
     python benchmarks/fuzz.py N [--seed S] [--surface NAME ...]
 
 The surfaces: model files (shorthand, layer graph, a Hugging Face config.json of every family in
 tests/data/hf), cluster files and ``NODESxGPUSxGPU`` strings, plan strings (``--plan``) and ``--fix``
-values, calibration files (``--calibration``), and the framework configs ``autoplace check`` reads
-(DeepSpeed JSON, accelerate YAML, torchtitan TOML; Megatron-LM has no reader behind ``check``).
+values, calibration files (``--calibration``); every reader ``autoplace check`` has (plan.json,
+DeepSpeed JSON, accelerate YAML, torchtitan TOML, Megatron-LM arguments, the FSDP2 module:
+benchmarks/fuzz_configs.py); keys given twice, in files and in ``--plan``/``--fix``; and every
+flag of every command through its range, with usage errors on each (benchmarks/fuzz_flags.py).
 Inputs are hypothesis strategies: seed documents mutated one to three times (a key deleted, an
 unknown key added, a value replaced by a wrong type, a negative, zero, a huge or non-finite number,
 a string), whole random documents and token soup.  Each input runs through the CLI in-process
 (typer's runner), never a subprocess per input.
 
 The contract (README "Exit codes"): 0, 1 (``check``'s REJECT), 2 (bad input: one stderr line), 3
-(infeasible).  Any exception escaping the CLI, an ``internal error`` line, or an exit 2 that is not
-one line is a *traceback*: printed with its input at the end.  tests/test_fuzz_inputs.py runs a
-bounded slice of the same strategies.
+(infeasible).  Any exception escaping the CLI, an ``internal error`` line, an exit 2 that is not
+one line, or a bad-by-construction input (a repeat, a refused flag value) not refused with the
+line it must print is a *traceback*: printed with its input at the end.  tests/test_fuzz_inputs.py
+runs a bounded slice of the same strategies.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import math
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,116 +43,31 @@ from hypothesis import strategies as st
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-EXAMPLES = REPO / "examples"
-TINY = EXAMPLES / "models" / "tiny-llama.json"
-HF = REPO / "tests" / "data" / "hf"
-UNKNOWN_KEY = "zz_not_a_key"
-BAD: list[Any] = ["bogus", "", "auto", [1], [], {"a": 1}, {}, None, True, False, -1, -0.5, 0, 0.5, 1, 2, 3, 7, 10**30,
-                  -10**30, 2**63, math.nan, math.inf, -math.inf, "1e400", "8x8xh100"]
+from benchmarks import fuzz_configs, fuzz_flags  # noqa: E402
+from benchmarks.fuzz_kit import (  # noqa: E402
+    A100,
+    EXAMPLES,
+    HF,
+    LLAMA,
+    ONE_GPU,
+    ONE_GPU_TEXT,
+    TINY,
+    Case,
+    calibration_seed,
+    dump,
+    file_case,
+    garbage,
+    mutated,
+)
+
 PLAN_KEYS = ["dp", "dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "vpp", "sp", "zero", "mbs", "grad_accum",
              "schedule", "offload_optimizer", "offload_params", "recompute", "layers", "zeropp", "compress", "", "x"]
 PLAN_VALUES = ["1", "2", "0", "-1", "8", "3", "true", "false", "none", "cpu", "nvme", "full", "selective", "1f1b",
                "interleaved", "zb", "", "=", ",", "1:2", "2:2:2", "nan", "inf", "1e9", "99999999999999999999",
-               "0x10", "1.5", " 2", "é", "\x00", "[1]", "{", "auto"]
+               "0x10", "1.5", " 2", "\u00e9", "\x00", "[1]", "{", "auto"]
 GPU_NAMES = ["h100", "a100", "a100-80gb", "h100-sxm5-80gb", "cpu", "gb200", "mi300x", "bogus", "", "x", "H100"]
-ONE_GPU = "name: one\nnodes: 1\ngpus_per_node: 1\ngpu: h100-sxm5-80gb\nintra_node: nvlink4\n"
 CLUSTER_LINES = ["name: c", "nodes: 1", "gpus_per_node: 1", "gpu: h100-sxm5-80gb", "intra_node: nvlink4",
                  "inter_node: ib-ndr", "host_memory_GB: 16", "gpu: cpu", "intra_node: loopback"]
-
-
-@dataclass(frozen=True)
-class Case:
-    """One input: the surface, the files it writes (name -> bytes) and the CLI arguments
-    (``{name}`` is replaced by the file's path)."""
-
-    surface: str
-    files: tuple[tuple[str, bytes], ...]
-    args: tuple[str, ...]
-
-
-# ---- documents and their mutations --------------------------------------------------------------
-
-
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    out = []
-    for key, value in items:
-        out.append((*prefix, key))
-        out.extend(_paths(value, (*prefix, key)))
-    return out
-
-
-def _mutate(doc: Any, path: tuple[Any, ...], op: str, value: Any) -> Any:
-    """A deep copy of ``doc`` with one change at ``path``: ``del``, ``set`` or ``add`` (an unknown key)."""
-    doc = json.loads(json.dumps(doc))
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    target = parent[path[-1]] if path else doc
-    if op == "add" and isinstance(target, dict):
-        target[UNKNOWN_KEY] = value
-    elif op == "del" and path:
-        del parent[path[-1]]
-    elif op == "set" and path:
-        parent[path[-1]] = value
-    return doc
-
-
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats() | st.text(max_size=8),
-                       lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
-                       max_leaves=12)
-
-
-@st.composite
-def mutated(draw: st.DrawFn, seeds: list[Any]) -> Any:
-    """A seed document with one to three changes."""
-    doc = draw(st.sampled_from(seeds))
-    for _ in range(draw(st.integers(1, 3))):
-        paths: list[tuple[Any, ...]] = _paths(doc)
-        at_root = not paths or draw(st.integers(0, 5)) == 0  # the root: only an unknown key can go there
-        path: tuple[Any, ...] = () if at_root else draw(st.sampled_from(paths))
-        op = draw(st.sampled_from(["del", "set", "set", "add"]))
-        doc = _mutate(doc, path, op, draw(st.sampled_from(BAD) | JSONISH))
-    return doc
-
-
-def _dump(doc: Any, suffix: str) -> bytes:
-    if suffix == ".json":
-        return json.dumps(doc, allow_nan=True).encode()
-    if suffix == ".toml":
-        return _toml(doc).encode()
-    return yaml.safe_dump(doc, allow_unicode=True).encode()
-
-
-def _toml(doc: Any, prefix: str = "") -> str:
-    """A small TOML writer (tomllib reads only): tables of scalars and lists; anything else as a string."""
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return "nan" if v != v else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v if not isinstance(x, dict) and x is not None) + "]"
-        return json.dumps(str(v))
-    if not isinstance(doc, dict):
-        return f"x = {value(doc)}\n"
-    lines = [f"{json.dumps(str(k))} = {value(v)}" for k, v in doc.items() if not isinstance(v, dict) and v is not None]
-    for k, v in doc.items():
-        if isinstance(v, dict):
-            name = f"{prefix}.{json.dumps(str(k))}" if prefix else json.dumps(str(k))
-            lines.append(f"\n[{name}]\n" + _toml(v, name))
-    return "\n".join(lines) + "\n"
-
-
-def _file_case(surface: str, suffix: str, args: list[str]) -> Callable[[bytes], Case]:
-    return lambda data: Case(surface, (("input" + suffix, data),), tuple(args))
-
-
-def _garbage(suffix: str) -> st.SearchStrategy[bytes]:
-    return st.one_of(st.binary(max_size=200), JSONISH.map(lambda d: _dump(d, suffix)),
-                     st.lists(st.sampled_from(["{", "}", "[", "]", ":", ",", "-", " ", "\n", "a", "1", "'", '"',
-                                               "&a", "*a", "!!python/object", "=", "[[x]]", "#"]), max_size=30)
-                     .map(lambda t: "".join(t).encode()))
 
 
 # ---- the surfaces ----------------------------------------------------------------------------------
@@ -175,102 +92,64 @@ def _cluster_seeds() -> list[Any]:
     return [yaml.safe_load(p.read_text()) for p in sorted((EXAMPLES / "clusters").glob("*.yaml"))]
 
 
-def _calibration_seed() -> dict[str, Any]:
-    return {"schema": "autoplace.calibration/v1",
-            "measured_on": {"gpu": "h100-sxm5-80gb", "gpus_per_node": 1, "intra_node": "nvlink4",
-                            "inter_node": "ib-ndr", "framework": "native"},
-            "assumptions": {"compute_scale": 0.9, "bandwidth_scale": 1.1, "overlap_slowdown": 0.2},
-            "uncertainty": {"log_sigma": 0.1, "band_95": [0.8, 1.25]},
-            "fit": {"trials": 5, "objective": "least squares on log step time", "error_before": 0.2,
-                    "error_after": 0.1}}
-
-
-def _framework_seeds() -> dict[str, list[Any]]:
-    """DeepSpeed, accelerate and torchtitan configs autoplace emits for llama-3-8b on 8 GPUs."""
-    import tomllib
-
-    from autoplace.bundle import render
-    from autoplace.cost.layers import layer_table
-    from autoplace.errors import AutoplaceError
-    from autoplace.plan import build_plan, parse_plan_string
-    from autoplace.specs.cluster import load_cluster
-    from autoplace.specs.model import load_model
-
-    model, cluster = load_model(EXAMPLES / "models" / "llama-3-8b.json"), load_cluster(EXAMPLES / "clusters" /
-                                                                                       "1x8-a100-80gb.yaml")
-    out: dict[str, list[Any]] = {"deepspeed": [], "accelerate": [], "torchtitan": []}
-    for text in ("dp_shard=8,zero=3,mbs=1", "dp_shard=8,zero=1,mbs=2,recompute=full", "tp=2,dp_shard=4,zero=3,mbs=1",
-                 "dp_shard=8,zero=3,offload_optimizer=cpu,mbs=1", "pp=2,tp=2,dp_shard=2,zero=1,mbs=1"):
-        plan = build_plan(parse_plan_string(text), world=8, blocks=layer_table(model).blocks,
-                          global_batch=model.training.global_batch, gpus_per_node=8)
-        for fmt, parse in (("deepspeed", json.loads), ("accelerate", yaml.safe_load), ("torchtitan", tomllib.loads)):
-            try:
-                out[fmt].append(parse(render(fmt, plan, model, cluster)[0].text))  # the framework's config first
-            except AutoplaceError:
-                continue
-    return out
-
-
 def strategies() -> dict[str, st.SearchStrategy[Case]]:
     """Every surface's strategy (``{one-gpu.yaml}``: a 1-GPU cluster, whose one GPU divides any batch)."""
-    one_gpu = "{one-gpu.yaml}"
     models = _model_seeds()
-    frameworks = _framework_seeds()
-    llama, a100 = str(EXAMPLES / "models" / "llama-3-8b.json"), str(EXAMPLES / "clusters" / "1x8-a100-80gb.yaml")
-    eval_model = ["evaluate", "{input.json}", str(one_gpu), "--plan", "tp=1"]
+    llama, a100 = str(LLAMA), str(A100)
+    eval_model = ["evaluate", "{input.json}", ONE_GPU, "--plan", "tp=1"]
     big = ["--global-batch", str(2**20)]
     plan_text = st.lists(st.tuples(st.sampled_from(PLAN_KEYS), st.sampled_from(PLAN_VALUES)), max_size=5).map(
         lambda kv: ",".join(f"{k}={v}" for k, v in kv)) | st.text(max_size=30)
     cluster_text = st.tuples(st.sampled_from(["1", "2", "0", "-1", "8", "1e3", "x", "", "99999999999"]),
                              st.sampled_from(["x", "X", "*", ""]), st.sampled_from(["1", "8", "0", "-8", "72", "a"]),
                              st.sampled_from(["x", "X", ""]), st.sampled_from(GPU_NAMES)).map("".join) | st.text(max_size=20)
-    cluster_files = st.one_of(mutated(_cluster_seeds()).map(lambda d: _dump(d, ".yaml")), _garbage(".yaml"),
+    cluster_files = st.one_of(mutated(_cluster_seeds()).map(lambda d: dump(d, ".yaml")), garbage(".yaml"),
                               st.lists(st.sampled_from(CLUSTER_LINES), max_size=8).map(lambda ls: "\n".join(ls).encode()))
 
     def model_case(pair: tuple[str, Any]) -> Case:
         suffix, doc = pair
-        return Case("model", (("input" + suffix, _dump(doc, suffix)),), tuple(a.replace(".json", suffix) for a in eval_model))
+        return Case("model", (("input" + suffix, dump(doc, suffix)),), tuple(a.replace(".json", suffix) for a in eval_model))
 
     def model_docs(draw_seeds: list[tuple[str, Any]]) -> st.SearchStrategy[tuple[str, Any]]:
         by_suffix = [st.tuples(st.just(sfx), mutated([d for s, d in draw_seeds if s == sfx])) for sfx in (".json", ".yaml")]
         return st.one_of(*by_suffix)
 
-    def check(fmt: str, suffix: str) -> st.SearchStrategy[Case]:
-        return st.one_of(mutated(frameworks[fmt]).map(lambda d: _dump(d, suffix)), _garbage(suffix)).map(
-            _file_case(fmt, suffix, ["check", "{input" + suffix + "}", llama, a100]))
-
     return {
-        "model": st.one_of(model_docs(models).map(model_case), _garbage(".json").map(_file_case("model", ".json", eval_model))),
+        "model": st.one_of(model_docs(models).map(model_case), garbage(".json").map(file_case("model", ".json", eval_model))),
         "hf": mutated([d for _, d in models if "model_type" in d]).map(
-            lambda d: Case("hf", (("config.json", _dump(d, ".json")),), ("evaluate", "{config.json}", str(one_gpu),
-                                                                         "--plan", "tp=1"))),
-        "cluster_file": cluster_files.map(_file_case("cluster_file", ".yaml",
-                                                     ["evaluate", str(TINY), "{input.yaml}", "--plan", "tp=1", *big])),
+            lambda d: Case("hf", (("config.json", dump(d, ".json")),), ("evaluate", "{config.json}", ONE_GPU,
+                                                                        "--plan", "tp=1"))),
+        "cluster_file": cluster_files.map(file_case("cluster_file", ".yaml",
+                                                    ["evaluate", str(TINY), "{input.yaml}", "--plan", "tp=1", *big])),
         "cluster_string": cluster_text.map(lambda s: Case("cluster_string", (), ("evaluate", str(TINY), s, "--plan",
                                                                                  "tp=1", *big))),
         "plan": plan_text.map(lambda s: Case("plan", (), ("evaluate", llama, a100, "--plan", s))),
         "fix": st.lists(plan_text, min_size=1, max_size=2).map(lambda fs: Case(
-            "fix", (), ("solve", str(TINY), str(one_gpu), "--time-limit", "0.1", "--top", "1",
+            "fix", (), ("solve", str(TINY), ONE_GPU, "--time-limit", "0.1", "--top", "1",
                         *[a for f in fs for a in ("--fix", f)]))),
-        "calibration": st.one_of(mutated([_calibration_seed()]).map(lambda d: _dump(d, ".yaml")), _garbage(".yaml")).map(
-            _file_case("calibration", ".yaml", ["evaluate", str(TINY), str(one_gpu), "--plan", "tp=1", "--calibration",
-                                                "{input.yaml}"])),
-        "deepspeed": check("deepspeed", ".json"),
-        "accelerate": check("accelerate", ".yaml"),
-        "torchtitan": check("torchtitan", ".toml"),
+        "calibration": st.one_of(mutated([calibration_seed()]).map(lambda d: dump(d, ".yaml")), garbage(".yaml")).map(
+            file_case("calibration", ".yaml", ["evaluate", str(TINY), ONE_GPU, "--plan", "tp=1", "--calibration",
+                                               "{input.yaml}"])),
+        **fuzz_configs.strategies(),
+        **fuzz_flags.strategies(),
     }
 
 
 # ---- running one input -----------------------------------------------------------------------------
 
 
-USAGE = -2  # exit 2 from click's own usage error (an option-like argument), counted apart
-
-
 @dataclass
 class Verdict:
-    code: int | None  # the exit code; USAGE for click's usage errors
+    code: int | None  # the exit code
     crash: str  # "" when the contract held, else what escaped (with its traceback)
+
+
+def _fixtures() -> tuple[tuple[str, bytes], ...]:
+    """The files every case may name: a 1-GPU cluster and a plan.json of tiny-llama on it."""
+    from autoplace.plan import build_plan
+
+    plan = build_plan({}, world=1, blocks=4, global_batch=8, gpus_per_node=1)
+    return (("one-gpu.yaml", ONE_GPU_TEXT.encode()), ("plan.json", json.dumps(plan.to_dict()).encode()))
 
 
 def run_case(case: Case, workdir: Path) -> Verdict:
@@ -279,13 +158,14 @@ def run_case(case: Case, workdir: Path) -> Verdict:
 
     from autoplace.cli import app
 
-    args = list(case.args)
-    for name, data in (*case.files, ("one-gpu.yaml", ONE_GPU.encode())):
+    args = [a.replace("{work}", str(workdir)) for a in case.args]
+    for name, data in (*case.files, *_fixtures()):
         path = workdir / name
         path.write_bytes(data)
         args = [a.replace("{" + name + "}", str(path)) for a in args]
     logging.root.handlers.clear()  # basicConfig binds the runner's stderr of the first call, closed since
-    result = CliRunner().invoke(app, args)
+    with contextlib.chdir(workdir):  # an output path "" or a relative one is written there, nowhere else
+        result = CliRunner().invoke(app, args)
     exc = result.exception
     if exc is not None and not isinstance(exc, SystemExit):
         return Verdict(None, "".join(traceback.format_exception(exc)))
@@ -296,10 +176,11 @@ def run_case(case: Case, workdir: Path) -> Verdict:
         return Verdict(result.exit_code, f"{err.strip()}\n{text}")
     if result.exit_code not in (0, 1, 2, 3):
         return Verdict(result.exit_code, f"undocumented exit code {result.exit_code}: {err.strip()}")
-    if result.exit_code == 2 and err.startswith("Usage:"):  # click refused the command line itself
-        return Verdict(USAGE, "")  # (e.g. a CLUSTER argument starting with "-": write it after "--")
     if result.exit_code == 2 and (len(err.splitlines()) != 1 or not err.startswith("autoplace: error:")):
         return Verdict(2, f"exit 2 without one error line: {err!r}")
+    if case.expect and (result.exit_code != 2 or case.expect not in err):
+        return Verdict(result.exit_code, f"expected exit 2 saying {case.expect!r}, got exit {result.exit_code}: "
+                                         f"{err.strip()!r}")
     return Verdict(result.exit_code, "")
 
 
@@ -329,8 +210,7 @@ def main() -> None:
             @given(case=surfaces[name])
             def fuzz(case: Case) -> None:
                 verdict = run_case(case, work)
-                label = "2 (usage)" if verdict.code == USAGE else str(verdict.code)
-                counts[case.surface]["traceback" if verdict.crash else label] += 1
+                counts[case.surface]["traceback" if verdict.crash else str(verdict.code)] += 1
                 if verdict.crash:
                     crashes.setdefault(verdict.crash.strip().splitlines()[-1][:200], (case, verdict.crash))
 

@@ -132,7 +132,7 @@ def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary
         mult_min=st.min(mult, 1), act=terms.act_block[:, 0], cap_max=st.max(_shared(terms.capacity), fill=0.0),
         comm_static=np.where(st.mask[..., None], terms.bytes_static, 0).sum((1, 2)),
         comm_block=terms.bytes_block[:, 0].sum(-1),
-        split_fits=_some_split_fits(terms, st, cand.vpp, table.blocks, n_kind),
+        split_fits=_some_split_fits(terms, st, cand, table.blocks, n_kind),
         host_fits=_host_fits(terms, st, n_kind))
 
 
@@ -146,20 +146,24 @@ def _host_fits(terms: StageTerms, st: Stages, n_kind: np.ndarray) -> np.ndarray:
     return total / pp <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
-def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int, n_kind: np.ndarray) -> np.ndarray:
+def _some_split_fits(terms: StageTerms, st: Stages, cand: Candidates, blocks: int, n_kind: np.ndarray) -> np.ndarray:
     """Whether any split can fit with every block in each recompute mode ``[C, 3]`` (full: the
     least memory).
 
-    Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks
-    (rounded down to a multiple of vpp); a split exists iff every stage can hold vpp blocks
-    and together they hold all of them.  With several block kinds the lightest kind is used,
-    which keeps this a necessary condition; and the stages must also hold the blocks of each
-    kind alone at that kind's bytes (a DeepSeek stack's MoE blocks, not only its few dense ones).
+    Stage ``s`` then holds at most ``n_max(s) = (capacity - static) / per_block`` blocks, its
+    units (those and its embedding / loss place, ``pp_embedding`` / ``pp_loss``) rounded down to
+    a multiple of vpp; a split exists iff every stage can hold vpp units and together they hold
+    every block.  With several block kinds the lightest kind is used, which keeps this a
+    necessary condition; and the stages must also hold the blocks of each kind alone at that
+    kind's bytes (a DeepSeek stack's MoE blocks, not only its few dense ones).
     """
     static, state, mult = terms.phases  # [C, S, F], [C, S, F, K], [C, S, F]
     act = terms.act_block[:, 0]  # [C, K, 3]
     room = _shared(terms.capacity)[..., None] - static  # [C, S, F]
+    vpp = cand.vpp
     v = vpp[:, None]
+    stage = np.arange(static.shape[1])[None, :]
+    slot = ((stage == 0) & cand.pp_embedding[:, None]) + ((stage == cand.pp[:, None] - 1) & cand.pp_loss[:, None])
 
     def held(per_block: Array) -> Array:
         """Blocks of ``per_block [C, S, F]`` bytes each stage holds, in its tightest phase ``[C, S]``."""
@@ -172,8 +176,8 @@ def _some_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int
     ok = np.empty((len(vpp), 3), dtype=bool)
     for r in range(3):
         kinds = [state[..., k] + mult * act[:, k, r, None, None] for k in range(len(n_kind))]  # [C, S, F] each
-        n_max = np.floor(np.clip(held(functools.reduce(np.minimum, kinds)), 0, blocks) / v) * v  # the lightest kind
-        ok[:, r] = st.where(n_max >= v, True).all(1) & (st.where(n_max, 0).sum(1) >= blocks)
+        units = np.floor((np.clip(held(functools.reduce(np.minimum, kinds)), 0, blocks) + slot) / v) * v  # lightest
+        ok[:, r] = st.where(units >= v, True).all(1) & (st.where(units - slot, 0).sum(1) >= blocks)
         if len(n_kind) > 1:  # and the blocks of each kind alone, at their own bytes (the others only take room)
             for k, kind in enumerate(kinds):
                 ok[:, r] &= st.where(np.floor(np.clip(held(kind), 0, blocks)), 0).sum(1) >= n_kind[k]

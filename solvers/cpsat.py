@@ -7,7 +7,9 @@ The model (:func:`build_model`):
   micro-batch, schedule: the table of valid factorizations replaces nonlinear degree
   products), exactly one true;
 * per (pp, vpp) group, shared by its configurations: a one-hot choice ``y[s][q]`` of ``q``
-  chunks of ``vpp`` blocks on stage ``s`` (contiguous, uneven allowed, ``Σ vpp q_s = L``);
+  chunks of ``vpp`` units on stage ``s`` (contiguous, uneven allowed, ``Σ vpp q_s = L`` plus the
+  places the embedding and the loss take, ``pp_embedding`` / ``pp_loss``: a stage holds its
+  units but its places in blocks);
 * per configuration and stage, enforced by ``x_c``: the stage's micro-batch time and its
   once-per-step tail (exposed DP reduction, gathers, optimizer) with the best recompute
   counts that fit, known in closed form for every stage the tables allow, read off one of
@@ -23,8 +25,8 @@ The model (:func:`build_model`):
 
 * the objective ``D ((m - 1/v) max_s t_s + Σ_s t_s / v + max_s tail_s)`` for time
   (:func:`autoplace.cost.step.pipeline_weights`), or the busiest stage's bytes for comm and
-  memory.  ``D`` is the least common multiple of the kept configurations' vpp; every vpp
-  divides the block count, so ``D`` does too and every weight is an exact integer.
+  memory.  ``D`` is the least common multiple of the kept configurations' vpp, so every
+  weight is an exact integer.
 
 Coefficients come from :func:`autoplace.cost.terms.stage_terms` (the evaluator's own
 tables), in integer units of a recorded scale; memory is rounded conservatively (coefficients
@@ -42,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplace.plan import Config
+from autoplace.plan import Config, config_slots
 from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
@@ -111,7 +113,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
         w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
-        best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D) \
+        slots = config_slots(cf)
+        best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D, slots) \
             if time_obj and forced is None else None
         if isinstance(tb, MixedTables):
             arcs = mixed_arcs(tb, problem.objective)
@@ -119,8 +122,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
                 arcs = [[(int(a), n)] for a, n in zip(np.cumsum(best.split) - best.split, best.split, strict=True)]
             g = groups[i] = _arc_group(md, arcs, cf.pp, x)
         else:
-            sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, forced)
-            g = groups[i] = _group(md, (cf.pp, cf.vpp), L, forced, sizes)
+            sizes = split_sizes(tb, problem.objective, cf.pp, cf.vpp, forced, slots)
+            g = groups[i] = _group(md, (cf.pp, cf.vpp), L, forced, sizes, slots)
         g["top"] = md.new_int_var(0, top_bound, "")
         g["tail"] = md.new_int_var(0, top_bound, "")
         if isinstance(tb, MixedTables):
@@ -148,30 +151,34 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         if isinstance(tb, MixedTables):
             split = [n for arcs in g["z"] for (_, n), lit in arcs.items() if solver.value(lit)]
             return cf, split, mixed_modes(tb, split)
-        split = [int(solver.value(q)) * cf.vpp for q in g["q"]]
+        split = [int(solver.value(q)) * cf.vpp - slot for q, slot in zip(g["q"], g["slots"], strict=True)]
         return cf, split, table_modes(tb, split)
 
     return Built(md, present, objective, groups, unit / D, read)
 
 
 def _group(md: Any, key: tuple[int, int], L: int, fixed_split: tuple[int, ...] | None,
-           sizes: list[list[int]] | None = None) -> dict[str, Any]:
+           sizes: list[list[int]] | None = None, slots: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Per (pp, vpp) group: the one-hot chunks per stage (only ``sizes[s]`` when given: the
-    sizes a configuration's tables allow)."""
+    sizes a configuration's tables allow); chunks of ``vpp`` units, a stage's blocks and its
+    embedding / loss places (``slots``, :func:`autoplace.plan.stage_slots`)."""
     P, v = key
+    slots = slots or (0,) * P
+    U = L + sum(slots)
     y, q = [], []
     for s in range(P):
-        allowed = list(range(1, L // v - P + 2))
+        allowed = list(range(1, U // v - P + 2))
         if fixed_split is not None and len(fixed_split) == P:
-            allowed = [fixed_split[s] // v] if fixed_split[s] % v == 0 else []
+            units = fixed_split[s] + slots[s]
+            allowed = [units // v] if units % v == 0 else []
         if sizes is not None:
             allowed = sizes[s]
         lits = {k: md.new_bool_var("") for k in allowed}
         md.add_exactly_one(lits.values())
         y.append(lits)
         q.append(sum(k * lit for k, lit in lits.items()))
-    md.add(sum(q) * v == L)
-    return {"y": y, "q": q, "P": P, "v": v}
+    md.add(sum(q) * v == U)
+    return {"y": y, "q": q, "P": P, "v": v, "slots": slots}
 
 
 def _arc_group(md: Any, arcs: list[list[tuple[int, int]]] | None, P: int, x: Any) -> dict[str, Any]:
@@ -193,17 +200,18 @@ def _arc_group(md: Any, arcs: list[list[tuple[int, int]]] | None, P: int, x: Any
 
 def _table_stages(md: Any, problem: Problem, tb: StageTables, g: dict[str, Any], x: Any, unit: float) -> list[Any]:
     """One block kind: each stage's objective term and tail read off the chunk literals."""
-    v = g["v"]
+    v, L = g["v"], tb.time.shape[1] - 1
     main = tb.time if problem.objective == "time" else tb.value
     stages = []
     for s, lits in enumerate(g["y"]):
-        value = {q: main[s, q * v] for q in lits}
+        n = {q: q * v - g["slots"][s] for q in lits}  # blocks: the chunks' units but the stage's places
+        value = {q: main[s, n[q]] if 0 <= n[q] <= L else np.inf for q in lits}
         for q, lit in lits.items():
             if not np.isfinite(value[q]):  # this stage cannot hold q chunks under this configuration
                 md.add_implication(x, ~lit)
         stages.append(sum(int(round(value[q] / unit)) * lit for q, lit in lits.items() if np.isfinite(value[q])))
         if problem.objective == "time":
-            md.add(g["tail"] >= sum(int(round(tb.tail[s, q * v] / unit)) * lit for q, lit in lits.items()
+            md.add(g["tail"] >= sum(int(round(tb.tail[s, n[q]] / unit)) * lit for q, lit in lits.items()
                                     if np.isfinite(value[q]))).only_enforce_if(x)
     return stages
 
@@ -383,9 +391,9 @@ class CpSatSolver(Solver):
                 for arc, lit in lits.items():
                     built.model.add_hint(lit, arc == (a, n))
             return
-        for lits, n in zip(g["y"], split, strict=True):
+        for lits, n, slot in zip(g["y"], split, g["slots"], strict=True):
             for q, lit in lits.items():
-                built.model.add_hint(lit, q == n // v)
+                built.model.add_hint(lit, q == (n + slot) // v)
 
     @staticmethod
     def _fallback(bounded: Bounded, j: int) -> Chosen:

@@ -19,7 +19,7 @@ import numpy as np
 from autoplace.cost.layers import layer_table
 from autoplace.cost.step import pipeline_time
 from autoplace.errors import SolverError, SpecError
-from autoplace.plan import FIRST_FULL
+from autoplace.plan import FIRST_FULL, config_slots
 from solvers.base import Budget, Problem, Solver, SolveResult
 from solvers.common import finish
 from solvers.space import Scored, enumerate_configs, recompute_of, score_space, split_of
@@ -27,21 +27,25 @@ from solvers.space import Scored, enumerate_configs, recompute_of, score_space, 
 MAX_WORK = 3_000_000  # split x option evaluations; beyond this the oracle is the wrong tool
 
 
-def compositions(total: int, parts: int, step: int) -> list[tuple[int, ...]]:
-    """All ways to write ``total`` as ``parts`` positive multiples of ``step``, in order."""
-    if total % step:
+def compositions(total: int, parts: int, step: int, slots: tuple[int, ...] | None = None) -> list[tuple[int, ...]]:
+    """All ways to write ``total`` as ``parts`` positive multiples of ``step``, in order; with
+    ``slots`` (:func:`autoplace.plan.stage_slots`), each part is that many blocks short of its
+    multiple (the blocks plus the embedding / loss places make the multiples)."""
+    slots = slots or (0,) * parts
+    units = total + sum(slots)
+    if units % step:
         return []
-    units = total // step
     out = []
-    for cuts in itertools.combinations(range(1, units), parts - 1):
-        bounds = (0, *cuts, units)
-        out.append(tuple(step * (b - a) for a, b in zip(bounds, bounds[1:], strict=False)))
+    for cuts in itertools.combinations(range(1, units // step), parts - 1):
+        bounds = (0, *cuts, units // step)
+        out.append(tuple(step * (b - a) - s for a, b, s in zip(bounds, bounds[1:], slots, strict=False)))
     return out
 
 
-def count_compositions(total: int, parts: int, step: int) -> int:
-    """``len(compositions(total, parts, step))`` without listing them: C(total/step - 1, parts - 1)."""
-    return math.comb(total // step - 1, parts - 1) if total % step == 0 and total >= parts * step else 0
+def count_compositions(total: int, parts: int, step: int, slots: tuple[int, ...] | None = None) -> int:
+    """``len(compositions(total, parts, step, slots))`` without listing them: C(units/step - 1, parts - 1)."""
+    units = total + sum(slots or ())
+    return math.comb(units // step - 1, parts - 1) if units % step == 0 and units >= parts * step else 0
 
 
 def _options(counts: tuple[int, ...], fixed_mode: int | None, first: np.ndarray | None = None) -> np.ndarray:
@@ -76,7 +80,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
     cf, t, table = scored.configs[i], scored.terms, scored.table
     P, v, m = cf.pp, cf.vpp, cf.grad_accum
     fixed_mode = recompute_of(scored.configs, i, problem.fixed_mode)
-    splits = compositions(table.blocks, P, v)
+    splits = compositions(table.blocks, P, v, config_slots(cf))
     forced = split_of(scored.configs, i, problem)
     if forced is not None:
         splits = [s for s in splits if s == forced]
@@ -126,7 +130,7 @@ class ExhaustiveSolver(Solver):
         start = time.perf_counter()
         configs = enumerate_configs(problem)
         L = layer_table(problem.model).blocks
-        work = sum(count_compositions(L, c.pp, c.vpp) for c in configs)
+        work = sum(count_compositions(L, c.pp, c.vpp, config_slots(c)) for c in configs)
         if work > MAX_WORK:  # known before any scoring: refuse at once
             raise SpecError(f"exhaustive search would enumerate {work:,} splits (its limit is {MAX_WORK:,}); "
                             "valid for this problem: cpsat", source="--solver")

@@ -10,15 +10,14 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.errors import SolverError
 from autoplace.evaluation import Evaluation
-from autoplace.plan import PER_LAYER, RECOMPUTE, Config, parse_layers
+from autoplace.plan import DEFAULT_FEATURES, FEATURES, PER_LAYER, RECOMPUTE, Config, parse_layers
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
+# FEATURES and DEFAULT_FEATURES live beside the plan keys they gate (the CLI's --allow help reads them
+# without importing the search); they are re-exported here, where the search's callers look for them
+__all__ = ["DEFAULT_FEATURES", "FEATURES", "OBJECTIVES", "Budget", "Problem", "SolveResult", "objective_key"]
 OBJECTIVES = ("time", "comm", "memory")
-# compress and fp8 are opt-in: every option changes the numbers the optimizer sees (autoplace.compression;
-# fp8 GEMMs, and only on GPUs with fp8 units)
-FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
-DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,10 @@ class Problem:
         recompute_forms: the per-layer recompute a configuration's plans may take, as a set of
             :data:`autoplace.plan.FORMS` bits (``recompute_forms(config)``; no callable: any mix, ``PER_LAYER``):
             what the frameworks that express it can state.  A pinned recompute mode overrides it.
+        pipeline_slots: whether interleaved shapes are also tried with the embedding and / or the
+            loss counted as pipeline layers (``pp_embedding`` / ``pp_loss``, where the interleave
+            then divides the layers and those places; :func:`autoplace.plan.stage_slots`), as a
+            framework that states them runs them (``Framework.pipeline_slots``).  ``--fix`` may pin them.
         forced_split: the blocks per stage a configuration's plans must take, or None when the
             search chooses it (``forced_split(config)``; no callable: always chosen): the split
             every framework that expresses it makes, when none takes an explicit one (DeepSpeed's
@@ -69,6 +72,7 @@ class Problem:
     costing_key: Callable[[Config], int] | None = None
     recompute_forms: Callable[[Config], int] | None = None
     microbatching: Callable[[Config], Callable[[int, int], bool] | None] | None = None
+    pipeline_slots: bool = False
     forced_split: Callable[[Config], tuple[int, ...] | None] | None = None
 
     def __post_init__(self) -> None:

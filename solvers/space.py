@@ -26,7 +26,7 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import FIRST_FULL, FORMS, PER_LAYER, RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, even_split
+from autoplace.plan import FIRST_FULL, FORMS, PER_LAYER, RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, split_units
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -151,11 +151,9 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     mbss = [b for b in _divisors(per_replica) if problem.max_mbs is None or b <= problem.max_mbs]
     if "mbs" in fx:
         mbss = [fx["mbs"]] if per_replica % fx["mbs"] == 0 else []
-    vpps = [1] + ([v for v in _divisors(L)[1:] if pp > 1 and L // v >= pp] if "interleave" in feat else [])
-    if "vpp" in fx:
-        vpps = [fx["vpp"]] if fx["vpp"] == 1 or (pp > 1 and L % fx["vpp"] == 0 and L // fx["vpp"] >= pp) else []
+    layouts = _layouts(problem, L, pp)
     if all((per_replica // mbs) % pp for mbs in mbss):  # no micro-batching interleaves: no shape would be used
-        vpps = [v for v in vpps if v == 1]
+        layouts = [x for x in layouts if x[0] == 1]
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
@@ -164,7 +162,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     shapes: list[Config] = []
     labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
     batching: list[Any] = []  # each shape's Problem.microbatching rule (None: every micro-batching)
-    for vpp in vpps:
+    for vpp, embedding, loss in layouts:
         schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
         if fx.get("schedule", schedule) != schedule:
             continue
@@ -173,7 +171,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                 continue
             taken: dict[int, int] = {}  # the recipes admitted (their indices), with their costings
             choices = {"vpp": vpp, "schedule": schedule, "offload_optimizer": oo, "offload_params": op,
-                       "compress": comp, "powersgd_rank": rank}
+                       "compress": comp, "powersgd_rank": rank, "pp_embedding": embedding, "pp_loss": loss}
             for i, (recipe, dominators) in enumerate(recipes):  # best first: a recipe no better than one
                 better = [taken[j] for j in dominators if j in taken]  # admitted and costed alike is left out
                 if better and not problem.costings:
@@ -197,6 +195,32 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
             chosen = [k for k in chosen if batching[k] is None or batching[k](mbs, ga)]
         batchings.append((mbs, ga, chosen))
     return shapes, batchings, labels
+
+
+def _layouts(problem: Problem, L: int, pp: int) -> list[tuple[int, bool, bool]]:
+    """The (vpp, pp_embedding, pp_loss) of one pipeline depth: no interleave, and with the interleave
+    feature every ``v`` that cuts each stage's units into chunks -- the blocks alone, and (where the
+    problem tries them, :attr:`Problem.pipeline_slots`) the blocks with the embedding and / or the
+    loss counted as layers (:func:`autoplace.plan.stage_slots`) where that makes an interleave the
+    blocks alone do not (126 layers in 8 x 8 chunks) -- as ``--fix`` allows.  The search counts the
+    two together, as Megatron-LM's recipes set the two flags (NVIDIA's Llama-3.1-405B); one alone,
+    or places at every interleave, when ``--fix`` pins them."""
+    fx = problem.fixed
+    pinned = bool(fx.get("pp_embedding") or fx.get("pp_loss"))
+    places = [(False, False)]
+    if pp > 1 and (problem.pipeline_slots or pinned):
+        places += [(True, False), (False, True), (True, True)] if pinned else [(True, True)]
+    places = [(e, l_) for e, l_ in places if fx.get("pp_embedding", e) == e and fx.get("pp_loss", l_) == l_]
+    # without interleaving a place only moves the even split, which the search chooses anyway: tried when pinned
+    out = [(1, e, l_) for e, l_ in places if fx.get("vpp", 1) == 1 and (pinned or not (e or l_))]
+    if "interleave" in problem.features or "vpp" in fx:
+        for e, l_ in places:
+            units = L + e + l_
+            # an interleave the blocks alone make is searched without places unless they are pinned: a
+            # place moves one block at an end, where the split's own choice of sizes already moves v
+            out += [(v, e, l_) for v in _divisors(units)[1:] if pp > 1 and units // v >= pp
+                    and fx.get("vpp", v) == v and (pinned or not (e or l_) or L % v)]
+    return out
 
 
 def _recipes(problem: Problem, base: Config) -> list[dict[str, Any]]:
@@ -356,7 +380,7 @@ def to_candidates(configs: Sequence[Config], table: LayerTable, mode: int = 0,
     else:
         chosen = configs if rows is None else [configs[i] for i in rows]
         cand = pack(chosen, np.zeros((len(chosen), 0, 0, 3)))
-    counts = _even_counts(cand.pp, cand.vpp, table, mode)
+    counts = _even_counts(cand, table, mode)
     given = list(splits or ())
     for split in {sp for sp in given if sp is not None}:
         counts[[k for k, sp in enumerate(given) if sp == split]] = _split_counts(split, counts.shape[1], table, mode)
@@ -373,23 +397,23 @@ def _split_counts(split: tuple[int, ...], depth: int, table: LayerTable, mode: i
     return out
 
 
-def _even_counts(pp: np.ndarray, vpp: np.ndarray, table: LayerTable, mode: int) -> np.ndarray:
-    """Block counts ``[C, S, K, 3]`` (S: the deepest pipeline) of configurations with pipeline
-    depths ``pp`` and interleaves ``vpp``: an even split with recompute ``mode`` everywhere."""
+def _even_counts(cand: Candidates, table: LayerTable, mode: int) -> np.ndarray:
+    """Block counts ``[C, S, K, 3]`` (S: the deepest pipeline) of candidates with pipeline depths
+    ``pp``, interleaves ``vpp`` and embedding / loss places: their even split
+    (:func:`autoplace.plan.split_units`) with recompute ``mode`` everywhere."""
+    pp = cand.pp
     S, K = int(pp.max()), len(table.kinds)
     seq = np.asarray(table.sequence)
-    layouts, which = np.unique(pp * (table.blocks + 1) + vpp, return_inverse=True)
+    keys = np.stack([pp, cand.vpp, cand.pp_embedding, cand.pp_loss], axis=1)
+    layouts, which = np.unique(keys, axis=0, return_inverse=True)
     grids = np.zeros((len(layouts), S, K))
-    for g, key in enumerate(layouts.tolist()):  # one even split per (pp, vpp), shared by its configurations
-        depth, v = divmod(key, table.blocks + 1)
+    for g, (depth, v, embedding, loss) in enumerate(layouts.tolist()):  # one per layout, shared by its candidates
         start = 0
-        for s, n in enumerate(even_split(table.blocks // v, depth)):
-            n *= v
+        for s, n in enumerate(split_units(table.blocks, depth, v, bool(embedding), bool(loss))):
             grids[g, s] = np.bincount(seq[start:start + n], minlength=K)
             start += n
-        grids[g, depth - 1] += np.bincount(seq[start:], minlength=K)  # remainder of L % vpp
     counts = np.zeros((len(pp), S, K, 3))
-    counts[:, :, :, mode] = grids[which]
+    counts[:, :, :, mode] = grids[which.ravel()]
     return counts
 
 

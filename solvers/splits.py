@@ -67,7 +67,7 @@ class BestSplit:
 
 
 def best_split(time: np.ndarray, tail: np.ndarray, v: int, w_max: float, w_sum: float,
-               max_dps: int = MAX_DPS) -> BestSplit:
+               max_dps: int = MAX_DPS, slots: tuple[int, ...] | None = None) -> BestSplit:
     """The smallest cost over every split and a split reaching it (see the module docstring).
 
     Tables whose thresholds do not prune (a small ``w_max``, many distinct values) could take
@@ -81,17 +81,35 @@ def best_split(time: np.ndarray, tail: np.ndarray, v: int, w_max: float, w_sum: 
         v: the interleave: stage sizes are positive multiples of it.
         w_max, w_sum: the non-negative weights of the slowest stage and of the sum.
         max_dps: the work budget, in threshold DPs.
+        slots: per stage, the places the embedding and the loss take (:func:`autoplace.plan.stage_slots`):
+            a stage's blocks and its places are the multiple of ``v``.
     """
-    Q = (time.shape[1] - 1) // v + 1  # in chunks of v blocks: 0..Q-1 per stage
-    if (time.shape[1] - 1) % v:
+    t, th, Q = chunk_tables(time, tail, v, slots)  # in chunks of v units: 0..Q-1 per stage
+    if Q == 0:
         return BestSplit(INF, None, INF)
-    t, th = time[:, ::v], tail[:, ::v]
     ok = np.isfinite(t) & np.isfinite(th) & (np.arange(Q) > 0)
     if not ok.any():
         return BestSplit(INF, None, INF)
     W = int(np.flatnonzero(ok.any(0)).max()) + 1  # no stage holds W chunks or more
-    return _thresholds(_Sizes(Q, v), np.where(ok, t, INF)[:, :W], np.where(ok, th, INF)[:, :W],
-                       w_max, w_sum, max_dps)
+    return _thresholds(_Sizes(Q, v, np.zeros(len(t), dtype=int) if slots is None else np.asarray(slots)),
+                       np.where(ok, t, INF)[:, :W], np.where(ok, th, INF)[:, :W], w_max, w_sum, max_dps)
+
+
+def chunk_tables(time: np.ndarray, tail: np.ndarray, v: int,
+                 slots: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """``time`` and ``tail`` ``[P, L + 1]`` by chunks of ``v`` units per stage ``[P, Q]`` (``inf`` where a
+    stage's blocks would be negative or past ``L``), and ``Q``, the chunk counts 0..Q-1 (0 when ``v``
+    does not divide the units): a stage of ``q`` chunks holds ``q v - slots[s]`` blocks."""
+    P, N = time.shape
+    slot = np.zeros(P, dtype=int) if slots is None else np.asarray(slots, dtype=int)
+    units = N - 1 + int(slot.sum())
+    if units % v:
+        return time[:, :0], tail[:, :0], 0
+    Q = units // v + 1
+    n = np.arange(Q)[None, :] * v - slot[:, None]  # [P, Q] blocks
+    inside = (n >= 0) & (n < N)
+    at = (np.arange(P)[:, None], np.clip(n, 0, N - 1))
+    return np.where(inside, time[at], INF), np.where(inside, tail[at], INF), Q
 
 
 def best_arc_split(time: np.ndarray, tail: np.ndarray, w_max: float, w_sum: float,
@@ -115,10 +133,10 @@ def best_arc_split(time: np.ndarray, tail: np.ndarray, w_max: float, w_sum: floa
 
 class _Sizes:
     """The DPs of one block kind: a stage's cost depends on its size only (``[P, W]`` tables
-    in chunks of ``v`` blocks)."""
+    in chunks of ``v`` units: blocks and the embedding / loss places ``slots``)."""
 
-    def __init__(self, Q: int, v: int) -> None:
-        self.Q, self.v = Q, v
+    def __init__(self, Q: int, v: int, slots: np.ndarray) -> None:
+        self.Q, self.v, self.slots = Q, v, slots
 
     def dp(self, vals: np.ndarray, join: np.ufunc, choose: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
         return _dp(vals, self.Q, join, choose)
@@ -130,7 +148,7 @@ class _Sizes:
         return x[np.arange(len(split)), split]
 
     def blocks(self, split: np.ndarray) -> list[int]:
-        return (split * self.v).tolist()
+        return (split * self.v - self.slots).tolist()
 
 
 class _Arcs:
@@ -279,7 +297,7 @@ class UnitsOptimum:
 
 
 def best_split_units(tables: StageTables | MixedTables, unit: float, v: int, w_max: int, w_sum: int,
-                     w_tail: int) -> UnitsOptimum | None:
+                     w_tail: int, slots: tuple[int, ...] | None = None) -> UnitsOptimum | None:
     """One configuration's best split in the CP-SAT model's own integer units: stage times
     and tails rounded to ``unit`` as :func:`solvers.cpsat._table_stages` (and, with several
     block kinds, :func:`solvers.cpsat._arc_stages`) round them, weighed as
@@ -293,7 +311,8 @@ def best_split_units(tables: StageTables | MixedTables, unit: float, v: int, w_m
     time = np.rint(tables.time / unit)
     tail = np.where(np.isfinite(time), w_tail * np.rint(tables.tail / unit), INF)
     mixed = isinstance(tables, MixedTables)
-    found = best_arc_split(time, tail, w_max, w_sum) if mixed else best_split(time, tail, v, w_max, w_sum)
+    found = best_arc_split(time, tail, w_max, w_sum) if mixed else best_split(time, tail, v, w_max, w_sum,
+                                                                              slots=slots)
     if found.split is None:
         return None
     n = np.asarray(found.split)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cost.step import pipeline_time, pipeline_weights
-from autoplace.plan import FIRST_FULL, even_split
+from autoplace.plan import FIRST_FULL, config_slots, split_units
 from solvers.space import Scored, recompute_of
 
 INF = np.inf
@@ -360,10 +360,11 @@ def bound_many(scored: Scored, rows: Sequence[int], objective: str, fixed_mode: 
     for pp, group in _by_depth(scored, rows).items():
         stacked = StageTables(*(np.stack([getattr(built[i][0], f) for i in group]) for f in StageTables.__annotations__))
         m, vs = (np.array([getattr(scored.configs[i], f) for i in group]) for f in ("grad_accum", "vpp"))
-        lower, bottlenecks = split_bounds_many(stacked, vs, m, objective)
+        slots = np.array([config_slots(scored.configs[i]) for i in group])
+        lower, bottlenecks = split_bounds_many(stacked, vs, m, objective, slots)
         for c, i in enumerate(group):
-            (tb, lo, hi), v, neck = built[i], int(vs[c]), bottlenecks[c]
-            even = [x * v for x in even_split(L // v, pp)]
+            (tb, lo, hi), v, neck, cf = built[i], int(vs[c]), bottlenecks[c], scored.configs[i]
+            even = list(split_units(L, pp, v, cf.pp_embedding, cf.pp_loss))
             pinned = forced[i]
             tried = [list(pinned)] if pinned else [even, *([neck] if neck else [])]
             values = [(split_value(tb, sp, v, int(m[c]), objective), sp) for sp in tried
@@ -381,7 +382,8 @@ def _by_depth(scored: Scored, rows: Sequence[int]) -> dict[int, list[int]]:
     return groups
 
 
-def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[float, list[int] | None]:
+def split_bounds(tables: StageTables, v: int, m: int, objective: str,
+                 slots: tuple[int, ...] | None = None) -> tuple[float, list[int] | None]:
     """A lower bound of the configuration's objective over all splits, and a good split.
 
     Dynamic programs over stages: the smallest possible sum of stage values ``Σ*``, the
@@ -392,24 +394,30 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     The bottleneck split is returned as a candidate (an upper bound once evaluated).
     """
     stacked = StageTables(*(x[None] for x in (tables.value, tables.time, tables.tail, tables.sel, tables.full)))
-    lower, splits = split_bounds_many(stacked, np.array([v]), np.array([m]), objective)
+    lower, splits = split_bounds_many(stacked, np.array([v]), np.array([m]), objective,
+                                      None if slots is None else np.array([slots]))
     return float(lower[0]), splits[0]
 
 
-def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray,
-                      objective: str) -> tuple[np.ndarray, list[list[int] | None]]:
+def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray, objective: str,
+                      slots: np.ndarray | None = None) -> tuple[np.ndarray, list[list[int] | None]]:
     """:func:`split_bounds` of stacked tables ``[C, S, L+1]`` of one pipeline depth, with
-    ``v[C]`` virtual stages and ``m[C]`` micro-batches: the lower bounds ``[C]`` and the splits.
+    ``v[C]`` virtual stages, ``m[C]`` micro-batches and ``slots[C, S]`` the stages' embedding /
+    loss places (:func:`autoplace.plan.stage_slots`; none when not given): the lower bounds
+    ``[C]`` and the splits.
 
-    The DPs run over chunks of ``v`` blocks, the only sizes a stage may take: every state
-    between is unreachable (``inf``) on the grid of blocks, so the minima, and the earliest
-    start among ties, are the same.  Configuration ``c`` reads its DPs at its ``L / v_c``
-    chunks; the states past it (other configurations' longer grids) never reach back.
+    The DPs run over chunks of ``v`` units (a stage's blocks and places), the only sizes a
+    stage may take: every state between is unreachable (``inf``) on the grid, so the minima,
+    and the earliest start among ties, are the same.  Configuration ``c`` reads its DPs at its
+    ``(L + places) / v_c`` chunks; the states past it (other configurations' longer grids)
+    never reach back.
     """
     C, P, N = tables.value.shape
     L, rows = N - 1, np.arange(C)
-    Q = np.where(L % v == 0, L // v, 0)  # a v that does not divide L makes no split (its row is all inf)
-    vals = _chunks(tables.time if objective == "time" else tables.value, v)  # [C, P, Q+1]
+    slots = np.zeros((C, P), dtype=int) if slots is None else slots
+    units = L + slots.sum(1)
+    Q = np.where(units % v == 0, units // v, 0)  # a v that does not divide the units makes no split (all inf)
+    vals = _chunks(tables.time if objective == "time" else tables.value, v, slots)  # [C, P, Q+1]
     W = _sizes(vals)
     sizes = np.ascontiguousarray(vals.transpose(1, 2, 0))[:, W - 1::-1, :, None]  # [S, W, C, 1]: W - 1 - r chunks
     total, top = _padded(vals[:, 0], W), _padded(vals[:, 0], W)  # the states, after W - 1 inf
@@ -424,28 +432,35 @@ def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray,
     split, k = np.zeros((C, P), dtype=int), Q
     for s in range(P - 1, 0, -1):
         j = np.maximum(k - (W - 1 - picks[s - 1][rows, k]), 0)  # (rows that found no split: anywhere)
-        split[:, s] = (k - j) * v
+        split[:, s] = (k - j) * v - slots[:, s]
         k = j
-    split[:, 0] = k * v
+    split[:, 0] = k * v - slots[:, 0]
     splits = [split[c].tolist() if found[c] else None for c in range(C)]
     lower = top[rows, W - 1 + Q]
     if objective == "time":
         w_max, w_sum = pipeline_weights(m, v)
-        tails = _chunks(np.where(np.isfinite(tables.value), tables.tail, INF), v)
+        tails = _chunks(np.where(np.isfinite(tables.value), tables.tail, INF), v, slots)
         with np.errstate(invalid="ignore"):  # 0 * inf where no split fits: dropped below
             lower = w_max * lower + w_sum * total[rows, W - 1 + Q] + _min_max(tails, Q)
     return np.where(found, lower, INF), splits
 
 
-def _chunks(table: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``table[c, :, q v_c]`` for ``q`` chunks of ``v_c`` blocks, ``inf`` for none and past
-    ``L / v_c`` chunks ``[C, S, L / min(v) + 1]`` (all ``inf`` where ``v_c`` does not divide ``L``)."""
+def _chunks(table: np.ndarray, v: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """``table[c, s, q v_c - slots[c, s]]`` for ``q`` chunks of ``v_c`` units, ``inf`` for none, for
+    a stage that would hold fewer than no blocks or more than ``L``, and past the units
+    ``[C, S, max units / min(v) + 1]`` (all ``inf`` where ``v_c`` does not divide the units)."""
     C, P, N = table.shape
-    out = np.full((C, P, (N - 1) // int(v.min()) + 1), INF)
+    units = N - 1 + slots.sum(1)
+    out = np.full((C, P, int(units.max()) // int(v.min()) + 1), INF)
     for x in np.unique(v):
-        if (N - 1) % x == 0:
-            chosen = v == x
-            out[chosen, :, :(N - 1) // x + 1] = table[chosen, :, ::x]
+        chosen = np.flatnonzero((v == x) & (units % x == 0))
+        if not len(chosen):
+            continue
+        width = int(units[chosen].max()) // x + 1
+        n = np.arange(width)[None, None, :] * x - slots[chosen][..., None]  # [c, P, Q] blocks
+        inside = (n >= 0) & (n < N) & (n + slots[chosen][..., None] <= units[chosen][:, None, None])
+        picked = np.take_along_axis(table[chosen], np.clip(n, 0, N - 1), axis=2)
+        out[chosen, :, :width] = np.where(inside, picked, INF)
     out[..., 0] = INF
     return out
 
@@ -504,17 +519,24 @@ def table_modes(tables: StageTables, split: list[int]) -> list[list[list[int]]]:
 
 
 def split_sizes(tables: StageTables, objective: str, pp: int, v: int,
-                fixed_split: tuple[int, ...] | None = None) -> list[list[int]] | None:
-    """The chunk counts (of ``v`` blocks) each stage can take by the tables (a finite value;
-    the fixed split's if any), or None when no split is made of them."""
+                fixed_split: tuple[int, ...] | None = None,
+                slots: tuple[int, ...] | None = None) -> list[list[int]] | None:
+    """The chunk counts (of ``v`` units: blocks and the stage's embedding / loss places ``slots``)
+    each stage can take by the tables (a finite value; the fixed split's if any), or None when
+    no split is made of them."""
     main, L = tables.time if objective == "time" else tables.value, tables.value.shape[1] - 1
-    sizes = [[q for q in range(1, L // v - pp + 2) if np.isfinite(row[q * v])] for row in main]
+    slots = slots or (0,) * pp
+    U = L + sum(slots)
+    if U % v:
+        return None
+    sizes = [[q for q in range(1, U // v - pp + 2) if 0 <= q * v - slot <= L and np.isfinite(row[q * v - slot])]
+             for row, slot in zip(main, slots, strict=True)]
     if fixed_split is not None and len(fixed_split) == pp:
-        sizes = [[q for q in ok if q * v == n] for ok, n in zip(sizes, fixed_split, strict=True)]
-    reach = np.zeros(L + 1, dtype=bool)  # block counts the first stages can hold together
+        sizes = [[q for q in ok if q * v - slot == n] for ok, n, slot in zip(sizes, fixed_split, slots, strict=True)]
+    reach = np.zeros(U + 1, dtype=bool)  # unit counts the first stages can hold together
     reach[0] = True
     for ok in sizes:
-        before, reach = reach, np.zeros(L + 1, dtype=bool)
+        before, reach = reach, np.zeros(U + 1, dtype=bool)
         for q in ok:
-            reach[q * v:] |= before[:L + 1 - q * v]
-    return sizes if reach[L] else None
+            reach[q * v:] |= before[:U + 1 - q * v]
+    return sizes if reach[U] else None

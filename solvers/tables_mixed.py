@@ -28,7 +28,7 @@ import numpy as np
 
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import pipeline_time, pipeline_weights
-from autoplace.plan import FIRST_FULL
+from autoplace.plan import FIRST_FULL, config_slots
 from solvers.space import Scored
 from solvers.tables import INF, size_limits
 
@@ -65,16 +65,24 @@ def kind_prefix(table: LayerTable) -> np.ndarray:
     return np.vstack([np.zeros(len(table.kinds), dtype=int), np.cumsum(one_hot, axis=0)])
 
 
-def stage_arcs(P: int, v: int, L: int, W: int) -> np.ndarray:
+def stage_arcs(P: int, v: int, L: int, W: int, slots: tuple[int, ...] | None = None) -> np.ndarray:
     """Which (stage, first block, blocks) can be part of a split of ``L`` blocks into ``P``
-    stages of multiples of ``v`` blocks, sizes below ``W`` ``[P, L+1, W]``: the first stage
-    starts at 0, the last ends at ``L``, and every stage leaves room for the others."""
+    stages of multiples of ``v`` units, sizes below ``W`` ``[P, L+1, W]``: the first stage
+    starts at 0, the last ends at ``L``, and every stage leaves room for the others.  A stage's
+    units are its blocks and its places (``slots``: the embedding's on the first stage, the
+    loss's on the last, :func:`autoplace.plan.stage_slots`), so a later stage starts ``e`` units
+    (the embedding's place) past its first block."""
+    slot = np.zeros(P, dtype=int) if slots is None else np.asarray(slots, dtype=int)
+    e = int(slot[0]) if P > 1 else 0  # the units before block 0 that later stages count from
     s = np.arange(P)[:, None, None]
     a = np.arange(L + 1)[None, :, None]
     n = np.arange(W)[None, None, :]
+    here = slot[:, None, None]
     ends = (s < P - 1) | (a + n == L)
-    return (a % v == 0) & (n % v == 0) & (n >= v) & (a >= s * v) & ((s > 0) | (a == 0)) & ends & (
-        a + n + (P - 1 - s) * v <= L)
+    start = np.where(s > 0, a + e, a)  # the stage's first unit
+    units = n + here
+    return (start % v == 0) & (units % v == 0) & (units >= v) & (start >= s * v) & ((s > 0) | (a == 0)) & ends & (
+        start + units + (P - 1 - s) * v <= L + int(slot.sum()))
 
 
 def mixed_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None, cap: float = INF,
@@ -92,7 +100,8 @@ def mixed_tables(scored: Scored, i: int, objective: str, fixed_mode: int | None,
         raise ValueError("full recompute of the first blocks is tabulated for one stage only")
     prefix = kind_prefix(scored.table)
     limit = mixed_limits(scored, i, objective, cap, np.zeros(P))  # first without the tails
-    arcs = stage_arcs(P, cf.vpp, L, int(limit.max()) + 1) & (np.arange(int(limit.max()) + 1) <= limit[:, None, None])
+    arcs = stage_arcs(P, cf.vpp, L, int(limit.max()) + 1, config_slots(cf)) & (
+        np.arange(int(limit.max()) + 1) <= limit[:, None, None])
     if fixed_split is not None:
         arcs &= _on_split(P, L, fixed_split)[..., :arcs.shape[2]]
     s, a, n = np.nonzero(arcs)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplace.cost.step import pipeline_weights
-from autoplace.plan import even_split
+from autoplace.plan import split_units
 from solvers.base import Problem
 from solvers.space import Scored, Space, recompute_of, split_of
 from solvers.splits import best_arc_split
@@ -199,7 +199,7 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
                 lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
             if not np.isfinite(lb):
                 continue
-            even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
+            even = list(split_units(L, cf.pp, cf.vpp, cf.pp_embedding, cf.pp_loss))
             splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
             ub, split = min(((mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective), sp) for sp in splits),
                             key=lambda x: x[0])
@@ -226,7 +226,7 @@ def _even_cap(problem: Problem, space: Space) -> float:
     batch, values = space.scored(first), []
     for j, i in enumerate(first):
         cf = space.configs[i]
-        split = split_of(batch.configs, j, problem) or tuple(x * cf.vpp for x in even_split(L // cf.vpp, cf.pp))
+        split = split_of(batch.configs, j, problem) or split_units(L, cf.pp, cf.vpp, cf.pp_embedding, cf.pp_loss)
         tb = mixed_tables(batch, j, problem.objective, recompute_of(batch.configs, j, problem.fixed_mode),
                           fixed_split=split)
         values.append(mixed_split_value(tb, list(split), cf.vpp, cf.grad_accum, problem.objective))

@@ -45,7 +45,10 @@ def _problem(layers: int, hidden: int, moe: bool, cluster: str, features: list[s
                             "training": {"global_batch": 32, "method": method}}
     if moe:
         spec["moe"] = {"experts": 4, "top_k": 2, "expert_ffn_hidden": hidden, "first_dense_layers": 1}
-    return search.problem_for("any", model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
+    # the PEFT bundles run data parallel only, so --framework any plans LoRA without pipelines; the terms
+    # are the cost model's, which the unfiltered space ("none") exercises at every depth
+    framework = "any" if method == "full" else "none"
+    return search.problem_for(framework, model_from_dict(spec), _cluster(cluster), fixed={}, features=set(features))
 
 
 def _tables(layers: int, hidden: int, moe: bool, cluster: str, features: list[str], seed: int,
@@ -169,7 +172,7 @@ def _reference_summary(table: LayerTable, cand: Candidates, terms: StageTerms) -
         cap_max=st.where(_shared(terms.capacity), 0).max(1),
         comm_static=np.where(mask[..., None], terms.bytes_static, 0).sum((1, 2)),
         comm_block=terms.bytes_block[:, 0].sum(-1),
-        split_fits=_reference_split_fits(terms, st, cand.vpp, table.blocks, n_kind, per_block),
+        split_fits=_reference_split_fits(terms, st, cand, table.blocks, n_kind, per_block),
         host_fits=_reference_host_fits(terms, mask, n_kind))
 
 
@@ -179,7 +182,7 @@ def _reference_host_fits(terms: StageTerms, mask: np.ndarray, n_kind: np.ndarray
     return total / mask.sum(1) <= np.where(mask, terms.host_capacity, 0).max(1) * (1 + 1e-9)
 
 
-def _reference_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks: int, n_kind: np.ndarray,
+def _reference_split_fits(terms: StageTerms, st: Stages, cand: Candidates, blocks: int, n_kind: np.ndarray,
                           state: np.ndarray) -> np.ndarray:
     static, _, mult = terms.phases
     act = terms.act_block[:, 0, None, None]
@@ -188,9 +191,11 @@ def _reference_split_fits(terms: StageTerms, st: Stages, vpp: np.ndarray, blocks
     n_max = np.full(np.broadcast_shapes(room.shape, per_block.shape), float(blocks))
     np.divide(room, per_block, out=n_max, where=per_block > 0)
     n_max = np.floor(functools.reduce(np.minimum, np.moveaxis(n_max, -2, 0)))
-    v = vpp[:, None, None]
-    n_max = np.floor(np.clip(n_max, 0, blocks) / v) * v
-    ok = st.where(n_max >= v, True, 1).all(1) & (st.where(n_max, 0, 1).sum(1) >= blocks)
+    v = cand.vpp[:, None, None]
+    s = np.arange(n_max.shape[1])[None, :]  # the embedding's and the loss's places count with the stage's blocks
+    slot = (((s == 0) & cand.pp_embedding[:, None]) + ((s == cand.pp[:, None] - 1) & cand.pp_loss[:, None]))[..., None]
+    units = np.floor((np.clip(n_max, 0, blocks) + slot) / v) * v
+    ok = st.where(units >= v, True, 1).all(1) & (st.where(units - slot, 0, 1).sum(1) >= blocks)
     if len(n_kind) > 1:
         kind = state[..., None] + mult[..., None, None] * act
         most = np.full(np.broadcast_shapes(room[..., None].shape, kind.shape), float(blocks))

@@ -39,12 +39,14 @@ DENSE = {"tp": (2, "1x8xh100", "tp=2,zero=1"),
          "pp-uneven": (4, "1x8xh100", "pp=2,zero=1,layers=1:3"),
          "vpp": (8, "2x8xh100", "tp=2,pp=4,vpp=2,zero=1"),
          "layout": (12, "2x8xh100", "tp=2,pp=4,vpp=2,zero=1,layers=2:4:4:2"),  # --pipeline-model-parallel-layout
+         # --account-for-embedding/loss-in-pipeline-split: 6 layers and the two places in 2 x 4 chunks
+         "places": (6, "1x8xh100", "tp=2,pp=2,vpp=4,zero=1,pp_embedding=true,pp_loss=true"),
          "cp": (2, "1x8xh100", "cp=2,zero=1"),
          "zero0": (2, "1x8xh100", "tp=2,zero=0")}
 MOE = {"ep-pp": (4, "2x8xh100", "tp=2,pp=2,ep=4,zero=1"),
        "ep-cp": (2, "1x8xh100", "cp=2,ep=4,zero=1")}
-CASES = [  # each family at two shapes (or three); every shape but the layout at least twice
-    ("llama-3.1-8b.json", "tp"), ("llama-3.1-8b.json", "vpp"),
+CASES = [  # each family at two shapes (or three); every shape but the layout and the places at least twice
+    ("llama-3.1-8b.json", "tp"), ("llama-3.1-8b.json", "vpp"), ("llama-3.1-8b.json", "places"),
     ("qwen2.5-0.5b.json", "pp-uneven"), ("qwen2.5-0.5b.json", "cp"), ("qwen2.5-0.5b.json", "layout"),
     ("qwen3-8b.json", "vpp"), ("qwen3-8b.json", "zero0"),
     ("mistral-7b-v0.1.json", "cp"), ("mistral-7b-v0.1.json", "pp-uneven"),

@@ -226,6 +226,12 @@ def test_gemma2_plans_for_accelerate_keep_the_whole_sequence_per_rank() -> None:
     plan = make_plan("dp_shard=4,cp=2,zero=3", model, gpu_cluster(8))
     why = frameworks.get("accelerate").refusal(plan, model)
     assert why is not None and why.startswith("accelerate: cp=2: sliding-window attention (window 4096)")
+    pinned = CliRunner().invoke(app, ["solve", str(path), "--cluster", "1x8xh100", "--framework", "accelerate",
+                                      "--fix", "cp=2"])
+    assert pinned.exit_code == 2 and pinned.stderr.strip().splitlines() == [
+        "autoplace: error: --fix: accelerate cannot run cp=2 for gemma-2-9b: sliding-window attention (window 4096): "
+        "accelerate's context parallelism drops the attention mask and refuses sliding_attention layers; use cp=1, or "
+        "Megatron-LM"]  # said before any search, not "no configuration satisfies the fixed keys"
 
 
 @pytest.mark.parametrize("text", ["zero=3", "zero=2,recompute=full", "zero=3,offload_optimizer=cpu,offload_params=cpu",

@@ -37,9 +37,10 @@ def test_a_batch_that_differs_from_the_model_default_is_the_truth(tmp_path: Path
                             "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}})
     result = invoke("check", cfg, LLAMA_8B, A100_8)
     assert result.exit_code == 0, result.output
-    first, second = result.stdout.splitlines()[:2]
+    first, rest = result.stdout.split("\n", 1)
     assert first.startswith(f"ok: deepspeed config {cfg} for llama-3-8b on ")
-    assert "zero=3,mbs=1" in second and "(global batch 64)" in second
+    plan_read = " ".join(rest.split("\n  note")[0].split())  # the plan read, folded at 100 columns
+    assert plan_read.startswith("plan read: ") and "zero=3,mbs=1" in plan_read and "(global batch 64)" in plan_read
     doc = strict_json(invoke("check", cfg, LLAMA_8B, A100_8, "--json").stdout)
     assert (doc["framework"], doc["plan"]["global_batch"], doc["plan"]["grad_accum"]) == ("deepspeed", 64, 8)
 

@@ -120,6 +120,31 @@ def test_a_missing_required_input_stops_every_launch_kind_naming_it(framework: s
         assert done.returncode != 0 and f"{variable}: set {variable} to " in done.stderr, (kind, done.stderr)
 
 
+@pytest.mark.parametrize(("framework", "variable", "flag"), [("megatron", "DATA_PATH", "--data-path"),
+                                                             ("torchtitan", "HF_ASSETS_PATH", "--model.hf_assets_path")])
+def test_a_users_script_gets_the_frameworks_inputs_when_set_and_runs_without_them(
+        framework: str, variable: str, flag: str, tmp_path) -> None:
+    """``--script`` runs the user's program in the framework's place: it may need none of the inputs the
+    framework's own entry point requires (a job that reads only plan.json), so no launch kind stops for
+    them; one that is set reaches the script as the framework's flag."""
+    plan = "tp=2,zero=1" if framework == "megatron" else "zero=3"
+    bundle = bundle_of(framework, "full", plan, tmp_path / "b", Launch(script="mine.py"))
+    job = yaml.safe_load((bundle / "pytorchjob.yaml").read_text())
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert variable not in {e["name"] for e in container["env"]}
+    bin_dir = fake_bin(tmp_path)
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-[a-b]"}
+    for kind in ("launch_torchrun.sh", "job.sbatch", "pytorchjob.yaml"):
+        record = bin_dir / "record.jsonl"
+        for given in ({}, {variable: "/in put"}):
+            record.unlink(missing_ok=True)
+            done = _run_kind(bundle, kind, bin_dir, {**env, **given})
+            assert done.returncode == 0, (kind, done.stderr)
+            words = record.read_text()
+            assert "mine.py" in words and (flag in words) == bool(given), (kind, given, words)
+            assert not given or '"/in put"' in words, words  # one word, as set
+
+
 def test_the_deepspeed_launcher_hands_other_nodes_the_launch_environment(tmp_path) -> None:
     """Over pdsh the deepspeed launcher exports on other nodes only NCCL*/PYTHON* variables and those
     DS_ENV_FILE lists: the launch lists its environment there, and DeepSpeed's own export line (its

@@ -61,7 +61,7 @@ def test_scale_names_the_fewest_gpus_for_the_method(tmp_path: Path) -> None:
 
 def test_bad_fine_tuning_options_are_one_line(tmp_path: Path) -> None:
     model = model_file(tmp_path)
-    cases = [(["--lora-rank", "8"], "--lora-rank need --method lora or qlora"),
+    cases = [(["--lora-rank", "8"], "--lora-rank: LoRA settings need method lora or qlora"),
              (["--method", "lora", "--lora-targets", "q,x"], "--lora-targets"),
              (["--method", "lora", "--lora-targets", ","], "names no projection"),
              (["--method", "dora"], "dora")]

@@ -46,6 +46,51 @@ def test_a_configuration_only_megatron_expresses_is_costed_as_megatron_runs_it()
     assert problem.admissible(plain) and problem.costing_index(plain) == 0
 
 
+def test_without_a_pipeline_torchtitan_and_fsdp2_cost_alike() -> None:
+    """torchtitan's costing differs from FSDP2's only in how its pipelines drive FSDP2 (deferred gradient
+    sync) and in its ZeRO-0 (DDP, not FSDP2 over one shard): a compiled ZeRO-2 plan without a pipeline
+    that both (and nothing else) run is costed as both run it -- fp32 reduce-scatters -- not under the
+    shared costing's 16-bit ones; with a pipeline, as torchtitan."""
+    problem = _any_problem()
+    flat = Config(tp=2, dp_shard=32, zero=2, sp=True, compile=True)
+    k = problem.costing_index(flat)
+    assert problem.admissible(flat) and k > 0
+    model, assumptions = problem.costing_of(flat)
+    assert model.training.precision == "bf16-fsdp2" and not assumptions.pipeline_defers_grad_sync
+    table = layer_table(problem.model)
+    plan = flat.to_plan([table.blocks], ["none"] * table.blocks)
+    priced = [evaluate(m, problem.cluster, plan, a).step_time_s for m, a in (
+        problem.costing_of(flat), frameworks.get("fsdp").costing(problem.model, DEFAULT),
+        frameworks.get("torchtitan").costing(problem.model, DEFAULT))]
+    assert priced[0] == priced[1] == priced[2] != evaluate(problem.model, problem.cluster, plan).step_time_s
+    piped = problem_for("any", problem.model, problem.cluster, fixed={"tp": 2, "pp": 2}, features={"offload"})
+    deep = Config(tp=2, pp=2, dp_shard=16, zero=2, sp=True, compile=True)
+    assert piped.admissible(deep)
+    assert piped.costing_of(deep) == frameworks.get("torchtitan").costing(problem.model, DEFAULT)
+
+
+def test_a_pipeline_that_defers_fsdp_sync_reduce_scatters_once_a_step() -> None:
+    """torch.distributed.pipelining holds FSDP2's reduce-scatter to the step's last backward
+    (``backward_maybe_with_nosync``; torchtitan's behaviour): ZeRO-2 under a pipeline then moves its
+    gradients once a step, as ZeRO-1 does, and none of it is exposed per micro-batch; without the
+    deferral, once per micro-batch."""
+    model, cluster = load_model(LLAMA_8B), load_cluster(CLUSTER)
+    table = layer_table(model)
+
+    def scored(zero: int, defers: bool):  # type: ignore[no-untyped-def]
+        shard = 16 if zero else 1
+        plan = Config(tp=2, pp=2, dp_shard=shard, dp_replicate=16 // shard, zero=zero, sp=True, grad_accum=8).to_plan(
+            [table.blocks // 2] * 2, ["none"] * table.blocks)
+        return evaluate(model, cluster, plan, DEFAULT.replace(pipeline_defers_grad_sync=defers))
+
+    deferred, eager, once, ddp = scored(2, True), scored(2, False), scored(1, True), scored(0, True)
+    assert deferred.time["zero"] == 0 < eager.time["zero"]
+    assert deferred.comm["dp"] == pytest.approx(once.comm["dp"], rel=1e-12)  # a reduce-scatter and a gather a step
+    assert deferred.time["dp"] == pytest.approx(once.time["dp"], rel=1e-12) and deferred.time["dp"] > eager.time["dp"]
+    # without the deferral 7 more reduce-scatters, each half a ring all-reduce of the same gradients (DDP's)
+    assert eager.comm["dp"] - deferred.comm["dp"] == pytest.approx(7 * ddp.comm["dp"] / 2, rel=1e-9)
+
+
 def test_any_prices_a_megatron_only_plan_as_megatron_does() -> None:
     result = invoke("solve", LLAMA_8B, CLUSTER, "--fix", "tp=2,tp_overlap=userbuffers", "--top", "3", "--json",
                     "--time-limit", "10")

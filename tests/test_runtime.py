@@ -43,6 +43,7 @@ def test_scaled_model_keeps_heads_and_shrinks_the_rest() -> None:
 def test_unsupported_plans_are_named() -> None:
     assert unsupported_reason(_plan("ep=2")) is None  # dense models refuse it when built (worker)
     assert "NVMe" in unsupported_reason(_plan("zero=3,offload_optimizer=nvme"))
+    assert "pp_embedding" in unsupported_reason(_plan("pp=2,pp_embedding=true,pp_loss=true"))
     for text in ("dp=2,zero=3", "cp=2", "pp=2,vpp=2", "dp=2,zero=3,offload_optimizer=cpu,offload_params=cpu"):
         assert unsupported_reason(_plan(text)) is None, text
 

@@ -19,7 +19,7 @@ from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.errors import Infeasible, SpecError
 from autoplace.frameworks import search
 from autoplace.frameworks.base import unstated_recipe
-from autoplace.plan import CONFIG_FIELDS, RECIPE_KEYS, Config, Plan, even_split
+from autoplace.plan import CONFIG_FIELDS, RECIPE_KEYS, Config, Plan, split_units
 from autoplace.specs.model import ModelSpec, model_from_dict
 from solvers.problem import FEATURES, Problem
 from solvers.space import ConfigList, _dominates, _groups, _recipes, enumerate_configs, to_candidates
@@ -44,11 +44,9 @@ def _reference_candidates(configs: list[Config], table: LayerTable, mode: int) -
     seq = np.asarray(table.sequence)
     for i, cf in enumerate(configs):
         start = 0
-        for s, n in enumerate(even_split(table.blocks // cf.vpp, cf.pp)):
-            n *= cf.vpp
+        for s, n in enumerate(split_units(table.blocks, cf.pp, cf.vpp, cf.pp_embedding, cf.pp_loss)):
             counts[i, s, :, mode] = np.bincount(seq[start:start + n], minlength=K)
             start += n
-        counts[i, cf.pp - 1, :, mode] += np.bincount(seq[start:], minlength=K)
     return pack(configs, counts)
 
 
@@ -96,18 +94,25 @@ def test_enumerated_arrays_are_the_configurations_packed(layers: int, gpus: int,
 
 def _reference_admission(problem: Problem) -> Any:
     """``--framework any``'s verdict as it was: every framework that states the configuration's
-    recipe asked its configuration check, on the configuration's plan (an even split of pp x vpp
-    chunks, stage s holding chunks s, s + pp; no recompute): (admitted, the costing of the
-    frameworks that express it when they all cost alike, else 0, the recompute forms of them all,
-    the split they all make when none takes an explicit one, else None)."""
+    recipe asked its configuration check, on the configuration's plan (the even split of whole
+    chunks, plan.split_units; no recompute): (admitted, the costing of the
+    frameworks that express it when they all cost alike -- alike but in behaviours idle on it
+    (search.IDLE_BEHAVIOUR) -- else 0, the recompute forms of them all, the split they all make when none takes an
+    explicit one, else None)."""
     model, blocks = problem.model, layer_table(problem.model).blocks
     able = [f for f in search.members(search.ANY) if f.model_refusal(model) is None]
-    judges = [(problem.costings.index(f.costing(model, DEFAULT)) + 1, f, f.config_check(model)) for f in able]
+    judges = [(f, f.config_check(model)) for f in able]
+
+    def alike(f: Any, config: Config) -> int:  # f's costing with the behaviours idle on config as given
+        costed, assumptions = f.costing(model, DEFAULT)
+        idle = [name for name, unused in search.IDLE_BEHAVIOUR.items() if unused(config)]
+        return problem.costings.index((costed, assumptions.replace(**{name: getattr(DEFAULT, name) for name in idle}))) + 1
 
     def verdict(config: Config) -> tuple[bool, int, int, tuple[int, ...] | None]:
-        split = even_split(blocks, config.pp * config.vpp)
-        plan = config.to_plan([sum(split[s::config.pp]) for s in range(config.pp)], ["none"] * blocks)
-        express = [(k, f) for k, f, check in judges if unstated_recipe(config, f) is None and check(plan) is None]
+        split = split_units(blocks, config.pp, config.vpp, config.pp_embedding, config.pp_loss)
+        plan = config.to_plan(split, ["none"] * blocks)
+        express = [(alike(f, config), f) for f, check in judges
+                   if unstated_recipe(config, f) is None and check(plan) is None]
         forms = functools.reduce(lambda acc, kf: search.recompute_forms(kf[1], config, acc), express, 0)
         costings = {k for k, _ in express}
         splits = {f.forced_split(blocks, config.pp) if config.pp > 1 else None for _, f in express}

@@ -95,3 +95,15 @@ def test_bad_factories_are_one_line(tmp_path: Path, factory: str, args: str | No
     result = CliRunner().invoke(app, cmd)
     assert result.exit_code == 2, result.output
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--input", "hidden"], "on hidden of shape (1, 2048, 32) (--input, --batch, --seq-len) failed: RuntimeError"),
+    (["--seq-len", "2147483647", "--batch", "2147483647"], "failed: RuntimeError: Storage size calculation overflowed"),
+])
+def test_a_forward_the_model_cannot_run_is_one_line(tmp_path: Path, extra: list[str], needle: str) -> None:
+    """Found by benchmarks/fuzz.py (issue 36): the user's model refusing the traced input (token ids
+    fed as activations, a micro-batch too large for torch) was an internal error, exit 1."""
+    result = CliRunner().invoke(app, ["trace", "tests.trace_models:build", "--out", str(tmp_path / "m.json"), *extra])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert result.stderr.startswith("autoplace: error: FACTORY: its forward and backward on") and needle in result.stderr

@@ -275,3 +275,27 @@ def test_a_postgres_storage_never_waits_forever_for_its_server(tmp_path: Path) -
             with pytest.raises(sqlalchemy.exc.OperationalError) as cancelled:
                 con.execute(sqlalchemy.text("SELECT pg_sleep(2)"))
         assert transient(cancelled.value)
+
+
+def test_a_heartbeat_lost_to_an_outage_reads_as_an_outage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 36: a beat during a storage outage was logged as Optuna's StorageInternalError ("invalid data in
+    the commit, e.g. exceeding max length"), which Optuna raises from any SQLAlchemy error; the warning
+    names the outage and its cause (the database file is gone: SQLite's OperationalError)."""
+    import logging
+
+    import sqlalchemy
+
+    from autoplace.studies import beat_once
+
+    store, _ = open_storage(None, tmp_path, BEAT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeats outside optimize
+        st = optuna.create_study(study_name="s", storage=store)
+        trial = st.ask()
+    backend = getattr(store, "_backend", store)
+    backend.scoped_session.remove()  # the database goes away
+    backend.scoped_session.configure(bind=sqlalchemy.create_engine(f"sqlite:///{tmp_path}/gone/study.db"))
+    with caplog.at_level(logging.WARNING, logger="autoplace"):
+        beat_once(backend, trial._trial_id, trial.number)
+    assert f"heartbeat of trial {trial.number} not recorded: study storage unreachable (OperationalError" \
+        in caplog.text and "max length" not in caplog.text, caplog.text

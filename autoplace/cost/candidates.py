@@ -49,6 +49,9 @@ class Candidates:
     tp_overlap: Array
     overlap: Array
     fp8: Array
+    # the embedding / the loss counted as a pipeline layer (plan.stage_slots)
+    pp_embedding: Array
+    pp_loss: Array
 
     @property
     def size(self) -> int:
@@ -102,6 +105,7 @@ PACKED: dict[str, tuple[str, Callable[[Sequence[Any]], Array]]] = {
     "compress": ("compress", _codes(COMPRESS)), "powersgd_rank": ("powersgd_rank", _ints),
     "compile": ("compile", _bools), "fused_loss": ("fused_loss", _bools),
     "tp_overlap": ("tp_overlap", _codes(TP_OVERLAP)), "overlap": ("overlap", _bools), "fp8": ("fp8", _codes(FP8)),
+    "pp_embedding": ("pp_embedding", _bools), "pp_loss": ("pp_loss", _bools),
 }
 
 

@@ -91,6 +91,15 @@ class Context:
     def S(self) -> int:
         return int(self.cand.counts.shape[1])
 
+    @property
+    def deferred_sync(self) -> Array:
+        """``[C]`` True where a pipeline holds FSDP2's gradient reduce-scatter to the step's last
+        micro-batch (``Assumptions.pipeline_defers_grad_sync``: torch.distributed.pipelining's
+        ``backward_maybe_with_nosync``, torchtitan's pipelines): ZeRO-2/3 with pp > 1 then keep
+        unsharded gradients and reduce-scatter them once a step."""
+        c = self.cand
+        return (c.pp > 1) & (c.zero >= 2) & self.assume.pipeline_defers_grad_sync
+
     def col(self, x: Array | float) -> Array:
         """``[C]`` -> ``[C, 1, 1, 1]``."""
         return np.broadcast_to(np.asarray(x, dtype=float), (self.C,)).reshape(self.C, 1, 1, 1)

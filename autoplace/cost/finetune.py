@@ -138,3 +138,28 @@ def adapter_params(m: TransformerSpec, moe: bool) -> tuple[float, float, float]:
     parts = [p.adapter(m.training.lora.rank) for p in adapted_projections(m, moe)]
     return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
+
+
+def rank_refusal(m: TransformerSpec) -> str | None:
+    """Why ``m``'s LoRA rank is too large for a projection it adapts, or None.
+
+    ``B A`` of rank ``r`` on a ``d_in -> d_out`` projection has rank at most ``min(d_in, d_out)``
+    (Hu et al. 2021, Sec. 4.1: ``r << min(d, k)``); a larger ``r`` adds parameters and
+    optimizer state that cannot change what the adapter learns.  The projection with the
+    smallest side among those adapted (in any kind of block the model has) is named.
+    """
+    if not m.training.frozen_base:
+        return None
+    kinds = {m.moe.is_moe_layer(i) for i in range(m.layers)} if m.moe is not None else {False}
+    # the largest rank each projection takes: PEFT's fused gate_up expert adapter has rank_factor x r
+    limits = [(min(p.out, p.inp) // p.rank_factor, p) for moe in sorted(kinds) for p in adapted_projections(m, moe)]
+    if not limits:
+        return None
+    limit, p = min(limits, key=lambda pair: pair[0])
+    rank = m.training.lora.rank
+    if rank <= limit:
+        return None
+    fused = f" (PEFT gives its fused experts rank {p.rank_factor}r)" if p.rank_factor > 1 else ""
+    return (f"rank {rank} exceeds the {p.role} projection, {int(p.inp)} -> {int(p.out)} features{fused}: an adapter "
+            f"of rank r on a d_in x d_out projection needs r <= min(d_in, d_out); valid: 1 to {int(limit)} with "
+            f"these targets ({','.join(m.training.lora.targets)})")

@@ -61,6 +61,39 @@ def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: 
     return np.select([schedule == 0, schedule == 2], [m, interleaved], one_f1b).astype(float)
 
 
+def chunk_inflight(pp: Array | int, vpp: Array | int, microbatches: Array | int, stage: Array | int,
+                   chunk: Array | int) -> Array:
+    """Micro-batches of model chunk ``chunk`` a stage holds at its peak under interleaved 1F1B.
+
+    Megatron-LM's warm-up runs ``2(p-i-1) + (v-1)p + 1`` forward chunk passes on stage ``i``
+    (:func:`inflight_microbatches`; megatron-core 0.16.1 pipeline_parallel/schedules.py
+    ``num_warmup_microbatches``), taking the chunks in turn for each group of ``p`` micro-batches
+    (``get_schedule_table`` with its default group of ``p``: the k-th forward runs chunk
+    ``(k // p) % v``), so whole rounds give each chunk ``p`` and the last, partial round the
+    first chunks what is left."""
+    warmup = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+    rounds, left = np.divmod(warmup, pp * vpp)
+    return rounds * pp + np.clip(left - chunk * pp, 0, pp)
+
+
+def slot_inflight(pp: Array | int, vpp: Array | int, microbatches: Array | int, stage: Array | int,
+                  units: Array | int, embedding: Array | int, loss: Array | int) -> tuple[Array, Array]:
+    """In-flight micro-batches per block, at the start of backward and at the end of the first
+    backward, on a stage of ``units`` units (blocks and the embedding / loss places,
+    :func:`autoplace.plan.stage_slots`) whose first chunk holds ``embedding`` and last chunk
+    ``loss`` in place of a block: the chunks' in-flight counts (:func:`chunk_inflight`) weighed by
+    their blocks, over the stage's blocks.  The first chunk is in flight most (one block fewer
+    there holds less than the stage average), the last least; the first backward frees one
+    micro-batch of the last chunk.  Without those places, :func:`inflight_microbatches` and one
+    average chunk fewer."""
+    chunk = units / vpp
+    warmup = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+    held = (chunk * warmup - embedding * chunk_inflight(pp, vpp, microbatches, stage, 0)
+            - loss * chunk_inflight(pp, vpp, microbatches, stage, vpp - 1))
+    blocks = np.maximum(units - embedding - loss, 1)
+    return held / blocks, np.maximum(held - (chunk - loss), 0.0) / blocks
+
+
 def gather_buffer_bytes(reduced: Array, gathered: Array, param_bytes: float, grad_bytes: float, prefetch: int) -> Array:
     """ZeRO-3 / FSDP unshard buffers at their fullest: the ``reduced`` unit's gradient in its
     reduce-scatter buffer while the next unit and ``prefetch`` more (``gathered`` parameters

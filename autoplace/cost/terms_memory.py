@@ -20,6 +20,7 @@ from autoplace.cost.memory import (
     gather_buffer_bytes,
     inflight_microbatches,
     reserve_bytes,
+    slot_inflight,
     state_bytes,
 )
 from autoplace.cost.terms_time import zero3_buckets
@@ -77,7 +78,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
 
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
     # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync)
-    deferred = col((c.pp > 1) & (zero >= 2) & assume.pipeline_defers_grad_sync) > 0
+    deferred = col(ctx.deferred_sync) > 0
     # with the optimizer offloaded, ZeRO-2/3 reduce each gradient partition straight to the host
     # (DeepSpeed ZeRO-Offload; FSDP2's CPUOffloadPolicy): the device keeps only the buckets -- unless
     # the reduce is deferred: FSDP2 then accumulates the unsharded gradients on the device until the
@@ -122,6 +123,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # Phase 0, the start of backward, holds every in-flight micro-batch; phase 1, the end of
     # the first backward, one fewer (one chunk of 1/vpp of the stage with interleaving).
     act_mult = np.stack([inflight, np.maximum(inflight - 1 / c.vpp[:, None], 0.0)], axis=-1)
+    act_mult = _slot_stages(ctx, act_mult, stage)
     # Gradients exist at the start of backward when they live in persistent buffers (DDP's
     # buckets, Megatron's grad buffer: ZeRO <= 1) or an earlier micro-batch of the step has
     # finished its backward (more micro-batches than the stage holds in flight).  Sharded
@@ -199,6 +201,27 @@ def reduce_bucket_bytes(ctx: Context) -> Array:
         return np.where((zero >= 3) | c.off_par, 0.0, 2 * assume.comm_bucket_MiB * 2**20)
     count = np.where(zero >= 3, 1, np.where(zero >= 1, np.where(c.overlap & (c.pp == 1), 2, 1), 0))
     return count * zero3_buckets(ctx)[0] * ctx.recipe.grad_bytes
+
+
+def _slot_stages(ctx: Context, act_mult: Array, stage: Array) -> Array:
+    """``act_mult`` ``[C, S, 2]`` with the first and last stages of interleaved candidates whose
+    embedding or loss takes a block's place (``pp_embedding`` / ``pp_loss``) counted chunk by
+    chunk (:func:`autoplace.cost.memory.slot_inflight`), at the even split's units on those
+    stages (:func:`autoplace.plan.split_units`: the multiplier must not depend on the split, which
+    the search chooses, for memory to stay linear in the blocks per stage)."""
+    c = ctx.cand
+    on = (c.schedule == 2) & (c.pp > 1) & (c.pp_embedding | c.pp_loss)
+    if not on.any():
+        return act_mult
+    pp, v = c.pp[:, None], c.vpp[:, None]
+    e = (c.pp_embedding[:, None] & (stage == 0)).astype(float)
+    l_ = (c.pp_loss[:, None] & (stage == pp - 1)).astype(float)
+    chunks = (ctx.table.blocks + c.pp_embedding + c.pp_loss)[:, None] // v  # the even split, chunk by chunk
+    base, extra = np.divmod(chunks, pp)
+    units = (base + ((stage == 0) & (extra >= pp - 1))) * v  # even_split gives a stage at the ends one only then
+    held = slot_inflight(pp, v, c.ga[:, None], stage, units, e, l_)
+    slot = on[:, None] & ((e + l_) > 0)
+    return np.where(slot[..., None], np.stack(held, axis=-1), act_mult)
 
 
 def host_bytes(ctx: Context) -> tuple[Array, Array]:

@@ -275,10 +275,13 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     # host with a blocking copy (zero3_offload_grad_copy_blocks): its reduce-scatter never hides
     blocked = col(zero3_reduce_blocks(ctx)) / ga  # the copy runs at the accumulation boundary: once a step
     exposed = blocked * (sh.rs + zero3_reduce_host(ctx)[..., None])
+    # a pipeline that defers the gradient sync reduce-scatters once a step (_step_terms), not per micro-batch
+    per_mb = 1.0 - col(ctx.deferred_sync)
     zero_time = np.where(z >= 3, zero3_hidden(ctx, sh.ag_fwd, fwd * ov, backward=False)
-                         + zero3_hidden(ctx, sh.ag_bwd + sh.rs * (1 - blocked), bwd * ov, backward=True)
-                         + exposed + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa), 0.0))
-    zero_bytes_mb = np.where(z >= 3, sh.z3_bytes, np.where(z == 2, sh.ar_bytes if all_reduce_12 else sh.rs_bytes, 0.0))
+                         + zero3_hidden(ctx, sh.ag_bwd + sh.rs * (1 - blocked) * per_mb, bwd * ov, backward=True)
+                         + exposed + sh.quant, np.where(z == 2, hidden(grad_t, bwd * ov, kappa) * per_mb, 0.0))
+    zero_bytes_mb = np.where(z >= 3, sh.z3_bytes - sh.rs_bytes * (1 - per_mb),
+                             np.where(z == 2, (sh.ar_bytes if all_reduce_12 else sh.rs_bytes) * per_mb, 0.0))
 
     # offloaded parameters stream in over PCIe for forward and again for backward
     shard_bytes = ((ctx.train_dense * recipe.param_bytes + ctx.frozen_dense) / np.where(z >= 3, col(size["zero"]), 1)
@@ -296,7 +299,7 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
         ga * passes * (ep_i + ep_x) * ones, ga * off_bytes_mb * ones), axis=-1)[:, :1]
     # the largest unit's gather and reduce-scatter: what the first and last of a micro-batch cost
     unit_ag = np.broadcast_to(sh.ag_fwd, fwd.shape).max(axis=(2, 3))
-    unit_rs = np.broadcast_to(np.where(z >= 3, sh.rs, np.where(z == 2, grad_t, 0.0)), fwd.shape).max(axis=(2, 3))
+    unit_rs = np.broadcast_to(np.where(z >= 3, sh.rs, np.where(z == 2, grad_t, 0.0)) * per_mb, fwd.shape).max(axis=(2, 3))
     return t_block, bytes_block.copy(), (unit_ag, unit_rs)
 
 
@@ -406,14 +409,18 @@ def module_shares(table: LayerTable) -> tuple[Array, Array]:
     """Per block kind, its modules in forward order (one per GEMM of the layer table, padded
     with zeros to the longest kind), ``[1, 1, K, 1, M]``: each module's share of the block's
     parameters, and its share of the block's forward compute (GEMM FLOPs; the attention core
-    counts with the first module, the QKV projection it follows)."""
-    width = max(len(k.gemms) for k in table.kinds)
+    counts with the first module, the QKV projection it follows).  A kind without matmuls (a
+    layer graph's embedding lookup: parameters, no FLOPs) is one module holding all of them, so
+    every kind has a module whose gather a neighbour's compute can hide."""
+    width = max(1, *(len(k.gemms) for k in table.kinds))
     params = np.zeros((len(table.kinds), width))
     flops = np.zeros_like(params)
     for i, k in enumerate(table.kinds):
         for j, g in enumerate(k.gemms):
             params[i, j] = g.n * g.k * max(g.experts, 1)
             flops[i, j] = g.flops
+        if not k.gemms:
+            params[i, 0] = 1.0  # its whole share
         flops[i, 0] += k.flops_score
     shares = [a / np.maximum(a.sum(axis=1, keepdims=True), 1e-30) for a in (params, flops)]
     return tuple(a.reshape(1, 1, len(table.kinds), 1, width) for a in shares)  # type: ignore[return-value]
@@ -496,15 +503,17 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     # first block's gather and the last block's reduce-scatter have no compute to hide under.
     unit_ag, unit_rs = units
     z3, z2 = (zero >= 3)[:, None], (zero == 2)[:, None]
-    t_zero = np.select([z3, z2], [eag + ers + unit_ag + unit_rs, (ear if all_reduce_12 else ers) + unit_rs], 0.0)
+    per_mb = 1.0 - ctx.deferred_sync[:, None]  # deferred: the edges' reduce-scatter joins the step's (_step_terms)
+    t_zero = np.select([z3, z2], [eag + ers * per_mb + unit_ag + unit_rs, (ear if all_reduce_12 else ers) * per_mb
+                                  + unit_rs], 0.0)
     edge_shard = (edge_dense * recipe.param_bytes + ctx.frozen_edge) / np.where(z3, size["zero"][:, None], 1)  # bytes
     t_off = c.off_par[:, None] * 2 * edge_shard / offload_Bps(ctx, c.offload_params)
     zs = np.zeros((C, S))
     t_static = np.stack(np.broadcast_arrays(t_compute, t_tp, zs, zs, t_pp, t_zero, t_off), axis=-1)
     zfrac = ((size["zero"] - 1) / size["zero"])[:, None]
     bytes_static = np.stack(np.broadcast_arrays(
-        ga * zfrac * np.select([z3, z2], [edge_dense * (pgb + rgb) + frozen,
-                                          edge_dense * (2.0 if all_reduce_12 else 1.0) * rgb], 0.0),
+        ga * zfrac * np.select([z3, z2], [edge_dense * (pgb + rgb * per_mb) + frozen,
+                                          edge_dense * (2.0 if all_reduce_12 else 1.0) * rgb * per_mb], 0.0),
         ga * tp_on * (emb_i + emb_x), ga * send_bytes, zs, zs,
         ga * c.off_par[:, None] * 2 * edge_shard), axis=-1)
     return t_static, bytes_static.copy(), (head_passes - 1) * head_fwd
@@ -561,11 +570,12 @@ def _step_terms(ctx: Context) -> StepTerms:
         ag = comm.allgather(params * pgb + frozen, ns, nis, L)
         rep = comm.allreduce(params * rgb / ns, nr, nir, L)
         z1 = ar if all_reduce_12 else rs
-        reduce_t = np.select([zz == 0, zz == 1], [ar[2], z1[2] + rep[2]], rep[2])
+        late = _e(ctx.deferred_sync, params)  # ZeRO-2/3 reduce-scattering once a step (Context.deferred_sync)
+        reduce_t = np.select([zz == 0, zz == 1], [ar[2], z1[2] + rep[2]], rep[2] + late * z1[2])
         gather_t = np.where((zz == 1) | (zz == 2), ag[2], 0.0)
         nbytes = np.select([zz == 0, zz == 1, zz == 2],
                            [ar[0] + ar[1], z1[0] + z1[1] + ag[0] + ag[1] + rep[0] + rep[1],
-                            ag[0] + ag[1] + rep[0] + rep[1]], rep[0] + rep[1])
+                            ag[0] + ag[1] + rep[0] + rep[1]], rep[0] + rep[1]) + np.where(zz >= 2, late, 0) * (z1[0] + z1[1])
         return reduce_t, gather_t, nbytes
 
     # only trainable parameters are reduced, gathered after the step and updated (a frozen

@@ -116,7 +116,7 @@ def _inputs(doc: dict[str, Any], source: Path) -> tuple[ModelSpec, ClusterSpec]:
     overrides = inputs.get("overrides", {})
     if not isinstance(overrides, dict):
         raise SpecError("inputs.overrides: expected an object", source=str(source))
-    model = read_model(model_path, overrides=overrides)[0]
+    model = read_model(model_path, overrides=overrides, overrides_source=f"{source}: inputs.overrides")[0]
     return model, cluster_from_args(Path(inputs["cluster"]))
 
 

@@ -20,8 +20,10 @@ class DryRunProgress:
     def __init__(self) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
+        # only on a terminal: elsewhere rich leaves a blank line on stderr, and an error would not be one line
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=Console(stderr=True), transient=True)
+                                  console=console, transient=True, disable=not console.is_terminal)
         self._tasks: dict[int, Any] = {}
         self._progress.start()
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 
 from autoplace.cost.layers import layer_table
 from autoplace.errors import EmitError
-from autoplace.plan import Plan
+from autoplace.plan import Plan, model_chunks, stage_slots
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
 
@@ -63,19 +63,23 @@ def recompute_runs(plan: Plan) -> str:
 
 
 def model_parts(plan: Plan, fmt: str) -> list[int]:
-    """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order.
-
-    Chunk ``v * pp + r`` is the v-th chunk of pipeline rank r (the looped placement of
-    Narayanan et al. 2021, Sec. 2.2, used by Megatron-LM and torch.distributed.pipelining).
+    """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order
+    (:func:`autoplace.plan.model_chunks`: chunk ``v * pp + r`` is the v-th chunk of pipeline
+    rank r; with ``pp_embedding`` / ``pp_loss`` the first chunk holds the embedding and the last
+    the loss in place of a block).
 
     Raises:
-        EmitError: a stage's block count is not a multiple of vpp.
+        EmitError: a stage's block count (with its embedding / loss place) is not a positive
+            multiple of vpp.
     """
-    pp, vpp = plan.pp, plan.vpp
-    for r, n in enumerate(plan.layers_per_stage):
-        if n % vpp:
-            raise fail(fmt, f"stage {r} holds {n} layers, not a multiple of vpp={vpp}")
-    return [plan.layers_per_stage[r] // vpp for v in range(vpp) for r in range(pp)]
+    parts = model_chunks(plan.layers_per_stage, plan.vpp, plan.pp_embedding, plan.pp_loss)
+    if parts is None:
+        slots = stage_slots(plan.pp, plan.pp_embedding, plan.pp_loss)
+        r, n = next((r, n) for r, n in enumerate(plan.layers_per_stage)
+                    if (n + slots[r]) % plan.vpp or n + slots[r] < plan.vpp)
+        counted = f" (+{slots[r]} for the {'embedding' if r == 0 and plan.pp_embedding else 'loss'})" if slots[r] else ""
+        raise fail(fmt, f"stage {r} holds {n} layers{counted}, not a positive multiple of vpp={plan.vpp}")
+    return parts
 
 
 def stage_counts_from_parts(parts: Sequence[int], pp: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import SpecError
+from autoplace.plan import count_at
 from autoplace.specs._io import read_document
 
 Doc = Mapping[str, Any]
@@ -52,20 +53,17 @@ def section(doc: Doc, key: str, src: str, prefix: str = "") -> Doc:
 
 def integer(doc: Doc, key: str, src: str, prefix: str = "", *, default: int | None = None,
             minimum: int = 1) -> int | None:
-    """An integer >= ``minimum`` (booleans and "auto" rejected), or ``default`` when absent."""
+    """An integer in [``minimum``, 2**31) as the file writes it (:func:`autoplace.plan.count_at`: not
+    a boolean, not a float such as 8.0 -- the degrees and batch sizes read here are ints to the
+    frameworks too: DeepSpeed's ``range(gas)``, torchtitan's dataclass fields), or ``default`` when
+    absent; "auto" is named as the Hugging Face Trainer's."""
     if key not in doc or doc[key] is None:
         return default
     value = doc[key]
     if value == "auto":
         raise SpecError('"auto" is filled in only by the Hugging Face Trainer; give a number',
                         source=src, field=f"{prefix}{key}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # DeepSpeed configs often write 5e8
-    # below 2**53 (a float's exact range): the cost model packs counts into int64 arrays
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**53:
-        raise SpecError(f"expected a whole number >= {minimum} and below 2**53, got {value!r}", source=src,
-                        field=f"{prefix}{key}")
-    return value
+    return count_at(value, minimum=minimum, source=src, field=f"{prefix}{key}")
 
 
 def boolean(doc: Doc, key: str, src: str, prefix: str = "", *, default: bool = False) -> bool:

@@ -116,6 +116,16 @@ class Program:
 MODEL_INPUT = ("HF_MODEL", "your Hugging Face model directory or Hub id")
 
 
+def input_words(flag: str, var: str, launch: Launch) -> tuple[str, ...]:
+    """A framework input's words: ``FLAG "$VAR"`` for the framework's own entry point (``VAR`` a
+    required input), but for the user's ``--script`` bash's ``${VAR:+FLAG "$VAR"}``: given when set.
+    A script of the user's may not read it (a job that only needs the bundle's plan.json), so the
+    launch does not stop for it."""
+    if launch.script is None:
+        return (flag, f'"${var}"')
+    return (f'${{{var}:+{flag} "${var}"}}',)
+
+
 def user_program(launch: Launch) -> tuple[str, ...]:
     """The user's training script and its arguments, quoted, then the script's own ``"$@"``."""
     return (*(shlex.quote(w) for w in (launch.script or "train.py", *launch.args)), '"$@"')

@@ -14,7 +14,8 @@ from typing import Any
 
 from autoplace.emit._common import blocks
 from autoplace.errors import SpecError
-from autoplace.plan import FP8, Plan, even_split
+from autoplace.plan import FP8, Plan, count_at, even_split, model_chunks
+from autoplace.specs._io import read_text
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -23,9 +24,16 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--use-megatr
              "--grad-reduce-in-bf16"}
 
 
-def megatron_words(text: str) -> list[str]:
-    """The argument words of a ``NAME=( ... )`` bash array file (comments skipped), or of plain words."""
-    words = shlex.split(text, comments=True)
+def megatron_words(text: str, src: str = "<megatron arguments>") -> list[str]:
+    """The argument words of a ``NAME=( ... )`` bash array file (comments skipped), or of plain words.
+
+    Raises:
+        SpecError: text bash would not split into words (an unclosed quote).
+    """
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise SpecError(f"not bash words: {str(exc).lower()}", source=src) from None
     if words and words[0].endswith("=(") and words[-1] == ")":
         return words[1:-1]
     return words
@@ -45,7 +53,8 @@ def _flags(words: list[str], src: str) -> dict[str, list[str]]:
     return flags
 
 
-def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None = None) -> int:
+def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None = None, minimum: int = 1) -> int:
+    """One whole number as Megatron's argparse reads it (``int(word)``), in [``minimum``, 2**31)."""
     values = flags.get(flag)
     if values is None:
         if default is None:
@@ -53,10 +62,11 @@ def _int(flags: dict[str, list[str]], flag: str, src: str, default: int | None =
         return default
     try:
         (value,) = values
-        return int(value)
+        number = int(value)
     except ValueError:
         raise SpecError(f"expected one whole number, got {' '.join(values) or 'nothing'}", source=src,
                         field=flag) from None
+    return count_at(number, minimum=minimum, source=src, field=flag)
 
 
 def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -67,8 +77,8 @@ def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: C
             the degrees cannot make, or a recompute/split a Plan cannot state (the flag named).
     """
     src = str(cfg) if isinstance(cfg, (str, Path)) and Path(cfg).exists() else "<megatron arguments>"
-    words = cfg if isinstance(cfg, list) else megatron_words(Path(cfg).read_text() if src != "<megatron arguments>"
-                                                             else str(cfg))
+    words = cfg if isinstance(cfg, list) else megatron_words(read_text(cfg) if src != "<megatron arguments>"
+                                                             else str(cfg), src)
     flags = _flags(words, src)
     n = blocks(model)
     if isinstance(model, TransformerSpec):
@@ -90,13 +100,14 @@ def plan_from_megatron(cfg: str | Path | list[str], model: ModelSpec, cluster: C
                         source=src, field="--global-batch-size")
     parts = _parts(flags, pp, n, src)
     vpp = len(parts) // pp
+    stages = tuple(sum(parts[r::pp]) for r in range(pp))
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=replicate, dp_shard=dp // replicate, vpp=vpp,
                 sp="--sequence-parallel" in flags and tp > 1, zero=zero, mbs=mbs, grad_accum=batch // (mbs * dp),
                 schedule="interleaved" if vpp > 1 else "1f1b",
                 offload_optimizer="cpu" if "--optimizer-cpu-offload" in flags else "none",
                 compress="bf16" if "--grad-reduce-in-bf16" in flags else "none",
-                recompute=_recompute(flags, parts, src), layers_per_stage=tuple(sum(parts[r::pp]) for r in range(pp)),
-                **_recipe(flags, model, tp, src))
+                recompute=_recompute(flags, parts, src), layers_per_stage=stages,
+                **_recipe(flags, model, tp, src), **_slots(flags, parts, stages, vpp, src))
 
 
 def _recipe(flags: dict[str, list[str]], model: ModelSpec, tp: int, src: str) -> dict[str, Any]:
@@ -129,8 +140,28 @@ def _sharding(flags: dict[str, list[str]], dp: int, src: str) -> tuple[int, int]
     return 1, replicate
 
 
+def _slots(flags: dict[str, list[str]], parts: list[int], stages: tuple[int, ...], vpp: int,
+           src: str) -> dict[str, Any]:
+    """``pp_embedding`` / ``pp_loss``: the account-for flags, or the places a layout's chunks leave for
+    the embedding and the loss (the first chunk of the first stage, the last of the last, one block
+    short of the stage's others: :func:`autoplace.plan.model_chunks`).
+
+    Raises:
+        SpecError: a layout whose chunks no plan states (unequal chunks elsewhere on a stage).
+    """
+    if "--pipeline-model-parallel-layout" not in flags:
+        return {"pp_embedding": "--account-for-embedding-in-pipeline-split" in flags,
+                "pp_loss": "--account-for-loss-in-pipeline-split" in flags}
+    for embedding, loss in ((False, False), (True, False), (False, True), (True, True)):
+        if model_chunks(stages, vpp, embedding, loss) == parts:
+            return {"pp_embedding": embedding, "pp_loss": loss}
+    raise SpecError(f"chunks of {parts} blocks: a plan's stage holds {vpp} equal chunks, the embedding's and the "
+                    "loss's one block short at most", source=src, field="--pipeline-model-parallel-layout")
+
+
 def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
-    """Blocks per model chunk in virtual-stage order: a layout, first/last stage counts, or even."""
+    """Blocks per model chunk in virtual-stage order: a layout, first/last stage counts, the embedding and
+    loss counted as layers, or even."""
     if pp == 1:
         return [n]
     if "--pipeline-model-parallel-layout" in flags:
@@ -145,19 +176,32 @@ def _parts(flags: dict[str, list[str]], pp: int, n: int, src: str) -> list[int]:
                             source=src, field="--pipeline-model-parallel-layout")
         return parts
     if "--decoder-first-pipeline-num-layers" in flags or "--decoder-last-pipeline-num-layers" in flags:
-        first = _int(flags, "--decoder-first-pipeline-num-layers", src, 0)
-        last = _int(flags, "--decoder-last-pipeline-num-layers", src, 0)
+        first = _int(flags, "--decoder-first-pipeline-num-layers", src, 0, minimum=0)
+        last = _int(flags, "--decoder-last-pipeline-num-layers", src, 0, minimum=0)
         middle = n - first - last
         if pp < 2 or middle < 0 or (pp > 2 and middle % (pp - 2)) or (pp == 2 and middle):
             raise SpecError(f"first {first} and last {last} leave {middle} layers for {pp - 2} middle stages",
                             source=src, field="--decoder-first-pipeline-num-layers")
         return [first, *([middle // (pp - 2)] * (pp - 2) if pp > 2 else []), last]
-    per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0)
-    count = n // per_chunk if per_chunk else pp
-    if per_chunk and (n % per_chunk or count % pp):
-        raise SpecError(f"{per_chunk} layers per virtual stage do not split {n} layers over {pp} stages", source=src,
+    embedding = "--account-for-embedding-in-pipeline-split" in flags
+    loss = "--account-for-loss-in-pipeline-split" in flags
+    units = n + embedding + loss  # core_v0.16.1 arguments.py: the flags count them as layers
+    per_chunk = _int(flags, "--num-layers-per-virtual-pipeline-stage", src, 0, minimum=0)
+    count = units // per_chunk if per_chunk else pp
+    if per_chunk and (units % per_chunk or count % pp):
+        raise SpecError(f"{per_chunk} layers per virtual stage do not split {units} layers over {pp} stages",
+                        source=src, field="--num-layers-per-virtual-pipeline-stage")
+    if (embedding or loss) and units % pp:
+        raise SpecError(f"{units} layers with the embedding / loss counted do not split evenly over pp={pp}",
+                        source=src, field="--account-for-embedding-in-pipeline-split")
+    if not (embedding or loss):
+        return [per_chunk] * count if per_chunk else list(even_split(n, count))
+    chunks = model_chunks([units // pp - embedding, *[units // pp] * (pp - 2), units // pp - loss], count // pp,
+                          embedding, loss)
+    if chunks is None:
+        raise SpecError(f"{units // pp} layers per stage are not {count // pp} chunks of a layer or more", source=src,
                         field="--num-layers-per-virtual-pipeline-stage")
-    return [per_chunk] * count if per_chunk else list(even_split(n, count))
+    return chunks
 
 
 def _recompute(flags: dict[str, list[str]], parts: list[int], src: str) -> tuple[str, ...]:

@@ -187,6 +187,9 @@ class Accelerate(Framework):
     config_file = CONFIG
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
 
+    def degree_refusals(self, model: ModelSpec) -> dict[str, str]:
+        return degree_refusals(model)
+
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         mixed = training_dtype(model)
         degrees = degree_refusals(model)  # the model's own rules, judged once

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autoplace.emit.launch import Launch, Program, user_program
 from autoplace.errors import EmitError
-from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS
+from autoplace.plan import RECIPE_DEFAULTS, RECIPE_KEYS, SLOT_KEYS
 
 if TYPE_CHECKING:
     from autoplace.cost.assumptions import Assumptions
@@ -123,6 +123,9 @@ class Framework:
     # whether :meth:`batching_refusal` refuses a micro-batching the search enumerates (it then asks it of
     # each); the search builds interleaved schedules only at a multiple of pp micro-batches
     batching_rules: ClassVar[bool] = False
+    # whether its config can count the embedding and the loss as pipeline layers (plan keys
+    # pp_embedding / pp_loss, autoplace.plan.stage_slots); the search tries them only for such a one
+    pipeline_slots: ClassVar[bool] = False
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -142,6 +145,13 @@ class Framework:
         nn.Module), so every feature is that code's and the files state parallelism and precision only."""
         del model
         return None
+
+    def degree_refusals(self, model: ModelSpec) -> Mapping[str, str]:
+        """Degrees this framework cannot raise above 1 for ``model`` (its architecture, not the plan):
+        degree -> why, one line naming the feature.  A ``--fix`` of one is refused before any search;
+        :meth:`plan_check` refuses the plans.  By default none."""
+        del model
+        return {}
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
         """A check for plans of ``model``: ``check(plan)`` is None when this framework's config
@@ -240,21 +250,24 @@ class Framework:
 
 def unstated_recipe(config: Config, framework: type[Framework] | Framework) -> str | None:
     """The first recipe key ``config`` sets to a value ``framework`` cannot state
-    (:attr:`Framework.recipes`; a key it does not declare has only its default), or None."""
+    (:attr:`Framework.recipes`; a key it does not declare has only its default), or the first
+    pipeline-split key it sets that the framework cannot (:attr:`Framework.pipeline_slots`), or None."""
     key = (framework.name, _RECIPE_VALUES(config))  # judged once per framework and recipe (the search asks often)
     if key not in _UNSTATED:
-        _UNSTATED[key] = next((k for k, value in zip(RECIPE_KEYS, key[1], strict=True)
+        _UNSTATED[key] = next((k for k, value in zip(_STATED, key[1], strict=True)
                                if recipe_refusal(framework, k, value)), None)
     return _UNSTATED[key]
 
 
 _UNSTATED: dict[tuple[str, tuple[Any, ...]], str | None] = {}
-_RECIPE_VALUES = operator.attrgetter(*RECIPE_KEYS)  # a configuration's recipe values, in RECIPE_KEYS order
+_STATED = (*RECIPE_KEYS, *SLOT_KEYS)  # the keys unstated_recipe judges, in that order
+_RECIPE_VALUES = operator.attrgetter(*_STATED)  # a configuration's values of them
 
 
 def check_recipe(plan: Plan, framework: type[Framework]) -> None:
     """Raise EmitError when ``plan`` sets a recipe key to a value ``framework`` cannot state
-    (:attr:`Framework.recipes`), or TP-comm overlap without tensor parallelism."""
+    (:attr:`Framework.recipes`) or a pipeline-split key it cannot (:attr:`Framework.pipeline_slots`),
+    or TP-comm overlap without tensor parallelism."""
     key = unstated_recipe(plan, framework)
     if key is not None:
         raise EmitError(recipe_refusal(framework, key, getattr(plan, key)) or key)
@@ -263,7 +276,12 @@ def check_recipe(plan: Plan, framework: type[Framework]) -> None:
 
 
 def recipe_refusal(framework: type[Framework] | Framework, key: str, value: Any) -> str | None:
-    """Why ``framework``'s config cannot state recipe key ``key`` at ``value`` (one line), or None."""
+    """Why ``framework``'s config cannot state recipe key ``key`` at ``value`` (one line), or None;
+    the same of the pipeline-split keys (``pp_embedding``, ``pp_loss``)."""
+    if key in SLOT_KEYS:
+        return None if not value or framework.pipeline_slots else (
+            f"{framework.name}: {key}=true: {framework.title}'s config cannot count the "
+            f"{'embedding' if key == 'pp_embedding' else 'loss'} as a pipeline layer")
     valid = framework.recipes.get(key, (RECIPE_DEFAULTS[key],))
     if value in valid:
         return None

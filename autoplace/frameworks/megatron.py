@@ -23,12 +23,12 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, bash_array
+from autoplace.emit.launch import Launch, bash_array, input_words
 from autoplace.errors import EmitError
 from autoplace.frameworks._megatron_args import interleaved_refusal, run_args
 from autoplace.frameworks._megatron_read import plan_from_megatron
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
-from autoplace.plan import RECIPE_KEYS, Config, Plan
+from autoplace.plan import RECIPE_KEYS, SLOT_KEYS, Config, Plan, stage_slots
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import MLA, ModelSpec, MoE, RopeScaling, TransformerSpec
 
@@ -185,6 +185,8 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "schedule=gpipe: Megatron-LM runs 1F1B (or interleaved 1F1B), not GPipe")
     if plan.offload_params != "none":
         raise fail(FMT, f"offload_params={plan.offload_params}: Megatron has no parameter offload")
+    if (plan.pp_embedding or plan.pp_loss) and plan.pp == 1:  # get_num_layers_to_build would build a layer fewer
+        raise fail(FMT, "pp_embedding / pp_loss count the embedding / loss as a pipeline layer: they need pp > 1")
     if plan.offload_optimizer == "nvme":
         raise fail(FMT, "offload_optimizer=nvme: Megatron offloads optimizer state to CPU memory only, not NVMe")
     if plan.offload_optimizer == "cpu" and plan.zero != 1:
@@ -219,7 +221,8 @@ def sharding_args(plan: Plan) -> list[str]:
 
 
 def pipeline_args(plan: Plan) -> list[str]:
-    """The layer split: even (nothing to say), first/last stage counts, or an explicit layout.
+    """The layer split: even (nothing to say), first/last stage counts, the embedding and the loss
+    counted as layers, or an explicit layout.
 
     Megatron's layout string lists chunks in virtual-stage order, ``E`` (embedding) first,
     ``t`` per transformer layer, ``L`` (loss / head) last, chunks separated by ``|``.
@@ -227,15 +230,40 @@ def pipeline_args(plan: Plan) -> list[str]:
     if plan.pp == 1:
         return []
     parts = model_parts(plan, FMT)
+    if plan.pp_embedding or plan.pp_loss:
+        return _slot_args(plan, parts)
     if len(set(parts)) == 1:
         return [] if plan.vpp == 1 else ["--num-layers-per-virtual-pipeline-stage", str(parts[0])]
     first, *middle, last = plan.layers_per_stage
     if plan.vpp == 1 and len(set(middle)) <= 1 and (not middle or middle[0] > 0):
         return ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+    return layout_args(parts)
+
+
+def layout_args(parts: list[int]) -> list[str]:
+    """``--pipeline-model-parallel-layout`` of model chunks holding ``parts`` blocks (virtual-stage
+    order), the embedding in the first and the loss in the last."""
     chunks = [f"t*{n}" if n > 1 else "t" * n for n in parts]
     chunks[0] = "E" + chunks[0]
     chunks[-1] += "L"
     return ["--pipeline-model-parallel-layout", "|".join(chunks)]
+
+
+def _slot_args(plan: Plan, parts: list[int]) -> list[str]:
+    """A split counting the embedding and / or the loss as a layer: Megatron-LM's own flags when every
+    stage holds the same units (core_v0.16.1 arguments.py: ``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split`` add one layer each to the count the stages share
+    evenly, ``--num-layers-per-virtual-pipeline-stage`` cuts it into chunks; megatron-core 0.16.1
+    ``get_num_layers_to_build`` then builds one layer fewer in the first chunk of the first stage
+    and the last chunk of the last), else the same chunks as a layout (which the account-for flags
+    cannot join: TransformerConfig refuses both)."""
+    units = [n + s for n, s in zip(plan.layers_per_stage, stage_slots(plan.pp, plan.pp_embedding, plan.pp_loss),
+                                   strict=True)]
+    if len(set(units)) > 1:
+        return layout_args(parts)
+    args = ["--account-for-embedding-in-pipeline-split"] if plan.pp_embedding else []
+    args += ["--account-for-loss-in-pipeline-split"] if plan.pp_loss else []
+    return args + (["--num-layers-per-virtual-pipeline-stage", str(units[0] // plan.vpp)] if plan.vpp > 1 else [])
 
 
 def recompute_args(plan: Plan) -> list[str]:
@@ -461,6 +489,7 @@ ARGS_FILE = "megatron_args.sh"
 ENTRY = "pretrain_gpt.py"  # Megatron-LM's GPT pre-training entry point (the default --script)
 # What the plan cannot know: each a required environment variable, so a job started without it
 # stops at once with the variable's name (bash ${VAR:?message}).
+TOKENIZER_WORDS = ("--tokenizer-type", "HuggingFaceTokenizer")  # the tokenizer is a Hugging Face one (TOKENIZER_MODEL)
 PLACEHOLDERS = (
     ("--data-path", "DATA_PATH", "your Megatron-indexed dataset prefix"),
     ("--tokenizer-model", "TOKENIZER_MODEL", "your Hugging Face tokenizer name or directory"),
@@ -486,9 +515,10 @@ class Megatron(Framework):
                "fp8": ("none", "delayed", "tensorwise", "mxfp8")}
     reports_hardware_flops = True
     layer_recompute = "first"  # --recompute-method block
+    pipeline_slots = True  # --account-for-embedding/loss-in-pipeline-split, or a layout with them
     # what check_expressible and the compress=bf16 rule read (no cp, ep or vpp: Megatron runs them all)
     config_fields = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "zero", "schedule", "offload_optimizer",
-                     "offload_params", "compress", *RECIPE_KEYS)
+                     "offload_params", "compress", *RECIPE_KEYS, *SLOT_KEYS)
     # its fused bias-SwiGLU and in-place vocab-parallel cross-entropy (Assumptions' docs)
     behaviour = {"swiglu_kept": 3.0, "fused_loss_fuses_mlp": False, "loss_workspace_bytes_per_vocab": 2.0,
                  "loss_workspace_bytes_per_vocab_tp": 2.0}
@@ -544,19 +574,22 @@ class Megatron(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """``pretrain_gpt.py "${MEGATRON_ARGS[@]}"`` with the data, tokenizer and checkpoint
-        placeholders (required inputs), and CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
+        placeholders (required inputs; a ``--script`` is given those set, :func:`input_words`), and
+        CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *launch_args(lambda var, _: f'"${var}"')]
+        inputs = (launch_args(lambda var, _: f'"${var}"') if launch.script is None else
+                  [*TOKENIZER_WORDS, *(w for flag, var, _ in PLACEHOLDERS for w in input_words(flag, var, launch))])
+        words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *inputs]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
                        prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
-                       required={var: what for _, var, what in PLACEHOLDERS})
+                       required={} if launch.script else {var: what for _, var, what in PLACEHOLDERS})
 
 
 def launch_args(value: Callable[[str, str], str]) -> list[str]:
     """The words the launch passes after the bundle's arguments: the tokenizer type and each of
     :data:`PLACEHOLDERS` with ``value(VARIABLE, what it is)`` (the launch: the required variable's value)."""
-    words = ["--tokenizer-type", "HuggingFaceTokenizer"]
+    words = list(TOKENIZER_WORDS)
     for flag, var, what in PLACEHOLDERS:
         words += [flag, value(var, what)]
     return words

@@ -12,6 +12,7 @@ declarations (:meth:`~autoplace.frameworks.base.Framework.plan_check`), never fr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +22,17 @@ from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
 from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, unstated_recipe
-from autoplace.plan import FIRST_FULL, PER_LAYER, RECIPE_KEYS, RECOMPUTE, Config, Plan, even_split, with_pins
+from autoplace.plan import (
+    FIRST_FULL,
+    PER_LAYER,
+    RECIPE_KEYS,
+    RECOMPUTE,
+    SLOT_KEYS,
+    Config,
+    Plan,
+    split_units,
+    with_pins,
+)
 from autoplace.specs.cluster import ClusterSpec, fp8_refusal
 from autoplace.specs.model import ModelSpec
 
@@ -31,16 +42,20 @@ def members(framework: str) -> list[Framework]:
     return [get(f) for f in FRAMEWORKS] if framework == ANY else [get(framework)]
 
 
-def search_limits(framework: Framework, fixed: dict[str, Any], features: set[str]) -> tuple[dict[str, Any], set[str]]:
+def search_limits(framework: Framework, model: ModelSpec, fixed: dict[str, Any], features: set[str]
+                  ) -> tuple[dict[str, Any], set[str]]:
     """The user's ``--fix`` values with the framework's pinned degrees added, and the features left.
 
     Raises:
-        SpecError: the user pinned a degree the framework cannot run.
+        SpecError: the user pinned a degree the framework cannot run, or cannot run for this model.
     """
     for key, value in framework.pinned_degrees.items():
         if key in fixed and int(fixed[key]) != value:
             raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} (it supports only {key}={value})",
                             field="--fix")
+    for key, why in framework.degree_refusals(model).items():
+        if int(fixed.get(key, 1)) > 1:
+            raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} for {model.name}: {why}", field="--fix")
     return {**framework.pinned_degrees, **fixed}, features - framework.denied_features
 
 
@@ -78,8 +93,19 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
         test = admissible(members(ANY), model, given)
         options["costings"], options["costing_key"], options["recompute_forms"] = test.costings, test.costing, test.forms
         options["microbatching"], options["forced_split"] = test.microbatching, test.split
+    # the embedding / loss as pipeline layers: where a framework of the group states them (the theoretical optimum too)
+    slots = framework == NONE or any(f.pipeline_slots for f in able)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, recipes=recipes,
-                   **options)
+                   pipeline_slots=slots, **options)
+
+
+# Assumptions fields a framework's behaviour sets, and the configurations on which they change
+# nothing: the deferred sync only a pipeline with ZeRO >= 2 (Context.deferred_sync), the gathered
+# replicas only ZeRO-0 (terms_memory's replicas)
+IDLE_BEHAVIOUR: dict[str, Callable[[Config], bool]] = {
+    "pipeline_defers_grad_sync": lambda c: c.pp == 1 or c.zero < 2,
+    "replicas_keep_gathered": lambda c: c.zero != 0,
+}
 
 
 def shared_costing(group: Sequence[Framework], assumptions: Any) -> Any:
@@ -134,19 +160,20 @@ def framework_problem(framework: Framework, model: ModelSpec, cluster: ClusterSp
     why = framework.model_refusal(model) or fixed_recipe_refusal(framework, model, fixed)
     if why:
         raise Infeasible(why)
-    fixed, features = search_limits(framework, fixed, features)
+    fixed, features = search_limits(framework, model, fixed, features)
     model, assumptions = framework.costing(model, options.pop("assumptions", DEFAULT))
     test = admissible([framework], model)
     return Problem(model, cluster, fixed=fixed, features=frozenset(features), admissible=test, assumptions=assumptions,
                    recipes=recipe_choices([framework], cluster, features), recompute_forms=test.forms,
-                   microbatching=test.microbatching, forced_split=test.split, **options)
+                   microbatching=test.microbatching, forced_split=test.split, pipeline_slots=framework.pipeline_slots,
+                   **options)
 
 
 def fixed_recipe_refusal(framework: Framework, model: ModelSpec, fixed: dict[str, Any]) -> str | None:
     """Why ``framework`` can run no plan with the recipe keys ``fixed`` holds (by ``--fix`` or the
     model file's ``training.recipe``), naming which held it; None when its config states them all."""
     pins = model.training.recipe_pins.values()
-    for key in RECIPE_KEYS:
+    for key in (*RECIPE_KEYS, *SLOT_KEYS):
         why = recipe_refusal(framework, key, fixed[key]) if key in fixed else None
         if why:
             return f"{why}; pinned by " + (f"the model file's training.recipe.{key}" if key in pins else "--fix")
@@ -187,15 +214,27 @@ class Admission:
                 self.costings += (costed,)
             by_costing.setdefault(self.costings.index(costed) + 1, []).append(_Judge(f, f.config_check(model)))
         self._by_costing = by_costing
+        # where a framework's behaviour changes nothing its costing is another's that differs only there
+        # (torchtitan's and FSDP2's on ZeRO-2 without a pipeline): each costing's index with each set
+        # of idle behaviours as given
+        self._alike: dict[tuple[int, tuple[str, ...]], int] = {}
+        for k in list(by_costing):
+            costed_model, costed_assume = self.costings[k - 1]
+            for idle in itertools.product(*[((), (name,)) for name in IDLE_BEHAVIOUR]):
+                names = tuple(name for part in idle for name in part)
+                alike = (costed_model, costed_assume.replace(**{name: getattr(assumptions, name) for name in names}))
+                if alike not in self.costings:
+                    self.costings += (alike,)
+                self._alike[k, names] = self.costings.index(alike) + 1
         self._table = layer_table(model)
         self._no_recompute = (RECOMPUTE[0],) * self._table.blocks
-        self._layouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (pp, vpp) -> blocks per stage
+        self._layouts: dict[tuple[int, int, bool, bool], tuple[int, ...]] = {}  # (pp, vpp, slots) -> blocks per stage
         self._splits: dict[tuple[str, int], tuple[int, ...] | None] = {}  # (framework, pp) -> its forced split
         # a framework that cannot state a configuration's recipe, or that runs one of its degrees
         # only at another value (FSDP2's pp=1), refuses it whatever else it holds: its check is
         # asked only of the configurations it may express, found by those values
         pinned = sorted({key for judges in by_costing.values() for j in judges for key in j.framework.pinned_degrees})
-        self._screen_key = operator.attrgetter(*RECIPE_KEYS, *pinned)
+        self._screen_key = operator.attrgetter(*RECIPE_KEYS, *SLOT_KEYS, *pinned)
         self._screened: dict[tuple[Any, ...], list[tuple[int, list[_Judge]]]] = {}
         self._last: tuple[Config | None, _Verdict] = (None, (False, 0, 0, None, None))
         self._plan: tuple[Config | None, Plan | None] = (None, None)  # the last configuration's, built once
@@ -261,6 +300,7 @@ class Admission:
         free = False  # one that runs every micro-batching expresses it
         any_split, forced = False, None  # one that takes any split expresses it; the split the others make
         for k, judges in self._screen(config):  # while a framework may add a costing (two: the shared one), a
+            k = self._alike[k, tuple(name for name, idle in IDLE_BEHAVIOUR.items() if idle(config))]
             for judge in judges:  # form, or the micro-batchings or the split of those that express it are limited
                 news = ((k not in costed and len(costed) < 2) or forms != 1 << PER_LAYER or bool(ruled and not free)
                         or not any_split)
@@ -300,16 +340,17 @@ class Admission:
         """``config``'s plan as the search judges it: an even split, no recompute."""
         judged, plan = self._plan
         if judged is not config or plan is None:
-            plan = config.to_plan(self._layout(config.pp, config.vpp), self._no_recompute)
+            plan = config.to_plan(self._layout(config), self._no_recompute)
             self._plan = (config, plan)
         return plan
 
-    def _layout(self, pp: int, vpp: int) -> tuple[int, ...]:
-        """Blocks per stage of an even split into ``pp`` stages of ``vpp`` chunks (stage s: chunks s, s+pp)."""
-        if (pp, vpp) not in self._layouts:
-            split = even_split(self._table.blocks, pp * vpp)
-            self._layouts[pp, vpp] = tuple(sum(split[s::pp]) for s in range(pp))
-        return self._layouts[pp, vpp]
+    def _layout(self, config: Config) -> tuple[int, ...]:
+        """Blocks per stage of the even split of ``config``'s whole model chunks
+        (:func:`~autoplace.plan.split_units`: its pipeline depth, interleave and embedding / loss places)."""
+        key = (config.pp, config.vpp, config.pp_embedding, config.pp_loss)
+        if key not in self._layouts:
+            self._layouts[key] = split_units(self._table.blocks, *key)
+        return self._layouts[key]
 
 
 # Admission's verdict on a shape: admitted, its costing, its recompute forms, the frameworks whose

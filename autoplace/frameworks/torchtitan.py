@@ -31,7 +31,7 @@ from autoplace.emit._common import (
     training_dtype,
     uniform_recompute,
 )
-from autoplace.emit.launch import Launch, bash_array
+from autoplace.emit.launch import Launch, bash_array, input_words
 from autoplace.errors import EmitError
 from autoplace.frameworks._torchtitan_pipeline import schedule_refusal
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
@@ -632,13 +632,15 @@ class Torchtitan(Framework):
 
     def program(self, plan: Plan, model: ModelSpec, launch: Launch) -> Program:
         """torchtitan's own entry point with the bundle's TOML (``-m torchtitan.train``) and the
-        tokenizer's directory (a required input); a ``--script`` other than the default runs in its place."""
+        tokenizer's directory (a required input); a ``--script`` runs in its place, given the
+        tokenizer's directory when it is set (:func:`input_words`)."""
         del plan, model
         q = shlex.quote
         entry = ("-m", "torchtitan.train") if launch.script is None else (q(launch.script),)
         var, what = TOKENIZER_INPUT
-        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}', "--model.hf_assets_path",
-                        f'"${var}"', *(q(a) for a in launch.args), '"$@"'), required={var: what})
+        return Program((*entry, "--job.config_file", f'"$AUTOPLACE_BUNDLE"/{CONFIG}',
+                        *input_words("--model.hf_assets_path", var, launch), *(q(a) for a in launch.args), '"$@"'),
+                       required={} if launch.script else {var: what})
 
     def read(self, path: Path, model: ModelSpec, cluster: ClusterSpec) -> ReadConfig:
         return ReadConfig(plan_from_torchtitan(path, model, cluster), self.name, True)

@@ -89,6 +89,8 @@ def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
         return _deepspeed_reason(plan)
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
         return "NVMe offload is not implemented by the runtime"
+    if plan.pp_embedding or plan.pp_loss:  # virtual_stages cuts each rank's blocks into equal chunks
+        return "pp_embedding / pp_loss: the runtime's pipelines cut equal chunks and do not count the embedding or loss"
     if plan.offload_optimizer != "none" and plan.zero == 0:
         return "optimizer offload needs zero >= 1 (FSDP2 CPUOffloadPolicy)"
     return None
@@ -166,6 +168,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "dp_shard": plan.dp_shard, "vpp": plan.vpp, "sp": plan.sp, "zero": plan.zero, "mbs": plan.mbs,
             "grad_accum": plan.grad_accum, "schedule": plan.schedule, "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "compress": plan.compress, "powersgd_rank": plan.powersgd_rank,
+            "pp_embedding": plan.pp_embedding, "pp_loss": plan.pp_loss,
             "recompute": list(plan.recompute), "layers_per_stage": list(plan.layers_per_stage)}
 
 

@@ -50,21 +50,31 @@ def read_document(path: str | Path, kind: str | None = None) -> dict[str, Any]:
     """
     p = Path(path)
     src = str(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"cannot read file ({exc.strerror or exc})", source=src) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpecError(f"file is {len(raw)} bytes; at most {MAX_FILE_BYTES} are accepted", source=src)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"not UTF-8 text (bad byte at offset {exc.start})", source=src) from None
+    text = read_text(p)
     kind = kind or {".json": "json", ".toml": "toml"}.get(p.suffix.lower(), "yaml")
     data = {"json": _parse_json, "yaml": _parse_yaml, "toml": _parse_toml}[kind](text, src)
     if not isinstance(data, dict):
         raise SpecError(f"top level must be a mapping of keys, got {_kind(data)}", source=src)
     return data
+
+
+def read_text(path: str | Path) -> str:
+    """A user's text file (a config, a list of arguments), bounded in size and decoded as UTF-8.
+
+    Raises:
+        SpecError: unreadable, larger than MAX_FILE_BYTES, or not UTF-8.
+    """
+    src = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read file ({exc.strerror or exc})", source=src) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(f"file is {len(raw)} bytes; at most {MAX_FILE_BYTES} are accepted", source=src)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text (bad byte at offset {exc.start})", source=src) from None
 
 
 def read_shipped(path: Path) -> dict[str, Any]:
@@ -94,7 +104,9 @@ def _parse_toml(text: str, src: str) -> Any:
 
 def _parse_json(text: str, src: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise SpecError(f"invalid JSON: {exc}", source=src) from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=src) from None
     except _ConstantError as exc:
@@ -102,6 +114,19 @@ def _parse_json(text: str, src: str) -> Any:
         raise SpecError(f"invalid JSON at line {line} column {column}: {exc}", source=src) from None
     except (ValueError, RecursionError) as exc:
         raise SpecError(f"invalid JSON: {exc}", source=src) from None
+
+
+class _RepeatedKey(ValueError):
+    """A key given twice in one object: Python's json keeps the last silently."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(f"key {one_line(key)!r} given twice in one object; give it once")
+        out[key] = value
+    return out
 
 
 class _ConstantError(ValueError):
@@ -130,12 +155,25 @@ def _line_column(text: str, offset: int) -> tuple[int, int]:
 
 
 class _CountingLoader(yaml.SafeLoader):
-    """SafeLoader that refuses documents expanding to more than MAX_YAML_NODES nodes."""
+    """SafeLoader that refuses documents expanding to more than MAX_YAML_NODES nodes, and a key
+    given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         if _count_nodes(node, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise yaml.YAMLError(f"document expands to more than {MAX_YAML_NODES} nodes (alias bomb?)")
         return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge (<<) may override its keys; a list or mapping key is refused below
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice; give it once",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _count_nodes(root: yaml.Node, limit: int) -> int:

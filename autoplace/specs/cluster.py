@@ -171,6 +171,9 @@ class GPUProfile(Strict):
     hbm_efficiency: Fraction = 0.8
     sustained_fraction: Fraction = 1.0
     throughput_error: float = Field(0.2, ge=0, le=10, allow_inf_nan=False)
+    # the best MFU a published run reached on this GPU, per compute dtype (autoplace.sanity): a
+    # prediction above it is reported with the term that lifts it; None or a dtype left out: unknown
+    best_published_mfu: DtypeFractions | None = None
     # The vendor's reference node for this GPU (DGX/HGX), used when a cluster is given as
     # flags (--cluster 4x8xh100) or a cluster.yaml leaves the links out; see sources.defaults.
     aliases: list[str] = []

@@ -22,6 +22,7 @@ from typing import Any
 from autoplace.errors import SpecError
 from autoplace.specs import _hf_more as more
 from autoplace.specs._hf_read import (
+    _ROPE_KEYS,
     SEQ_LEN_CAP,
     _activation,
     _decoder_shape,
@@ -393,6 +394,10 @@ def hf_key(config: Mapping[str, Any], field: str) -> str | None:
     Returns:
         The key, or None when the field does not come from one key (``name``, ``ffn``, ...).
     """
+    scaling = config.get("rope_scaling")
+    if field.startswith("rope_scaling.") and isinstance(scaling, Mapping):  # a key of the config's rope_scaling
+        key = _ROPE_KEYS.get(field.split(".", 1)[1])
+        return f"rope_scaling.{key}" if key in scaling else None
     family = _FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
     keys = family.keys.get(field, ()) if family else ()
     return next((k for k in keys if config.get(k) is not None), keys[-1] if keys else None)

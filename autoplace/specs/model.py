@@ -129,9 +129,17 @@ class LoRA(Strict):
     @field_validator("targets")
     @classmethod
     def _no_repeats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"targets repeat a projection: {value}")
+        repeated = sorted({t for t in value if value.count(t) > 1})
+        if repeated:
+            raise ValueError(f"names {', '.join(repeated)} more than once; give each projection once")
         return value
+
+
+def lora_refusal(method: str | None, lora_given: bool) -> str | None:
+    """Why LoRA settings cannot go with ``method``: they train adapters, which method full has none of."""
+    if method == "full" and lora_given:
+        return "LoRA settings need method lora or qlora (training.method, or --method); the method is full"
+    return None
 
 
 class RecipePins(Strict):
@@ -186,6 +194,17 @@ class Training(Strict):
     def frozen_base(self) -> bool:
         """Whether the base weights are frozen (LoRA and QLoRA)."""
         return self.method != "full"
+
+    @field_validator("lora")
+    @classmethod
+    def _adapters_need_a_frozen_base(cls, value: LoRA, info: ValidationInfo) -> LoRA:
+        # settings other than the defaults beside method full change nothing: a mistake to name, in a
+        # file as on the command line (with_overrides names the flags); the defaults pass, so a dumped
+        # spec loads again
+        why = lora_refusal(info.data.get("method"), value != LoRA())
+        if why:
+            raise ValueError(why)
+        return value
 
     @field_validator("precision")
     @classmethod
@@ -567,12 +586,14 @@ class ModelOrigin:
     seq_len_value: Any = None
 
 
-def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> tuple[ModelSpec, ModelOrigin]:
-    """:func:`load_model`, with the :class:`ModelOrigin` of what was read."""
+def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None,
+               overrides_source: str | None = None) -> tuple[ModelSpec, ModelOrigin]:
+    """:func:`load_model`, with the :class:`ModelOrigin` of what was read; ``overrides_source``: where
+    the overrides come from when they are not the command line's flags (:func:`with_overrides`)."""
     from autoplace.specs.hf import hf_key
 
     data = read_document(path)
-    spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {}, source=str(path))
+    spec = with_overrides(model_from_dict(data, source=str(path)), overrides or {}, source=overrides_source)
     given = {k for k, v in (overrides or {}).items() if v is not None}
     training: dict[str, Any] = data["training"] if isinstance(data.get("training"), dict) else {}
     defaulted = [] if "global_batch" in given or "global_batch" in training else ["global_batch"]
@@ -587,26 +608,67 @@ def read_model(path: str | Path, *, overrides: dict[str, Any] | None = None) -> 
     return spec, ModelOrigin("hf", str(data["model_type"]), tuple(defaulted), key, value if key else None)
 
 
-def with_overrides(spec: ModelSpec, overrides: dict[str, Any], *, source: str) -> ModelSpec:
+def with_overrides(spec: ModelSpec, overrides: dict[str, Any], *, source: str | None = None) -> ModelSpec:
     """Return ``spec`` with ``seq_len``, ``global_batch``, the training ``method``, ``paged_optimizer``
-    or a LoRA field (``lora_rank``, ``lora_alpha``, ``lora_targets``) replaced, validated like the file."""
-    if not overrides:
+    or a LoRA field (``lora_rank``, ``lora_alpha``, ``lora_targets``) replaced, validated like the file.
+
+    ``method`` full drops the spec's LoRA settings unless LoRA overrides come with it: asked to
+    train every weight, a LoRA fine-tuning file's adapter settings no longer apply.
+
+    Args:
+        source: where the overrides come from (a config file), named by an error; None: they are
+            the command line's flags, and an error names the flag that set the value it refuses
+            (``--lora-rank``: the command line's ``--lora-rank`` is the ``lora_rank`` override).
+
+    Raises:
+        SpecError: an override the spec refuses, named as above (the spec itself was valid).
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
         return spec
-    data = spec.model_dump(exclude_none=True)
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key in ("global_batch", "method", "paged_optimizer"):
-            data.setdefault("training", {})[key] = value
-        elif key in _LORA_OVERRIDES:
-            data.setdefault("training", {}).setdefault("lora", {})[_LORA_OVERRIDES[key]] = value
-        elif key == "seq_len":
-            data["seq_len"] = value
-        else:
-            raise SpecError(f"cannot override {key!r}; valid: seq_len, global_batch, method, paged_optimizer, "
-                            f"{', '.join(_LORA_OVERRIDES)}", source=source)
-    return validate(type(spec), data, source=source)
+    unknown = sorted(set(given) - set(_OVERRIDES))
+    if unknown:
+        raise SpecError(f"cannot override {unknown[0]!r}; valid: {', '.join(_OVERRIDES)}", source=source)
+    data = spec.model_dump(exclude_unset=True)  # what was given: a default stays a default
+    training = data.setdefault("training", {})
+    if given.get("method") == "full" and not given.keys() & _LORA_KEYS:
+        training.pop("lora", None)
+    for key, value in given.items():
+        node = data
+        *parents, leaf = _OVERRIDES[key].split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    lora_flags = [k for k in given if k in _LORA_KEYS]  # given at all, the defaults' values too
+    why = lora_refusal(training.get("method", "full"), bool(lora_flags))
+    if why:
+        raise SpecError(why, source=source or ", ".join(map(_flag, lora_flags)))
+    try:
+        return validate(type(spec), data, source=source or "")
+    except SpecError as exc:
+        if source is not None:
+            raise
+        flags = _flags_setting(exc.field or "", given)
+        if flags:  # the field a flag sets, or one inside or around it (training.lora for --lora-rank)
+            raise SpecError(exc.detail, source=", ".join(flags)) from None
+        # another field the flags made invalid (a rule across fields): the flags and that field
+        raise SpecError(exc.detail, source=", ".join(map(_flag, given)), field=exc.field) from None
 
 
-# override key -> field of training.lora (the CLI's --lora-rank, --lora-alpha, --lora-targets)
-_LORA_OVERRIDES = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targets"}
+# override key -> the field it sets; the command line's flag of each is --KEY with "-" for "_" (--lora-rank)
+_OVERRIDES = {"seq_len": "seq_len", "global_batch": "training.global_batch", "method": "training.method",
+              "paged_optimizer": "training.paged_optimizer", "lora_rank": "training.lora.rank",
+              "lora_alpha": "training.lora.alpha", "lora_targets": "training.lora.targets"}
+_LORA_KEYS = {"lora_rank", "lora_alpha", "lora_targets"}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _flags_setting(field: str, given: dict[str, Any]) -> list[str]:
+    """The flags among ``given`` whose field is ``field``, inside it, or holds it (a nested error)."""
+    def related(path: str) -> bool:
+        return bool(field) and (path == field or path.startswith(field + ".") or field.startswith(path + "."))
+
+    return [_flag(k) for k in given if related(_OVERRIDES[k])]
