@@ -190,7 +190,8 @@ def _fullest_partition(opt: Any) -> list[str]:
     import numpy as np
     import torch.distributed as dist
 
-    totals, group = 0, None
+    totals: Any = None  # elements per data-parallel rank, over the groups
+    group = None
     for i, tensors in enumerate(opt.round_robin_bit16_groups):
         if opt._use_compact_grad_partition_buffer(i):
             return []
@@ -201,9 +202,12 @@ def _fullest_partition(opt: Any) -> list[str]:
         lo = np.arange(parts) * size
         first = np.searchsorted(ends, lo, side="right")  # a tensor ending inside or after the part's start
         last = np.searchsorted(starts, lo + size, side="left")  # ... and starting before its end
-        totals = totals + counted[np.maximum(last, first)] - counted[first]
+        held = counted[np.maximum(last, first)] - counted[first]
+        if totals is not None and totals.shape != held.shape:  # groups over other ranks (AutoEP's experts)
+            return []
+        totals = held if totals is None else totals + held
         group = opt.real_dp_process_group[i]
-    if group is None:
+    if group is None or totals is None:
         return []
     fullest = int(np.argmax(totals))
     element = opt.bit16_groups_flat[0].element_size()
