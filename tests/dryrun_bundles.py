@@ -43,18 +43,21 @@ def write_test_bundle(out: Path, model: Path | dict[str, Any], cluster: str, pla
 CLUSTER = "1x8xa100-sxm4-80gb"  # 8 ranks: pipelines of 2 and 4 stages, ZeRO over 8
 
 
-def hf_bundle(root: Path, family: str, plan: str, framework: str, method: str = "full", global_batch: int = 64
-              ) -> Path:
+def hf_bundle(root: Path, family: str, plan: str, framework: str, method: str = "full", global_batch: int = 64,
+              lora_rank: int | None = None) -> Path:
     """``framework``'s bundle of ``plan`` on 8 A100s for tests/data/hf/``family`` with its layers shrunk (as
-    tests/test_architectures.py does), trained with ``method`` (full, lora, qlora) at ``global_batch``."""
+    tests/test_architectures.py does), trained with ``method`` (full, lora, qlora) at ``global_batch``, its
+    adapters of ``lora_rank`` (None: the model's)."""
     from tests.test_architectures import shrunk
 
     config = root / f"{Path(family).stem}-shrunk.json"
     if not config.is_file():
         config.write_text(json.dumps(shrunk(family)))
-    name = f"{framework}-{Path(family).stem}-{method}-{plan.replace(',', '_').replace('=', '')}-{global_batch}"
-    return write_test_bundle(root / name, config, CLUSTER, plan, framework,
-                             overrides={"global_batch": global_batch, **({"method": method} if method != "full" else {})})
+    name = (f"{framework}-{Path(family).stem}-{method}{lora_rank or ''}-{plan.replace(',', '_').replace('=', '')}"
+            f"-{global_batch}")
+    overrides = {"global_batch": global_batch, **({"method": method} if method != "full" else {}),
+                 **({"lora_rank": lora_rank} if lora_rank else {})}
+    return write_test_bundle(root / name, config, CLUSTER, plan, framework, overrides=overrides)
 
 
 def unpadded(bundle: Path, stage: int = 0) -> dict[str, float]:

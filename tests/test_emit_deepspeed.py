@@ -37,7 +37,7 @@ dsc = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not i
 PLANS = ["zero=0", "zero=1,mbs=2", "zero=2,recompute=selective", "zero=3,recompute=full",
          "zero=3,preset=hsdp", "zero=3,offload_optimizer=cpu,offload_params=cpu",
          "zero=3,offload_optimizer=nvme,offload_params=nvme", "zero=2,offload_optimizer=cpu",
-         "tp=2,sp=false,zero=1", "tp=4,sp=false,zero=2,mbs=2", "pp=2,zero=1,recompute=full", "pp=4,zero=0",
+         "tp=2,sp=false,zero=1", "tp=4,sp=false,zero=2,mbs=2", "pp=2,zero=1,recompute=full", "pp=4,zero=1",
          "tp=2,pp=2,sp=false,zero=1"]
 
 
@@ -116,6 +116,24 @@ def test_precision_follows_the_model_recipe(precision: str, enabled: str | None,
     assert parsed.float16_config.enabled == (enabled == "fp16")
     assert parsed.bfloat16_config.enabled == (enabled == "bf16")
     assert parsed.grad_accum_dtype == ("fp32" if precision == "bf16-fp32-grads" else None)
+
+
+def test_zero0_under_a_bf16_pipeline_is_zero1_as_deepspeed_runs_it() -> None:
+    """DeepSpeed's pipeline engine trains bf16 at stage 0 with BF16_Optimizer, which shards the fp32 master and
+    Adam over data parallelism: the plan is refused naming zero=1, and a config saying stage 0 reads as zero=1
+    (its dry run measures BF16_Optimizer's bytes against a zero=1 plan: tests/test_dryrun_deepspeed.py)."""
+    plan = make_plan("pp=4,zero=0", MODEL, CLUSTER16)
+    with pytest.raises(EmitError, match=r"zero=0 with pp=4 in bf16: .*BF16_Optimizer.*use zero=1 with dp_shard=4"):
+        emit_deepspeed(plan, MODEL, CLUSTER16)
+    cfg = emit_deepspeed(make_plan("pp=4,zero=1", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    cfg["zero_optimization"] = {"stage": 0}
+    notes: list[str] = []
+    read = plan_from_deepspeed(cfg, MODEL, CLUSTER16, notes=notes)
+    assert (read.zero, read.dp_shard, read.dp_replicate) == (1, 4, 1) and any("BF16_Optimizer" in n for n in notes)
+    for precision in ("fp16", "fp32"):  # FP16_Optimizer and the bare optimizer keep every state whole
+        model = small_model(precision)
+        assert emit_deepspeed(make_plan("pp=4,zero=0", model, CLUSTER16), model, CLUSTER16)["zero_optimization"] == {
+            "stage": 0}
 
 
 @pytest.mark.parametrize("per_node, domain, hpz", [(8, None, 8), (4, None, 4), (4, 8, 8), (2, 72, 16)])

@@ -171,6 +171,57 @@ class Assumptions:
             each use of the weight (forward, backward's input gradient, a recompute):
             bitsandbytes' ``dequantize_4bit`` reads the packed weight (0.5) and writes it in the
             compute dtype (2); its absmax constants are 1/64 of that.  Default 2.5.
+        zero12_flat_partitions: whether ZeRO-1/2 flatten every trainable parameter into one buffer cut
+            into dp equal parts, a rank's part ending wherever it falls (DeepSpeed 0.19 stage_1_and_2.py
+            ``DeepSpeedZeroOptimizer.__init__``, ``get_partition_info``): a ZeRO-2 rank copies the whole
+            gradient of every parameter overlapping its part into ``grads_in_partition``
+            (``copy_grads_in_partition``), so the rank whose part overlaps most -- a large embedding it
+            lies in, and a parameter at each end -- holds more than 1/dp; ZeRO-Offload stages the largest
+            parameter's gradient on the device and the host (``temp_grad_buffer_for_gpu_offload`` /
+            ``_cpu_offload``) and, while it accumulates, keeps every overlapping parameter's 16-bit
+            gradient on the host (``async_accumulate_grad_in_cpu_via_gpu``).  Costed from the model's
+            parameter tensors in the order it registers them (:mod:`autoplace.cost.flat`).  A framework
+            ``behaviour`` (DeepSpeed: True); False shards each gradient exactly (FSDP2, Megatron).
+        zero_master_clone: whether ZeRO (1-3) keeps an fp32 master copy of the rank's partition even when the
+            weights are fp32 already: 4 + 8 bytes of optimizer state per parameter of the partition, not 8.
+            DeepSpeed 0.19 clones it (stage_1_and_2.py ``single_partition_of_fp32_groups``: ``.clone()``
+            whatever the dtype; stage3.py ``_create_fp32_partitions`` shares a partition already fp32 only
+            when its device equals ``self.device``, the device's *name*, a str no torch.device equals, so it
+            clones too); its dry run measures 12 bytes (tests/test_dryrun_deepspeed.py).  Without ZeRO it
+            runs the torch optimizer on the weights.  A framework ``behaviour`` (DeepSpeed: True).
+        zero3_grad_buffer_kept: whether ZeRO-3 allocates the rank's gradient partitions at initialize
+            and keeps them, so they count at the start of backward even without accumulation (DeepSpeed
+            0.19 stage3.py ``_setup_for_real_optimizer``: ``grad_partitions_flat_buffer``); False: they are
+            allocated at the step's first reduce-scatter and freed by ``zero_grad`` (FSDP2).  A framework
+            ``behaviour`` (DeepSpeed: True).
+        zero3_adapters_fp32: whether LoRA adapters stay fp32 under ZeRO-3 (4 bytes a parameter, not the
+            recipe's 2; their fp32 master is a copy all the same, as ``zero_master_clone`` says): PEFT makes
+            them fp32 (``autocast_adapter_dtype``) after transformers built the 16-bit base under
+            ``zero.Init``, and DeepSpeed partitions them without a cast (runtime/zero/parameter_offload.py
+            ``_convert_to_zero_parameters``; engine.py ``_cast_module_mixed_precision`` casts nothing in a
+            zero-init model).  QLoRA's 4-bit model is built outside ``zero.Init`` and cast whole; ZeRO-1/2
+            cast every parameter.  DeepSpeed's LoRA behaviour.
+        offload_host_partition_copy: whether ZeRO-Offload keeps one more 16-bit copy of the rank's
+            partition on the host, pinned: ZeRO-3 its gradient partition buffer (stage3.py
+            ``_setup_for_real_optimizer``, on the offload device), ZeRO-1/2 the weights it copies back from
+            (stage_1_and_2.py ``param_buffer_of_bit16_for_cpu_offload_groups``).  A framework
+            ``behaviour`` (DeepSpeed: True).
+        reduce_buckets: the gradient buckets a data-parallel reduction holds: ``cap`` two of
+            ``comm_bucket_MiB`` (DDP's ``bucket_cap_mb``, double-buffered) at every ZeRO level; ``size``
+            the framework's ``reduce_bucket_size`` elements (:func:`autoplace.cost.terms_time.zero3_buckets`)
+            in the gradient dtype, allocated at initialize: two at ZeRO-1/2 with ``overlap_comm`` outside
+            a pipeline (which turns it off), one at ZeRO-3, none at ZeRO-0, whose engine all-reduces the
+            ``.grad`` tensors themselves (DeepSpeed 0.19 stage_1_and_2.py / stage3.py ``ipg_buckets``;
+            engine.py ``_configure_zero_optimizer``).  DeepSpeed: ``size``.
+        ddp_bucket_copy: whether plain data parallelism keeps its reducer's flat buckets beside autograd's
+            ``.grad`` (PyTorch DDP with ``gradient_as_bucket_view=False``, its default and accelerate's
+            ``DistributedDataParallelKwargs``' default: torch/nn/parallel/distributed.py): two copies of
+            every replicated gradient, the buckets from construction on.  accelerate's behaviour for the
+            user's own script; the bundle's PEFT script passes ``gradient_as_bucket_view=True``.
+        frozen_base_in_compute_dtype: whether a LoRA base is stored in the compute dtype rather than the
+            recipe's ``param_bytes``: the bundle's PEFT script loads it with ``dtype=COMPUTE_DTYPE`` and
+            accelerate upcasts only trainable parameters to fp32 for FSDP2 (accelerate 1.15
+            utils/fsdp_utils.py ``fsdp2_prepare_model``; DDP casts nothing).  accelerate's behaviour.
         compute_scale, bandwidth_scale: calibration factors (measured / predicted compute
             time; predicted / measured link time); 1 when uncalibrated.
     """
@@ -212,6 +263,14 @@ class Assumptions:
     qgz_quant_bytes: float = 5.0
     powersgd_hbm_passes: float = 11.0
     nf4_dequant_bytes: float = 2.5
+    zero12_flat_partitions: bool = False
+    zero_master_clone: bool = False
+    zero3_grad_buffer_kept: bool = False
+    zero3_adapters_fp32: bool = False
+    offload_host_partition_copy: bool = False
+    reduce_buckets: str = "cap"
+    ddp_bucket_copy: bool = False
+    frozen_base_in_compute_dtype: bool = False
     compute_scale: float = 1.0
     bandwidth_scale: float = 1.0
 

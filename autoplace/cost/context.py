@@ -24,6 +24,8 @@ from autoplace.specs.model import Precision
 
 Array = np.ndarray
 MODES = 3  # recompute: none, selective, full
+# bytes per weight of a model loaded in the dtype its training computes in (fp8 GEMMs run on bf16 weights)
+LOADED_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "tf32": 4.0, "fp32": 4.0}
 
 
 def group_layout(tp: Array, cp: Array, ep: Array, dp_shard: Array, dp_rep: Array, pp: Array) -> dict[str, tuple[Array, Array]]:
@@ -87,6 +89,7 @@ class Context:
     pad_frozen_dense: Array  # [C, 1, K, 1]
     pad_frozen_exp: Array  # [C, 1, K, 1]
     pad_frozen_edge: Array  # [C, S]
+    quant_state: Array  # bytes of their quantization constants, whole on every rank [C, 1, K, 1]
     stages: Array | None = None  # the stage each entry of the stage axis stands for (None: 0..S-1; see ends)
 
     @property
@@ -127,6 +130,17 @@ class Context:
     def last(self) -> Array:
         """1.0 on each candidate's last stage ``[C, S]``."""
         return (self._stage_index()[None, :] == (self.cand.pp[:, None] - 1)).astype(float)
+
+    @property
+    def master_clone(self) -> Array:
+        """Whether each candidate's ZeRO clones fp32 weights into a separate fp32 master ``[C]``
+        (``Assumptions.zero_master_clone``; a recipe with a master copy has one already)."""
+        return (self.cand.zero >= 1) & self.assume.zero_master_clone & (not self.recipe.master_copy)
+
+    @property
+    def base_bytes(self) -> float:
+        """Bytes a frozen base's weight (one not stored in 4 bit) takes: :func:`frozen_base_bytes`."""
+        return frozen_base_bytes(self.recipe, self.assume)
 
     def _stage_index(self) -> Array:
         return np.arange(self.S) if self.stages is None else self.stages
@@ -186,7 +200,7 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
                        lk.inter_Bps[..., None, None] / scale, lk.inter_latency_s[..., None, None], G)
     stage_links = comm.Links(lk.intra_Bps / scale, lk.intra_latency_s, lk.inter_Bps / scale, lk.inter_latency_s, G)
     dense_local, exp_local = kind[0] / tp + kind[1], kind[2] / (ep * tp)
-    tuned = _frozen_split(table, recipe, tp, ep, dense_local, exp_local, edge_dense)
+    tuned = _frozen_split(table, recipe, frozen_base_bytes(recipe, assume), tp, ep, dense_local, exp_local, edge_dense)
     size = {k: v[0].astype(float) for k, v in groups.items()}
     padding = _padding(table, cand, size, first, last) if assume.fsdp2_dim0_padding else _no_padding(C, len(table.kinds),
                                                                                                        edge_dense)
@@ -199,21 +213,29 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
         links=links, stage_links=stage_links, wire=wire(recipe, cand))
 
 
-def _frozen_split(table: LayerTable, recipe: Precision, tp: Array, ep: Array, dense_local: Array, exp_local: Array,
-                  edge_dense: Array) -> dict[str, Array]:
-    """Trainable parameters per device and the frozen base's bytes (the fields ``train_*``,
-    ``frozen_*`` and ``quantized`` of :class:`Context`).  Full training: everything trains.
+def frozen_base_bytes(recipe: Precision, assume: Assumptions) -> float:
+    """A frozen base as the training script stores it: the recipe's weights, or the dtype it computes
+    in (Assumptions.frozen_base_in_compute_dtype)."""
+    return LOADED_BYTES[recipe.compute_dtype] if assume.frozen_base_in_compute_dtype else recipe.param_bytes
 
-    A frozen weight is stored as the recipe stores weights (``param_bytes``) and gathered as it
-    gathers them (``gather_bytes``); under QLoRA the linear layers' are NF4 in both
-    (:func:`autoplace.cost.finetune.nf4_bytes_per_param`; FSDP gathers the packed storage).
+
+def _frozen_split(table: LayerTable, recipe: Precision, base_bytes: float, tp: Array, ep: Array, dense_local: Array,
+                  exp_local: Array, edge_dense: Array) -> dict[str, Array]:
+    """Trainable parameters per device and the frozen base's bytes (the fields ``train_*``,
+    ``frozen_*``, ``quantized`` and ``quant_state`` of :class:`Context`).  Full training: everything trains.
+
+    A frozen weight is stored in ``base_bytes`` (the recipe's ``param_bytes``, or the compute dtype the
+    script loads it in) and gathered as the recipe gathers weights (``gather_bytes``); under QLoRA the
+    linear layers' are packed 4-bit in both (FSDP and ZeRO-3 shard and gather the packed storage), and
+    their quantization constants are bitsandbytes' ``quant_state`` beside each weight, which no
+    sharding partitions (:func:`autoplace.cost.finetune.nf4_state_bytes_per_param`).
     """
     zero = np.zeros_like(dense_local + exp_local)
     if not table.frozen:
         edge0 = np.zeros_like(edge_dense)
         return {"train_dense": dense_local, "train_exp": exp_local, "train_edge": edge_dense, "frozen_dense": zero,
                 "frozen_exp": zero, "frozen_edge": edge0, "frozen_dense_wire": zero, "frozen_exp_wire": zero,
-                "frozen_edge_wire": edge0, "quantized": zero}
+                "frozen_edge_wire": edge0, "quantized": zero, "quant_state": zero}
 
     def per_device(fmt: str) -> tuple[Array, Array]:
         k = np.array([[getattr(b, fmt % p) for p in ("tp", "rep", "expert")] for b in table.kinds], dtype=float)
@@ -222,14 +244,16 @@ def _frozen_split(table: LayerTable, recipe: Precision, tp: Array, ep: Array, de
 
     train_dense, train_exp = per_device("adapter_%s")
     quant_dense, quant_exp = per_device("quant_%s")
-    nf4 = finetune.nf4_bytes_per_param()
-    pb, pgb = recipe.param_bytes, recipe.gather_bytes
+    packed = finetune.NF4_BITS / 8
+    pgb = recipe.gather_bytes
     return {"train_dense": train_dense, "train_exp": train_exp, "train_edge": np.zeros_like(edge_dense),
-            "frozen_dense": (dense_local - quant_dense) * pb + quant_dense * nf4,
-            "frozen_exp": (exp_local - quant_exp) * pb + quant_exp * nf4, "frozen_edge": edge_dense * pb,
-            "frozen_dense_wire": (dense_local - quant_dense) * pgb + quant_dense * nf4,
-            "frozen_exp_wire": (exp_local - quant_exp) * pgb + quant_exp * nf4, "frozen_edge_wire": edge_dense * pgb,
-            "quantized": quant_dense + quant_exp}
+            "frozen_dense": (dense_local - quant_dense) * base_bytes + quant_dense * packed,
+            "frozen_exp": (exp_local - quant_exp) * base_bytes + quant_exp * packed, "frozen_edge": edge_dense * base_bytes,
+            "frozen_dense_wire": (dense_local - quant_dense) * pgb + quant_dense * packed,
+            "frozen_exp_wire": (exp_local - quant_exp) * pgb + quant_exp * packed, "frozen_edge_wire": edge_dense * pgb,
+            "quantized": quant_dense + quant_exp,
+            "quant_state": (quant_dense + quant_exp) * finetune.nf4_state_bytes_per_param()}
+
 
 
 def _padding(table: LayerTable, cand: Candidates, size: dict[str, Array], first: Array, last: Array) -> dict[str, Array]:

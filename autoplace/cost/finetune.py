@@ -29,7 +29,15 @@ NF4_BLOCK2 = 256  # first-level constants per second-level fp32 constant
 
 def nf4_bytes_per_param(block: int = NF4_BLOCK, block2: int = NF4_BLOCK2) -> float:
     """Bytes per weight of NF4 with double quantization: 4 bits + 8/block + 32/(block*block2) bits."""
-    return (NF4_BITS + 8 / block + 32 / (block * block2)) / 8
+    return NF4_BITS / 8 + nf4_state_bytes_per_param(block, block2)
+
+
+def nf4_state_bytes_per_param(block: int = NF4_BLOCK, block2: int = NF4_BLOCK2) -> float:
+    """Bytes per weight of the quantization constants, 8/block + 32/(block*block2) bits: bitsandbytes keeps
+    them in each ``Params4bit``'s ``quant_state`` (and its Linear4bit's), not in the packed parameter, so
+    ZeRO-3 and FSDP2 partition the packed weights and every rank holds all of them (bitsandbytes
+    nn/modules.py ``Params4bit._quantize``; measured by the DeepSpeed dry run)."""
+    return (8 / block + 32 / (block * block2)) / 8
 
 
 @dataclass(frozen=True)
@@ -46,14 +54,16 @@ class Projection:
 
     def adapter(self, rank: int) -> tuple[float, float, float]:
         """(TP-sharded, replicated, routed-expert) adapter parameters of rank ``rank``."""
+        (a, a_split), (b, b_split) = self.adapter_tensors(rank)
+        return tuple(a * (a_split == s) + b * (b_split == s) for s in ("tp", "rep", "expert"))  # type: ignore[return-value]
+
+    def adapter_tensors(self, rank: int) -> tuple[tuple[float, str], tuple[float, str]]:
+        """PEFT's ``lora_A`` then ``lora_B`` of rank ``rank`` as (elements, ``tp`` | ``rep`` | ``expert``): A
+        follows a row-parallel projection's split input, B a column-parallel one's split output."""
         a, b = rank * self.rank_factor * self.inp, rank * self.rank_factor * self.out
         if self.experts:
-            return 0.0, 0.0, self.experts * (a + b)
-        if self.split == "n":
-            return b, a, 0.0
-        if self.split == "k":
-            return a, b, 0.0
-        return 0.0, a + b, 0.0
+            return (self.experts * a, "expert"), (self.experts * b, "expert")
+        return (a, "tp" if self.split == "k" else "rep"), (b, "tp" if self.split == "n" else "rep")
 
 
 def attention_projections(m: TransformerSpec) -> list[Projection]:
@@ -98,17 +108,25 @@ def _routed(m: TransformerSpec) -> list[Projection]:
     return [*gate_up, Projection("down", h, f, "k", e.experts, e.top_k)]
 
 
+def module_projections(m: TransformerSpec, moe: bool) -> tuple[list[Projection], list[Projection]]:
+    """A block's linear modules as Hugging Face registers them: attention's, then the dense MLP's (a
+    MoE block's shared experts, one MLP of their summed width; its router and routed experts are no
+    Projection here)."""
+    if not moe:
+        return attention_projections(m), mlp_projections(m, m.ffn_hidden)
+    e = m.moe
+    shared = e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden) if e is not None else 0
+    return attention_projections(m), (mlp_projections(m, shared) if shared else [])
+
+
 def block_projections(m: TransformerSpec, moe: bool) -> list[Projection]:
     """The projections LoRA can adapt in a block: attention's, and the dense MLP's (a MoE
     block's shared experts, one MLP of their summed width as Hugging Face builds it); in
     :data:`~autoplace.specs.lora.PEFT_EXPERT_FAMILIES` the MLP roles name the routed experts instead."""
     if m.family in PEFT_EXPERT_FAMILIES:
         return attention_projections(m) + (_routed(m) if moe else [])
-    if not moe:
-        return attention_projections(m) + mlp_projections(m, m.ffn_hidden)
-    e = m.moe
-    shared = e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden) if e is not None else 0
-    return attention_projections(m) + (mlp_projections(m, shared) if shared else [])
+    attention, mlp = module_projections(m, moe)
+    return attention + mlp
 
 
 def adapted_projections(m: TransformerSpec, moe: bool) -> list[Projection]:

@@ -118,6 +118,9 @@ class BlockKind:
     # a frozen base's adapters' likewise
     rows: tuple[Rows, ...] = ()
     adapter_rows: tuple[Rows, ...] = ()
+    # the trainable tensors in the order Hugging Face registers them, (elements before parallelism,
+    # "tp" | "rep" | "expert"): what a flat ZeRO-1/2 partition cuts through (autoplace.cost.flat)
+    order: tuple[tuple[float, str], ...] = ()
 
     @property
     def params(self) -> float:
@@ -223,6 +226,25 @@ def _tensors(m: TransformerSpec, gemms: tuple[Gemm, ...]) -> float:
     weights = sum(max(g.experts, 1) for g in gemms)
     norms = m.block_norms * (2 if m.norm == "layernorm" else 1) + (2 if m.qk_norm is not None else 0)
     return float(weights * (2 if m.bias else 1) + norms)
+
+
+def _order(m: TransformerSpec, k: BlockKind) -> tuple[tuple[float, str], ...]:
+    """``k``'s parameter tensors in the order Hugging Face registers them (:attr:`BlockKind.order`):
+    attention's weights, a MoE block's router and routed experts (transformers 5 stores each expert
+    projection as one 3-D tensor), the MLP's (or shared experts') weights, each fused as the family
+    fuses them (:func:`autoplace.cost.finetune.module_projections`), then the rest -- norms, biases --
+    as one small tensor per split, so the tensors add up to the kind's parameters."""
+    split = {"n": "tp", "k": "tp", "": "rep"}
+    attention, mlp = finetune.module_projections(m, k.moe)
+    order = [(p.out * p.inp, split[p.split]) for p in attention]
+    if k.moe and m.moe is not None:
+        e, gated = m.moe, m.ffn == "swiglu"
+        order += [(e.experts * m.hidden, "rep"), (e.experts * (2 if gated else 1) * e.expert_ffn_hidden * m.hidden, "expert"),
+                  (e.experts * m.hidden * e.expert_ffn_hidden, "expert")]
+    order += [(p.out * p.inp, split[p.split]) for p in mlp]
+    totals = {"tp": k.params_tp, "rep": k.params_rep, "expert": k.params_expert}
+    rest = [(totals[s] - sum(n for n, t in order if t == s), s) for s in totals]
+    return tuple(order + [(n, s) for n, s in rest if n > 0])
 
 
 def _mlp_gemms(h: int, f: int, gated: bool, experts: int = 0, top_k: int = 0) -> tuple[Gemm, ...]:
@@ -385,6 +407,7 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
                                  + e.shared_experts * (e.shared_ffn_hidden or e.expert_ffn_hidden)),
             gemms=moe_gemms, tensors=_tensors(m, moe_gemms), rows=shards.block_rows(m, moe=True), **common))  # type: ignore[arg-type]
         sequence = [1 if e.is_moe_layer(i) else 0 for i in range(m.layers)]
+    kinds = [dataclasses.replace(k, order=_order(m, k)) for k in kinds]
     if m.training.frozen_base:
         kinds = [_tuned(m, k, b) for k in kinds]
     kinds, sequence = _windowed(m, kinds, sequence)
@@ -410,6 +433,7 @@ def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
         k, adapter_tp=adapter_tp, adapter_rep=adapter_rep, adapter_expert=adapter_expert,
         quant_tp=linear["tp"] * quantized, quant_rep=linear["rep"] * quantized,
         quant_expert=linear["expert"] * quantized, frozen_flops=sum(g.flops for g in k.gemms),
+        order=tuple(t for p in projections for t in p.adapter_tensors(rank)),  # PEFT: lora_A, then lora_B
         frozen_gemms=k.gemms, gemms=(*k.gemms, *adapter_gemms), flops=k.flops + sum(g.flops for g in adapter_gemms),
         act_rep=k.act_rep + sum(rank * p.rank_factor * (p.top_k or 1) for p in projections) * b,
         adapter_rows=shards.adapter_rows(m, k.moe))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.cost import flat
 from autoplace.cost.context import Context
 from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
@@ -22,12 +23,14 @@ from autoplace.cost.memory import (
     slot_inflight,
     state_bytes,
 )
+from autoplace.cost.terms_time import zero3_buckets
 from autoplace.plan import OFFLOAD
 
 Array = np.ndarray
 # the per-block state columns: the three model states, then the parameters' unsharded copies a
 # pipeline leaves after a backward (alive at the end of the first backward, counted as params)
 STATE_COLUMNS = ("params", "grads", "optimizer", "params after backward")
+FP32 = 4.0  # bytes of an fp32 weight
 
 
 @dataclass(frozen=True)
@@ -47,26 +50,34 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     c, recipe, assume, table = ctx.cand, ctx.recipe, ctx.assume, ctx.table
     C, S = ctx.C, ctx.S
     col, kind = ctx.col, ctx.kind
-    pb, gb, ob = recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes
+    pb, gb = recipe.param_bytes, recipe.grad_bytes
     pgb, rgb = recipe.gather_bytes, recipe.reduce_bytes  # on the wire and in unshard buffers
     tp = c.tp.astype(float)
     sp_div = np.where(c.sp, tp, 1.0)
     zero = c.zero
     z_sh, ez_sh = col(ctx.size["zero"]), col(ctx.size["ezero"])
     z = col(zero)
+    # a ZeRO that clones fp32 weights into an fp32 master keeps both (Assumptions.zero_master_clone);
+    # LoRA adapters may stay fp32 under ZeRO-3 (Assumptions.zero3_adapters_fp32)
+    clone = col(ctx.master_clone) > 0
+    fp32_adapters = col((zero >= 3) & assume.zero3_adapters_fp32 & table.frozen) > 0
+    pb_train = np.where(fp32_adapters, FP32, pb)
+    ob = recipe.optimizer_bytes + np.where(clone, pb, 0.0)
 
     # Without a separate master copy (fp32 training, FSDP2's fp32 shards) the stored weights are
     # the master: ZeRO-2 shards them like optimizer state and keeps the gathered copy (FSDP2's
-    # reshard_after_forward=False; DeepSpeed's fp32 partitions) for the whole step; so does
-    # ZeRO-0 run as FSDP2 over a shard group of one (Assumptions.replicas_keep_gathered).
+    # reshard_after_forward=False) for the whole step; so does ZeRO-0 run as FSDP2 over a shard
+    # group of one (Assumptions.replicas_keep_gathered).
     replicas = (z == 0) & assume.replicas_keep_gathered & (col(ctx.wire.rank) == 0)
-    shard_and_gathered = ((z == 2) | replicas) & (not recipe.master_copy)
+    shard_and_gathered = ((z == 2) | replicas) & (not recipe.master_copy) & ~clone
     p_sharded = (z >= 3) | shard_and_gathered
     # ZeRO++'s hpZ keeps a secondary 16-bit shard of the weights over the node-local part of the
     # shard group; PowerSGD keeps an error-feedback copy of every gradient it reduces (its hook's
     # error_dict, one per bucket) -- Wang et al. 2023 (hpZ), Vogels et al. 2019 Alg. 2 (error feedback)
     hpz = col(ctx.wire.zeropp) * ctx.wire.gather_bwd[:, None, None, None]
     error_feedback = col(ctx.wire.rank > 0)
+    # DDP's reducer buckets beside autograd's .grad (Assumptions.ddp_bucket_copy): plain data parallelism
+    ddp_copy = assume.ddp_bucket_copy & (ctx.size["dp"] > 1) & ((zero == 0) | (ctx.size["zero"] == 1))
 
     # a pipeline that defers FSDP2's gradient sync to the last micro-batch keeps every gradient
     # unsharded, in the reduce dtype, from the first backward on (Assumptions.pipeline_defers_grad_sync);
@@ -96,13 +107,13 @@ def memory_terms(ctx: Context) -> MemoryTerms:
         gathered = (dense + pd + expert + pe + pfd + pfe) * pgb + frozen[2] + frozen[3]  # all-gather outputs
         kept = np.where(shard_and_gathered, gathered, 0.0)
         secondary = hpz * (dense / col(ctx.n_in["zero"]) + expert / col(ctx.n_in["ezero"]))
-        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par), pfd * pb)
-                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par), pfe * pb))
+        base = (state_bytes(frozen[0], 1.0, z_sh, p_sharded, col(c.off_par), pfd * ctx.base_bytes)
+                + state_bytes(frozen[1], 1.0, ez_sh, p_sharded, col(c.off_par), pfe * ctx.base_bytes))
         return np.concatenate([
-            state_bytes(dense, pb, z_sh, p_sharded, col(c.off_par), pd)
-            + state_bytes(expert, pb, ez_sh, p_sharded, col(c.off_par), pe) + kept + secondary + base,
-            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off, pd) * (1 + error_feedback)
-            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off, pe),
+            state_bytes(dense, pb_train, z_sh, p_sharded, col(c.off_par), pd)
+            + state_bytes(expert, pb_train, ez_sh, p_sharded, col(c.off_par), pe) + kept + secondary + base,
+            state_bytes(dense, g_bytes, z_sh, g_sharded, grads_off, pd) * (1 + error_feedback + col(ddp_copy))
+            + state_bytes(expert, g_bytes, ez_sh, g_sharded, grads_off, pe) * (1 + col(ddp_copy)),
             state_bytes(dense, ob, z_sh, z >= 1, opt_off, pd) + state_bytes(expert, ob, ez_sh, z >= 1, opt_off, pe),
             np.where(after_backward, gathered, 0.0),
         ], axis=-1)
@@ -110,6 +121,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     state_block = states(ctx.train_dense, ctx.train_exp, (ctx.frozen_dense, ctx.frozen_exp, ctx.frozen_dense_wire,
                                                           ctx.frozen_exp_wire),
                          (ctx.pad_dense, ctx.pad_exp, ctx.pad_frozen_dense, ctx.pad_frozen_exp))  # [C,1,K,4]
+    state_block[..., :1] += ctx.quant_state  # QLoRA's constants: whole on every rank, never offloaded
     # compiled (fused) MLP activations keep fewer tensors (BlockKind.act_fused); uncompiled, the
     # framework's own SwiGLU kernel may keep fewer than eager PyTorch's four f-wide tensors
     # (Megatron-Core's bias_swiglu_impl saves only its 2f-wide input; fc2 keeps the product)
@@ -130,9 +142,13 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # finished its backward (more micro-batches than the stage holds in flight).  Sharded
     # gradients (ZeRO-2/3, FSDP2) are otherwise allocated at the step's first reduce-scatter
     # and freed by zero_grad(set_to_none=True), PyTorch's default since 2.0.
-    live = ((zero <= 1)[:, None] | (c.ga[:, None] > inflight + 1e-9)).astype(float)
+    # A framework may allocate ZeRO-3's gradient partitions at initialize (Assumptions.zero3_grad_buffer_kept).
+    # DDP with a second copy keeps its buckets from construction on, autograd's .grad only while accumulating.
+    accumulating = c.ga[:, None] > inflight + 1e-9
+    kept_buffers = (zero <= 1) | ((zero >= 3) & assume.zero3_grad_buffer_kept)
+    live = (kept_buffers[:, None] | accumulating).astype(float)
     state_live = np.ones((C, S, 2, len(STATE_COLUMNS)))
-    state_live[:, :, 0, 1] = live
+    state_live[:, :, 0, 1] = np.where(ddp_copy[:, None], (1 + accumulating) / 2, live)
     state_live[:, :, 0, 3] = 0.0  # a forward reshards each unit again before the next backward starts
     e, h = table.embed, table.head
     none = np.zeros((1, 1, 1, 1))
@@ -142,6 +158,9 @@ def memory_terms(ctx: Context) -> MemoryTerms:
                                                                 on.frozen_edge_wire[..., None, None], none),
                          (on.pad_edge[..., None, None], none, on.pad_frozen_edge[..., None, None], none))
     edge_states = (edge_states if ends is None else ends.spread(edge_states, S))[:, :, None, 0, :]
+    flat_grads, staging, host_staging = flat.flat_terms(ctx)  # DeepSpeed's flat ZeRO-1/2 partitions
+    none_yet = np.zeros_like(flat_grads)
+    edge_states = edge_states + np.stack([none_yet, flat_grads, none_yet, none_yet], axis=-1)[:, :, None, :]
     edge_states = edge_states * state_live  # [C,S,2,4]
     edge_states = np.concatenate([edge_states[..., :1] + edge_states[..., 3:], edge_states[..., 1:3]], axis=-1)
     tok = ctx.tokens[:, None]
@@ -167,8 +186,12 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     next_unit = np.where(apart, np.minimum(dense_gather, exp_gather), dense_gather + exp_gather)
     root = np.where(gathered[:, None], (ctx.train_edge + ctx.pad_edge + ctx.pad_frozen_edge) * pgb + ctx.frozen_edge_wire,
                     0.0)
-    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, 1.0, rgb, assume.zero3_prefetch_units),
-                       2 * assume.comm_bucket_MiB * 2**20)[:, None]
+    working = np.where(gathered, gather_buffer_bytes(reduced, next_unit, 1.0, rgb, assume.zero3_prefetch_units), 0.0)
+    # DDP's buckets come after the loss's temporaries; buckets allocated as backward starts (DeepSpeed's
+    # reduce_bucket_size ones) and the offload staging buffer are held beside them
+    buckets, held_from_start = reduce_bucket_bytes(ctx), assume.reduce_buckets == "size"
+    working = (working + buckets * (not held_from_start))[:, None]
+    held = (buckets * held_from_start)[:, None] + staging
     # the loss's fp32 temporaries on the last stage (gradients of the log-probabilities and of
     # the fp32 logits) are freed by the head's backward, before the first block's buffers
     # are needed (FSDPMemTracker, autoplace.fidelity)
@@ -176,14 +199,29 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     loss = last * tok * (per_vocab * table.vocab / tp * ~c.fused_loss)[:, None]
     # at the end of a backward under a pipeline the edges' unsharded copies are params (after_backward)
     root_at = root[..., None] * np.stack(np.broadcast_arrays(1.0, ~after_backward[:, :, 0, 0]), axis=-1)
-    buffers = root_at + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)  # [C,S,2]
+    buffers = root_at + held[..., None] + np.stack(np.broadcast_arrays(np.maximum(loss, working), working), axis=-1)
     reserve = np.broadcast_to(reserve_bytes(ctx.hw.capacity, assume.allocator_reserve_fraction,
                                             assume.framework_reserve_GiB), (C, S))[..., None] * np.ones(2)
     mem_static = np.concatenate([edge_states, edge_act[..., None], buffers[..., None], reserve[..., None]], axis=-1)
     host_block, host_static = host_bytes(ctx)
+    host_static = host_static + host_staging
     return MemoryTerms(state_block=state_block, act_block=act_block, state_live=state_live, act_mult=act_mult,
                        mem_static=mem_static, host_block=host_block, host_static=host_static,
                        host_capacity=ctx.stage(ctx.hw.host_capacity * (1 - assume.host_reserve_fraction)))
+
+
+def reduce_bucket_bytes(ctx: Context) -> Array:
+    """The gradient buckets of each candidate's data-parallel reduction ``[C]`` (``Assumptions.reduce_buckets``):
+    two of ``comm_bucket_MiB`` (DDP), or the framework's ``reduce_bucket_size`` elements in the gradient dtype
+    -- two with overlap_comm at ZeRO-1/2 and no pipeline (DeepSpeed's engine turns it off under one), one at
+    ZeRO-3, none at ZeRO-0 (DeepSpeed 0.19 stage_1_and_2.py ``setup_buckets``; stage3.py
+    ``_setup_for_real_optimizer``)."""
+    c, assume = ctx.cand, ctx.assume
+    zero = c.zero
+    if assume.reduce_buckets != "size":  # ZeRO-3's reductions are the gather buffers' (gather_buffer_bytes)
+        return np.where((zero >= 3) | c.off_par, 0.0, 2 * assume.comm_bucket_MiB * 2**20)
+    count = np.where(zero >= 3, 1, np.where(zero >= 1, np.where(c.overlap & (c.pp == 1), 2, 1), 0))
+    return count * zero3_buckets(ctx)[0] * ctx.recipe.grad_bytes
 
 
 def _slot_stages(ctx: Context, act_mult: Array, stage: Array) -> Array:
@@ -210,16 +248,20 @@ def _slot_stages(ctx: Context, act_mult: Array, stage: Array) -> Array:
 def host_bytes(ctx: Context) -> tuple[Array, Array]:
     """Host memory per GPU of offloaded states: per block ``[C, S, K]`` and the edges ``[C, S]``.
 
-    An offloaded optimizer keeps its states (fp32 master and moments, ``optimizer_bytes``) and
-    fp32 gradients (``offload_grad_bytes``, DeepSpeed ZeRO-Offload's pinned gradient
-    partitions) for the parameters this GPU updates; offloaded parameters keep their 16-bit copy.
-    States offloaded to NVMe (ZeRO-Infinity) leave only the gradient partitions on the host.
+    An offloaded optimizer keeps its states (fp32 master and moments, ``optimizer_bytes``, with a
+    ZeRO-1/2 master cloned from fp32 weights) and fp32 gradients (``offload_grad_bytes``, DeepSpeed
+    ZeRO-Offload's pinned gradient partitions) for the parameters this GPU updates, and where the
+    framework does (``offload_host_partition_copy``) one more 16-bit copy of them: ZeRO-3's gradient
+    partitions, ZeRO-1/2's weights; offloaded parameters keep their 16-bit copy.  States offloaded
+    to NVMe (ZeRO-Infinity) leave the gradient partitions on the host.
     """
     c, recipe = ctx.cand, ctx.recipe
     on_host = OFFLOAD.index("cpu")
     paged = np.where(ctx.table.paged_optimizer, recipe.optimizer_bytes, 0.0)  # paged states: evicted here
-    opt_per = np.where(c.off_opt, np.where(c.offload_optimizer == on_host, recipe.optimizer_bytes, 0.0)
-                       + ctx.assume.offload_grad_bytes, paged)  # NVMe-offloaded states leave the host free
+    states = recipe.optimizer_bytes + np.where(ctx.master_clone, recipe.param_bytes, 0.0)
+    copy = ctx.assume.offload_host_partition_copy * np.where(c.zero >= 3, recipe.grad_bytes, recipe.param_bytes)
+    opt_per = np.where(c.off_opt, np.where(c.offload_optimizer == on_host, states, 0.0)
+                       + ctx.assume.offload_grad_bytes + copy, paged)  # NVMe-offloaded states leave the host free
     par_per = np.where(c.offload_params == on_host, recipe.param_bytes, 0.0)
     frozen_par = (c.offload_params == on_host).astype(float)  # frozen weights offload in their stored form
     zero, ezero = ctx.size["zero"][:, None], ctx.size["ezero"][:, None]
@@ -234,11 +276,11 @@ def host_bytes(ctx: Context) -> tuple[Array, Array]:
 
     dense, expert, pd, pe = (block_of(x) for x in (ctx.train_dense, ctx.train_exp, ctx.pad_dense, ctx.pad_exp))
     f_dense, f_exp = block_of(ctx.frozen_dense), block_of(ctx.frozen_exp)
-    pfd, pfe = block_of(ctx.pad_frozen_dense) * recipe.param_bytes, block_of(ctx.pad_frozen_exp) * recipe.param_bytes
+    pfd, pfe = block_of(ctx.pad_frozen_dense) * ctx.base_bytes, block_of(ctx.pad_frozen_exp) * ctx.base_bytes
     block = ((share(dense, pd, zero, opt) + share(expert, pe, ezero, opt)) * opt_per[:, None]
              + (share(dense, pd, zero, par) + share(expert, pe, ezero, par)) * par_per[:, None]
              + (share(f_dense, pfd, zero, par) + share(f_exp, pfe, ezero, par)) * frozen_par[:, None])
     edges = (share(ctx.train_edge, ctx.pad_edge, zero, opt) * opt_per[:, None]
              + share(ctx.train_edge, ctx.pad_edge, zero, par) * par_per[:, None]
-             + share(ctx.frozen_edge, ctx.pad_frozen_edge * recipe.param_bytes, zero, par) * frozen_par[:, None])
+             + share(ctx.frozen_edge, ctx.pad_frozen_edge * ctx.base_bytes, zero, par) * frozen_par[:, None])
     return ctx.stage(block[:, None, :]), edges

@@ -114,8 +114,11 @@ def accelerate_plugins(config):
 def make_accelerator(args):
     \"\"\"The Accelerator of the framework config the launch passes: DeepSpeed's JSON (through
     accelerate's DeepSpeed plugin; ZeRO-3 then partitions the model as it loads) or accelerate's
-    FSDP / parallelism YAML.  Built before the model, as ZeRO-3's partitioned loading needs.\"\"\"
+    FSDP / parallelism YAML.  Built before the model, as ZeRO-3's partitioned loading needs.  Its DDP
+    makes each .grad a view of the reducer's bucket (gradient_as_bucket_view): one copy of the
+    gradients, not two.\"\"\"
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
     if args.deepspeed_config:
         from accelerate.utils import DeepSpeedPlugin
@@ -124,7 +127,8 @@ def make_accelerator(args):
         return Accelerator(gradient_accumulation_steps=GRAD_ACCUM, deepspeed_plugin=plugin)
     with open(args.accelerate_config) as f:
         config = yaml.safe_load(f)
-    return Accelerator(gradient_accumulation_steps=GRAD_ACCUM, **accelerate_plugins(config))
+    return Accelerator(gradient_accumulation_steps=GRAD_ACCUM, **accelerate_plugins(config),
+                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
 
 
 def offloads_optimizer(accelerator):

@@ -137,9 +137,9 @@ def _fsdp2_bytes(steps: Steps, model: Any, params: list[Any], accelerator: Any) 
               for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None}
     kept = sum(fp._orig_size.numel() * torch.empty((), dtype=g.mp_policy.param_dtype or fp.sharded_param.dtype).element_size()
                for g in groups.values() if g.post_forward_mesh_info is None for fp in g.fsdp_params)
-    shards = tensor_bytes(params) + quant_state_bytes(params)
-    how = f"FSDP2's local shards ({_dtypes(params)})" + (" + the 4-bit weights' quant_state" if
-                                                         quant_state_bytes(params) else "")
+    quant = quant_state_bytes(model)
+    shards = tensor_bytes(params) + quant
+    how = f"FSDP2's local shards ({_dtypes(params)})" + (" + the 4-bit weights' quant_state, whole" if quant else "")
     if accelerator.state.fsdp_plugin.reshard_after_forward:
         steps.note(f"FSDP2's root and accelerate's tail unit (final norm, LM head) stay unsharded from forward to "
                    f"backward: {kept:,} bytes (plan.json counts them in buffers)")
@@ -155,7 +155,7 @@ def _fsdp2_bytes(steps: Steps, model: Any, params: list[Any], accelerator: Any) 
 def _ddp_bytes(steps: Steps, model: Any, params: list[Any]) -> None:
     """DDP: every parameter; every trainable one's ``.grad`` (autograd's) and DDP's reducer buckets, a second copy
     unless ``gradient_as_bucket_view`` (its own logging data: ``bucket_sizes``)."""
-    steps.measured("params", tensor_bytes(params) + quant_state_bytes(params),
+    steps.measured("params", tensor_bytes(params) + quant_state_bytes(model),
                    f"every parameter, whole ({_dtypes(params)})")
     grads = tensor_bytes(p for p in params if p.requires_grad)
     how = "every trainable parameter's .grad (the first backward)"

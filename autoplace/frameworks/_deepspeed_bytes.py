@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Counted:
-    """Bytes per state on the device (and where they were counted), and on the host."""
+    """Bytes per state on the device (and where they were counted), on the host, and what else to say."""
 
     device: dict[str, tuple[int, str]] = field(default_factory=dict)
     host: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def add(self, state: str, nbytes: int, how: str, *, on_host: bool = False) -> None:
         if on_host:
@@ -50,6 +51,8 @@ def measure(engine: Any, steps: Steps, host_predicted: int | None = None) -> Cou
         steps.measured(state, nbytes, how)
     if counted.host:
         steps.note(host_note(counted.host, host_predicted))
+    for note in counted.notes:
+        steps.note(note)
     return counted
 
 
@@ -72,13 +75,17 @@ def state_bytes(optimizer: Any) -> int:
                         if hasattr(t, "dim") and t.dim() > 0)
 
 
-def quant_state_bytes(params: Iterable[Any]) -> int:
-    """Bytes of the bitsandbytes quantization state the 4-bit weights carry (QLoRA): the first-level absmax,
-    and with double quantization its own absmax, the two code books and the offset."""
-    total = 0
-    for p in params:
-        state = getattr(p, "quant_state", None)
-        while state is not None:
+def quant_state_bytes(module: Any) -> int:
+    """Bytes of the bitsandbytes quantization state of the 4-bit layers in ``module`` (QLoRA): the first-level
+    absmax, and with double quantization its own absmax, the two code books and the offset -- the weight's
+    ``quant_state``, or the layer's own copy (bitsandbytes nn/modules.py ``Params4bit._quantize`` keeps both)
+    once FSDP2 has replaced the weight by its shard."""
+    total, seen = 0, set()
+    for layer in module.modules():  # PEFT's wrapper of a 4-bit layer shows its weight too: each state once
+        state = getattr(getattr(layer, "weight", None), "quant_state", None)
+        state = state if state is not None else getattr(layer, "quant_state", None)
+        while state is not None and id(state) not in seen:
+            seen.add(id(state))
             total += tensor_bytes(t for t in (state.absmax, state.code, state.offset) if t is not None and hasattr(t, "numel"))
             state = getattr(state, "state2", None)
     return total
@@ -90,8 +97,8 @@ def frozen(module: Any) -> tuple[int, str]:
     params = [p for p in module.parameters() if not p.requires_grad]
     if not params:
         return 0, ""
-    said = "the frozen base, whole" + (" (4-bit packed, + its quant_state)" if quant_state_bytes(params) else "")
-    return tensor_bytes(params) + quant_state_bytes(params), said
+    quant = quant_state_bytes(module)
+    return tensor_bytes(params) + quant, "the frozen base, whole" + (" (4-bit packed, + its quant_state)" if quant else "")
 
 
 def _numel_bytes(tensors: Iterable[Any], dtype: Any) -> int:
@@ -108,16 +115,22 @@ def _zero3(engine: Any) -> Counted:
     opt, out = engine.optimizer, Counted()
     offload_params = _offloads(engine.zero_offload_param())
     params = list(engine.module.parameters())
-    out.add("params", tensor_bytes(p.ds_tensor for p in params) + quant_state_bytes(params),
-            "16-bit ds_tensor partition of every parameter (zero.Init)"
-            + (" + the 4-bit weights' quant_state" if quant_state_bytes(params) else ""), on_host=offload_params)
+    out.add("params", tensor_bytes(p.ds_tensor for p in params), "ds_tensor partition of every parameter (zero.Init)",
+            on_host=offload_params)
+    quant = quant_state_bytes(engine.module)
+    if quant:  # beside each 4-bit weight, never partitioned nor offloaded
+        out.add("params", quant, "the 4-bit weights' quant_state, whole")
     host = _offloads(engine.zero_offload_optimizer())
     out.add("grads", tensor_bytes([opt.grad_partitions_flat_buffer]),
             "gradient partition buffer (grad_partitions_flat_buffer)", on_host=host)
-    fp32 = opt.fp32_partitioned_groups_flat
+    # a partition already fp32 on the optimizer's device is its own master (_create_fp32_partitions)
+    fp32 = [f for f, bit16 in zip(opt.fp32_partitioned_groups_flat, opt.fp16_partitioned_groups_flat, strict=True)
+            if f is not bit16]
+    shared = len(opt.fp32_partitioned_groups_flat) - len(fp32)
     out.add("optimizer", tensor_bytes(fp32) + state_bytes(opt.optimizer),
-            "fp32 master partitions (fp32_partitioned_groups_flat) + Adam exp_avg + exp_avg_sq (first step)",
-            on_host=host)
+            "fp32 master partitions (fp32_partitioned_groups_flat" + (f"; {shared} fp32 parameter partition(s) are "
+                                                                      "their own master" if shared else "")
+            + ") + Adam exp_avg + exp_avg_sq (first step)", on_host=host)
     if host:
         out.add("grads", tensor_bytes(p.grad for p in fp32 if p.grad is not None),
                 "fp32 gradients of the fp32 partitions", on_host=True)
@@ -130,8 +143,9 @@ def _zero12(engine: Any) -> Counted:
     """ZeRO-1/2 (stage_1_and_2.py ``DeepSpeedZeroOptimizer``): the flat 16-bit groups (every parameter), the
     fp32 partition of each group; gradients as the first backward allocates them: ZeRO-2 copies the
     partition's gradients into ``grads_in_partition`` (every parameter overlapping the partition, 16-bit) or,
-    with fp32 accumulation, a compact fp32 partition; ZeRO-1 keeps each parameter's ``.grad``.  ZeRO-Offload
-    keeps the fp32 partitions, their fp32 gradients and Adam's state on the host."""
+    with fp32 accumulation, a compact fp32 partition; ZeRO-1 keeps each parameter's ``.grad`` to the step,
+    offloaded or not.  ZeRO-Offload keeps the fp32 partitions, their fp32 gradients and Adam's state on the
+    host."""
     opt, out = engine.optimizer, Counted()
     out.add("params", tensor_bytes(opt.bit16_groups_flat), "16-bit flat parameter groups (bit16_groups_flat)")
     _add_frozen(out, engine)
@@ -139,7 +153,7 @@ def _zero12(engine: Any) -> Counted:
     if host:
         out.add("grads", tensor_bytes(p.grad for p in opt.single_partition_of_fp32_groups),
                 "fp32 gradient partitions (single_partition_of_fp32_groups' .grad)", on_host=True)
-    elif opt.partition_gradients:
+    if opt.partition_gradients and not host:  # offloaded, each reduced part goes to the host as its bucket fills
         for i, params in enumerate(opt.params_in_partition):
             if opt._use_compact_grad_partition_buffer(i):
                 out.add("grads", _numel_bytes([opt.single_partition_of_fp32_groups[i]], opt.gradient_accumulation_dtype),
@@ -147,10 +161,11 @@ def _zero12(engine: Any) -> Counted:
             else:
                 out.add("grads", _numel_bytes(params, opt.dtype),
                         "16-bit gradients of the parameters in the partition (grads_in_partition)")
-    else:
+        out.notes.extend(_fullest_partition(opt))
+    elif not opt.partition_gradients:
         dtype = opt.gradient_accumulation_dtype if opt.use_grad_accum_attribute else opt.dtype
         out.add("grads", _numel_bytes((p for g in opt.bit16_groups for p in g), dtype),
-                "every parameter's gradient (ZeRO-1 reduces at the step)")
+                "every parameter's gradient (ZeRO-1 reduces" + (", and offloads," if host else "") + " at the step)")
     out.add("optimizer", tensor_bytes(opt.single_partition_of_fp32_groups) + state_bytes(opt.optimizer),
             "fp32 master partitions (single_partition_of_fp32_groups) + Adam exp_avg + exp_avg_sq (first step)",
             on_host=host)
@@ -163,6 +178,42 @@ def _zero12(engine: Any) -> Counted:
         out.add("buffers", tensor_bytes([opt.temp_grad_buffer_for_cpu_offload, *opt.param_buffer_of_bit16_for_cpu_offload_groups]),
                 "host staging: the largest parameter's gradient and a 16-bit copy of the partition", on_host=True)
     return out
+
+
+FULLEST = "DeepSpeed's ZeRO-2 gradient partitions hold whole parameters (copy_grads_in_partition): "
+
+
+def _fullest_partition(opt: Any) -> list[str]:
+    """Which data-parallel rank's ``grads_in_partition`` is the largest (what plan.json predicts for the stage):
+    every rank's parameters in partition, from DeepSpeed's own group order, padding and partition size as
+    ``get_partition_info`` walks them (vectorized: a 16k-rank world in milliseconds)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    totals: Any = None  # elements per data-parallel rank, over the groups
+    group = None
+    for i, tensors in enumerate(opt.round_robin_bit16_groups):
+        if opt._use_compact_grad_partition_buffer(i):
+            return []
+        sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes + np.array(opt.round_robin_bit16_padding[i]))[:-1]])
+        ends, counted = starts + sizes, np.concatenate([[0], np.cumsum(sizes)])
+        parts, size = len(opt.parallel_partitioned_bit16_groups[i]), int(opt.partition_size[i])
+        lo = np.arange(parts) * size
+        first = np.searchsorted(ends, lo, side="right")  # a tensor ending inside or after the part's start
+        last = np.searchsorted(starts, lo + size, side="left")  # ... and starting before its end
+        held = counted[np.maximum(last, first)] - counted[first]
+        if totals is not None and totals.shape != held.shape:  # groups over other ranks (AutoEP's experts)
+            return []
+        totals = held if totals is None else totals + held
+        group = opt.real_dp_process_group[i]
+    if group is None or totals is None:
+        return []
+    fullest = int(np.argmax(totals))
+    element = opt.bit16_groups_flat[0].element_size()
+    return [f"{FULLEST}data-parallel rank {fullest} (global rank {dist.get_global_rank(group, fullest)}) holds the "
+            f"most, {int(totals[fullest]) * element:,} bytes; this rank "
+            f"{int(totals[dist.get_rank(group)]) * element:,} (plan.json predicts the stage's fullest rank)"]
 
 
 def _bf16(engine: Any) -> Counted:
@@ -202,7 +253,7 @@ def _add_frozen(out: Counted, engine: Any) -> None:
 def _plain(engine: Any) -> Counted:
     """No wrapper (fp32 training without ZeRO): the module's parameters, a ``.grad`` each, Adam's state."""
     out, params = Counted(), [p for p in engine.module.parameters()]
-    out.add("params", tensor_bytes(params) + quant_state_bytes(params), "the module's parameters")
+    out.add("params", tensor_bytes(params) + quant_state_bytes(engine.module), "the module's parameters")
     out.add("grads", tensor_bytes(p for p in params if p.requires_grad), "every trainable parameter's .grad")
     out.add("optimizer", state_bytes(engine.basic_optimizer), "Adam exp_avg + exp_avg_sq (first step)")
     return out

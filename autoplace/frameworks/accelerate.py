@@ -169,6 +169,15 @@ class Accelerate(Framework):
     name = FMT
     title = "accelerate"
     bf16_recipe = "bf16-fsdp2"
+    # its DDP keeps the reducer's buckets beside .grad (DistributedDataParallelKwargs' default
+    # gradient_as_bucket_view=False) for the user's script; the bundle's PEFT script asks for views
+    # (peft_train.make_accelerator) and loads a LoRA base in the compute dtype, which accelerate leaves
+    # as it is (only trainable parameters are upcast: fsdp_utils.fsdp2_prepare_model); under QLoRA, PEFT's
+    # prepare_model_for_kbit_training casts the 16-bit frozen parameters to fp32 (peft utils/other.py):
+    # the recipe's 4 bytes
+    behaviour = {"ddp_bucket_copy": True}
+    method_behaviour = {"lora": {"ddp_bucket_copy": False, "frozen_base_in_compute_dtype": True},
+                        "qlora": {"ddp_bucket_copy": False}}
     denied_features = frozenset({"interleave", "ep"})
     pinned_degrees = {"pp": 1, "ep": 1}
     uniform_recompute = ("none", "full")

@@ -94,6 +94,8 @@ class Framework:
     bf16_recipe: ClassVar[str] = "bf16"
     # Assumptions fields that differ in how this framework runs what the plan names
     behaviour: ClassVar[Mapping[str, Any]] = {}
+    # and those that differ again for a training method (lora, qlora: the bundle's PEFT script)
+    method_behaviour: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     denied_features: ClassVar[frozenset[str]] = frozenset()  # solvers.problem.FEATURES it never has
     pinned_degrees: ClassVar[Mapping[str, int]] = {}  # degrees it runs only at this value
     # recompute modes it can apply to all blocks alike
@@ -189,12 +191,13 @@ class Framework:
 
     def costing(self, model: ModelSpec, assumptions: Assumptions) -> tuple[ModelSpec, Assumptions]:
         """``model`` with the bf16 recipe this framework implements (other recipes are left as
-        they are) and ``assumptions`` with its behaviour."""
+        they are) and ``assumptions`` with its behaviour (and its training method's)."""
         precision = model.training.precision
         if precision in BF16_RECIPES and precision != self.bf16_recipe:
             training = model.training.model_copy(update={"precision": self.bf16_recipe})
             model = model.model_copy(update={"training": training})
-        return model, assumptions.replace(**self.behaviour) if self.behaviour else assumptions
+        behaviour = {**self.behaviour, **self.method_behaviour.get(model.training.method, {})}
+        return model, assumptions.replace(**behaviour) if behaviour else assumptions
 
     # --- its files ----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from autoplace.emit.launch import Launch, exported_names, header, job_environmen
 from autoplace.errors import SpecError
 from autoplace.frameworks.accelerate import PEFT_SCRIPT, peft_checked, peft_files, peft_program
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
-from autoplace.frameworks.readers import PARTITION_METHOD, deepspeed_split, plan_from_deepspeed
+from autoplace.frameworks.readers import PARTITION_METHOD, bf16_optimizer_shards, deepspeed_split, plan_from_deepspeed
 from autoplace.plan import Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec
@@ -84,6 +84,7 @@ def emit_deepspeed(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,
     """
     check_expressible(plan)
     check_split(plan)
+    check_precision(plan, training_dtype(model))
     cfg: dict[str, Any] = {
         # DeepSpeed's identity: train_batch_size = micro * accumulation * data-parallel size,
         # with data-parallel size = world / (tp * pp) (runtime/config.py:_batch_assertion).
@@ -119,6 +120,14 @@ def check_plan(plan: Plan) -> None:
     """Everything DeepSpeed refuses in a plan: :func:`check_expressible` and :func:`check_split`."""
     check_expressible(plan)
     check_split(plan)
+
+
+def check_precision(plan: Plan, dtype: str) -> None:
+    """Raise EmitError for a plan DeepSpeed runs as another in ``dtype`` (bf16, fp16 or fp32)."""
+    if bf16_optimizer_shards(plan.zero, plan.pp, plan.dp, dtype):
+        raise fail(FMT, f"zero=0 with pp={plan.pp} in bf16: DeepSpeed's pipeline engine runs it with BF16_Optimizer, "
+                        f"which shards the fp32 master weights and Adam's state over the {plan.dp} data-parallel ranks "
+                        f"(ZeRO-1); use zero=1 with dp_shard={plan.dp}")
 
 
 def check_expressible(plan: Plan) -> None:
@@ -164,6 +173,15 @@ def check_expressible(plan: Plan) -> None:
         raise fail(FMT, "per-layer recompute: DeepSpeed's activation_checkpointing section says how checkpoints are "
                         "stored, not which layers recompute (the model code decides, alike for every layer); "
                         f"this plan recomputes [{recompute_runs(plan)}]: use none, selective or full for all layers")
+
+
+def in_dtype(check: Callable[[Plan], None], dtype: str) -> Callable[[Plan], None]:
+    """``check``, then :func:`check_precision` in the model's training ``dtype``."""
+    def both(plan: Plan) -> None:
+        check(plan)
+        check_precision(plan, dtype)
+
+    return both
 
 
 def _check_zeropp(plan: Plan) -> None:
@@ -294,9 +312,17 @@ class DeepSpeed(Framework):
     # (cost.terms_time.zero3_buckets, zero3_collective_counts and zero3_hidden; DeepSpeed's own
     # defaults, runtime/zero/config.py, are 5e8 and 5e7); zero3_reduce_host_us:
     # reduce_scatter_coalesced's per-(tensor, rank) Python loops, measured by
-    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here)
+    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here).  What it allocates, each
+    # measured by its dry run (tests/test_dryrun_deepspeed.py; the sources in cost/assumptions.py):
+    # ZeRO-1/2's flat partitions (whole parameters in a ZeRO-2 gradient partition, the offload staging
+    # buffers), the fp32 master it clones from fp32 weights (ZeRO-1 to 3), ZeRO-3's gradient partitions from
+    # initialize on, the host's 16-bit partition copy under ZeRO-Offload, its reduce_bucket_size buckets
     behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
-                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0}
+                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0,
+                 "zero12_flat_partitions": True, "zero_master_clone": True, "zero3_grad_buffer_kept": True,
+                 "offload_host_partition_copy": True, "reduce_buckets": "size"}
+    # LoRA under ZeRO-3: PEFT's fp32 adapters, added after zero.Init, keep their dtype
+    method_behaviour = {"lora": {"zero3_adapters_fp32": True}}
     run_assumptions = staticmethod(run_assumptions)
     denied_features = frozenset({"cp", "interleave"})
     layer_recompute = None
@@ -308,10 +334,10 @@ class DeepSpeed(Framework):
     reports_hardware_flops = True
 
     def plan_check(self, model: ModelSpec) -> PlanCheck:
-        return checked(peft_checked(check_plan, model, FMT))
+        return checked(peft_checked(in_dtype(check_plan, training_dtype(model)), model, FMT))
 
     def config_check(self, model: ModelSpec) -> PlanCheck:
-        return checked(peft_checked(check_expressible, model, FMT))
+        return checked(peft_checked(in_dtype(check_expressible, training_dtype(model)), model, FMT))
 
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         return deepspeed_split(blocks, pp)

@@ -57,6 +57,15 @@ def deepspeed_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(base + 1 if s < extra else base for s in range(stages))
 
 
+def bf16_optimizer_shards(zero: int, pp: int, dp: int, dtype: str) -> bool:
+    """Whether DeepSpeed runs a ZeRO-0 plan as ZeRO-1: its pipeline engine trains bf16 weights without ZeRO
+    through ``BF16_Optimizer`` (engine.py ``_do_optimizer_sanity_check``: bf16 gradients under a pipeline),
+    which partitions the fp32 master weights and Adam's state over the data-parallel ranks
+    (bf16_optimizer.py ``fp32_groups_flat_partition``) and all-gathers the updated bf16 weights -- ZeRO-1's
+    states and traffic (its dry run measures them against a zero=1 plan)."""
+    return zero == 0 and pp > 1 and dp > 1 and dtype == "bf16"
+
+
 # ---------------------------------------------------------------------------------------
 # DeepSpeed
 
@@ -106,13 +115,20 @@ def plan_from_deepspeed(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cl
     dp = cluster.gpus // (tp * stages)
     mbs, ga = _deepspeed_batch(doc, dp, src)
     zeropp = _deepspeed_zeropp(zero, stage, tp, dp, cluster, src)
-    rep, shard = (1, dp) if zeropp else _deepspeed_dp_split(zero, stage, dp, src)
+    runs = stage
+    if bf16_optimizer_shards(stage, stages, dp, training_dtype(model)):
+        runs = 1
+        if notes is not None:
+            notes.append(f"zero_optimization.stage 0 with {stages} pipeline stages in bf16: DeepSpeed runs "
+                         "BF16_Optimizer, which shards the fp32 master and Adam's state over the data-parallel ranks: "
+                         "read as zero=1")
+    rep, shard = (1, dp) if zeropp else _deepspeed_dp_split(zero, runs, dp, src)
     acts = "activation_checkpointing" in doc or kit.section(doc, "pipeline", src).get("activation_checkpoint_interval")
     mode = recompute or ("full" if acts else "none")
     if mode not in RECOMPUTE:
         raise SpecError(f"{mode!r} is not valid; valid: {', '.join(RECOMPUTE)}", field="recompute")
     n = blocks(model)
-    return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=stage, mbs=mbs, grad_accum=ga,
+    return Plan(tp=tp, pp=stages, ep=ep, dp_replicate=rep, dp_shard=shard, zero=runs, mbs=mbs, grad_accum=ga,
                 offload_optimizer=offload_opt, offload_params=offload_par, recompute=(mode,) * n,
                 layers_per_stage=deepspeed_split(n, stages), compress="zeropp" if zeropp else "none",
                 overlap=kit.boolean(zero, "overlap_comm", src, "zero_optimization.", default=stage == 3) if stage else True)
