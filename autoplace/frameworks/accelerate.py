@@ -175,7 +175,7 @@ class Accelerate(Framework):
     # as it is (only trainable parameters are upcast: fsdp_utils.fsdp2_prepare_model); under QLoRA, PEFT's
     # prepare_model_for_kbit_training casts the 16-bit frozen parameters to fp32 (peft utils/other.py):
     # the recipe's 4 bytes
-    behaviour = {"ddp_bucket_copy": True}
+    behaviour = {"ddp_bucket_copy": True, "fsdp2_dim0_padding": True}  # its FSDP2 is fully_shard (fsdp2_prepare_model)
     method_behaviour = {"lora": {"ddp_bucket_copy": False, "frozen_base_in_compute_dtype": True},
                         "qlora": {"ddp_bucket_copy": False}}
     denied_features = frozenset({"interleave", "ep"})
@@ -186,7 +186,6 @@ class Accelerate(Framework):
     config_suffixes = (".yaml", ".yml")
     config_file = CONFIG
     methods = frozenset({"full", "lora", "qlora"})  # PEFT adapters on the HF model (peft_train.py)
-    behaviour = {"fsdp2_dim0_padding": True}  # its FSDP2 is fully_shard (fsdp2_prepare_model)
 
     def degree_refusals(self, model: ModelSpec) -> dict[str, str]:
         return degree_refusals(model)
