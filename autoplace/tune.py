@@ -426,7 +426,12 @@ def _loop(st: Any, dists: dict[str, Any], combos: list[Combo], target: int, ctx:
                 if first or dups >= DUPLICATE_PROPOSALS:  # or TPE keeps proposing measured combinations
                     st.enqueue_trial(_params((first or untried)[0], "nccl_algo" in dists))
                     dups = 0
-            trial = _ask(st, dists)
+            try:
+                trial = _ask(st, dists)
+            except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale while it was being asked
+                log.warning("a trial was failed as stale while this worker asked for it (it had not beaten yet: "
+                            "a storage outage outlasted the grace period); asking again")
+                continue
             key = _key(trial.params)
             bar.update(task, description=f"trial {trial.number}: {short_plan(key[0])}")
             if _claim_and_run(st, trial, key, ctx):

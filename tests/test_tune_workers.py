@@ -288,3 +288,32 @@ def test_three_workers_one_killed_measure_every_candidate_once(tmp_path: Path, k
     assert retry.params == failed.params  # retried once, by a surviving worker
     assert all(t.value and t.value > 0 for t in done)
     assert not survivors(str(tmp_path)), "trial processes outlived their workers"
+
+
+def test_a_trial_failed_as_stale_while_being_asked_is_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A trial beats only once it has its parameters, so a storage outage longer than the grace period
+    while a worker asks lets another worker's sweep fail it; the asker's next write then raises
+    UpdateFinishedTrialError inside ``ask``.  The worker asks again and finishes the study (it exited 1,
+    "internal error", in the chaos test's PostgreSQL restart)."""
+    from autoplace import studies
+    from autoplace.tune import run_tune
+
+    original = studies._BeatingJournalStorage.set_trial_param
+    swept: list[int] = []
+
+    def set_param_after_a_sweep(self: Any, trial_id: int, *args: Any, **kwargs: Any) -> Any:
+        if not swept:  # the first parameter of the first trial: another worker's sweep got there first
+            swept.append(trial_id)
+            self.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
+        return original(self, trial_id, *args, **kwargs)
+
+    monkeypatch.setattr(studies._BeatingJournalStorage, "set_trial_param", set_param_after_a_sweep)
+    cluster = tmp_path / "cpu-1.yaml"
+    cluster.write_text(CLUSTER_1)
+    report = run_tune(str(MODEL), str(cluster), trials=1, out_dir=tmp_path / "out", storage=str(tmp_path / "s.journal"),
+                      candidates=_candidates()[:1], timeout_s=240, steps=1, warmup=1, scale=0.5, progress=False,
+                      heartbeat=BEAT)
+    assert swept and report.ran == 1 and not report.incomplete
+    states = [r.state for r in report.records]
+    assert states.count("COMPLETE") == 1 and "FAIL" in states, states
