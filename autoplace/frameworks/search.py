@@ -87,6 +87,8 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     from solvers.problem import Problem
 
     able = [f for f in members(ANY) if f.model_refusal(model) is None]  # a refused one's recipes would all fail
+    if framework == ANY and not any(f.schedules & ZERO_BUBBLE for f in able):  # no shape of them would be admitted
+        features = set(features) - {"zero-bubble"}
     recipes = recipe_choices(able if framework == ANY else [], cluster, features)
     test = None
     if framework == ANY:
