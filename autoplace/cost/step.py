@@ -41,7 +41,7 @@ def bubble_shares(schedule: Array) -> Array:
     return _SHARE_BY_CODE[np.asarray(schedule)]
 
 
-def pipeline_weights(m: Array | float, v: Array | float, share: Array | float = 1.0) -> tuple[Array, Array]:
+def pipeline_weights(m: Array | float, v: Array | float, share: Array | float | Fraction = 1.0) -> tuple[Array, Array]:
     """``(w_max, w_sum)`` with pipeline time = ``w_max * slowest stage + w_sum * sum of stages``.
 
     With ``m`` micro-batches and ``v`` virtual stages per device, the slowest stage works
@@ -53,14 +53,14 @@ def pipeline_weights(m: Array | float, v: Array | float, share: Array | float = 
     return np.asarray(m, dtype=float) - w, w
 
 
-def pipeline_time(stage_times: Array, m: Array | float, v: Array | float, share: Array | float = 1.0) -> Array:
+def pipeline_time(stage_times: Array, m: Array | float, v: Array | float, share: Array | float | Fraction = 1.0) -> Array:
     """Seconds of the forward-backward pipeline; ``stage_times`` ``[..., S]`` per micro-batch
     (padded stages hold 0); ``share`` as in :func:`pipeline_weights`."""
     w_max, w_sum = pipeline_weights(m, v, share)
     return w_max * stage_times.max(axis=-1) + w_sum * stage_times.sum(axis=-1)
 
 
-def bubble_time(stage_times: Array, v: Array | float, share: Array | float = 1.0) -> Array:
+def bubble_time(stage_times: Array, v: Array | float, share: Array | float | Fraction = 1.0) -> Array:
     """The pipeline's idle time on its slowest stage: everything but that stage's own ``m``
     micro-batches, ``share (sum - slowest) / v``."""
     return (stage_times.sum(axis=-1) - stage_times.max(axis=-1)) * pipeline_weights(0.0, v, share)[1]
