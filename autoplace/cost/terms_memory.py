@@ -150,8 +150,7 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
     # ZB-V runs the head in the V's last chunk, whose backward follows its forward at once: it holds
-    # one micro-batch there, as 1F1B's last stage (Qi et al. 2024, Sec. 6); the head is still costed
-    # on the last rank (the looped placement's), not on the V's rank 0
+    # one micro-batch there, as 1F1B's last stage (Qi et al. 2024, Sec. 6), on rank 0 (context.head_stage)
     head_mult = np.where((c.schedule == SCHEDULE_CODES["zbv"])[:, None, None], np.array([1.0, 0.0]), act_mult)
     edge_act = (first * tok * (e.act_rep / sp_div)[:, None])[..., None] * act_mult + (
         last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * head_mult  # [C,S,2]

@@ -55,6 +55,10 @@ def read_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cluste
     parts = _parts(par, pp, n, src) if pp > 1 else [n]
     schedule = _schedule(par, src) if pp > 1 else "1f1b"
     v_shaped = PLAN_TO_TORCH_SCHEDULE[schedule] in V_SHAPED
+    if v_shaped and len(parts) != 2 * pp:  # ScheduleZBVZeroBubble.__init__ (torch 2.13)
+        raise SpecError(f"{PLAN_TO_TORCH_SCHEDULE[schedule]} runs exactly 2 stages per pipeline rank; this split "
+                        f"makes {len(parts)} stages on pp={pp}", source=src,
+                        field="parallelism.pipeline_parallel_layers_per_stage")
     mbs, ga = _batch(train, par, pp, rep * shard, src)
     offload = "cpu" if kit.boolean(train, "enable_cpu_offload", src, "training.") else "none"
     looped = torch_stage_order(parts, pp, PLAN_TO_TORCH_SCHEDULE[schedule])  # a V's stages back to ranks' chunks
@@ -257,7 +261,8 @@ def layer_sac_pattern(parts: list[int], pp: int, every: int, v_shaped: bool = Fa
     modes = ["none"] * sum(parts)
     for r in range(pp):
         count = 0
-        for chunk in ((r, 2 * pp - 1 - r) if v_shaped else range(r, len(parts), pp)):
+        v = v_shaped and len(parts) == 2 * pp  # (a V of other lengths torch refuses: _torchtitan_pipeline)
+        for chunk in ((r, 2 * pp - 1 - r) if v else range(r, len(parts), pp)):
             for j in range(starts[chunk], starts[chunk] + parts[chunk]):
                 count += 1
                 if count % every == 0:
