@@ -51,7 +51,14 @@ RECOMPUTE = ("none", "selective", "full")
 # (PER_LAYER, or the mode --fix pins).  It tries each form a configuration may take as a row of its own.
 FIRST_FULL, PER_LAYER = 3, 4
 FORMS = (0, 1, 2, FIRST_FULL, PER_LAYER)
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# Pipeline schedules: GPipe, 1F1B and interleaved 1F1B (Narayanan et al. 2021); interleaved-zb and zbv
+# split backward into its input- and weight-gradient passes (Qi et al. 2024, "Zero Bubble Pipeline
+# Parallelism", ICLR): interleaved-zb is their ZB1P on looped chunks (torch's InterleavedZeroBubble), zbv
+# their ZB-V on two chunks per rank placed in a V (torch's ZBVZeroBubble).  autoplace.rules states what
+# each needs; autoplace.cost.step their bubbles.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv")
+MULTI_CHUNK = frozenset({"interleaved", "interleaved-zb", "zbv"})  # the schedules that run vpp > 1 chunks a rank
+ZERO_BUBBLE = frozenset({"interleaved-zb", "zbv"})  # the backward split into B and W passes (feature zero-bubble)
 OFFLOAD = ("none", "cpu", "nvme")
 # communication compression (autoplace.compression says what each moves, costs and risks)
 COMPRESS = ("none", "bf16", "zeropp", "powersgd")
@@ -64,8 +71,10 @@ SLOT_KEYS = ("pp_embedding", "pp_loss")  # the embedding and the loss as pipelin
 # What the search may use (solvers.problem.Problem.features; --allow and --deny name them).  compress and fp8
 # are opt-in: every option changes the numbers the optimizer sees (autoplace.compression; fp8 GEMMs, and only
 # on GPUs with fp8 units); tp-across-nodes puts TP's all-reduces on the network.
-FEATURES = ("offload", "cp", "ep", "interleave", "tp-across-nodes", "hsdp", "compress", "fp8")
-DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "hsdp", "offload"})
+# zero-bubble (the ZERO_BUBBLE schedules) adds shapes beside interleave's: a framework that runs none of
+# them denies it, so only a search where one that does is admissible (torchtitan) builds them.
+FEATURES = ("offload", "cp", "ep", "interleave", "zero-bubble", "tp-across-nodes", "hsdp", "compress", "fp8")
+DEFAULT_FEATURES = frozenset({"cp", "ep", "interleave", "zero-bubble", "hsdp", "offload"})
 
 
 @dataclass(frozen=True)
@@ -78,11 +87,11 @@ class Config:
     Attributes:
         dp_replicate, dp_shard: data parallel = replicate x shard groups (HSDP when both > 1).
         tp, pp, cp, ep: tensor, pipeline, context and expert parallel degrees.
-        vpp: virtual pipeline stages per device (interleaved 1F1B when > 1).
+        vpp: virtual pipeline stages per device (a MULTI_CHUNK schedule when > 1).
         sp: sequence parallelism over the TP group (Korthikanti et al. 2022).
         zero: 0 (DDP), 1 (optimizer sharded), 2 (+ gradients), 3 (+ parameters, i.e. FSDP).
         mbs: micro-batch size in sequences; grad_accum: micro-batches per step per pipeline.
-        schedule: gpipe, 1f1b or interleaved.
+        schedule: one of SCHEDULES: gpipe, 1f1b, interleaved, interleaved-zb or zbv.
         offload_optimizer, offload_params: none, cpu or nvme.
         compress: how gradients and gathered weights travel (:mod:`autoplace.compression`):
             none (the precision recipe's dtypes), bf16 (gradients reduced in bf16), zeropp
@@ -606,6 +615,20 @@ def split_units(blocks: int, pp: int, vpp: int = 1, embedding: bool = False, los
     return tuple(u - s for u, s in zip(per, slots, strict=True))
 
 
+def schedule_batching(schedule: str, pp: int, grad_accum: int) -> str | None:
+    """Why ``schedule`` cannot run ``grad_accum`` micro-batches a step on ``pp`` stages as the cost model
+    prices it (one line), or None.  The looped schedules run whole rounds of ``pp`` micro-batches
+    (Megatron-LM's interleaved 1F1B requires it; torch's Interleaved1F1B and InterleavedZeroBubble run
+    rounds of equal size); ZB-V reaches its steady state, where its bubble is the one costed, only from
+    ``2 pp`` micro-batches (Qi et al. 2024, Sec. 6)."""
+    if schedule in ("interleaved", "interleaved-zb") and grad_accum % pp:
+        name = "interleaved 1F1B" if schedule == "interleaved" else "interleaved-zb"
+        return f"{name} needs grad_accum({grad_accum}) to be a multiple of pp({pp}) (whole rounds of pp)"
+    if schedule == "zbv" and grad_accum < 2 * pp:
+        return f"zbv needs grad_accum({grad_accum}) >= 2*pp = {2 * pp} (ZB-V's steady state, Qi et al. 2024)"
+    return None
+
+
 def model_chunks(layers_per_stage: Sequence[int], vpp: int, embedding: bool = False,
                  loss: bool = False) -> list[int] | None:
     """Blocks in each of the ``pp * vpp`` model chunks, in virtual-stage order (chunk ``v * pp + r``
@@ -629,7 +652,7 @@ def build_plan(values: dict[str, Any], *, world: int, blocks: int, global_batch:
 
     Defaults: missing dp = world / (tp*pp*cp); dp is fully sharded for zero >= 1 (fully
     replicated for zero 0; node-sized shard groups for the hsdp preset); sp on when tp > 1;
-    interleaved schedule when vpp > 1; grad_accum from the global batch; an even split.
+    interleaved schedule when vpp > 1 (unless given); grad_accum from the global batch; an even split.
 
     Raises:
         SpecError: values that cannot make a plan for this world size and batch.

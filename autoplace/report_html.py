@@ -20,6 +20,7 @@ from typing import Any
 
 from autoplace import charts
 from autoplace.errors import SpecError
+from autoplace.plan import ZERO_BUBBLE
 
 GiB = 2**30
 
@@ -223,6 +224,10 @@ def _timeline(p: dict[str, Any], key: str) -> str:
         return (f'<p class="note">No pipeline (pp=1): each device runs all {m} micro-batches of the step '
                 "back to back, accumulating gradients; there is no bubble.</p>")
     step = num(f"{key}.step_time_s", p["step_time_s"], f"{p['step_time_s']:.3f}")
+    if schedule in ZERO_BUBBLE:  # autoplace.pipeline_timeline lays out GPipe, 1F1B and interleaved 1F1B only
+        return (f'<p class="note">{schedule} schedule, pp={pp}, {vpp} chunks per device: its split backward is not '
+                f"drawn. Over the whole step the bubble costs "
+                f"{num(f'{key}.time_breakdown_s.bubble', bubble, f'{bubble:.3f}')} s of {step} s.</p>")
     drawn = drawn_microbatches(schedule, pp, m)
     ops = lay_out(schedule, pp, vpp, drawn)
     # one forward of a whole stage per micro-batch: a third of the step's compute per micro-batch

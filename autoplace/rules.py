@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplace.compression import applies
 from autoplace.cost.layers import LayerTable
-from autoplace.plan import Plan, model_chunks
+from autoplace.plan import MULTI_CHUNK, Plan, model_chunks, schedule_batching
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -56,17 +56,22 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerT
     rule(len(p.layers_per_stage) == p.pp and sum(p.layers_per_stage) == table.blocks and min(p.layers_per_stage) >= 0,
          "layer-split", f"layers_per_stage {list(p.layers_per_stage)} must give {p.pp} stages adding up to {table.blocks}")
     rule(len(p.recompute) == table.blocks, "layer-split", f"recompute needs one mode per layer ({table.blocks})")
-    rule(p.vpp == 1 or (p.schedule == "interleaved" and p.pp > 1), "interleave",
-         f"vpp={p.vpp} needs the interleaved schedule and pp > 1")
-    rule(p.schedule != "interleaved" or p.vpp > 1, "interleave", "the interleaved schedule needs vpp > 1")
+    rule(p.vpp == 1 or (p.schedule in MULTI_CHUNK and p.pp > 1), "interleave",
+         f"vpp={p.vpp} needs a schedule of several chunks per rank ({', '.join(sorted(MULTI_CHUNK))}) and pp > 1")
+    rule(p.schedule not in MULTI_CHUNK or p.vpp > 1, "interleave", f"the {p.schedule} schedule needs vpp > 1")
+    # torch's ZBVZeroBubble: "ZBV requires exactly 2 stages per rank" (schedules.py, torch 2.13), in a V
+    rule(p.schedule != "zbv" or p.vpp in (1, 2), "interleave", f"zbv runs exactly 2 chunks per rank, got vpp={p.vpp}")
+    # the places count the embedding / loss in the looped placement's first / last chunk; ZB-V puts both on rank 0
+    rule(p.schedule != "zbv" or not (p.pp_embedding or p.pp_loss), "layer-split",
+         "pp_embedding / pp_loss are modelled on looped chunks; zbv places its chunks in a V")
     rule(p.pp > 1 or not (p.pp_embedding or p.pp_loss), "layer-split",
          "pp_embedding / pp_loss count the embedding / the loss as a pipeline layer: they need pp > 1")
     rule(p.vpp == 1 or len(p.layers_per_stage) != p.pp or
          model_chunks(p.layers_per_stage, p.vpp, p.pp_embedding, p.pp_loss) is not None, "interleave",
          f"every stage's layer count {list(p.layers_per_stage)}{_slots_said(p)} must be a positive multiple of "
          f"vpp={p.vpp}")
-    rule(p.schedule != "interleaved" or p.grad_accum % p.pp == 0, "interleave",
-         f"interleaved 1F1B needs grad_accum({p.grad_accum}) to be a multiple of pp({p.pp}) (Megatron-LM)")
+    batching = schedule_batching(p.schedule, p.pp, p.grad_accum) if p.pp > 1 else None
+    rule(batching is None, "interleave", batching or "")
     rule(p.offload_params == "none" or p.zero == 3, "offload-params-needs-zero3",
          f"offload_params={p.offload_params} needs zero=3 (ZeRO-Infinity / FSDP CPU offload of sharded parameters)")
     rule(p.offload_optimizer == "none" or p.zero >= 1, "offload-optimizer-needs-zero",

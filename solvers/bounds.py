@@ -16,6 +16,7 @@ import numpy as np
 
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.layers import LayerTable
+from autoplace.cost.step import bubble_shares, pipeline_weights
 from autoplace.cost.terms import StageTerms
 
 Array = np.ndarray
@@ -66,6 +67,7 @@ class Summary:
     pp: Array  # [C] pipeline depth, micro-batches and virtual stages (floats)
     ga: Array
     vpp: Array
+    share: Array  # [C] the schedule's share of the 1F1B bubble (autoplace.cost.step.BUBBLE_SHARE)
     static_time: Array  # [C] seconds per micro-batch of all stages' static parts
     t_min: Array  # [C, K, 3] seconds per block on the fastest stage, by recompute mode
     recompute: Array  # [C] least recompute seconds any split needs to fit (_recompute_time_lb)
@@ -85,13 +87,14 @@ class Summary:
         """(objective lower bound over all inner choices, lower bound of the fullest stage's
         memory minus capacity -- positive when no split can fit) of every configuration, with
         every block in recompute ``mode`` or (None) any mix of modes."""
-        n_kind, pp, m, v = self.n_kind, self.pp, self.ga, self.vpp
+        n_kind, pp, m = self.n_kind, self.pp, self.ga
+        w_max, w_sum = pipeline_weights(m, self.vpp, self.share)
         # time: the sum of stage times is split-independent (up to per-stage hardware: take the fastest)
         total = self.static_time + (self.t_min[..., mode or 0] * n_kind).sum(-1)
         if mode is None:
             total = total + self.recompute
         # the slowest tail is at least the average of the gather + optimizer parts of all stages
-        time_lb = (m - 1 / v) * total / pp + total / v + self.rest / pp
+        time_lb = w_max * total / pp + w_sum * total + self.rest / pp
         # memory: in every phase the fullest stage holds at least the average of all stages, with
         # the lightest recompute allowed and each stage's lightest coefficients
         act = 2 if mode is None else mode
@@ -126,6 +129,7 @@ def summarize(table: LayerTable, cand: Candidates, terms: StageTerms) -> Summary
     static, per_block, mult = terms.phases  # [C,S,F], [C,S,F,K], [C,S,F]
     return Summary(
         n_kind=n_kind, pp=cand.pp.astype(float), ga=cand.ga.astype(float), vpp=cand.vpp.astype(float),
+        share=bubble_shares(cand.schedule),
         static_time=st.sum(terms.t_static.sum(-1)), t_min=t_min, recompute=_recompute_time_lb(terms, st, n_kind, t_min),
         rest=st.sum(terms.gather_static + terms.opt_static) + (rest_blocks * n_kind).sum(-1),
         static_mem=st.sum(static, 1), static_max=st.max(static, 1, fill=0.0), state=st.min(per_block, 2),

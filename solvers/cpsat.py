@@ -23,10 +23,10 @@ The model (:func:`build_model`):
     so each stage chooses one arc (first block, blocks) among those on some split that fits,
     consecutive stages meeting at their shared boundary (a path from block 0 to ``L``);
 
-* the objective ``D ((m - 1/v) max_s t_s + Σ_s t_s / v + max_s tail_s)`` for time
-  (:func:`autoplace.cost.step.pipeline_weights`), or the busiest stage's bytes for comm and
-  memory.  ``D`` is the least common multiple of the kept configurations' vpp, so every
-  weight is an exact integer.
+* the objective ``D ((m - w) max_s t_s + w Σ_s t_s + max_s tail_s)`` for time, ``w = share / v``
+  (:func:`autoplace.cost.step.pipeline_weights`; ``share`` the schedule's ``BUBBLE_SHARE``), or the
+  busiest stage's bytes for comm and memory.  ``D`` is the least common multiple of the kept
+  configurations' denominators of ``w``, so every weight is an exact integer.
 
 Coefficients come from :func:`autoplace.cost.terms.stage_terms` (the evaluator's own
 tables), in integer units of a recorded scale; memory is rounded conservatively (coefficients
@@ -40,10 +40,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from autoplace.cost.step import BUBBLE_SHARE
 from autoplace.plan import Config, config_slots
 from solvers import _ortools
 from solvers.base import Budget, Problem, Solver, SolveResult
@@ -72,6 +74,11 @@ class Built:
     read: Callable[[Any, int], Chosen]
 
 
+def _bubble_weight(cf: Config) -> Fraction:
+    """The other stages' weight in ``cf``'s pipeline time, ``share / vpp`` (:func:`autoplace.cost.step.pipeline_weights`)."""
+    return BUBBLE_SHARE[cf.schedule] / cf.vpp
+
+
 def _ceil(x: float) -> int:
     return int(math.ceil(x - 1e-9))
 
@@ -95,7 +102,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
     keep = range(len(configs))
     time_obj = problem.objective == "time"
     md = cp_model.CpModel()
-    D = math.lcm(*(configs[i].vpp for i in keep)) if time_obj else 1
+    # every w_sum = D * share / vpp an integer (autoplace.cost.step.BUBBLE_SHARE: thirds under interleaved-zb)
+    D = math.lcm(*(_bubble_weight(configs[i]).denominator for i in keep)) if time_obj else 1
     # an upper bound of any stage's micro-batch time and of any stage's tail
     worst = max(max(float(t.t_static[i].sum(-1).max() + L * t.t_block[i].sum(-1).max()),
                     float((t.reduce_static[i] + t.gather_static[i] + t.opt_static[i]).max()
@@ -112,7 +120,8 @@ def build_model(problem: Problem, scored: Scored, tables: dict[int, Tables],
         cf, tb, forced = configs[i], tables[i], split_of(configs, i, problem)
         x = present[i] = md.new_bool_var(f"x{i}")
         o = objective[i] = md.new_int_var(0, cap, f"o{i}")
-        w_max, w_sum = D * cf.grad_accum - D // cf.vpp, D // cf.vpp  # D * pipeline_weights(m, v)
+        w_sum = int(D * _bubble_weight(cf))  # D * pipeline_weights(m, v, share), exactly
+        w_max = D * cf.grad_accum - w_sum
         slots = config_slots(cf)
         best = best_split_units(tb, unit, cf.vpp, w_max, w_sum, D, slots) \
             if time_obj and forced is None else None

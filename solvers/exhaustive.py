@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from autoplace.cost.layers import layer_table
-from autoplace.cost.step import pipeline_time
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_time
 from autoplace.errors import SolverError, SpecError
 from autoplace.plan import FIRST_FULL, config_slots
 from solvers.base import Budget, Problem, Solver, SolveResult
@@ -112,7 +112,7 @@ def best_inner(scored: Scored, i: int, problem: Problem) -> tuple[tuple[Any, ...
         stages = [x for x in found if x is not None]
         if len(stages) < P:
             continue
-        step = float(pipeline_time(np.array([x.time for x in stages]), m, v)) + max(x.tail for x in stages)
+        step = float(pipeline_time(np.array([x.time for x in stages]), m, v, BUBBLE_SHARE[cf.schedule])) + max(x.tail for x in stages)
         comm = max(x.comm for x in stages)
         mem = max(x.memory for x in stages)
         key = {"time": (step, comm), "comm": (comm, step), "memory": (mem, step)}[problem.objective]

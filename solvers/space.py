@@ -26,7 +26,19 @@ from autoplace.cost.evaluate import evaluate_batch
 from autoplace.cost.layers import LayerTable, layer_table
 from autoplace.cost.terms import StageTerms, stage_terms
 from autoplace.errors import Infeasible, SpecError
-from autoplace.plan import FIRST_FULL, FORMS, PER_LAYER, RECIPE_DEFAULTS, RECOMPUTE, Config, Plan, split_units
+from autoplace.plan import (
+    FIRST_FULL,
+    FORMS,
+    MULTI_CHUNK,
+    PER_LAYER,
+    RECIPE_DEFAULTS,
+    RECOMPUTE,
+    ZERO_BUBBLE,
+    Config,
+    Plan,
+    schedule_batching,
+    split_units,
+)
 from autoplace.specs.model import TransformerSpec
 from solvers.bounds import Summary, summarize
 from solvers.problem import Problem
@@ -152,8 +164,9 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     if "mbs" in fx:
         mbss = [fx["mbs"]] if per_replica % fx["mbs"] == 0 else []
     layouts = _layouts(problem, L, pp)
-    if all((per_replica // mbs) % pp for mbs in mbss):  # no micro-batching interleaves: no shape would be used
-        layouts = [x for x in layouts if x[0] == 1]
+    multi = ("interleaved", "zbv") if "zero-bubble" in feat else ("interleaved",)  # the least a multi-chunk one needs
+    if all(schedule_batching(s, pp, per_replica // mbs) for mbs in mbss for s in multi):
+        layouts = [x for x in layouts if x[0] == 1]  # no micro-batching runs several chunks: no shape would be used
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
     offs_par = ["none", "cpu"] if ("offload" in feat and base.zero == 3) else ["none"]
     # the shapes a framework can express, judged once each: no emitter check reads mbs or
@@ -162,10 +175,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     shapes: list[Config] = []
     labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
     batching: list[Any] = []  # each shape's Problem.microbatching rule (None: every micro-batching)
-    for vpp, embedding, loss in layouts:
-        schedule = "interleaved" if vpp > 1 else fx.get("schedule", "1f1b")
-        if fx.get("schedule", schedule) != schedule:
-            continue
+    for (vpp, embedding, loss), schedule in ((x, s) for x in layouts for s in _schedules(problem, *x)):
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
@@ -185,16 +195,30 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
                     labels.append((costing, problem.forms(shape), problem.split_of(shape)))
                     batching.append(None if problem.microbatching is None else problem.microbatching(shape))
                     taken[i] = costing
-    flat = [k for k, shape in enumerate(shapes) if shape.vpp == 1]
     ruled = any(rule is not None for rule in batching)
     batchings = []
     for mbs in mbss:  # micro-batch outermost: the order configurations (and ties) always had
         ga = per_replica // mbs
-        chosen = list(range(len(shapes))) if ga % pp == 0 else flat
+        fits = {s: pp == 1 or schedule_batching(s, pp, ga) is None for s in {shape.schedule for shape in shapes}}
+        chosen = [k for k, shape in enumerate(shapes) if fits[shape.schedule]]
         if ruled:
             chosen = [k for k in chosen if batching[k] is None or batching[k](mbs, ga)]
         batchings.append((mbs, ga, chosen))
     return shapes, batchings, labels
+
+
+def _schedules(problem: Problem, vpp: int, embedding: bool, loss: bool) -> list[str]:
+    """The pipeline schedules of one layout (:func:`_layouts`) as ``--fix`` allows: the one chunk a
+    rank schedules (1f1b unless pinned), or interleaved 1F1B and with the zero-bubble feature
+    interleaved-zb, and zbv at two chunks a rank without embedding / loss places (autoplace.rules)."""
+    fx = problem.fixed
+    if vpp == 1:
+        out = [fx.get("schedule", "1f1b")]
+    else:
+        out = ["interleaved"]
+        if "zero-bubble" in problem.features or fx.get("schedule") in ZERO_BUBBLE:
+            out += ["interleaved-zb", *(["zbv"] if vpp == 2 and not (embedding or loss) else [])]
+    return [s for s in out if fx.get("schedule", s) == s and (s in MULTI_CHUNK) == (vpp > 1)]
 
 
 def _layouts(problem: Problem, L: int, pp: int) -> list[tuple[int, bool, bool]]:
@@ -213,7 +237,7 @@ def _layouts(problem: Problem, L: int, pp: int) -> list[tuple[int, bool, bool]]:
     places = [(e, l_) for e, l_ in places if fx.get("pp_embedding", e) == e and fx.get("pp_loss", l_) == l_]
     # without interleaving a place only moves the even split, which the search chooses anyway: tried when pinned
     out = [(1, e, l_) for e, l_ in places if fx.get("vpp", 1) == 1 and (pinned or not (e or l_))]
-    if "interleave" in problem.features or "vpp" in fx:
+    if "interleave" in problem.features or "vpp" in fx or fx.get("schedule") in MULTI_CHUNK:
         for e, l_ in places:
             units = L + e + l_
             # an interleave the blocks alone make is searched without places unless they are pinned: a

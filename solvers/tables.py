@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
-from autoplace.cost.step import pipeline_time, pipeline_weights
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_time, pipeline_weights
 from autoplace.plan import FIRST_FULL, config_slots, split_units
 from solvers.space import Scored, recompute_of
 
@@ -279,7 +280,8 @@ def size_floors(scored: Scored, rows: Sequence[int], tail: np.ndarray) -> np.nda
     P = scored.configs[rows[0]].pp
     m = np.array([scored.configs[r].grad_accum for r in rows])
     v = np.array([scored.configs[r].vpp for r in rows])
-    w_max, w_sum = (w[:, None, None] for w in pipeline_weights(m, v))
+    share = np.array([float(BUBBLE_SHARE[scored.configs[r].schedule]) for r in rows])
+    w_max, w_sum = (w[:, None, None] for w in pipeline_weights(m, v, share))
     static = t.t_static[i, :P].sum(-1)  # [C, P]
     tau = t.t_block[i, :P, 0].sum(-1).min(-1)  # [C, P] seconds per block in its fastest mode
     n = np.arange(L + 1)[None, None, :]
@@ -361,13 +363,14 @@ def bound_many(scored: Scored, rows: Sequence[int], objective: str, fixed_mode: 
         stacked = StageTables(*(np.stack([getattr(built[i][0], f) for i in group]) for f in StageTables.__annotations__))
         m, vs = (np.array([getattr(scored.configs[i], f) for i in group]) for f in ("grad_accum", "vpp"))
         slots = np.array([config_slots(scored.configs[i]) for i in group])
-        lower, bottlenecks = split_bounds_many(stacked, vs, m, objective, slots)
+        shares = np.array([float(BUBBLE_SHARE[scored.configs[i].schedule]) for i in group])
+        lower, bottlenecks = split_bounds_many(stacked, vs, m, objective, slots, shares)
         for c, i in enumerate(group):
             (tb, lo, hi), v, neck, cf = built[i], int(vs[c]), bottlenecks[c], scored.configs[i]
             even = list(split_units(L, pp, v, cf.pp_embedding, cf.pp_loss))
             pinned = forced[i]
             tried = [list(pinned)] if pinned else [even, *([neck] if neck else [])]
-            values = [(split_value(tb, sp, v, int(m[c]), objective), sp) for sp in tried
+            values = [(split_value(tb, sp, v, int(m[c]), objective, shares[c]), sp) for sp in tried
                       if sum(sp) == L and len(sp) == pp]
             upper, split = min(values, key=lambda x: x[0]) if values else (INF, None)
             out[i] = TableBound(float(lower[c]), upper, split if np.isfinite(upper) else None, tb, cap_of[i], lo, hi)
@@ -383,7 +386,7 @@ def _by_depth(scored: Scored, rows: Sequence[int]) -> dict[int, list[int]]:
 
 
 def split_bounds(tables: StageTables, v: int, m: int, objective: str,
-                 slots: tuple[int, ...] | None = None) -> tuple[float, list[int] | None]:
+                 slots: tuple[int, ...] | None = None, share: float | Fraction = 1) -> tuple[float, list[int] | None]:
     """A lower bound of the configuration's objective over all splits, and a good split.
 
     Dynamic programs over stages: the smallest possible sum of stage values ``Σ*``, the
@@ -395,16 +398,18 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str,
     """
     stacked = StageTables(*(x[None] for x in (tables.value, tables.time, tables.tail, tables.sel, tables.full)))
     lower, splits = split_bounds_many(stacked, np.array([v]), np.array([m]), objective,
-                                      None if slots is None else np.array([slots]))
+                                      None if slots is None else np.array([slots]), np.array([float(share)]))
     return float(lower[0]), splits[0]
 
 
 def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray, objective: str,
-                      slots: np.ndarray | None = None) -> tuple[np.ndarray, list[list[int] | None]]:
+                      slots: np.ndarray | None = None,
+                      shares: np.ndarray | None = None) -> tuple[np.ndarray, list[list[int] | None]]:
     """:func:`split_bounds` of stacked tables ``[C, S, L+1]`` of one pipeline depth, with
     ``v[C]`` virtual stages, ``m[C]`` micro-batches and ``slots[C, S]`` the stages' embedding /
-    loss places (:func:`autoplace.plan.stage_slots`; none when not given): the lower bounds
-    ``[C]`` and the splits.
+    loss places (:func:`autoplace.plan.stage_slots`; none when not given), ``shares[C]`` the
+    schedules' bubble shares (:data:`autoplace.cost.step.BUBBLE_SHARE`; 1 when not given): the
+    lower bounds ``[C]`` and the splits.
 
     The DPs run over chunks of ``v`` units (a stage's blocks and places), the only sizes a
     stage may take: every state between is unreachable (``inf``) on the grid, so the minima,
@@ -438,7 +443,7 @@ def split_bounds_many(tables: StageTables, v: np.ndarray, m: np.ndarray, objecti
     splits = [split[c].tolist() if found[c] else None for c in range(C)]
     lower = top[rows, W - 1 + Q]
     if objective == "time":
-        w_max, w_sum = pipeline_weights(m, v)
+        w_max, w_sum = pipeline_weights(m, v, 1.0 if shares is None else shares)
         tails = _chunks(np.where(np.isfinite(tables.value), tables.tail, INF), v, slots)
         with np.errstate(invalid="ignore"):  # 0 * inf where no split fits: dropped below
             lower = w_max * lower + w_sum * total[rows, W - 1 + Q] + _min_max(tails, Q)
@@ -500,8 +505,10 @@ def _sizes(vals: np.ndarray) -> int:
     return int(np.flatnonzero(finite).max()) + 1 if finite.any() else 1
 
 
-def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int, m: int, objective: str) -> float:
-    """The objective of one split using the tables (inf when a stage cannot fit)."""
+def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int, m: int, objective: str,
+                share: float | Fraction = 1) -> float:
+    """The objective of one split using the tables (inf when a stage cannot fit); ``share`` the
+    schedule's bubble share (:data:`autoplace.cost.step.BUBBLE_SHARE`)."""
     s = np.arange(len(split))
     n = np.asarray(split)
     vals = tables.value[s, n]
@@ -509,7 +516,7 @@ def split_value(tables: StageTables, split: list[int] | tuple[int, ...], v: int,
         return INF
     if objective != "time":
         return float(vals.max())
-    return float(pipeline_time(tables.time[s, n], m, v) + tables.tail[s, n].max())
+    return float(pipeline_time(tables.time[s, n], m, v, float(share)) + tables.tail[s, n].max())
 
 
 def table_modes(tables: StageTables, split: list[int]) -> list[list[list[int]]]:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from autoplace.cost.layers import LayerTable
-from autoplace.cost.step import pipeline_time, pipeline_weights
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_time, pipeline_weights
 from autoplace.plan import FIRST_FULL, config_slots
 from solvers.space import Scored
 from solvers.tables import INF, size_limits
@@ -147,7 +148,7 @@ def mixed_limits(scored: Scored, i: int, objective: str, cap: float, smallest: n
     P = cf.pp
     if objective != "time" or not np.isfinite(cap):
         return np.full(P, L)
-    w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
+    w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp, BUBBLE_SHARE[cf.schedule])
     static = t.t_static[i, :P].sum(-1)  # [P]
     tau = t.t_block[i, :P].sum(-1).min(axis=(-2, -1))  # [P] seconds per block, fastest kind and mode
     n = np.arange(L + 1)[None, :]
@@ -295,7 +296,8 @@ def _band(N: int, W: int) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(start, 0), start >= 0
 
 
-def mixed_split_bounds(tables: MixedTables, v: int, m: int, objective: str) -> tuple[float, list[int] | None]:
+def mixed_split_bounds(tables: MixedTables, v: int, m: int, objective: str,
+                       share: float | Fraction = 1) -> tuple[float, list[int] | None]:
     """A lower bound of the configuration's objective over all splits, and a good split: the
     DPs of :func:`solvers.tables.split_bounds` (smallest sum ``Σ*``, smallest slowest stage
     ``τ*``, smallest largest tail ``θ*``) over boundary positions instead of stage sizes."""
@@ -324,7 +326,7 @@ def mixed_split_bounds(tables: MixedTables, v: int, m: int, objective: str) -> t
     split.reverse()
     if objective != "time":
         return float(top[L]), split
-    w_max, w_sum = pipeline_weights(m, v)
+    w_max, w_sum = pipeline_weights(m, v, float(share))
     return float(w_max * top[L] + w_sum * total[L] + tail[L]), split
 
 
@@ -338,7 +340,7 @@ def _lookup(tables: MixedTables, split: list[int] | tuple[int, ...]) -> tuple[np
 
 
 def mixed_split_value(tables: MixedTables, split: list[int] | tuple[int, ...], v: int, m: int,
-                      objective: str) -> float:
+                      objective: str, share: float | Fraction = 1) -> float:
     """The objective of one split using the tables (inf when a stage cannot fit)."""
     at = _lookup(tables, split)
     if at is None or sum(split) != tables.time.shape[1] - 1:
@@ -348,7 +350,7 @@ def mixed_split_value(tables: MixedTables, split: list[int] | tuple[int, ...], v
         return INF
     if objective != "time":
         return float(vals.max())
-    return float(pipeline_time(tables.time[at], m, v) + tables.tail[at].max())
+    return float(pipeline_time(tables.time[at], m, v, float(share)) + tables.tail[at].max())
 
 
 def mixed_modes(tables: MixedTables, split: list[int]) -> list[list[list[int]]]:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autoplace.cost.step import pipeline_weights
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_weights
 from autoplace.plan import split_units
 from solvers.base import Problem
 from solvers.space import Scored, Space, recompute_of, split_of
@@ -189,19 +189,20 @@ def bound_mixed(problem: Problem, space: Space, deadline: float) -> Bounded | No
                 stopped = True
                 break
             cf, fixed_split = space.configs[i], split_of(batch.configs, j, problem)
+            share = BUBBLE_SHARE[cf.schedule]
             tb = mixed_tables(batch, j, objective, recompute_of(batch.configs, j, problem.fixed_mode), caps.cap,
                               fixed_split)
             if objective == "time" and not fixed_split:  # the exact optimum over splits (or a bound and a split)
-                w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
+                w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp, share)
                 found = best_arc_split(tb.time, tb.tail, float(w_max), float(w_sum))
                 lb, bottleneck = found.bound, found.split
             else:
-                lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective)
+                lb, bottleneck = mixed_split_bounds(tb, cf.vpp, cf.grad_accum, objective, share)
             if not np.isfinite(lb):
                 continue
             even = list(split_units(L, cf.pp, cf.vpp, cf.pp_embedding, cf.pp_loss))
             splits = [list(fixed_split)] if fixed_split else [even, *([bottleneck] if bottleneck else [])]
-            ub, split = min(((mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective), sp) for sp in splits),
+            ub, split = min(((mixed_split_value(tb, sp, cf.vpp, cf.grad_accum, objective, share), sp) for sp in splits),
                             key=lambda x: x[0])
             caps.add(ub)
             kept[i] = _Found(lb, ub, split if np.isfinite(ub) else None, tb)
@@ -229,5 +230,6 @@ def _even_cap(problem: Problem, space: Space) -> float:
         split = split_of(batch.configs, j, problem) or split_units(L, cf.pp, cf.vpp, cf.pp_embedding, cf.pp_loss)
         tb = mixed_tables(batch, j, problem.objective, recompute_of(batch.configs, j, problem.fixed_mode),
                           fixed_split=split)
-        values.append(mixed_split_value(tb, list(split), cf.vpp, cf.grad_accum, problem.objective))
+        values.append(mixed_split_value(tb, list(split), cf.vpp, cf.grad_accum, problem.objective,
+                                         BUBBLE_SHARE[cf.schedule]))
     return float(np.sort(values)[k - 1]) if len(values) >= k else np.inf

@@ -4,9 +4,11 @@ the batched functions must equal element for element (tests/test_tables.py)."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
-from autoplace.cost.step import pipeline_weights
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_weights
 from solvers.space import Scored
 from solvers.tables import PRUNE_SLACK, StageTables
 
@@ -85,7 +87,7 @@ def size_limits(scored: Scored, i: int, objective: str, cap: float, tail: np.nda
     P = cf.pp
     if objective != "time" or not np.isfinite(cap):
         return np.full(P, L)
-    w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp)
+    w_max, w_sum = pipeline_weights(cf.grad_accum, cf.vpp, BUBBLE_SHARE[cf.schedule])
     static = t.t_static[i, :P].sum(-1)  # [P]
     tau = t.t_block[i, :P, 0].sum(-1).min(-1)  # [P] seconds per block in its fastest mode
     n = np.arange(L + 1)[None, :]
@@ -102,7 +104,8 @@ def _tail(scored: Scored, i: int, L: int) -> np.ndarray:
     return scored.terms.tail_at(i, np.arange(P)[:, None], n)
 
 
-def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[float, list[int] | None]:
+def split_bounds(tables: StageTables, v: int, m: int, objective: str,
+                 share: float | Fraction = 1) -> tuple[float, list[int] | None]:
     """A lower bound of the configuration's objective over all splits, and a good split.
 
     Dynamic programs over stages: the smallest possible sum of stage values ``Σ*``, the
@@ -138,7 +141,7 @@ def split_bounds(tables: StageTables, v: int, m: int, objective: str) -> tuple[f
     split.append(k)
     split.reverse()
     if objective == "time":
-        w_max, w_sum = pipeline_weights(m, v)
+        w_max, w_sum = pipeline_weights(m, v, float(share))
         fits = allowed & np.isfinite(tables.value)
         return float(w_max * top[L] + w_sum * total[L] + _min_max(tables.tail, fits)), split
     return float(top[L]), split

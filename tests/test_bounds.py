@@ -21,6 +21,7 @@ from hypothesis.extra import numpy as hnp
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.context import Context
 from autoplace.cost.layers import LayerTable, layer_table
+from autoplace.cost.step import bubble_shares
 from autoplace.cost.terms import StageTerms
 from autoplace.errors import Infeasible
 from autoplace.frameworks import search
@@ -164,6 +165,7 @@ def _reference_summary(table: LayerTable, cand: Candidates, terms: StageTerms) -
     t_min = st.where(t_sum, np.inf, 2).min(axis=1)
     return Summary(
         n_kind=n_kind, pp=cand.pp.astype(float), ga=cand.ga.astype(float), vpp=cand.vpp.astype(float),
+        share=bubble_shares(cand.schedule),
         static_time=st.where(terms.t_static.sum(-1), 0).sum(1), t_min=t_min,
         recompute=_recompute_time_lb(terms, st, n_kind, t_min),
         rest=np.where(mask, terms.gather_static + terms.opt_static, 0).sum(1) + (rest_blocks * n_kind).sum(-1),

@@ -52,6 +52,9 @@ CASES = {
     "qwen3-tp-noreshard": (family("qwen3-8b", 2), "tp=2,zero=2", GPUS8),
     "mistral-pp-1f1b": (family("mistral-7b-v0.1", 4, sliding_window=None), "pp=2,zero=3", GPUS8),
     "llama3.1-pp-interleaved": (family("llama-3.1-405b", 4), "pp=2,vpp=2,schedule=interleaved,zero=2", GPUS8),
+    # the zero-bubble schedules (issue 38): looped chunks, and two chunks a rank in a V
+    "llama3.1-pp-interleaved-zb": (family("llama-3.1-405b", 4), "pp=2,vpp=2,schedule=interleaved-zb,zero=2", GPUS8),
+    "llama3.1-pp-zbv": (family("llama-3.1-405b", 4), "pp=2,vpp=2,schedule=zbv,zero=2", GPUS8),
     "mixtral-cp": (family("mixtral-8x22b", 2), "cp=2,zero=3", GPUS8),
     "qwen3moe-ep": (family("qwen3-30b-a3b", 2), "ep=2,zero=3", GPUS8),
     "mixtral-ep-tp": (family("mixtral-8x7b-v0.1", 2), "ep=2,tp=2,zero=3", GPUS8),
@@ -95,9 +98,11 @@ def test_each_rank_builds_as_planned(name: str, bundles: dict[str, Path]) -> Non
     plan = json.loads((bundle / "plan.json").read_text())
     pp, vpp = plan["degrees"]["pp"], plan["virtual_stages"]
     ranks = [(0, 0)] + ([(last_stage_rank(bundle), pp - 1)] if pp > 1 else [])
+    v_shape = plan["schedule"] == "zbv"  # torch places ZBV's two stages a rank in a V: r and 2 pp - 1 - r
     for rank, stage in ranks:
         run = build_in_process(bundle, rank)
-        check_built(run, stage, [stage + pp * v for v in range(vpp)] if pp > 1 else [])
+        chunks = [stage, 2 * pp - 1 - stage] if v_shape else [stage + pp * v for v in range(vpp)]
+        check_built(run, stage, chunks if pp > 1 else [])
 
 
 def test_fsdp2_pads_each_shard_at_large_shard_groups(tmp_path: Path) -> None:

@@ -195,12 +195,16 @@ def build_titan_pipeline(titan: Any, plan: Plan, model: Any) -> list[int]:
     for key, value in torchtitan.training_section(plan, model).items():
         setattr(job.training, key, value)
     chunks: list[int] = []
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV, ScheduleZBVZeroBubble, get_schedule_class
 
     def split(whole: Any, mesh: Any, schedule: str, device: Any, names: list[list[str]]) -> Any:
         chunks.extend(sum(n.startswith("layers.") for n in stage) for stage in names)
-        indices = range(0, len(names), plan.pp)  # rank 0 of a looped schedule: stages 0, pp, 2 pp, ...
+        # rank 0 of a looped schedule: stages 0, pp, 2 pp, ...; of a V-shaped one at two a rank (torchtitan's
+        # style "v" for the classes it names): 0 and 2 pp - 1
+        v_style = get_schedule_class(schedule) in (ScheduleZBVZeroBubble, ScheduleDualPipeV)
+        indices = (0, len(names) - 1) if v_style and len(names) == 2 * plan.pp else range(0, len(names), plan.pp)
         stages = [types.SimpleNamespace(num_stages=len(names), group_size=plan.pp, group_rank=0, stage_index=i,
-                                        is_first=i == 0, is_last=i == len(names) - 1) for i in indices]
+                                        is_first=i == 0, is_last=i == len(names) - 1, submod=None) for i in indices]
         return stages, [types.SimpleNamespace() for _ in stages]
 
     dims = types.SimpleNamespace(pp=plan.pp, get_mesh=lambda name: None)
@@ -216,7 +220,12 @@ SCHEDULE_PLANS = [(8, "pp=2,zero=3"), (8, "tp=2,pp=2,zero=3"), (8, "pp=4,zero=3"
                   (8, "pp=4,zero=3,schedule=gpipe"), (8, "pp=2,zero=3,layers=3:5"), (16, "pp=4,zero=3,mbs=2"),
                   (72, "pp=4,vpp=2,zero=3"), (72, "pp=4,vpp=2,zero=3,mbs=2"), (72, "tp=2,pp=4,vpp=2,zero=3"),
                   (8, "pp=2,vpp=2,zero=3"), (64, "pp=2,vpp=2,zero=3,schedule=1f1b"),
-                  (64, "pp=2,zero=3,schedule=interleaved")]
+                  (64, "pp=2,zero=3,schedule=interleaved"),
+                  # the zero-bubble schedules (issue 38): whole rounds, two chunks in a V, a split off the V
+                  (72, "pp=4,vpp=2,zero=3,schedule=interleaved-zb"), (64, "pp=2,vpp=4,zero=3,schedule=interleaved-zb"),
+                  (72, "pp=4,vpp=2,zero=3,mbs=2,schedule=interleaved-zb"), (8, "pp=2,zero=3,schedule=interleaved-zb"),
+                  (64, "pp=2,vpp=2,zero=3,schedule=zbv"), (72, "pp=4,vpp=2,zero=3,schedule=zbv"),
+                  (64, "pp=2,vpp=2,zero=3,schedule=zbv,layers=2:6"), (64, "pp=2,vpp=4,zero=3,schedule=zbv")]
 
 
 @pytest.mark.parametrize("batch, text", SCHEDULE_PLANS)
@@ -227,7 +236,14 @@ def test_torchtitan_builds_the_pipeline_of_every_plan_its_check_admits(batch: in
     plan = make_plan(text, model, CLUSTER16)
     why = get("torchtitan").plan_check(model)(plan)
     if why is None:
-        assert build_titan_pipeline(titan, plan, model) == model_parts(plan, "torchtitan")
+        chunks = build_titan_pipeline(titan, plan, model)
+        assert chunks == torchtitan.stage_parts(plan)
+        # and each rank holds the plan's layers where torch places its stages (looped, or a V for ZBV)
+        from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
+        style = "v" if plan.schedule == "zbv" else "loop"
+        rank_of = generate_stage_to_rank_mapping(plan.pp, len(chunks), style=style)
+        held = [sum(n for s, n in enumerate(chunks) if rank_of[s] == r) for r in range(plan.pp)]
+        assert held == list(plan.layers_per_stage)
     else:
         assert why.startswith("torchtitan: ") and ("stage" in why or "rounds" in why), why
         with pytest.raises(ValueError, match="microbatches|stage"):
@@ -397,7 +413,7 @@ def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
     bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
            ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
            ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,
-                             "pipeline_parallel_schedule": "ZBVZeroBubble"}}, "pipeline_parallel_schedule"),
+                             "pipeline_parallel_schedule": "DualPipeV"}}, "pipeline_parallel_schedule"),
            ({"training": {"seq_len": 4096}}, "differs from the model's seq_len 512"),
            ({"trainer": {}}, "trainer: unknown key; did you mean 'training'")]
     for patch, message in bad:

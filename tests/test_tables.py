@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autoplace.cost.step import pipeline_weights
+from autoplace.cost.step import BUBBLE_SHARE, pipeline_weights
 from autoplace.plan import RECOMPUTE, even_split
 from autoplace.specs.model import load_model
 from solvers import visit
@@ -188,11 +188,12 @@ def _one_at_a_time(problem: Problem, space: Space) -> tuple[list[tuple[float, St
                 break
             cf = space.configs[i]
             tb = ref.stage_tables(batch, j, problem.objective, problem.fixed_mode, kth())
-            lb, neck = ref.split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective)
+            share = BUBBLE_SHARE[cf.schedule]
+            lb, neck = ref.split_bounds(tb, cf.vpp, cf.grad_accum, problem.objective, share)
             if not np.isfinite(lb):
                 continue
             even = [x * cf.vpp for x in even_split(L // cf.vpp, cf.pp)]
-            values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective), sp)
+            values = [(split_value(tb, sp, cf.vpp, cf.grad_accum, problem.objective, share), sp)
                       for sp in [even, *([neck] if neck else [])] if sum(sp) == L and len(sp) == cf.pp]
             ub, split = min(values, key=lambda x: x[0]) if values else (np.inf, None)
             if np.isfinite(ub):

@@ -19,6 +19,7 @@ from autoplace.cost.candidates import Candidates
 from autoplace.cost.compress import Wire, wire
 from autoplace.cost.hardware import StageHardware, stage_hardware
 from autoplace.cost.layers import LayerTable
+from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
 
@@ -128,8 +129,8 @@ class Context:
 
     @property
     def last(self) -> Array:
-        """1.0 on each candidate's last stage ``[C, S]``."""
-        return (self._stage_index()[None, :] == (self.cand.pp[:, None] - 1)).astype(float)
+        """1.0 on the stage that holds each candidate's head and loss ``[C, S]`` (:func:`head_stage`)."""
+        return (self._stage_index()[None, :] == head_stage(self.cand)[:, None]).astype(float)
 
     @property
     def master_clone(self) -> Array:
@@ -176,6 +177,13 @@ class Context:
         return np.take(x, np.minimum(np.arange(stages), 1) + (np.arange(stages) == stages - 1), axis=1)
 
 
+def head_stage(cand: Candidates) -> Array:
+    """The pipeline rank holding the head and the loss ``[C]``: the last, but under ZB-V the first,
+    whose second chunk ends the V (torch's stage-to-rank mapping, style "v": rank r holds stages r
+    and 2 pp - 1 - r; torchtitan 0.2.2 pipeline_module_split), beside the embedding."""
+    return np.where(cand.schedule == SCHEDULE_CODES["zbv"], 0, cand.pp - 1)
+
+
 def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: Precision,
             assume: Assumptions) -> Context:
     """The shared arrays for ``cand`` on ``cluster``."""
@@ -188,7 +196,7 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
     kind = np.array([[k.params_tp, k.params_rep, k.params_expert] for k in table.kinds], dtype=float)
     kind = kind.T.reshape(3, 1, 1, -1, 1)
     first = (np.arange(max(int(cand.counts.shape[1]), 1))[None, :] == 0).astype(float)
-    last = (np.arange(int(cand.counts.shape[1]))[None, :] == (cand.pp[:, None] - 1)).astype(float)
+    last = (np.arange(int(cand.counts.shape[1]))[None, :] == head_stage(cand)[:, None]).astype(float)
     e, h = table.embed, table.head
     head_tp = np.where((cand.pp == 1) & table.tied, 0.0, h.params_tp)
     tpf = cand.tp.astype(float)

@@ -16,7 +16,7 @@ import numpy as np
 from autoplace.cost.assumptions import DEFAULT, Assumptions
 from autoplace.cost.candidates import Candidates, candidates_from_plans
 from autoplace.cost.layers import LayerTable
-from autoplace.cost.step import bubble_time, pipeline_time
+from autoplace.cost.step import bubble_shares, bubble_time, pipeline_time
 from autoplace.cost.terms import COMM_PARTS, MB_PARTS, StageTerms, stage_terms
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
@@ -133,15 +133,15 @@ def evaluate_batch(table: LayerTable, cluster: ClusterSpec, cand: Candidates, re
     memory, phase, states = terms.memory(n)
     parts_all = terms.stage_parts(n)
     stage_t = np.where(mask, parts_all.sum(axis=-1), 0.0)
-    m, v = cand.ga.astype(float), cand.vpp.astype(float)
+    m, v, share = cand.ga.astype(float), cand.vpp.astype(float), bubble_shares(cand.schedule)
     tail = np.where(mask[..., None], terms.tail(n), 0.0)
     worst_tail = tail.sum(axis=-1).argmax(axis=1)
     tail_parts = tail[np.arange(cand.size), worst_tail]  # [C, 2]: dp, optimizer
-    step = pipeline_time(stage_t, m, v) + tail_parts.sum(axis=-1)
+    step = pipeline_time(stage_t, m, v, share) + tail_parts.sum(axis=-1)
     # the slowest stage's own micro-batches by part, and the pipeline's bubble
     slow_idx = stage_t.argmax(axis=1)
     parts = parts_all[np.arange(cand.size), slow_idx] * m[:, None]  # [C, 7]
-    time = np.concatenate([parts, bubble_time(stage_t, v)[:, None], tail_parts], axis=1)
+    time = np.concatenate([parts, bubble_time(stage_t, v, share)[:, None], tail_parts], axis=1)
     return Batch(memory=memory, memory_phase=phase, states=states, capacity=terms.capacity,
                  host=terms.host(n), host_capacity=terms.host_capacity, comm_bytes=terms.comm_bytes(n), time=time,
                  stage_time=stage_t, step_time=step, model_flops=terms.model_flops, hardware_flops=terms.hardware_flops(n),

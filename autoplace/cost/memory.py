@@ -15,7 +15,9 @@ import numpy as np
 
 Array = np.ndarray
 
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
+# autoplace.plan.SCHEDULES as the integers the candidate arrays carry
+SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "interleaved-zb": 3, "zbv": 4}
+LOOPED = (2, 3)  # the schedules whose chunks are looped over the ranks (Narayanan et al. 2021, Sec. 2.2)
 
 
 def state_bytes(params: Array, bytes_per_param: float | Array, shards: Array, sharded: Array | bool,
@@ -55,12 +57,21 @@ def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: 
     Sec. 2.2.1).  Interleaved 1F1B with ``v`` chunks keeps ``2(p-i-1) + (v-1)p + 1`` chunk
     micro-batches (Megatron-LM's warm-up count), each ``1/v`` of the stage's layers; on stage 0
     that is Korthikanti's factor ``1 + (p-1)/(pv)`` (Sec. 4.2.3).
+
+    The zero-bubble schedules hold what the schedule they refine holds: ZB1P (interleaved-zb) delays
+    each W pass only into the bubbles, so every stage keeps 1F1B's in-flight micro-batches, and the
+    activations a W pass still needs are among those (Qi et al. 2024, Sec. 2.1 and Table 1: W needs
+    less than B, "peak memory no greater than 1F1B"); the looped chunks keep interleaved 1F1B's count.
+    ZB-V keeps ``p`` whole-stage micro-batches on every rank, 1F1B's first stage's (its authors'
+    comparison: activation memory 1x of 1F1B), its V balancing the ranks rather than loading the first.
     """
     m = microbatches
     one_f1b = np.minimum(pp - stage, m)
     chunks = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
     interleaved = chunks / vpp
-    return np.select([schedule == 0, schedule == 2], [m, interleaved], one_f1b).astype(float)
+    zbv = np.minimum(pp, m) + 0 * stage
+    return np.select([schedule == 0, np.isin(schedule, LOOPED), schedule == 4], [m, interleaved, zbv],
+                     one_f1b).astype(float)
 
 
 def chunk_inflight(pp: Array | int, vpp: Array | int, microbatches: Array | int, stage: Array | int,

@@ -16,6 +16,8 @@ from autoplace.cost import flat
 from autoplace.cost.context import Context
 from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
+    LOOPED,
+    SCHEDULE_CODES,
     block_activation_bytes,
     gather_buffer_bytes,
     inflight_microbatches,
@@ -166,8 +168,11 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
-    edge_act = (first * tok * (e.act_rep / sp_div)[:, None]
-                + last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * act_mult  # [C,S,2]
+    # ZB-V runs the head in the V's last chunk, whose backward follows its forward at once: it holds
+    # one micro-batch there, as 1F1B's last stage (Qi et al. 2024, Sec. 6), on rank 0 (context.head_stage)
+    head_mult = np.where((c.schedule == SCHEDULE_CODES["zbv"])[:, None, None], np.array([1.0, 0.0]), act_mult)
+    edge_act = (first * tok * (e.act_rep / sp_div)[:, None])[..., None] * act_mult + (
+        last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * head_mult  # [C,S,2]
     # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
     # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
     # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).
@@ -231,7 +236,7 @@ def _slot_stages(ctx: Context, act_mult: Array, stage: Array) -> Array:
     stages (:func:`autoplace.plan.split_units`: the multiplier must not depend on the split, which
     the search chooses, for memory to stay linear in the blocks per stage)."""
     c = ctx.cand
-    on = (c.schedule == 2) & (c.pp > 1) & (c.pp_embedding | c.pp_loss)
+    on = np.isin(c.schedule, LOOPED) & (c.pp > 1) & (c.pp_embedding | c.pp_loss)
     if not on.any():
         return act_mult
     pp, v = c.pp[:, None], c.vpp[:, None]

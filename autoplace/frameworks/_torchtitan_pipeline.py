@@ -15,6 +15,20 @@ import functools
 # schedules that run one stage per pipeline rank (torch's PipelineScheduleSingle subclasses); the others
 # (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ...) are PipelineScheduleMulti: several per rank
 SINGLE_STAGE = frozenset({"1F1B", "GPipe"})
+# schedules whose two stages a rank are placed in a V (rank r: stages r and 2 pp - 1 - r), the others looped
+# (rank r: r, r + pp, ...): torchtitan's pipeline_module_split, style "v" for these classes (0.2.2)
+V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
+# the schedules that split backward into input- and weight-gradient passes: torch refuses them on
+# torch.compile'd stage modules (schedules.py _check_torch_compile_compatibility, torch 2.13)
+SPLIT_BACKWARD = frozenset({"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"})
+
+
+def torch_stage_order(parts: list[int], pp: int, schedule: str) -> list[int]:
+    """Model chunks from the looped order (chunk ``v * pp + r``, :func:`autoplace.plan.model_chunks`)
+    to torchtitan's stage order for ``schedule``, and back: a V-shaped schedule's second chunk of
+    rank r is stage ``2 pp - 1 - r``, so the second half reverses (an involution: the same call
+    reads a config's stages back into the looped order)."""
+    return parts[:pp] + parts[pp:][::-1] if schedule in V_SHAPED else list(parts)
 
 
 @functools.cache  # the search asks it once per micro-batching of every pipeline shape
@@ -36,11 +50,13 @@ def schedule_refusal(schedule: str, pp: int, stages_per_rank: int, local_batch: 
         need = "exactly 1 stage per rank" if single else "at least 2 stages per rank (vpp >= 2)"
         return f"{schedule} with {stages_per_rank} stage(s) per pipeline rank: torchtitan's pipeline_llm needs {need}"
     micro = local_batch // microbatch
+    if schedule in V_SHAPED and stages_per_rank != 2:  # ScheduleZBVZeroBubble / ScheduleDualPipeV.__init__
+        return f"{schedule} with {stages_per_rank} stage(s) per pipeline rank: torch's schedule needs exactly 2"
     if schedule == "1F1B" and micro < pp:  # Schedule1F1B.__init__ (GPipe only warns)
         return (f"1F1B with {micro} micro-batch(es) per step on {pp} stages: torch's Schedule1F1B needs at least as "
                 f"many micro-batches as stages (grad_accum >= pp = {pp}, or schedule=gpipe)")
-    rounds = max(1, micro // pp)  # ScheduleInterleaved1F1B.__init__: micro-batches run in whole rounds
-    if schedule == "Interleaved1F1B" and micro % rounds:
-        return (f"Interleaved1F1B with {micro} micro-batches per step on pp={pp}: torch's schedule runs them in "
+    rounds = max(1, micro // pp)  # ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble.__init__: whole rounds
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and micro % rounds:
+        return (f"{schedule} with {micro} micro-batches per step on pp={pp}: torch's schedule runs them in "
                 f"{rounds} rounds of equal size (grad_accum a multiple of {rounds}, or of pp)")
     return None

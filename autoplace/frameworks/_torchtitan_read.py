@@ -17,6 +17,7 @@ from typing import Any
 from autoplace.emit import _readkit as kit
 from autoplace.emit._common import blocks, stage_counts_from_parts, training_dtype
 from autoplace.errors import EmitError, SpecError
+from autoplace.frameworks._torchtitan_pipeline import V_SHAPED, torch_stage_order
 from autoplace.frameworks.schema import (
     PLAN_TO_TORCH_SCHEDULE,
     TORCH_PP_SCHEDULES,
@@ -53,12 +54,18 @@ def read_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cluste
     n = blocks(model)
     parts = _parts(par, pp, n, src) if pp > 1 else [n]
     schedule = _schedule(par, src) if pp > 1 else "1f1b"
+    v_shaped = PLAN_TO_TORCH_SCHEDULE[schedule] in V_SHAPED
+    if v_shaped and len(parts) != 2 * pp:  # ScheduleZBVZeroBubble.__init__ (torch 2.13)
+        raise SpecError(f"{PLAN_TO_TORCH_SCHEDULE[schedule]} runs exactly 2 stages per pipeline rank; this split "
+                        f"makes {len(parts)} stages on pp={pp}", source=src,
+                        field="parallelism.pipeline_parallel_layers_per_stage")
     mbs, ga = _batch(train, par, pp, rep * shard, src)
     offload = "cpu" if kit.boolean(train, "enable_cpu_offload", src, "training.") else "none"
+    looped = torch_stage_order(parts, pp, PLAN_TO_TORCH_SCHEDULE[schedule])  # a V's stages back to ranks' chunks
     return Plan(tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep, dp_shard=shard, vpp=len(parts) // pp, sp=tp > 1,
                 zero=zero, mbs=mbs, grad_accum=ga, schedule=schedule, offload_optimizer=offload,
-                offload_params=offload, recompute=_recompute(ac, parts, pp, src),
-                layers_per_stage=stage_counts_from_parts(parts, pp), **_recipe(doc, par, model, tp, src))
+                offload_params=offload, recompute=_recompute(ac, parts, pp, src, v_shaped),
+                layers_per_stage=stage_counts_from_parts(looped, pp), **_recipe(doc, par, model, tp, src))
 
 
 def _fp8_model(model: ModelSpec) -> bool:
@@ -224,7 +231,7 @@ def _parts_from_fqns(fqns: object, pp: int, n: int, src: str) -> list[int]:
     return [sum(1 for name in part if str(name).startswith("layers.")) for part in fqns]
 
 
-def _recompute(ac: kit.Doc, parts: list[int], pp: int, src: str) -> tuple[str, ...]:
+def _recompute(ac: kit.Doc, parts: list[int], pp: int, src: str, v_shaped: bool) -> tuple[str, ...]:
     n = sum(parts)
     mode = kit.choice(ac, "mode", ("selective", "full", "memory_budget", "none"), src, "activation_checkpoint.",
                       default="selective")
@@ -240,20 +247,22 @@ def _recompute(ac: kit.Doc, parts: list[int], pp: int, src: str) -> tuple[str, .
         raise SpecError(f"expected 'op' or a whole number, got {option!r}", source=src,
                         field="activation_checkpoint.selective_ac_option")
     every = int(option)
-    return ("full",) * n if every <= 1 else layer_sac_pattern(parts, pp, every)
+    return ("full",) * n if every <= 1 else layer_sac_pattern(parts, pp, every, v_shaped)
 
 
-def layer_sac_pattern(parts: list[int], pp: int, every: int) -> tuple[str, ...]:
+def layer_sac_pattern(parts: list[int], pp: int, every: int, v_shaped: bool = False) -> tuple[str, ...]:
     """Which blocks torchtitan's layer-level SAC (``selective_ac_option = N``) recomputes.
 
-    torchtitan 0.2.2 counts blocks per process in the order its model chunks are wrapped
-    (chunk v * pp + r for v = 0, 1, ...) and checkpoints every N-th one in full.
+    torchtitan 0.2.2 counts blocks per process in the order its model chunks (``parts``, in stage
+    order) are wrapped -- stage v * pp + r for v = 0, 1, ..., or stages r and 2 pp - 1 - r when
+    ``v_shaped`` (its stage_ids_this_rank, style "v") -- and checkpoints every N-th one in full.
     """
     starts = [sum(parts[:i]) for i in range(len(parts))]
     modes = ["none"] * sum(parts)
     for r in range(pp):
         count = 0
-        for chunk in range(r, len(parts), pp):
+        v = v_shaped and len(parts) == 2 * pp  # (a V of other lengths torch refuses: _torchtitan_pipeline)
+        for chunk in ((r, 2 * pp - 1 - r) if v else range(r, len(parts), pp)):
             for j in range(starts[chunk], starts[chunk] + parts[chunk]):
                 count += 1
                 if count % every == 0:

@@ -97,6 +97,9 @@ class Framework:
     # and those that differ again for a training method (lora, qlora: the bundle's PEFT script)
     method_behaviour: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     denied_features: ClassVar[frozenset[str]] = frozenset()  # solvers.problem.FEATURES it never has
+    # the pipeline schedules (autoplace.plan.SCHEDULES) its config can run; one that runs none of the
+    # zero-bubble ones has no zero-bubble feature (frameworks.search.pinned), so its searches never build them
+    schedules: ClassVar[frozenset[str]] = frozenset({"gpipe", "1f1b", "interleaved"})
     pinned_degrees: ClassVar[Mapping[str, int]] = {}  # degrees it runs only at this value
     # recompute modes it can apply to all blocks alike
     uniform_recompute: ClassVar[tuple[str, ...]] = ("none", "selective", "full")
@@ -267,12 +270,20 @@ _RECIPE_VALUES = operator.attrgetter(*_STATED)  # a configuration's values of th
 def check_recipe(plan: Plan, framework: type[Framework]) -> None:
     """Raise EmitError when ``plan`` sets a recipe key to a value ``framework`` cannot state
     (:attr:`Framework.recipes`) or a pipeline-split key it cannot (:attr:`Framework.pipeline_slots`),
-    or TP-comm overlap without tensor parallelism."""
+    TP-comm overlap without tensor parallelism, or a schedule it does not run (:attr:`Framework.schedules`)."""
     key = unstated_recipe(plan, framework)
     if key is not None:
         raise EmitError(recipe_refusal(framework, key, getattr(plan, key)) or key)
     if plan.tp_overlap != "none" and plan.tp == 1:
         raise EmitError(f"{framework.name}: tp_overlap={plan.tp_overlap} needs tensor parallelism (tp > 1)")
+    if plan.schedule not in framework.schedules:
+        raise EmitError(schedule_refusal(framework, plan.schedule))
+
+
+def schedule_refusal(framework: type[Framework] | Framework, schedule: str) -> str:
+    """The line refusing pipeline schedule ``schedule``, which ``framework`` does not run."""
+    return (f"{framework.name}: schedule={schedule}: {framework.title} does not run it "
+            f"(its schedules: {', '.join(sorted(framework.schedules))})")
 
 
 def recipe_refusal(framework: type[Framework] | Framework, key: str, value: Any) -> str | None:

@@ -28,6 +28,7 @@ from autoplace.plan import (
     RECIPE_KEYS,
     RECOMPUTE,
     SLOT_KEYS,
+    ZERO_BUBBLE,
     Config,
     Plan,
     split_units,
@@ -56,7 +57,8 @@ def search_limits(framework: Framework, model: ModelSpec, fixed: dict[str, Any],
     for key, why in framework.degree_refusals(model).items():
         if int(fixed.get(key, 1)) > 1:
             raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} for {model.name}: {why}", field="--fix")
-    return {**framework.pinned_degrees, **fixed}, features - framework.denied_features
+    unrun = set() if framework.schedules & ZERO_BUBBLE else {"zero-bubble"}  # it runs none of them
+    return {**framework.pinned_degrees, **fixed}, features - framework.denied_features - unrun
 
 
 def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed: dict[str, Any],
@@ -85,6 +87,8 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
     from solvers.problem import Problem
 
     able = [f for f in members(ANY) if f.model_refusal(model) is None]  # a refused one's recipes would all fail
+    if framework == ANY and not any(f.schedules & ZERO_BUBBLE for f in able):  # no shape of them would be admitted
+        features = set(features) - {"zero-bubble"}
     recipes = recipe_choices(able if framework == ANY else [], cluster, features)
     test = None
     if framework == ANY:

@@ -33,11 +33,11 @@ from autoplace.emit._common import (
 )
 from autoplace.emit.launch import Launch, bash_array, input_words
 from autoplace.errors import EmitError
-from autoplace.frameworks._torchtitan_pipeline import schedule_refusal
+from autoplace.frameworks._torchtitan_pipeline import SPLIT_BACKWARD, V_SHAPED, schedule_refusal, torch_stage_order
 from autoplace.frameworks._torchtitan_read import CUSTOM_FLAVOR, layer_sac_pattern, read_torchtitan
 from autoplace.frameworks.base import BundleFile, Framework, PlanCheck, Program, ReadConfig, check_recipe, checked
 from autoplace.frameworks.schema import PLAN_TO_TORCH_SCHEDULE
-from autoplace.plan import Config, Plan
+from autoplace.plan import SCHEDULES, Config, Plan
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -427,9 +427,19 @@ def _check_plan(plan: Plan) -> None:
         raise fail(FMT, f"ep={plan.ep} must divide dp_shard*cp*tp = {plan.dp_shard * plan.cp * plan.tp} "
                         "(torchtitan carves experts from the FSDP x CP x TP ranks)")
     if plan.pp > 1:
-        parts = model_parts(plan, FMT)
+        parts = stage_parts(plan)
         if any(n == 0 for n in parts[1:-1]):
             raise fail(FMT, f"a middle pipeline stage would hold no modules ({parts}); torchtitan needs one")
+    torch_schedule = PLAN_TO_TORCH_SCHEDULE[plan.schedule]
+    if plan.compile and torch_schedule in SPLIT_BACKWARD:
+        raise fail(FMT, f"schedule={plan.schedule} with compile: torch's {torch_schedule} refuses torch.compile'd "
+                        "stage modules (it splits their backward); set compile=false")
+
+
+def stage_parts(plan: Plan) -> list[int]:
+    """Blocks in each model chunk in torchtitan's stage order for the plan's schedule
+    (:func:`torch_stage_order`: the looped order, or a V for ZBVZeroBubble)."""
+    return torch_stage_order(model_parts(plan, FMT), plan.pp, PLAN_TO_TORCH_SCHEDULE[plan.schedule])
 
 
 def batching_refusal(config: Config) -> str | None:
@@ -488,7 +498,7 @@ def pipeline_keys(plan: Plan) -> dict[str, Any]:
     discount for the embedding and head stages (torchtitan's ``*_less_layers`` = 0), which
     makes torchtitan's own splitter produce exactly the plan's chunks.
     """
-    parts = model_parts(plan, FMT)
+    parts = stage_parts(plan)
     out: dict[str, Any] = {
         "pipeline_parallel_schedule": PLAN_TO_TORCH_SCHEDULE[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.mbs,
@@ -524,9 +534,10 @@ def activation_checkpoint_section(plan: Plan, fmt: str) -> dict[str, Any]:
     if mode == "selective":
         return {"mode": "selective", "selective_ac_option": "op"}
     if set(plan.recompute) == {"none", "full"}:
-        parts = model_parts(plan, fmt) if plan.pp > 1 else [len(plan.recompute)]
+        parts = stage_parts(plan) if plan.pp > 1 else [len(plan.recompute)]
+        v_shaped = PLAN_TO_TORCH_SCHEDULE[plan.schedule] in V_SHAPED
         for every in range(2, len(plan.recompute) + 1):
-            if layer_sac_pattern(parts, plan.pp, every) == plan.recompute:
+            if layer_sac_pattern(parts, plan.pp, every, v_shaped) == plan.recompute:
                 return {"mode": "selective", "selective_ac_option": str(every)}
     raise fail(fmt, "torchtitan recomputes all blocks (full or op-selective) or every N-th block in full; "
                     f"this plan's per-layer recompute [{recompute_runs(plan)}] is neither")
@@ -591,6 +602,8 @@ class Torchtitan(Framework):
     config_file = CONFIG
     layer_recompute = "every"  # [activation_checkpoint] selective_ac_option = N
     batching_rules = True  # its pipeline schedules' micro-batch counts (batching_refusal)
+    # torch.distributed.pipelining's classes it builds by name (parallelism.pipeline_parallel_schedule)
+    schedules = frozenset(SCHEDULES)
     # its pipelines (torch.distributed.pipelining) hold FSDP2's gradient sync to the last micro-batch
     behaviour = {"pipeline_defers_grad_sync": True, "fsdp2_dim0_padding": True}
     # [compile], async TP, FSDP2's prefetch (always on), torchao's float8 and MX converters

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import BenchmarkError
-from autoplace.plan import Plan, even_split
+from autoplace.plan import ZERO_BUBBLE, Plan, even_split
 from autoplace.specs.model import ModelSpec, TransformerSpec, model_from_dict
 
 
@@ -89,6 +89,8 @@ def unsupported_reason(plan: Plan, framework: str = "native") -> str | None:
         return _deepspeed_reason(plan)
     if "nvme" in (plan.offload_params, plan.offload_optimizer):
         return "NVMe offload is not implemented by the runtime"
+    if plan.schedule in ZERO_BUBBLE:  # worker._schedule builds GPipe, 1F1B and Interleaved1F1B
+        return f"schedule={plan.schedule}: the runtime runs gpipe, 1f1b and interleaved pipelines"
     if plan.pp_embedding or plan.pp_loss:  # virtual_stages cuts each rank's blocks into equal chunks
         return "pp_embedding / pp_loss: the runtime's pipelines cut equal chunks and do not count the embedding or loss"
     if plan.offload_optimizer != "none" and plan.zero == 0:
