@@ -30,9 +30,16 @@ def _header(doc: dict[str, Any]) -> str:
     return (f"<h1>{html.escape(m['name'])} on {html.escape(doc['gpu'])}: {len(doc['points'])} sizes</h1>"
             f'<p class="sub">model: {model_params(m)} · '
             f"global batch {html.escape(doc['global_batch_text'])} · {tokens} · {price}</p>"
-            f'<p class="sub">objective {html.escape(doc["objective"])} · deadline {deadline["days"]:g} days '
-            f"({html.escape(deadline['why'])}){'' if deadline.get('met', True) else ': <b>not met</b>'} · "
+            f'<p class="sub">objective {html.escape(doc["objective"])} · {_deadline(deadline)} · '
             f"swept in {seconds} s</p>")
+
+
+def _deadline(deadline: dict[str, Any] | None) -> str:
+    """The deadline the cheapest size is held to; none without a token budget (rows have no days)."""
+    if not deadline:
+        return "no deadline (no token budget: --tokens)"
+    return (f"deadline {deadline['days']:g} days ({html.escape(deadline['why'])})"
+            f"{'' if deadline.get('met', True) else ': <b>not met</b>'}")
 
 
 def _cards(doc: dict[str, Any]) -> str:

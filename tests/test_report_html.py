@@ -166,3 +166,13 @@ def test_a_long_step_draws_whole_rounds() -> None:
     assert drawn_microbatches("1f1b", 4, 512) == 8
     assert drawn_microbatches("interleaved", 6, 300) == 12
     assert drawn_microbatches("1f1b", 4, 3) == 3
+
+
+def test_a_scale_report_without_a_token_budget_says_it_has_no_deadline(tmp_path: Path) -> None:
+    """Found by benchmarks/fuzz.py: without --tokens scale has no deadline (None in its JSON), and the page's
+    header read its days (TypeError, an internal error)."""
+    page = tmp_path / "scale.html"
+    result = invoke("scale", MODELS / "tiny-llama.json", "--gpu", "h100", "--gpus", "1,2", "--time-limit", "0.5",
+                    "--report", page)
+    assert result.exit_code == 0, result.output
+    assert "no deadline (no token budget: --tokens)" in page.read_text()
