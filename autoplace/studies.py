@@ -75,13 +75,14 @@ class Heartbeat:
 
 class _RetryLiveCombinations:
     """Optuna's retry callback, but for trials whose worker died while asking (no parameters):
-    those measured nothing and are only failed, so a retry never inherits an empty combination."""
+    those measured nothing and are only failed, so a retry never inherits an empty combination --
+    unless the trial was popped from the queue, whose combination (``fixed_params``) its retry keeps."""
 
     def __init__(self, max_retry: int) -> None:
         self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
 
     def __call__(self, study: Any, trial: Any) -> None:
-        if trial.params:
+        if trial.params or trial.system_attrs.get("fixed_params"):  # a popped queued trial: its combination
             self._retry(study, trial)
 
 
@@ -309,7 +310,8 @@ def claim(st: Any, number: int, key: Callable[[dict[str, Any]], Hashable], poll_
         asking = False
         for t in trials:
             earlier_open = t.number < number and t.state in (TrialState.RUNNING, TrialState.WAITING)
-            finished = t.state in (TrialState.COMPLETE, TrialState.FAIL)
+            # a trial failed before it had its parameters (failed as stale while being asked) measured nothing
+            finished = t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and bool(t.params))
             if t.number == number or t.number in retried or not (earlier_open or finished):
                 continue
             try:  # an enqueued trial's combination is fixed before it is popped
