@@ -62,10 +62,16 @@ def test_default_bundle_runs_the_top_plan_and_every_framework_its_best(model_fil
     assert top["frameworks"], "the top plan must run with some framework"
     assert any((out / CONFIG_FILES[f]).is_file() for f in top["frameworks"])  # its config is in the bundle
     per = doc["framework_bundles"]
-    for f in ("deepspeed", "accelerate", "megatron"):
+    # accelerate's FSDP2 shards Mixtral's stacked experts ([8, ...] in transformers 5) on dim 0: over 64 ranks
+    # each holds a whole expert of every layer (padding), and no plan of its fits -- said, not written
+    stacked = "mixtral" in model_file
+    for f in ("deepspeed", "megatron", *(() if stacked else ("accelerate",))):
         assert per[f]["written"], (f, per[f])
     _deepspeed(out / "deepspeed", monkeypatch)
-    _accelerate(out / "accelerate", tmp_path, monkeypatch)
+    if stacked:
+        assert not per["accelerate"]["written"] and "no plan accelerate can express fits" in per["accelerate"]["reason"]
+    else:
+        _accelerate(out / "accelerate", tmp_path, monkeypatch)
     _megatron(out / "megatron")
     if flavor is None:
         assert not per["torchtitan"]["written"] and "torchtitan: q/k/v biases" in per["torchtitan"]["reason"]
