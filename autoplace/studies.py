@@ -196,8 +196,8 @@ def open_storage(storage: str | None, out_dir: Path, heartbeat: Heartbeat | None
     with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = _RetryLiveCombinations(hb.max_retry)
-        if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
-            path = storage.removeprefix("journal:")
+        path = journal_path(storage)
+        if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             return _BeatingJournalStorage(path, hb, retry), storage
         return _rdb(storage, hb, retry), storage
@@ -207,9 +207,16 @@ def dashboard_command(storage: str) -> list[str]:
     """The optuna-dashboard command line that opens ``storage`` (a URL or a journal file, as
     :func:`open_storage` takes it): optuna-dashboard 0.21 takes an RDB URL, and a journal file by its
     path (``_storage_url.guess_storage_from_url``), never autoplace's ``journal:`` prefix."""
+    path = journal_path(storage)
+    return ["optuna-dashboard", storage if path is None else str(Path(path).resolve())]
+
+
+def journal_path(storage: str) -> str | None:
+    """The journal file ``storage`` names (``journal:PATH`` or a path ending in ``.log``/``.journal``),
+    or None for an RDB URL."""
     if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
-        return ["optuna-dashboard", str(Path(storage.removeprefix("journal:")).resolve())]
-    return ["optuna-dashboard", storage]
+        return storage.removeprefix("journal:")
+    return None
 
 
 def _rdb(url: str, hb: Heartbeat, retry: Any, attempts: int = 5) -> Any:
