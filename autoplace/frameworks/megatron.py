@@ -578,8 +578,7 @@ class Megatron(Framework):
         CUDA_DEVICE_MAX_CONNECTIONS as Megatron's validate_args wants it."""
         del model
         q = shlex.quote
-        inputs = (launch_args(lambda var, _: f'"${var}"') if launch.script is None else
-                  [*TOKENIZER_WORDS, *(w for flag, var, _ in PLACEHOLDERS for w in input_words(flag, var, launch))])
+        inputs = [*TOKENIZER_WORDS, *(w for flag, var, _ in PLACEHOLDERS for w in input_words(flag, var, launch))]
         words = [q(launch.script or ENTRY), '"${MEGATRON_ARGS[@]}"', *inputs]
         return Program((*words, *(q(a) for a in launch.args), '"$@"'),
                        prelude=(f'source "$AUTOPLACE_BUNDLE"/{ARGS_FILE}',), env=megatron_environment(plan),
