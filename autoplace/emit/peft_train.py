@@ -224,6 +224,12 @@ def main():
     adapters = adapter_state(accelerator, model)  # every rank takes part in the gather
     if rank == 0:
         accelerator.unwrap_model(model).save_pretrained(args.out, state_dict=adapters)
+    # every rank waits for the save, then the process group is torn down before the interpreter exits:
+    # left to exit, a rank's communication threads can be destroyed while joinable (std::terminate, SIGABRT),
+    # and the launcher reports the run failed after it trained
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
