@@ -56,13 +56,6 @@ CASES = [  # each family at two shapes (or three); every shape but the layout an
     ("deepseek-v2-lite.json", "ep-pp"), ("deepseek-v2-lite.json", "ep-cp"),
     ("deepseek-v3.json", "ep-pp"),
 ]
-# cost-model terms the plan does not count yet (each a strict xfail naming the term)
-MTP = pytest.mark.xfail(strict=True, reason=(
-    "autoplace/cost/layers.py does not count DeepSeek-V3's multi-token-prediction module, which Megatron-LM builds "
-    "on the last stage (--mtp-num-layers 1: one MoE block + eh_proj + norms): +40% params there "
-    "(tests/test_hf_families.py::test_deepseek_v3_mtp_module_is_counted)"))
-
-
 def shrunk(name: str, layers: int) -> dict[str, Any]:
     """The config with ``layers`` transformer layers (after DeepSeek's dense prefix); layer types dropped."""
     config = json.loads((HF / name).read_text())
@@ -112,8 +105,7 @@ def _params() -> list[Any]:
         for last in (False, True):
             if last and shape in ("tp", "cp", "zero0", "ep-cp"):
                 continue  # one stage
-            marks = [MTP] if family == "deepseek-v3.json" and last else []
-            out.append(pytest.param(family, shape, last, marks=marks, id=f"{family}-{shape}-{'last' if last else 0}"))
+            out.append(pytest.param(family, shape, last, id=f"{family}-{shape}-{'last' if last else 0}"))
     return out
 
 

@@ -160,6 +160,11 @@ class LayerTable:
         frozen: whether the base weights are frozen (LoRA, QLoRA): only the kinds' adapters train.
         paged_optimizer: optimizer states in paged memory the driver evicts to the host
             (bitsandbytes' paged optimizers): counted on the host, not the device.
+        mtp: multi-token-prediction modules (DeepSeek-V3: 1), each one block of the last kind of
+            ``kinds``, which no entry of ``sequence`` names: not a pipeline layer, it sits on the
+            stage holding the loss (:func:`autoplace.cost.context.head_stage`), with a copy of the
+            embedding there when that is not the first stage (Megatron-Core's ``GPTModel``
+            builds the embedding where ``pre_process or mtp_process``).
     """
 
     name: str
@@ -175,6 +180,7 @@ class LayerTable:
     act_bytes: float
     frozen: bool = False
     paged_optimizer: bool = False
+    mtp: int = 0
 
     @property
     def blocks(self) -> int:
@@ -412,7 +418,31 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
         kinds = [_tuned(m, k, b) for k in kinds]
     kinds, sequence = _windowed(m, kinds, sequence)
     used = sorted(set(sequence))  # drop kinds no block has (e.g. dense in an all-MoE model)
-    return _finish(m, [kinds[k] for k in used], [used.index(k) for k in sequence], b)
+    kinds, sequence = [kinds[k] for k in used], [used.index(k) for k in sequence]
+    if m.mtp_layers:
+        kinds.append(_mtp_kind(m, kinds[sequence[-1]], b))
+    return _finish(m, kinds, sequence, b)
+
+
+def _mtp_kind(m: TransformerSpec, last: BlockKind, b: float) -> BlockKind:
+    """One multi-token-prediction module (DeepSeek-V3 report, arXiv 2412.19437, Sec. 2.2; Megatron-Core
+    0.16 ``multi_token_prediction.py``): RMSNorms of the hidden state and of the next token's embedding
+    (hnorm, enorm), their concatenation projected 2h -> h (eh_proj, column-parallel), one block of the
+    model's last kind, its final norm, and one more pass of the shared output layer and loss.  It is not
+    a pipeline layer: Megatron-LM builds it on the stage holding the loss (:data:`LayerTable.mtp`).
+    Its activations: both norms' inputs and stats, the projection's 2h input, the block's, and the head's
+    (the final norm's input, the output layer's input, fp32 logits -- as the main head's, :func:`_finish`)."""
+    h, v = m.hidden, m.vocab
+    norm, stats = _norm_params(m), _norm_stats(m)
+    eh_proj, head = Gemm(h, 2 * h, "n"), Gemm(v, h, "n")
+    softcap = b * v if m.final_logit_softcap else 0.0
+    return dataclasses.replace(
+        last, name="mtp", params_tp=last.params_tp + eh_proj.n * eh_proj.k, params_rep=last.params_rep + 3 * norm,
+        flops=last.flops + eh_proj.flops + head.flops, gemms=(*last.gemms, eh_proj, head),
+        act_rep=last.act_rep + 2 * (b * h + stats) + 2 * b * h + 2 * b * h + stats,
+        act_tp=last.act_tp + 4 * v + softcap, tp_allreduce=last.tp_allreduce + b * h + 12,
+        tensors=last.tensors + 4, rows=(*last.rows, Rows(h, 2 * h, "rows"), *[Rows(h, 1.0)] * 3),
+        order=(*last.order, (2.0 * h * h, "tp"), *[(float(norm), "rep")] * 3))
 
 
 def _tuned(m: TransformerSpec, k: BlockKind, b: float) -> BlockKind:
@@ -475,12 +505,13 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
                 act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
                 gemms=(Gemm(v, h, "n"),), rows_tp=head_tp, rows_rep=head_rep)
     counts = np.bincount(sequence, minlength=len(kinds))
+    counts[-1] += m.mtp_layers  # the last kind is the modules' when there are any (0 adds nothing)
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
     params += embed.params_tp + embed.params_rep + head.params_rep + (0 if m.tied_embeddings else head.params_tp)
     return LayerTable(name=m.name, kinds=tuple(kinds), sequence=tuple(sequence), embed=embed, head=head,
                       tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b,
-                      frozen=m.training.frozen_base,
-                      paged_optimizer=m.training.paged_optimizer)
+                      frozen=m.training.frozen_base, paged_optimizer=m.training.paged_optimizer,
+                      mtp=m.mtp_layers)
 
 
 def _graph_table(g: GraphSpec) -> LayerTable:

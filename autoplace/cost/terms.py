@@ -23,6 +23,7 @@ The tables come from :mod:`autoplace.cost.terms_memory` and :mod:`autoplace.cost
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from functools import cached_property
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
-from autoplace.cost.context import context
+from autoplace.cost.context import context, head_stage
 from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import exposed_reduction
 from autoplace.cost.terms_memory import MemoryTerms, memory_terms
@@ -166,11 +167,47 @@ def stage_terms(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recip
     head_passes = 2.0 if table.frozen else 3.0
     head_flops = ctx.last * (ctx.tokens[:, None] * head_passes * h.flops / tp[:, None])
     n_blocks = np.bincount(np.asarray(table.sequence), minlength=len(table.kinds)).astype(float)
+    n_blocks[-1] += table.mtp  # the multi-token-prediction modules' kind is the last (LayerTable.mtp)
     step_tok = float((n_blocks * trained.ravel()).sum() + head_passes * h.flops)  # model FLOPs per token
     tokens_step = c.mbs * ga * c.dp * table.seq_len
     pools_peak = sum(p.gpus * p.gpu.peak_TFLOPS.for_dtype(recipe.compute_dtype) * 1e12 for p in cluster.pools)
     parts = {f.name: getattr(mem, f.name) for f in fields(MemoryTerms)} | {f.name: getattr(tim, f.name) for f in fields(TimeTerms)}
-    return StageTerms(
+    terms = StageTerms(
         **parts, flops_block=flops_block, flops_static=ctx.stage(head_flops * (mb_total * tp * cp)[:, None]),
         slowdown=assume.overlap_slowdown, capacity=ctx.stage(ctx.hw.capacity),
         model_flops=step_tok * tokens_step, peak_total=world * pools_peak / cluster.gpus, tokens_per_step=tokens_step)
+    return _with_fixed_blocks(terms, mtp_counts(table, cand, terms.t_static.shape[1])) if table.mtp else terms
+
+
+def mtp_counts(table: LayerTable, cand: Candidates, stages: int) -> Array:
+    """``n[c, s, k, r]`` of the multi-token-prediction modules: ``table.mtp`` blocks of the last kind
+    on the stage holding the loss, without recompute ([C, S, K, R]).  Megatron-Core 0.16 recomputes
+    them only under uniform full recompute (``MultiTokenPredictionLayer._checkpointed_forward``):
+    counted eager, their activations are an upper bound there."""
+    n = np.zeros((cand.size, stages, len(table.kinds), 3))
+    n[np.arange(cand.size), head_stage(cand), -1, 0] = table.mtp
+    return n
+
+
+def _with_fixed_blocks(t: StageTerms, n: Array) -> StageTerms:
+    """``t`` with blocks ``n[c, s, k, r]`` that no split moves (the multi-token-prediction modules)
+    folded into the static terms of their stages: every table stays linear in the blocks the split
+    places, and a stage's totals are those of :meth:`StageTerms.memory`, :meth:`~StageTerms.stage_parts`
+    and the rest with ``n`` added to its counts."""
+    per_stage = n.sum(axis=-1)
+    states = np.einsum("csk,cokp->csp", per_stage, t.state_block)[:, :, None, :] * t.state_live  # [C, S, 2, 4]
+    mem = t.mem_static.copy()
+    mem[..., :3] += states[..., :3]
+    mem[..., 0] += states[..., 3]
+    mem[..., 3] += t.act_mult * np.einsum("cskr,cokr->cs", n, t.act_block)[..., None]
+
+    def linear(static: Array, block: Array) -> Array:
+        return static + np.einsum("csk,csk->cs", per_stage, block)
+
+    return dataclasses.replace(
+        t, mem_static=mem, host_static=linear(t.host_static, t.host_block),
+        t_static=t.t_static + np.einsum("cskr,cskrp->csp", n, t.t_block),
+        reduce_static=linear(t.reduce_static, t.reduce_block), window_static=linear(t.window_static, t.window_block),
+        gather_static=linear(t.gather_static, t.gather_block), opt_static=linear(t.opt_static, t.opt_block),
+        bytes_static=t.bytes_static + np.einsum("cskr,cokrp->csp", n, t.bytes_block),
+        flops_static=t.flops_static + np.einsum("cskr,cokr->cs", n, t.flops_block))

@@ -129,6 +129,11 @@ class Framework:
     # whether its config can count the embedding and the loss as pipeline layers (plan keys
     # pp_embedding / pp_loss, autoplace.plan.stage_slots); the search tries them only for such a one
     pipeline_slots: ClassVar[bool] = False
+    # whether the model it builds has the multi-token-prediction modules a config names (DeepSeek-V3's
+    # num_nextn_predict_layers): Megatron-LM's --mtp-num-layers does; transformers' DeepseekV3ForCausalLM
+    # drops them (its _keys_to_ignore_on_load_unexpected: model.layers.61), so the Hugging Face runners
+    # train and are costed without (:meth:`costing`)
+    builds_mtp: ClassVar[bool] = False
 
     # --- what it can train -------------------------------------------------------------------
 
@@ -193,12 +198,15 @@ class Framework:
     # --- how it is costed ---------------------------------------------------------------------
 
     def costing(self, model: ModelSpec, assumptions: Assumptions) -> tuple[ModelSpec, Assumptions]:
-        """``model`` with the bf16 recipe this framework implements (other recipes are left as
-        they are) and ``assumptions`` with its behaviour (and its training method's)."""
+        """``model`` as this framework builds it -- with the bf16 recipe it implements (other recipes
+        are left as they are), without multi-token-prediction modules unless it builds them -- and
+        ``assumptions`` with its behaviour (and its training method's)."""
         precision = model.training.precision
         if precision in BF16_RECIPES and precision != self.bf16_recipe:
             training = model.training.model_copy(update={"precision": self.bf16_recipe})
             model = model.model_copy(update={"training": training})
+        if getattr(model, "mtp_layers", 0) and not self.builds_mtp:
+            model = model.model_copy(update={"mtp_layers": 0})
         behaviour = {**self.behaviour, **self.method_behaviour.get(model.training.method, {})}
         return model, assumptions.replace(**behaviour) if behaviour else assumptions
 

@@ -516,6 +516,7 @@ class Megatron(Framework):
     reports_hardware_flops = True
     layer_recompute = "first"  # --recompute-method block
     pipeline_slots = True  # --account-for-embedding/loss-in-pipeline-split, or a layout with them
+    builds_mtp = True  # --mtp-num-layers: the modules on the stage with the loss (multi_token_prediction.py)
     # what check_expressible and the compress=bf16 rule read (no cp, ep or vpp: Megatron runs them all)
     config_fields = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "zero", "schedule", "offload_optimizer",
                      "offload_params", "compress", *RECIPE_KEYS, *SLOT_KEYS)
