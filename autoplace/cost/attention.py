@@ -18,10 +18,13 @@ masks and kernels.  Here they become one lookup, vectorized over candidates:
   FLOP count of its benchmarks) at its own, lower, rate (its diagonal blocks are partly masked
   and the work per row differs, so short sequences balance worse); where a profile has no
   non-causal rows the causal ones stand in;
-* kernel: ``fa2`` (FlashAttention-2, which PyTorch's SDPA flash backend runs: "FlashAttention-2"
-  in the torch 2.2 release notes), ``fa1`` (FlashAttention, Dao et al. 2022; the 2022 runs) and
-  ``mem_efficient`` (SDPA's memory-efficient backend, xformers' cutlass kernel), each from its own
-  series in the same benchmark figure; a kernel the profile does not measure runs as ``fa2``.
+* kernel: ``fa2`` (FlashAttention-2, which PyTorch's SDPA flash backend runs), ``fa1``
+  (FlashAttention, Dao et al. 2022; the 2022 runs) and ``mem_efficient`` (SDPA's memory-efficient
+  backend, xformers' kernel: torch 2.13 ``torch.nn.functional.scaled_dot_product_attention``'s
+  docstring names its backends "FlashAttention-2" and "Memory-Efficient Attention", linking
+  facebookresearch/xformers), each from its own series in the same benchmark figure (the
+  FlashAttention-2 paper's "xformers" bars are its cutlass kernel, Sec. 4.1); a kernel the
+  profile does not measure runs as ``fa2``.
 
 Backward executes 2.5x the forward FLOPs (five matmuls against two, the forward's recomputed:
 Dao 2023, Sec. 4.1) at its own rate, lower than the forward's.
