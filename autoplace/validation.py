@@ -23,7 +23,7 @@ from autoplace.errors import SpecError
 from autoplace.evaluation import Evaluation, evaluate
 from autoplace.plan import Plan, build_plan
 from autoplace.specs._io import read_document
-from autoplace.specs.cluster import ClusterSpec, cluster_from_dict
+from autoplace.specs.cluster import ATTENTION_KERNELS, ClusterSpec, cluster_from_dict
 from autoplace.specs.model import ModelSpec, Precision, model_from_dict
 
 # A multi-node run whose source does not name its network: the usual fabric of its GPU generation.
@@ -187,6 +187,12 @@ def _run(row: dict[str, Any]) -> PublishedRun:
         if stated is None:
             raise SpecError(f"options.framework_config is read for deepspeed runs, not {row['framework']}", source=row["id"])
         assume = assume.replace(**stated(config))
+    kernel = (row.get("options") or {}).get("attention_kernel")
+    if kernel is not None:  # the fused attention kernel its source states (FlashAttention before FA-2's release)
+        if kernel not in ATTENTION_KERNELS:
+            raise SpecError(f"options.attention_kernel {kernel!r} is not one of {', '.join(ATTENTION_KERNELS)}",
+                            source=row["id"])
+        assume = assume.replace(attention_kernel=kernel)
     # a configuration its source reports out of memory is scored for whether it fits, not for time
     metric, measured = ("oom", float("nan")) if (row.get("measured") or {}).get("oom") else _metric(row)
     return PublishedRun(id=row["id"], source=row["source"], framework=row["framework"], model=model,

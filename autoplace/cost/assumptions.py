@@ -222,6 +222,12 @@ class Assumptions:
             recipe's ``param_bytes``: the bundle's PEFT script loads it with ``dtype=COMPUTE_DTYPE`` and
             accelerate upcasts only trainable parameters to fp32 for FSDP2 (accelerate 1.15
             utils/fsdp_utils.py ``fsdp2_prepare_model``; DDP casts nothing).  accelerate's behaviour.
+        attention_kernel: which fused attention kernel a model with ``flash_attention`` runs, each at
+            its own measured rates (:mod:`autoplace.cost.attention`, the profiles'
+            ``attention_efficiency``): ``fa2`` FlashAttention-2 (PyTorch's SDPA flash backend, every
+            framework autoplace emits for), ``fa1`` FlashAttention (runs before FlashAttention-2's
+            release, July 2023), ``mem_efficient`` SDPA's memory-efficient (xformers cutlass) backend.
+            Default ``fa2``; a published run states its own (``options.attention_kernel``).
         compute_scale, bandwidth_scale: calibration factors (measured / predicted compute
             time; predicted / measured link time); 1 when uncalibrated.
     """
@@ -271,6 +277,7 @@ class Assumptions:
     reduce_buckets: str = "cap"
     ddp_bucket_copy: bool = False
     frozen_base_in_compute_dtype: bool = False
+    attention_kernel: str = "fa2"
     compute_scale: float = 1.0
     bandwidth_scale: float = 1.0
 

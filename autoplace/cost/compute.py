@@ -12,10 +12,11 @@ live in ``hardware_profiles/gpu/*.yaml``):
   not amortize; a longer loop than the measured shape's runs no faster, the measured rate being
   the best over shapes); never faster than streaming its three matrices through HBM (the roofline).  Backward runs two GEMMs of the same three dimensions (input
   and weight gradients), so twice the forward time.
-* attention: a flash kernel (Dao 2023; Shah et al. 2024) at its measured efficiency for the
-  sequence length, executing half the full ``QK^T`` and ``PV`` FLOPs when causal; backward
-  executes 2.5x the forward FLOPs (FlashAttention-2 Sec. 4's count).  Without flash, the
-  score matmuls run as GEMMs and the softmax streams the score matrix (a memory-bound pass).
+* attention: a flash kernel at its measured efficiency for the kernel, head dim, sequence length
+  and mask (:mod:`autoplace.cost.attention`), executing half the full ``QK^T`` and ``PV`` FLOPs
+  when causal; backward executes 2.5x the forward FLOPs (FlashAttention-2 Sec. 4's count).
+  Without flash, the score matmuls run as GEMMs and the softmax streams the score matrix (a
+  memory-bound pass).
 * memory-bound kernels (norms, activations, rotary, residual adds, casts): the bytes they
   stream over the achieved HBM bandwidth.
 
@@ -31,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.cost.attention import AttentionRates
 from autoplace.cost.layers import Gemm
 
 Array = np.ndarray
 
-FA_BACKWARD_FLOPS = 2.5  # backward / forward FLOPs of flash attention (Dao 2023, Sec. 4.1)
-ATTN_TABLE_HEAD_DIM = 128.0  # the head dim of every profile's attention_efficiency rows
+ATTN_TABLE_HEAD_DIM = 128.0  # a head dim when none is given (Llama's, GPT-3's)
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,10 @@ class Kernels:
     gemm_efficiency: float  # large-GEMM fraction of ``peak_flops``
     sm_count: int
     tile: tuple[int, int]  # output tile M x N
-    attn_forward: Array  # [[sequence, fraction of the 16-bit peak], ...]
-    attn_backward: Array
+    attn: AttentionRates  # fused attention's rates (autoplace.cost.attention)
     hbm_Bps: float  # achieved HBM bandwidth, bytes/s
     k_overhead: float = 0.0  # a tile's fixed prologue + epilogue, in K-loop elements (GPUProfile)
     k_ref: float = 4096.0  # the K at which ``gemm_efficiency`` was measured: no K runs faster
-    attn_head_overhead: float = 0.0  # a score's fixed softmax work, in head-dim elements (AttentionEfficiency)
 
     def wave_utilization(self, m: Array | float, n: Array | float) -> Array:
         """Share of SM-slots the output tiles fill over all waves (1 when tiles fill every wave)."""
@@ -80,22 +79,11 @@ class Kernels:
         return np.maximum(math, memory)
 
     def attention(self, flops: Array, seq: Array, causal: bool = True,
-                  head_dim: float = ATTN_TABLE_HEAD_DIM) -> tuple[Array, Array]:
-        """Forward and backward seconds of flash attention whose full (unmasked) forward costs
-        ``flops``, over sequences of ``seq`` keys, with heads of ``head_dim``.
-
-        The efficiency tables are at head dim 128; a score's softmax (max, exp, rescale) is fixed
-        work beside its ``2 d`` matmul FLOPs, so smaller heads run at
-        :func:`k_loop_share` ``(d) / k_loop_share(128)`` of the table (``attn_head_overhead``),
-        larger ones no faster (FlashAttention-2 at head dim 256 is slower than at 128).
-        """
-        executed = flops * (0.5 if causal else 1.0)
-        x = np.log(np.maximum(seq, 1.0))
-        head = np.minimum(1.0, k_loop_share(head_dim, self.attn_head_overhead)
-                          / k_loop_share(ATTN_TABLE_HEAD_DIM, self.attn_head_overhead))
-        fwd = np.interp(x, np.log(self.attn_forward[:, 0]), self.attn_forward[:, 1]) * head
-        bwd = np.interp(x, np.log(self.attn_backward[:, 0]), self.attn_backward[:, 1]) * head
-        return executed / (self.peak16_flops * fwd), FA_BACKWARD_FLOPS * executed / (self.peak16_flops * bwd)
+                  head_dim: float = ATTN_TABLE_HEAD_DIM, kernel: str = "fa2") -> tuple[Array, Array]:
+        """Forward and backward seconds of fused attention whose full (unmasked) forward costs
+        ``flops``, over sequences of ``seq`` keys, with heads of ``head_dim``, run by ``kernel``
+        (:meth:`autoplace.cost.attention.AttentionRates.seconds`)."""
+        return self.attn.seconds(flops, seq, self.peak16_flops, head_dim, causal, kernel)
 
     def stream(self, nbytes: Array) -> Array:
         """Seconds of memory-bound kernels moving ``nbytes`` through HBM."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cost import comm
+from autoplace.cost.attention import rates_of
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.compute import Kernels
 from autoplace.specs.cluster import ClusterSpec, GPUProfile
@@ -56,10 +57,8 @@ def kernels_of(gpu: GPUProfile, dtype: str) -> Kernels:
         peak16_flops=gpu.peak_TFLOPS.for_dtype("bf16") * 1e12 * gpu.sustained_fraction,
         gemm_efficiency=gpu.gemm_efficiency.for_dtype(dtype, default=0.7),
         sm_count=gpu.sm_count, tile=(gpu.gemm_tile[0], gpu.gemm_tile[1]),
-        attn_forward=np.asarray(gpu.attention_efficiency.forward, dtype=float),
-        attn_backward=np.asarray(gpu.attention_efficiency.backward, dtype=float),
-        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency, k_overhead=gpu.gemm_k_overhead, k_ref=gpu.gemm_efficiency_k,
-        attn_head_overhead=gpu.attention_efficiency.head_dim_overhead)
+        attn=rates_of(gpu.attention_efficiency),
+        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency, k_overhead=gpu.gemm_k_overhead, k_ref=gpu.gemm_efficiency_k)
 
 
 def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageHardware:

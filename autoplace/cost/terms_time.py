@@ -109,7 +109,7 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
                     gemm = np.where(fp8, fp8_gemm(kern8, k), gemm)
             score = tokens * k.flops_score / tp  # full (unmasked) forward FLOPs of the attention core
             if k.flash:
-                a_f, a_b = kern.attention(score, seq_local, head_dim=k.head_dim)
+                a_f, a_b = kern.attention(score, seq_local, head_dim=k.head_dim, kernel=assume.attention_kernel)
             else:  # QK^T and PV as batched GEMMs per head (their softmax streams with the activations)
                 heads = k.flops_score / (4 * table.seq_len * k.head_dim) / tp * c.mbs[:, None]
                 a_f = heads * (kern.gemm(seq_local, seq, k.head_dim, elem, k_share=False)

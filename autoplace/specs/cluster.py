@@ -12,7 +12,7 @@ import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -123,22 +123,49 @@ class DtypeFractions(Strict):
         return default
 
 
-class AttentionEfficiency(Strict):
-    """Fused (flash) causal attention: achieved fraction of the 16-bit dense peak by sequence
-    length, forward and backward, counting the FLOPs a causal kernel executes.  Rows of
-    [sequence length > 0, fraction], in any order (sorted here, for interpolation in log length);
-    a bad row or cell is reported at its own index (``attention_efficiency.forward.1.0``).
-    The rows are at head dim 128; a smaller head dim runs at ``d / (d + head_dim_overhead)`` of
-    that (each score's softmax work is fixed, its matmul work grows with d), never faster."""
+AttentionKernel = Literal["fa2", "fa1", "mem_efficient"]  # autoplace.cost.attention: which fused kernel a run uses
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 
-    forward: TableRows = [[1.0, 0.5]]
-    backward: TableRows = [[1.0, 0.4]]
-    head_dim_overhead: float = Field(default=0.0, ge=0, le=1e4, allow_inf_nan=False)
+
+class _AttentionRows(Strict):
+    """Forward and backward rows of [sequence length > 0, fraction], in any order (sorted here, for
+    interpolation in log length); a bad row or cell is reported at its own index."""
+
+    forward: TableRows
+    backward: TableRows
 
     @field_validator("forward", "backward")
     @classmethod
     def _rows(cls, table: list[list[float]], info: ValidationInfo) -> list[list[float]]:
         return _checked_table(table, str(info.field_name), "sequence length")
+
+
+class AttentionTable(_AttentionRows):
+    """One more measured attention setting beside the main rows: a kernel (``fa2`` FlashAttention-2,
+    PyTorch SDPA's flash backend; ``fa1``; ``mem_efficient``, SDPA's and xformers' cutlass kernel),
+    a head dim and a mask, with forward and backward rows as :class:`AttentionEfficiency`'s."""
+
+    kernel: AttentionKernel = "fa2"
+    head_dim: float = Field(ge=1, le=4096, allow_inf_nan=False)
+    causal: bool = True
+
+
+class AttentionEfficiency(_AttentionRows):
+    """Fused (flash) attention: achieved fraction of the 16-bit dense peak by sequence length,
+    forward and backward, counting the FLOPs the kernel executes (half the full ones when causal).
+    Rows of [sequence length > 0, fraction], in any order (sorted here, for interpolation in log
+    length); a bad row or cell is reported at its own index (``attention_efficiency.forward.1.0``).
+    The main rows are FlashAttention-2, causal, at ``head_dim``; ``tables`` add other head dims,
+    masks and kernels (:mod:`autoplace.cost.attention` interpolates between head dims).  Outside
+    the head dims measured, a head dim runs at ``d / (d + head_dim_overhead)`` of the nearest
+    table's relative to that table's own (each score's softmax work is fixed, its matmul work
+    grows with d), never faster."""
+
+    forward: TableRows = [[1.0, 0.5]]
+    backward: TableRows = [[1.0, 0.4]]
+    head_dim: float = Field(default=128.0, ge=1, le=4096, allow_inf_nan=False)
+    head_dim_overhead: float = Field(default=0.0, ge=0, le=1e4, allow_inf_nan=False)
+    tables: list[AttentionTable] = []
 
 
 class GPUProfile(Strict):
