@@ -168,3 +168,21 @@ def against_gpus(ax: Any, gpus: Sequence[int], values: Sequence[float], ylabel: 
     if max(values) >= 1e4:  # dollars as 10,465,918, not 1.046 with 1e7 above the axis
         ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.legend(fontsize=8)
+
+
+def measured_vs_predicted(ax: Any, points: Sequence[tuple[str, float, float]], best: str | None) -> None:
+    """Each measured trial as a point, predicted step time (x) against measured (y), on the y = x line
+    a perfect cost model would put every point on; ``best`` (a point's label) ringed."""
+    xs, ys = [p for _, p, _ in points], [m for _, _, m in points]
+    top = max(xs + ys) * 1.15
+    ax.plot([0, top], [0, top], ":", color="grey", label="measured = predicted")
+    ax.plot(xs, ys, "o", color="#4c78a8", label="trial")
+    for label, x, y in points:
+        ax.annotate(label, (x, y), xytext=(5, 3), textcoords="offset points", fontsize=8)
+        if label == best:
+            ax.plot([x], [y], "o", markersize=15, markerfacecolor="none", markeredgecolor="#e45756",
+                    markeredgewidth=2, label=f"best measured: {label}")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="predicted step time, s", ylabel="measured step time, s",
+           title="Measured against predicted, per trial")
+    ax.set_aspect("equal")
+    _legend(ax)

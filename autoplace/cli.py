@@ -479,6 +479,16 @@ def _report_line(doc: dict[str, Any]) -> list[str]:
     return [f"report: {page['path']} ({page['bytes'] / 1e3:,.0f} kB, {page['seconds']:.1f} s)"] if page else []
 
 
+def _timed_page(path: Path, doc: dict[str, Any], write: Callable[[], int]) -> None:
+    """Write a page (``write`` returns its bytes), then record its size and seconds in ``doc["report"]``
+    (after the page: they are not on it)."""
+    import time
+
+    begun = time.perf_counter()
+    size = write()
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
 def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
     """solve --report: each framework's part recorded in ``doc``, then the page written from ``doc``;
     its size and seconds recorded in ``doc["report"]`` (after the page: they are not on it)."""
@@ -496,13 +506,9 @@ def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, req
 
 def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> None:
     """scale --report: the page written from ``doc``, then its size and seconds recorded in it."""
-    import time
-
     from autoplace.report_scale import write_scale_report
 
-    begun = time.perf_counter()
-    size = write_scale_report(path, doc, chosen, cluster)
-    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+    _timed_page(path, doc, lambda: write_scale_report(path, doc, chosen, cluster))
 
 
 def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
@@ -937,6 +943,7 @@ def tune(
     dashboard: Annotated[bool, typer.Option("--dashboard", help="After the study, serve it with optuna-dashboard "
                                             "(pip install 'autoplace[dashboard]') until Ctrl-C; tune prints the "
                                             "command either way.")] = False,
+    report_path: ReportOpt = None,
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
@@ -953,13 +960,21 @@ def tune(
     if dashboard and shutil.which("optuna-dashboard") is None:  # said before any trial runs
         raise SpecError("optuna-dashboard is not installed: pip install 'autoplace[dashboard]' (without --dashboard, "
                         "tune prints the command to run later)", field="--dashboard")
+    _check_report(report_path)
     report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
                       progress=not as_json, framework=trainer, seed=seed,
                       heartbeat=Heartbeat(interval_s=max(1, grace // 6), grace_s=grace, max_retry=retries))
+    doc = {"schema": "autoplace.tune/v1", **report.to_dict()}
+    if report_path is not None:
+        from autoplace.report_tune import write_tune_report
+
+        _timed_page(report_path, doc, lambda: write_tune_report(report_path, doc))
     if as_json:
-        typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
+        typer.echo(_json(doc))
     else:
         print_report(report)
+        for line in _report_line(doc):
+            typer.echo(line)
     if dashboard:  # in the foreground, as the user would run the printed command
         import subprocess
 

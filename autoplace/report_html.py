@@ -36,7 +36,7 @@ table{border-collapse:collapse;background:#fff;width:100%}th,td{border:1px solid
 th{background:#f0f0f0;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font-size:12px;word-break:break-all}button{font-size:11px;margin-left:6px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.charts svg{max-width:100%;height:auto;background:#fff}
-.note{color:#555;font-size:13px}
+.note{color:#555;font-size:13px}tr.best td{background:#fff6d5}
 """
 # Click a header to sort by it (numbers by data-sort); a copy button copies its plan string, and
 # selects it when the clipboard is refused (a file:// page may not have one).

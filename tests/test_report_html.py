@@ -176,3 +176,26 @@ def test_a_scale_report_without_a_token_budget_says_it_has_no_deadline(tmp_path:
                     "--report", page)
     assert result.exit_code == 0, result.output
     assert "no deadline (no token budget: --tokens)" in page.read_text()
+
+
+def test_tune_refuses_a_report_path_before_any_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoplace.tune
+
+    monkeypatch.setattr(autoplace.tune, "run_tune", lambda *a, **k: pytest.fail("trials ran"))
+    result = invoke("tune", MODELS / "tiny-llama.json", MODELS.parent / "clusters" / "cpu-2.yaml", "--out", tmp_path,
+                    "--report", tmp_path / "missing" / "study.html")
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "--report" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_study_with_no_measured_trial_says_so_and_lists_why() -> None:
+    """Every trial failed (a crash, a duplicate): no scatter, no best, each trial's state and reason in the table."""
+    from autoplace.report_tune import tune_page
+
+    trial = {"number": 0, "plan": "dp_shard=2,zero=3", "bucket_mb": 25, "state": "FAIL", "nccl": "",
+             "reason": "crash: exit 1", "predicted_step_s": 0.07, "measured_step_s": None, "tokens_per_s": None,
+             "peak_rss_bytes": None, "deviation": None, "error": None}
+    text = tune_page({"study": "s", "storage": "sqlite:///s.db", "dashboard": ["optuna-dashboard", "sqlite:///s.db"],
+                      "ran": 1, "best": None, "trials": [trial], "notes": []})
+    assert "No trial measured a step" in text and "FAIL (crash: exit 1)" in text and "<svg" not in text
+    assert 'data-json="trials.0.predicted_step_s"' in text and 'data-json="trials.0.measured_step_s"' not in text
