@@ -187,8 +187,9 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
 
 def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_batch: int | None,
             allow: list[str] | None, calibration: Path | None, force: bool, tuning: dict[str, Any]
-            ) -> tuple[Any, Any, dict[str, Any], Any, Any]:
-    """(model, cluster, origin, the --plan's Evaluation, assumptions): evaluate's and explain's first steps."""
+            ) -> tuple[Any, Any, dict[str, Any], Any, Any, tuple[float, float] | None]:
+    """(model, cluster, origin, the --plan's Evaluation, assumptions, the calibration's 95% band or
+    None): evaluate's and explain's first steps."""
     from autoplace.cost.layers import layer_table
     from autoplace.evaluation import evaluate
     from autoplace.plan import build_plan, parse_plan_string, with_pins
@@ -201,9 +202,9 @@ def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_ba
     why = fp8_refusal(c, p.fp8)
     if why:
         raise SpecError(why, source="--plan", field="fp8")
-    assume = _calibration(calibration, c, force=force)[0]
+    assume, band = _calibration(calibration, c, force=force)
     ev = evaluate(m, c, p, assume, allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
-    return m, c, origin, ev, assume
+    return m, c, origin, ev, assume, band
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -260,11 +261,12 @@ def evaluate(
     report: ReportOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
+    from autoplace import solving
     from autoplace.cost.layers import layer_table
 
     out = output_format(fmt, as_json)
     _check_report(report)
-    m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+    m, c, origin, ev, assume, band = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
                                                                   inter_node), plan, seq_len, global_batch, allow,
                                        calibration, force, tuning_overrides(method, lora_rank, lora_alpha,
                                                                             lora_targets, paged_optimizer))
@@ -275,6 +277,7 @@ def evaluate(
     above = mfu_check(ev, m, c)  # a prediction past every published run on the GPU, with what lifts it
     doc = {"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params), **origin},
            "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}
+    solving.add_band([doc["plan"]], c, band)
     if report is not None:
         _write_evaluation_report(report, doc, m, c, ev, assume)
     if out == "json":
@@ -321,10 +324,11 @@ def explain(
     """Where every GB and second goes, beside the alternatives that change the most."""
     _check_report(report)
     try:
+        from autoplace import solving
         from autoplace.cost.layers import layer_table
         from autoplace.explain import alternatives, plot, print_explanation
 
-        m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
+        m, c, origin, ev, assume, band = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
                                                                       intra_node, inter_node), plan, seq_len,
                                            global_batch, allow, calibration, force,
                                            tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
@@ -338,6 +342,7 @@ def explain(
                "cluster": c.summary(), "plan": ev.to_dict(),
                "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
                "png": str(png) if png else None}
+        solving.add_band([doc["plan"]], c, band)
         if report is not None:
             _write_evaluation_report(report, doc, m, c, ev, assume)
         if out == "json":

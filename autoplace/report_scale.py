@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from autoplace import charts
-from autoplace.report_html import GiB, card, copyable, model_params, num, page, plan_charts, write_page
+from autoplace.report_html import (
+    GiB,
+    LinkView,
+    card,
+    copyable,
+    link_view,
+    model_params,
+    num,
+    page,
+    plan_charts,
+    write_page,
+)
 
 
 def _sized(doc: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -115,7 +126,7 @@ def _table(doc: dict[str, Any]) -> str:
     return f'<table class="sortable" id="points"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def scale_page(doc: dict[str, Any], links: dict[str, str]) -> str:
+def scale_page(doc: dict[str, Any], links: LinkView) -> str:
     """The whole page of ``scale``: ``doc`` as ``--json`` prints it, ``links`` the chosen plan's link tiers."""
     body = [_header(doc), _cards(doc)]
     if _sized(doc):
@@ -132,7 +143,5 @@ def scale_page(doc: dict[str, Any], links: dict[str, str]) -> str:
 def write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> int:
     """Write the page of ``scale`` to ``path``: ``chosen`` the chosen SweepPoint (or None), ``cluster``
     the cluster it runs on; returns the page's size in bytes."""
-    from autoplace.report import tiers
-
-    links = tiers(chosen.evaluation, cluster) if chosen is not None and chosen.evaluation is not None else {}
+    links = link_view(chosen.evaluation, cluster) if chosen is not None and chosen.evaluation is not None else LinkView()
     return write_page(path, scale_page(doc, links))
