@@ -129,7 +129,8 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
         return
     if "plan" in doc:  # explain: the one plan, then its alternatives
         assert {"plan.step_time_s", "plan.mfu", "plan.memory_per_device_bytes.total",
-                "plan.time_breakdown_s.bubble"} <= keys
+                "plan.time_breakdown_s.bubble", "plan.step_time_band_95_s.0",  # the band, as solve's
+                *(f"plan.stage_time_per_microbatch_s.{s}" for s in range(2))} <= keys  # each stage drawn
         assert {f"alternatives.{i}.step_time_s" for i in range(len(doc["alternatives"]))} <= keys
         return
     if not doc["plans"]:  # no plan fits: the nearest one and by how much it misses

@@ -199,3 +199,73 @@ def test_a_study_with_no_measured_trial_says_so_and_lists_why() -> None:
                       "ran": 1, "best": None, "trials": [trial], "notes": []})
     assert "No trial measured a step" in text and "FAIL (crash: exit 1)" in text and "<svg" not in text
     assert 'data-json="trials.0.predicted_step_s"' in text and 'data-json="trials.0.measured_step_s"' not in text
+
+
+def test_each_dimension_s_bytes_split_over_the_tiers_its_group_crosses() -> None:
+    """tier_bytes on 8 nodes of 8 H100: tensor parallel inside a node is all NVLink, pipeline sends
+    across nodes all network, and a data-parallel group of 16 ranks, 4 to a node, sends the
+    hierarchical ring's shares (by hand: 3/4 of a buffer inside the node, 3/4 of its quarter across)."""
+    from autoplace.cost.layers import layer_table
+    from autoplace.evaluation import evaluate
+    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.report import tier_bytes
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    model, cluster = load_model(MODELS / "llama-3-70b.json"), load_cluster(MODELS.parent / "clusters" / "8x8-h100.yaml")
+    plan = build_plan(parse_plan_string("tp=2,pp=2,zero=1"), world=64, blocks=layer_table(model).blocks,
+                      global_batch=model.training.global_batch, gpus_per_node=8)
+    ev = evaluate(model, cluster, plan)
+    split = tier_bytes(ev, cluster)
+    pool = cluster.pools[0]
+    nvlink, network = pool.intra_node.name, pool.inter_node.name
+    for dim, tiers in split.items():
+        assert sum(tiers.values()) == pytest.approx(ev.comm[dim]), dim
+    assert set(split["tp"]) == {nvlink} and set(split["pp"]) == {network}
+    inside, across = 3 / 4, 3 / 4 / 4
+    assert split["dp"][nvlink] / ev.comm["dp"] == pytest.approx(inside / (inside + across))
+
+
+def test_the_timeline_draws_each_stage_s_own_time() -> None:
+    """A first stage twice as slow (its embedding, say) runs each pass twice as long; the others keep theirs."""
+    ops = lay_out("interleaved", 4, 2, 8, forward=[2.0, 1.0, 1.0, 1.0])
+    for op in ops:
+        width = (2.0 if op.device == 0 else 1.0) * (1 if op.kind == "F" else 2) / 2
+        assert op.end - op.start == pytest.approx(width)
+    assert max(o.end for o in ops) > max(o.end for o in lay_out("interleaved", 4, 2, 8))
+
+
+def test_evaluate_and_explain_carry_solve_s_95_percent_band() -> None:
+    """One rule for the band (solving.add_band): evaluate's and explain's plan hold it as solve's plans do."""
+    import json
+
+    for command in ("evaluate", "explain"):
+        result = invoke(command, LLAMA_8B, A100_8, "--plan", "tp=2,pp=2", "--json")
+        assert result.exit_code == 0, result.output
+        plan = json.loads(result.stdout)["plan"]
+        low, high = plan["step_time_band_95_s"]
+        assert low < plan["step_time_s"] < high and plan["step_time_band_source"].startswith("published runs on")
+        assert len(plan["stage_time_per_microbatch_s"]) == 2
+
+
+def test_a_solve_with_out_lists_every_bundle_file_on_its_page(tmp_path: Path) -> None:
+    import json
+
+    page = tmp_path / "r.html"
+    result = invoke("solve", MODELS / "tiny-llama.json", A100_8, "--time-limit", "10", "--out", tmp_path / "b",
+                    "--json", "--report", page)
+    assert result.exit_code == 0, result.output
+    doc, text = json.loads(result.stdout), page.read_text()
+    bundles = {"plan 1": doc["bundle"]} | {f: b["files"] for f, b in doc["framework_bundles"].items() if b["written"]}
+    assert len(bundles) > 1
+    for files in bundles.values():
+        readme = Path(files["README.txt"]).read_text()
+        for name, path in files.items():
+            assert f"<code>{name}</code>" in text
+            assert f"{Path(path).stat().st_size / 1e3:,.1f} kB" in text
+        for line in readme.splitlines()[4:]:
+            name, _, what = line.partition(": ")
+            if name in files:  # each file's line of its README.txt, beside it
+                import html
+
+                assert html.escape(what) in text, line
