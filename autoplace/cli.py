@@ -706,6 +706,9 @@ def scale(
         choice = decide(points, opts)
         chosen = choice.chosen
         doc = _scale_doc(m, table, points, choice, opts, batches, gpu, unit, counts, advice)
+        from autoplace.solving import add_band
+
+        add_band([p["plan"] for p in doc["points"] if p.get("plan")], cluster_at(counts[0], gpu=gpu, unit=unit), None)
         if advice.over and chosen is not None:
             from autoplace.sweep import advised_plan_lines
 

@@ -3,6 +3,7 @@ pipeline timeline's layout against the bubble the cost model assumes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -173,9 +174,13 @@ def test_a_scale_report_without_a_token_budget_says_it_has_no_deadline(tmp_path:
     header read its days (TypeError, an internal error)."""
     page = tmp_path / "scale.html"
     result = invoke("scale", MODELS / "tiny-llama.json", "--gpu", "h100", "--gpus", "1,2", "--time-limit", "0.5",
-                    "--report", page)
+                    "--report", page, "--json")
     assert result.exit_code == 0, result.output
     assert "no deadline (no token budget: --tokens)" in page.read_text()
+    # every size's plan carries the 95% band as solve's plans do (its chart draws the chosen one's)
+    for point in json.loads(result.stdout)["points"]:
+        low, high = point["plan"]["step_time_band_95_s"]
+        assert low < point["plan"]["step_time_s"] < high
 
 
 def test_tune_refuses_a_report_path_before_any_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
