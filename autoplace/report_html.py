@@ -188,10 +188,14 @@ def _plans_table(doc: dict[str, Any], strings: Sequence[str]) -> str:
             cell("mfu", p["mfu"], f"{p['mfu']:.1%}", 0.01),
             f"<td>{html.escape(', '.join(p.get('frameworks', [])) or 'none')}</td>",
             f"<td>{copyable(text)}</td>"]) + "</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    return (f'<table class="sortable" id="plans"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            '<p class="note">Click a column to sort; each plan string is what <code>--plan</code> and '
+    return (sortable_table("plans", head, rows) + '<p class="note">Click a column to sort; each plan string is what <code>--plan</code> and '
             "<code>--fix</code> accept.</p>")
+
+
+def sortable_table(table_id: str, head: Sequence[str], rows: Sequence[str]) -> str:
+    """A table whose headers sort it (the page's script): ``head`` its column names, ``rows`` its ``<tr>``s."""
+    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return f'<table class="sortable" id="{table_id}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 def _frameworks_table(per_framework: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from autoplace.report_html import (
     num,
     page,
     plan_charts,
+    sortable_table,
     write_page,
 )
 
@@ -122,8 +123,7 @@ def _table(doc: dict[str, Any]) -> str:
             cell("plan.memory_per_device_bytes.total", mem, f"{(mem or 0) / GiB:.1f}", GiB),
             f"<td>{html.escape(', '.join(p.get('frameworks', [])) or 'none')}</td>",
             f"<td>{copyable(plan['plan']) if plan else ''}</td>"]) + "</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    return f'<table class="sortable" id="points"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    return sortable_table("points", head, rows)
 
 
 def scale_page(doc: dict[str, Any], links: LinkView) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace import charts
-from autoplace.report_html import GiB, card, copyable, num, page, write_page
+from autoplace.report_html import GiB, card, copyable, num, page, sortable_table, write_page
 
 
 def _label(trial: dict[str, Any]) -> str:
@@ -95,9 +95,7 @@ def _table(doc: dict[str, Any]) -> str:
             cell("tokens_per_s", f"{t['tokens_per_s'] or 0:,.0f}"),
             cell("peak_rss_bytes", f"{(t['peak_rss_bytes'] or 0) / GiB:.2f}", GiB),
             f"<td>{copyable(t['plan'])}<br><small>{html.escape(knobs)}</small></td>"]) + "</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    return (f'<table class="sortable" id="trials"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            '<p class="note">error: measured / predicted − 1 (positive: the step ran slower than the cost model '
+    return (sortable_table("trials", head, rows) + '<p class="note">error: measured / predicted − 1 (positive: the step ran slower than the cost model '
             "said). Click a column to sort.</p>")
 
 
