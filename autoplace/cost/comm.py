@@ -127,7 +127,7 @@ def ring_steps(n: Array, n_out: Array) -> tuple[Array, Array]:
     return n - n_out, n_out - 1
 
 
-def ring_bytes(size_bytes: Array, n: Array, n_in: Array) -> tuple[Array, Array]:
+def ring_bytes(size_bytes: Array | float, n: Array, n_in: Array) -> tuple[Array, Array]:
     """(NVLink, network) bytes each device sends in one hierarchical ring pass -- an all-gather or
     reduce-scatter of a buffer whose full size is ``size_bytes`` over ``n`` ranks, ``n_in`` of them
     in each NVLink domain; an all-reduce sends twice these (see the module docstring)."""
@@ -136,7 +136,7 @@ def ring_bytes(size_bytes: Array, n: Array, n_in: Array) -> tuple[Array, Array]:
     return (n_in - 1) / n_in * size_bytes, (n_out - 1) / n_out * size_bytes / n_in
 
 
-def alltoall_bytes(send_bytes: Array, n: Array, n_in: Array) -> tuple[Array, Array]:
+def alltoall_bytes(send_bytes: Array | float, n: Array, n_in: Array) -> tuple[Array, Array]:
     """(NVLink, network) bytes of an all-to-all whose ``send_bytes`` spread evenly over ``n`` ranks,
     ``n_in`` of them in the sender's domain (its own share stays put)."""
     n, n_in = np.asarray(n), np.asarray(n_in)
