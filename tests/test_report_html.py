@@ -274,3 +274,18 @@ def test_a_solve_with_out_lists_every_bundle_file_on_its_page(tmp_path: Path) ->
                 import html
 
                 assert html.escape(what) in text, line
+
+
+def test_tune_s_optuna_plots_leave_the_report_s_style_alone(tmp_path: Path) -> None:
+    """optuna's matplotlib plots set plt.style "ggplot" for good: the tune page drawn after them had grey charts."""
+    import matplotlib
+    import optuna
+
+    from autoplace.tune import save_plots
+
+    style = ("axes.facecolor", "axes.grid", "axes.edgecolor", "grid.color", "axes.prop_cycle")
+    before = {k: matplotlib.rcParams[k] for k in style}
+    study = optuna.create_study()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert save_plots(study, tmp_path)
+    assert {k: matplotlib.rcParams[k] for k in style} == before
