@@ -92,38 +92,51 @@ def time_bars(ax: Any, rows: Sequence[tuple[str, Mapping[str, float]]],
     _legend(ax)
 
 
-def comm_bars(ax: Any, comm: Mapping[str, float], links: Mapping[str, str]) -> None:
-    """Bytes each device moves per step, one bar per dimension that moves any, labelled with the
-    link tiers its groups use (:func:`autoplace.report.tiers`)."""
+_TIER = {"NVLink": "#54a24b", "network": "#e45756", "host": "#9d755d"}
+
+
+def comm_bars(ax: Any, comm: Mapping[str, float], links: Mapping[str, str],
+              split: Mapping[str, Mapping[str, float]], kinds: Mapping[str, str]) -> None:
+    """Bytes each device moves per step, one bar per dimension that moves any, stacked by the link
+    tier that carries them (``split``: :func:`autoplace.report.tier_bytes`; ``kinds``: each tier's
+    NVLink, network or host, one colour each), labelled with the tiers its groups use
+    (:func:`autoplace.report.tiers`) and its total."""
     dims = [d for d in comm if d != "total" and comm[d]]
-    values = [comm[d] / 1e9 for d in dims]
-    ax.barh(range(len(dims)), values, color="#54a24b")
+    tiers = sorted({t for d in dims for t in split.get(d, {})}, key=lambda t: list(_TIER).index(kinds.get(t, "host")))
+    left = [0.0] * len(dims)
+    for tier in tiers:
+        values = [split.get(d, {}).get(tier, 0.0) / 1e9 for d in dims]
+        kind = kinds.get(tier, "host")
+        ax.barh(range(len(dims)), values, left=left, color=_TIER[kind], label=f"{tier} ({kind})")
+        left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_yticks(range(len(dims)), [f"{d}  ({links.get(d, '-')})" for d in dims], fontsize=8)
     ax.invert_yaxis()
-    for i, v in enumerate(values):
-        ax.annotate(f"{v:,.1f} GB", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.set(title="Communication per step, per device", xlabel="GB")
+    for i, d in enumerate(dims):
+        ax.annotate(f"{comm[d] / 1e9:,.1f} GB", (comm[d] / 1e9, i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set(title="Communication per step, per device, by link tier", xlabel="GB")
     ax.margins(x=0.2)
+    _legend(ax)
 
 
-def timeline(ax: Any, ops: Sequence[Op], pp: int, seconds_per_unit: float, title: str) -> None:
+def timeline(ax: Any, ops: Sequence[Op], pp: int, title: str) -> None:
     """A pipeline schedule as one row per device: forward (F) and backward (B) boxes labelled with
-    their micro-batch (and chunk when interleaved), idle time shaded as bubble."""
+    their micro-batch (and chunk when interleaved), idle time shaded as bubble; ``ops`` in seconds."""
     end = max(op.end for op in ops)
     for d in range(pp):
-        ax.broken_barh([(0, end * seconds_per_unit)], (d - 0.45, 0.9), color="#e45756", alpha=0.25)
+        ax.broken_barh([(0, end)], (d - 0.45, 0.9), color="#e45756", alpha=0.25)
     for op in ops:
-        ax.broken_barh([(op.start * seconds_per_unit, (op.end - op.start) * seconds_per_unit)],
+        ax.broken_barh([(op.start, (op.end - op.start))],
                        (op.device - 0.45, 0.9), facecolor=_PASS[op.kind], edgecolor="white", linewidth=0.5)
         if op.end - op.start >= 0.02 * end:  # a label only where it fits
-            ax.text((op.start + op.end) / 2 * seconds_per_unit, op.device, op.label, ha="center", va="center",
+            ax.text((op.start + op.end) / 2, op.device, op.label, ha="center", va="center",
                     fontsize=6, color="white")
     chunks = ops[0].chunks  # interleaved: device d holds stages d, d + pp, ...
     ax.set_yticks(range(pp), [f"stage {d}" if chunks == 1 else
                               f"GPU {d}: stages {', '.join(str(c * pp + d) for c in range(chunks))}" for d in range(pp)],
                   fontsize=8)
     ax.invert_yaxis()
-    ax.set(title=title, xlabel="seconds", xlim=(0, end * seconds_per_unit))
+    ax.set(title=title, xlabel="seconds", xlim=(0, end))
     handles = [ax.bar(0, 0, color=c, label=lab) for lab, c in
                (("forward", _PASS["F"]), ("backward", _PASS["B"]), ("idle (bubble)", "#f4c7c6"))]
     _legend(ax, handles=handles)
@@ -168,3 +181,21 @@ def against_gpus(ax: Any, gpus: Sequence[int], values: Sequence[float], ylabel: 
     if max(values) >= 1e4:  # dollars as 10,465,918, not 1.046 with 1e7 above the axis
         ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.legend(fontsize=8)
+
+
+def measured_vs_predicted(ax: Any, points: Sequence[tuple[str, float, float]], best: str | None) -> None:
+    """Each measured trial as a point, predicted step time (x) against measured (y), on the y = x line
+    a perfect cost model would put every point on; ``best`` (a point's label) ringed."""
+    xs, ys = [p for _, p, _ in points], [m for _, _, m in points]
+    top = max(xs + ys) * 1.15
+    ax.plot([0, top], [0, top], ":", color="grey", label="measured = predicted")
+    ax.plot(xs, ys, "o", color="#4c78a8", label="trial")
+    for label, x, y in points:
+        ax.annotate(label, (x, y), xytext=(5, 3), textcoords="offset points", fontsize=8)
+        if label == best:
+            ax.plot([x], [y], "o", markersize=15, markerfacecolor="none", markeredgecolor="#e45756",
+                    markeredgewidth=2, label=f"best measured: {label}")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="predicted step time, s", ylabel="measured step time, s",
+           title="Measured against predicted, per trial")
+    ax.set_aspect("equal")
+    _legend(ax)

@@ -187,8 +187,9 @@ def _load_recorded(model: Path, cluster: Path | Any, seq_len: int | None, global
 
 def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_batch: int | None,
             allow: list[str] | None, calibration: Path | None, force: bool, tuning: dict[str, Any]
-            ) -> tuple[Any, Any, dict[str, Any], Any, Any]:
-    """(model, cluster, origin, the --plan's Evaluation, assumptions): evaluate's and explain's first steps."""
+            ) -> tuple[Any, Any, dict[str, Any], Any, Any, tuple[float, float] | None]:
+    """(model, cluster, origin, the --plan's Evaluation, assumptions, the calibration's 95% band or
+    None): evaluate's and explain's first steps."""
     from autoplace.cost.layers import layer_table
     from autoplace.evaluation import evaluate
     from autoplace.plan import build_plan, parse_plan_string, with_pins
@@ -201,9 +202,9 @@ def _scored(model: Path, cluster: Any, plan: str, seq_len: int | None, global_ba
     why = fp8_refusal(c, p.fp8)
     if why:
         raise SpecError(why, source="--plan", field="fp8")
-    assume = _calibration(calibration, c, force=force)[0]
+    assume, band = _calibration(calibration, c, force=force)
     ev = evaluate(m, c, p, assume, allow_tp_across_nodes="tp-across-nodes" in _features(allow, None))
-    return m, c, origin, ev, assume
+    return m, c, origin, ev, assume, band
 
 
 def _calibration(path: Path | None, cluster: Any, framework: str | None = None,
@@ -260,11 +261,12 @@ def evaluate(
     report: ReportOpt = None,
 ) -> None:
     """Score one plan: memory by state against capacity, communication, step time, violations."""
+    from autoplace import solving
     from autoplace.cost.layers import layer_table
 
     out = output_format(fmt, as_json)
     _check_report(report)
-    m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
+    m, c, origin, ev, assume, band = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node, intra_node,
                                                                   inter_node), plan, seq_len, global_batch, allow,
                                        calibration, force, tuning_overrides(method, lora_rank, lora_alpha,
                                                                             lora_targets, paged_optimizer))
@@ -275,6 +277,7 @@ def evaluate(
     above = mfu_check(ev, m, c)  # a prediction past every published run on the GPU, with what lifts it
     doc = {"schema": "autoplace.evaluation/v1", "model": {"name": m.name, "params": int(table.params), **origin},
            "cluster": c.summary(), "plan": {**ev.to_dict(), **_above(above)}, **view.to_dict()}
+    solving.add_band([doc["plan"]], c, band)
     if report is not None:
         _write_evaluation_report(report, doc, m, c, ev, assume)
     if out == "json":
@@ -321,10 +324,11 @@ def explain(
     """Where every GB and second goes, beside the alternatives that change the most."""
     _check_report(report)
     try:
+        from autoplace import solving
         from autoplace.cost.layers import layer_table
         from autoplace.explain import alternatives, plot, print_explanation
 
-        m, c, origin, ev, assume = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
+        m, c, origin, ev, assume, band = _scored(model, cluster_from_args(cluster, short, gpu, nodes, gpus_per_node,
                                                                       intra_node, inter_node), plan, seq_len,
                                            global_batch, allow, calibration, force,
                                            tuning_overrides(method, lora_rank, lora_alpha, lora_targets, paged_optimizer))
@@ -338,6 +342,7 @@ def explain(
                "cluster": c.summary(), "plan": ev.to_dict(),
                "alternatives": [{"change": a.change, **a.evaluation.to_dict()} for a in alts],
                "png": str(png) if png else None}
+        solving.add_band([doc["plan"]], c, band)
         if report is not None:
             _write_evaluation_report(report, doc, m, c, ev, assume)
         if out == "json":
@@ -479,6 +484,16 @@ def _report_line(doc: dict[str, Any]) -> list[str]:
     return [f"report: {page['path']} ({page['bytes'] / 1e3:,.0f} kB, {page['seconds']:.1f} s)"] if page else []
 
 
+def _timed_page(path: Path, doc: dict[str, Any], write: Callable[[], int]) -> None:
+    """Write a page (``write`` returns its bytes), then record its size and seconds in ``doc["report"]``
+    (after the page: they are not on it)."""
+    import time
+
+    begun = time.perf_counter()
+    size = write()
+    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+
+
 def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
     """solve --report: each framework's part recorded in ``doc``, then the page written from ``doc``;
     its size and seconds recorded in ``doc["report"]`` (after the page: they are not on it)."""
@@ -496,13 +511,9 @@ def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, req
 
 def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> None:
     """scale --report: the page written from ``doc``, then its size and seconds recorded in it."""
-    import time
-
     from autoplace.report_scale import write_scale_report
 
-    begun = time.perf_counter()
-    size = write_scale_report(path, doc, chosen, cluster)
-    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+    _timed_page(path, doc, lambda: write_scale_report(path, doc, chosen, cluster))
 
 
 def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
@@ -695,6 +706,9 @@ def scale(
         choice = decide(points, opts)
         chosen = choice.chosen
         doc = _scale_doc(m, table, points, choice, opts, batches, gpu, unit, counts, advice)
+        from autoplace.solving import add_band
+
+        add_band([p["plan"] for p in doc["points"] if p.get("plan")], cluster_at(counts[0], gpu=gpu, unit=unit), None)
         if advice.over and chosen is not None:
             from autoplace.sweep import advised_plan_lines
 
@@ -937,6 +951,7 @@ def tune(
     dashboard: Annotated[bool, typer.Option("--dashboard", help="After the study, serve it with optuna-dashboard "
                                             "(pip install 'autoplace[dashboard]') until Ctrl-C; tune prints the "
                                             "command either way.")] = False,
+    report_path: ReportOpt = None,
 ) -> None:
     """Benchmark the top plans with real torch.distributed steps (an Optuna study).
 
@@ -953,13 +968,21 @@ def tune(
     if dashboard and shutil.which("optuna-dashboard") is None:  # said before any trial runs
         raise SpecError("optuna-dashboard is not installed: pip install 'autoplace[dashboard]' (without --dashboard, "
                         "tune prints the command to run later)", field="--dashboard")
+    _check_report(report_path)
     report = run_tune(model, cluster, trials, top, storage, study, launcher, timeout, out, scale=scale,
                       progress=not as_json, framework=trainer, seed=seed,
                       heartbeat=Heartbeat(interval_s=max(1, grace // 6), grace_s=grace, max_retry=retries))
+    doc = {"schema": "autoplace.tune/v1", **report.to_dict()}
+    if report_path is not None:
+        from autoplace.report_tune import write_tune_report
+
+        _timed_page(report_path, doc, lambda: write_tune_report(report_path, doc))
     if as_json:
-        typer.echo(_json({"schema": "autoplace.tune/v1", **report.to_dict()}))
+        typer.echo(_json(doc))
     else:
         print_report(report)
+        for line in _report_line(doc):
+            typer.echo(line)
     if dashboard:  # in the foreground, as the user would run the printed command
         import subprocess
 

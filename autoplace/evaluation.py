@@ -46,6 +46,8 @@ class Evaluation:
             gradient exists (``memory`` shows them at the peak, which may precede the gradients).
         host: host memory per GPU the offloaded states take on the stage that needs most
             (``offloaded``) and the GPU's share of its node's host memory (``capacity``).
+        stage_time_s: seconds of one micro-batch's forward and backward on each stage (the first
+            holds the embedding, the last the head and loss; the slowest sets the pipeline's pace).
     """
 
     plan: Plan
@@ -63,6 +65,7 @@ class Evaluation:
     memory_peak_at: list[str] = field(default_factory=list)
     model_states: dict[str, float] = field(default_factory=dict)
     host: dict[str, float] = field(default_factory=lambda: {"offloaded": 0.0, "capacity": float("inf")})
+    stage_time_s: list[float] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -85,6 +88,7 @@ class Evaluation:
         out["host_memory_per_gpu_bytes"] = {k: int(round(v)) for k, v in self.host.items()}
         out["comm_bytes_per_step_per_device"] = {k: int(round(v)) for k, v in self.comm.items()}
         out["time_breakdown_s"] = {k: round(v, 6) for k, v in self.time.items()}
+        out["stage_time_per_microbatch_s"] = [round(t, 9) for t in self.stage_time_s]
         out.update({"step_time_s": round(self.step_time_s, 6), "tokens_per_s": round(self.tokens_per_s, 3),
                     "tflops_per_gpu": round(self.tflops_per_gpu, 3), "hw_tflops_per_gpu": round(self.hw_tflops_per_gpu, 3),
                     "mfu": round(self.mfu, 5), "violations": [v.to_dict() for v in self.violations]})
@@ -147,6 +151,7 @@ def from_batch(batch: Batch, i: int, plan: Plan, gpus: int) -> Evaluation:
         tflops_per_gpu=float(per_second(batch.model_flops[i], step)) / gpus / 1e12,
         hw_tflops_per_gpu=float(per_second(batch.hardware_flops[i], step)) / gpus / 1e12, worst_stage=worst,
         memory_peak_at=[MEMORY_PHASES[int(f)] for f in batch.memory_phase[i, : plan.pp]],
+        stage_time_s=[float(t) for t in batch.stage_time[i, : plan.pp]],
         model_states={k: float(v) for k, v in zip(MEMORY_PARTS[:3], batch.states[i, worst], strict=True)},
         host=_host(batch, i, plan.pp))
 

@@ -3,9 +3,10 @@ forward or backward when, under GPipe, 1F1B or interleaved 1F1B.
 
 Each device runs its operations in the order its schedule prescribes; an operation starts when
 the device is free and its input is ready (the previous virtual stage's forward, the next one's
-backward).  Stage times are equal and a backward takes twice a forward -- the shape the cost
-model's bubble term assumes (:func:`autoplace.cost.step.bubble_time`, Narayanan et al. 2021,
-Sec. 2.2), so the drawn idle share is its ``(p - 1) / (v m)``.  The operation orders restate
+backward).  Stage times are equal unless given (the report draws each stage's own) and a backward
+takes twice a forward -- with equal stages, the shape the cost model's bubble term assumes
+(:func:`autoplace.cost.step.bubble_time`, Narayanan et al. 2021, Sec. 2.2), so the drawn idle
+share is its ``(p - 1) / (v m)``.  The operation orders restate
 Megatron-LM's ``forward_backward_pipelining_with_interleaving`` (core_v0.16.1,
 megatron/core/pipeline_parallel/schedules.py): warm-up ``2 (p - d - 1) + (v - 1) p`` chunk
 forwards, then one forward and one backward alternate.
@@ -13,6 +14,7 @@ forwards, then one forward and one backward alternate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 FORWARD, BACKWARD = 1.0, 2.0  # duration of one stage's pass per micro-batch, in forward units
@@ -22,7 +24,7 @@ MAX_DRAWN = 8  # micro-batches drawn at least (more when a long pipeline needs t
 @dataclass(frozen=True)
 class Op:
     """One forward (``F``) or backward (``B``) of micro-batch ``micro`` on ``chunk`` of ``device``,
-    from ``start`` to ``end`` in forward units."""
+    from ``start`` to ``end`` in forward units (or in the unit of :func:`lay_out`'s ``forward``)."""
 
     device: int
     kind: str
@@ -62,8 +64,12 @@ def _order(schedule: str, pp: int, vpp: int, m: int, device: int) -> list[tuple[
     return out + [op("B", k) for k in range(n - warmup, n)]
 
 
-def lay_out(schedule: str, pp: int, vpp: int, microbatches: int) -> list[Op]:
+def lay_out(schedule: str, pp: int, vpp: int, microbatches: int,
+            forward: Sequence[float] | None = None) -> list[Op]:
     """Every operation of one step with its start and end (forward units), by list scheduling.
+    ``forward``: each device's time for one forward of its whole stage (all its chunks), in any
+    unit, when stages differ (the first holds the embedding, the last the head and loss); equal
+    stages of one unit when None.  A backward takes twice its stage's forward either way.
 
     Raises:
         ValueError: the orders deadlock (a schedule this module gets wrong), or interleaved with a
@@ -88,7 +94,7 @@ def lay_out(schedule: str, pp: int, vpp: int, microbatches: int) -> list[Op]:
                 if dep is not None and dep not in done:
                     break
                 start = max(free[d], done[dep] if dep else 0.0)
-                end = start + (FORWARD if kind == "F" else BACKWARD) / vpp
+                end = start + (FORWARD if kind == "F" else BACKWARD) * (forward[d] if forward else 1.0) / vpp
                 done[(kind, stage, micro)], free[d] = end, end
                 ops.append(Op(d, kind, micro, chunk, start, end, vpp))
                 nxt[d] += 1

@@ -72,6 +72,38 @@ def tiers(ev: Evaluation, cluster: ClusterSpec) -> dict[str, str]:
     return out
 
 
+def tier_bytes(ev: Evaluation, cluster: ClusterSpec) -> dict[str, dict[str, float]]:
+    """Each dimension's bytes per device per step (``ev.comm``) split over the link tiers it crosses:
+    NVLink inside a domain and the network across domains, split as the cost model sends them
+    (:func:`autoplace.cost.comm.ring_bytes` for the collectives, ``alltoall_bytes`` for experts;
+    pipeline and context send/recv on the network when their group leaves a domain,
+    ``cost.terms_time``), offload on the host link.  An HSDP plan's data-parallel bytes are split
+    as one ring over all its ranks (its replica all-reduce, at most ``2 / dp_shard`` of them, is
+    not told apart)."""
+    from autoplace.cost.comm import alltoall_bytes, ring_bytes
+
+    p, pool, domain = ev.plan, cluster.pools[0], cluster.nvlink_domain
+    groups = group_layout(*(np.array([x]) for x in (p.tp, p.cp, p.ep, p.dp_shard, p.dp_replicate, p.pp)))
+    out: dict[str, dict[str, float]] = {}
+    for dim, (_, key) in _COLLECTIVES.items():
+        sent = ev.comm[dim]
+        if not sent or not key:
+            if sent:
+                out[dim] = {pool.host_link.name: sent}
+            continue
+        size, stride = (int(x[0]) for x in groups[key])
+        inside = int(members_per_domain(np.array(size), np.array(stride), domain))
+        if dim in ("pp", "cp"):
+            shares = (0.0, 1.0) if inside < size else (1.0, 0.0)
+        else:
+            split = (alltoall_bytes if dim == "ep" else ring_bytes)(1.0, np.array(size), np.array(inside))
+            shares = (float(split[0]), float(split[1]))
+        out[dim] = {}
+        for tier, share in zip((pool.intra_node.name, pool.inter_node.name), shares, strict=True):
+            if share:
+                out[dim][tier] = out[dim].get(tier, 0.0) + sent * share / sum(shares)
+    return out
+
 
 # A console that is not a terminal (a pipe, a file, CliRunner) prints at this width: wide
 # enough that no table row or plan string is wrapped or cut (--wide, CSV, markdown).

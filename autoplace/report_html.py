@@ -15,6 +15,7 @@ import html
 import importlib.util
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,11 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .card b{display:block;font-size:22px;white-space:nowrap}.card small{color:#666}
 .bad{background:#fdecea;border:1px solid #e45756;border-radius:8px;padding:10px 16px;margin:12px 0}
 table{border-collapse:collapse;background:#fff;width:100%}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
-th{background:#f0f0f0;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
-code{font-size:12px;word-break:break-all}button{font-size:11px;margin-left:6px}
+th{background:#f0f0f0;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code{font-size:12px;word-break:break-all}td>code{display:block;max-height:5.8em;overflow:auto}td.file code{white-space:nowrap;word-break:normal}
+details{margin:4px 0}summary{cursor:pointer;padding:3px 0}button{font-size:11px;margin-left:6px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.charts svg{max-width:100%;height:auto;background:#fff}
-.note{color:#555;font-size:13px}
+.note{color:#555;font-size:13px}tr.best td{background:#fff6d5}
 """
 # Click a header to sort by it (numbers by data-sort); a copy button copies its plan string, and
 # selects it when the clipboard is refused (a file:// page may not have one).
@@ -52,6 +54,25 @@ document.querySelectorAll('button.copy').forEach(b=>b.addEventListener('click',(
   const s=getSelection();s.removeAllRanges();s.addRange(r);b.textContent='selected: press Ctrl+C'};
  if(navigator.clipboard){navigator.clipboard.writeText(code.textContent).then(done,select)}else{select()}}));
 """
+
+
+@dataclass(frozen=True)
+class LinkView:
+    """The chosen plan's links: the tiers each dimension's groups use (``nvlink4 x8 + ib-ndr x4``)
+    and its bytes per step per device on each tier (:func:`autoplace.report.tier_bytes`)."""
+
+    tiers: dict[str, str] = field(default_factory=dict)
+    bytes: dict[str, dict[str, float]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # tier name -> NVLink, network or host
+
+
+def link_view(ev: Any, cluster: Any) -> LinkView:
+    """:class:`LinkView` of an Evaluation on ``cluster``."""
+    from autoplace.report import tier_bytes, tiers
+
+    pool = cluster.pools[0]
+    kinds = {pool.host_link.name: "host", pool.inter_node.name: "network", pool.intra_node.name: "NVLink"}
+    return LinkView(tiers(ev, cluster), tier_bytes(ev, cluster), kinds)
 
 
 def check_target(path: Path) -> None:
@@ -167,10 +188,14 @@ def _plans_table(doc: dict[str, Any], strings: Sequence[str]) -> str:
             cell("mfu", p["mfu"], f"{p['mfu']:.1%}", 0.01),
             f"<td>{html.escape(', '.join(p.get('frameworks', [])) or 'none')}</td>",
             f"<td>{copyable(text)}</td>"]) + "</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    return (f'<table class="sortable" id="plans"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            '<p class="note">Click a column to sort; each plan string is what <code>--plan</code> and '
+    return (sortable_table("plans", head, rows) + '<p class="note">Click a column to sort; each plan string is what <code>--plan</code> and '
             "<code>--fix</code> accept.</p>")
+
+
+def sortable_table(table_id: str, head: Sequence[str], rows: Sequence[str]) -> str:
+    """A table whose headers sort it (the page's script): ``head`` its column names, ``rows`` its ``<tr>``s."""
+    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return f'<table class="sortable" id="{table_id}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 def _frameworks_table(per_framework: dict[str, Any]) -> str:
@@ -196,6 +221,14 @@ def _frameworks_table(per_framework: dict[str, Any]) -> str:
     return f'<table class="sortable" id="frameworks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def _bundles(doc: dict[str, Any]) -> str:
+    """The chosen plan's bundle and each framework's, file by file (:mod:`autoplace.report_bundle`)."""
+    from autoplace.report_bundle import bundles_table
+
+    first = {"written": True, "dir": str(Path(doc["bundle"]["plan.json"]).parent), "files": doc["bundle"]}
+    return bundles_table({"plan 1": first, **doc.get("framework_bundles", {})})
+
+
 def _memory_and_time(plans: Sequence[dict[str, Any]]) -> str:
     """Memory per stage of the first plan against its capacity, and the step time's parts of every plan."""
     fig, (ax_mem, ax_time) = charts.figure(12.5, 3.8, ncols=2)
@@ -207,7 +240,7 @@ def _memory_and_time(plans: Sequence[dict[str, Any]]) -> str:
     return f'<div class="charts">{charts.svg(fig, "mt")}</div>'
 
 
-def plan_charts(plans: Sequence[dict[str, Any]], key: str, links: dict[str, str], name: str) -> list[str]:
+def plan_charts(plans: Sequence[dict[str, Any]], key: str, links: LinkView, name: str) -> list[str]:
     """The first plan's charts with their headings: memory and step time, schedule, communication."""
     return [f"<h2>{name}: memory per stage and step time</h2>", _memory_and_time(plans),
             f"<h2>{name}: pipeline schedule</h2>", _timeline(plans[0], key),
@@ -229,30 +262,44 @@ def _timeline(p: dict[str, Any], key: str) -> str:
                 f"drawn. Over the whole step the bubble costs "
                 f"{num(f'{key}.time_breakdown_s.bubble', bubble, f'{bubble:.3f}')} s of {step} s.</p>")
     drawn = drawn_microbatches(schedule, pp, m)
-    ops = lay_out(schedule, pp, vpp, drawn)
-    # one forward of a whole stage per micro-batch: a third of the step's compute per micro-batch
-    unit = p["time_breakdown_s"]["compute"] / (3 * m)
+    stages = p.get("stage_time_per_microbatch_s") or []
+    # one forward of a stage per micro-batch: a third of its forward and backward (each stage's own
+    # time when the plan has them, else a third of the step's compute per micro-batch on every stage)
+    forward = [t / 3 for t in stages] if len(stages) == pp else [p["time_breakdown_s"]["compute"] / (3 * m)] * pp
+    ops = lay_out(schedule, pp, vpp, drawn, forward)
     title = (f"{schedule} schedule, pp={pp}" + (f", {vpp} chunks per device" if schedule == "interleaved" else "")
              + f": {drawn} of {m} micro-batches drawn")
     fig, ax = charts.figure(12.5, 0.45 * pp + 1.6)
-    charts.timeline(ax, ops, pp, unit, title)
+    charts.timeline(ax, ops, pp, title)
     shown = "all micro-batches" if drawn == m else f"the first {drawn} of {m} micro-batches (warm-up, steady state, cool-down)"
+    widths = ("each stage as long as the cost model says (" + ", ".join(
+        num(f"{key}.stage_time_per_microbatch_s.{i}", t, f"{t * 1e3:.1f}", 1e-3) for i, t in enumerate(stages))
+        + " ms a micro-batch, forward and backward)") if len(stages) == pp else "stages equal"
     return (charts.svg(fig, "tl") +
-            f'<p class="note">Drawn: {shown}, stages equal, backward twice forward; idle share of the drawn span '
+            f'<p class="note">Drawn: {shown}, {widths}, backward twice forward; idle share of the drawn span '
             f"{idle_share(ops, pp):.1%}. Over the whole step the bubble costs "
             f"{num(f'{key}.time_breakdown_s.bubble', bubble, f'{bubble:.3f}')} s of "
             f"{step} s.</p>")
 
 
-def _comm(p: dict[str, Any], key: str, links: dict[str, str]) -> str:
-    """Bytes per step per device by dimension and the link tiers each uses."""
+def _comm(p: dict[str, Any], key: str, links: LinkView) -> str:
+    """Bytes per step per device by dimension, stacked by the link tier that carries them."""
     comm = p["comm_bytes_per_step_per_device"]
     if not comm["total"]:
         return '<p class="note">This plan moves no bytes between devices.</p>'
-    fig, ax = charts.figure(7.5, 0.4 * sum(1 for k, v in comm.items() if v and k != "total") + 1.4)
-    charts.comm_bars(ax, comm, links)
+    fig, ax = charts.figure(9.5, 0.4 * sum(1 for k, v in comm.items() if v and k != "total") + 1.4)
+    charts.comm_bars(ax, comm, links.tiers, links.bytes, links.kinds)
     total = num(f"{key}.comm_bytes_per_step_per_device.total", comm["total"], f"{comm['total'] / 1e9:,.1f}", 1e9)
-    return charts.svg(fig, "cm") + f'<p class="note">In all {total} GB per device per step.</p>'
+    per_tier: dict[str, float] = {}
+    for split in links.bytes.values():
+        for tier, sent in split.items():
+            per_tier[tier] = per_tier.get(tier, 0.0) + sent
+    tiers = ", ".join(f"{sent / 1e9:,.1f} GB on {html.escape(tier)} ({links.kinds.get(tier, '?')})"
+                      for tier, sent in per_tier.items())
+    return (charts.svg(fig, "cm") + f'<p class="note">In all {total} GB per device per step: {tiers}. Each '
+            "dimension's bytes split over NVLink inside a domain and the network across, as the cost model sends "
+            "them (hierarchical rings; pipeline and context send/recv on the network once their group leaves a "
+            "domain).</p>")
 
 
 def _alternatives(doc: dict[str, Any]) -> str:
@@ -293,7 +340,7 @@ def _infeasible(doc: dict[str, Any]) -> str:
             f'<h2>Memory of the nearest plan</h2><div class="charts">{charts.svg(fig, "nm")}</div>')
 
 
-def solve_page(doc: dict[str, Any], strings: Sequence[str], links: dict[str, str]) -> str:
+def solve_page(doc: dict[str, Any], strings: Sequence[str], links: LinkView) -> str:
     """The whole page of a solve: ``doc`` is what ``--json`` prints, ``strings`` each plan's
     ``--plan`` string, ``links`` the best plan's link tiers per dimension."""
     body = [_origin(doc), _search(doc)]
@@ -304,12 +351,14 @@ def solve_page(doc: dict[str, Any], strings: Sequence[str], links: dict[str, str
                  *plan_charts(doc["plans"], "plans.0", links, "Plan 1")]
         if doc.get("per_framework"):
             body += ["<h2>Per framework</h2>", _frameworks_table(doc["per_framework"])]
+        if doc.get("bundle"):
+            body += ["<h2>Bundles written (--out)</h2>", _bundles(doc)]
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in doc.get("notes", []))
     body.append(f'<h2>Notes</h2><ul class="note">{notes}</ul>')
     return page(_title(doc), body)
 
 
-def evaluation_page(doc: dict[str, Any], string: str, links: dict[str, str]) -> str:
+def evaluation_page(doc: dict[str, Any], string: str, links: LinkView) -> str:
     """The whole page of ``evaluate`` or ``explain`` (its ``alternatives`` too): ``doc`` as ``--json``
     prints it, the plan's string and link tiers."""
     p = doc["plan"]
@@ -350,14 +399,10 @@ def write_page(path: Path, text: str) -> int:
 
 def write_solve_report(path: Path, doc: dict[str, Any], result: Any, cluster: Any) -> int:
     """Write the page of a solve (:func:`solve_page`) to ``path``; returns its size in bytes."""
-    from autoplace.report import tiers
-
     strings = [ev.plan.to_string() for ev in result.plans]
-    return write_page(path, solve_page(doc, strings, tiers(result.plans[0], cluster) if result.plans else {}))
+    return write_page(path, solve_page(doc, strings, link_view(result.plans[0], cluster) if result.plans else LinkView()))
 
 
 def write_evaluation_report(path: Path, doc: dict[str, Any], evaluation: Any, cluster: Any) -> int:
     """Write the page of ``evaluate`` (:func:`evaluation_page`) to ``path``; returns its size in bytes."""
-    from autoplace.report import tiers
-
-    return write_page(path, evaluation_page(doc, evaluation.plan.to_string(), tiers(evaluation, cluster)))
+    return write_page(path, evaluation_page(doc, evaluation.plan.to_string(), link_view(evaluation, cluster)))

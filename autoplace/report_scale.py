@@ -13,7 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from autoplace import charts
-from autoplace.report_html import GiB, card, copyable, model_params, num, page, plan_charts, write_page
+from autoplace.report_html import (
+    GiB,
+    LinkView,
+    card,
+    copyable,
+    link_view,
+    model_params,
+    num,
+    page,
+    plan_charts,
+    sortable_table,
+    write_page,
+)
 
 
 def _sized(doc: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -111,11 +123,10 @@ def _table(doc: dict[str, Any]) -> str:
             cell("plan.memory_per_device_bytes.total", mem, f"{(mem or 0) / GiB:.1f}", GiB),
             f"<td>{html.escape(', '.join(p.get('frameworks', [])) or 'none')}</td>",
             f"<td>{copyable(plan['plan']) if plan else ''}</td>"]) + "</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    return f'<table class="sortable" id="points"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    return sortable_table("points", head, rows)
 
 
-def scale_page(doc: dict[str, Any], links: dict[str, str]) -> str:
+def scale_page(doc: dict[str, Any], links: LinkView) -> str:
     """The whole page of ``scale``: ``doc`` as ``--json`` prints it, ``links`` the chosen plan's link tiers."""
     body = [_header(doc), _cards(doc)]
     if _sized(doc):
@@ -132,7 +143,5 @@ def scale_page(doc: dict[str, Any], links: dict[str, str]) -> str:
 def write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> int:
     """Write the page of ``scale`` to ``path``: ``chosen`` the chosen SweepPoint (or None), ``cluster``
     the cluster it runs on; returns the page's size in bytes."""
-    from autoplace.report import tiers
-
-    links = tiers(chosen.evaluation, cluster) if chosen is not None and chosen.evaluation is not None else {}
+    links = link_view(chosen.evaluation, cluster) if chosen is not None and chosen.evaluation is not None else LinkView()
     return write_page(path, scale_page(doc, links))

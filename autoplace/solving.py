@@ -108,10 +108,7 @@ def annotate(result: Any, problem: Any, inputs: Inputs, request: Request) -> dic
         doc["notes"] = ["theoretical optimum (--framework none): the search ignored what frameworks can run; "
                         "'frameworks' lists who can run each plan", *result.notes]
     # the calibration's prediction interval when it has one (>= 4 trials), else the development set's
-    band, source = step_band(c, request.band)
-    for plan in doc["plans"]:
-        plan["step_time_band_95_s"] = [plan["step_time_s"] * band[0], plan["step_time_s"] * band[1]]
-        plan["step_time_band_source"] = source
+    add_band(doc["plans"], c, request.band)
     annotate_ranking(doc, getattr(result, "ranking", {}))
     above_published(doc, result, m, c)
     if result.nearest is not None:
@@ -152,6 +149,15 @@ def _runners(inputs: Inputs, request: Request) -> search.Runners:
     """Who runs the plans: each framework's costing from the model and assumptions as given (a
     single framework's Problem holds its own costing, which must not leak into the others')."""
     return search.Runners(inputs.model, inputs.cluster, request.search_options()["assumptions"])
+
+
+def add_band(plans: list[dict[str, Any]], cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> None:
+    """Each plan's 95% step-time band (``step_time_band_95_s``, :func:`step_band`) and where it
+    comes from, in its JSON: solve's plans, evaluate's and explain's plan alike."""
+    band, source = step_band(cluster, calibrated)
+    for plan in plans:
+        plan["step_time_band_95_s"] = [plan["step_time_s"] * band[0], plan["step_time_s"] * band[1]]
+        plan["step_time_band_source"] = source
 
 
 def step_band(cluster: ClusterSpec, calibrated: tuple[float, float] | None) -> tuple[tuple[float, float], str]:

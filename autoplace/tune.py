@@ -79,6 +79,17 @@ class TrialRecord:
     measured_comm_bytes: dict[str, float] = field(default_factory=dict)
     deviation: str | None = None  # how the trial departed from the plan's semantics, if it did
 
+    @property
+    def error(self) -> float | None:
+        """The cost model's signed miss, measured / predicted - 1 (positive: slower than predicted)."""
+        if self.measured_step_s is None or not self.predicted_step_s:
+            return None
+        return self.measured_step_s / self.predicted_step_s - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``tune --json``: the fields and the signed error."""
+        return {**self.__dict__, "error": self.error}
+
 
 @dataclass
 class TuneReport:
@@ -115,7 +126,7 @@ class TuneReport:
         """Plain data for ``autoplace tune --json``."""
         best = self.best
         return {"study": self.study, "storage": self.storage, "dashboard": self.dashboard, "ran": self.ran,
-                "best": best.__dict__ if best else None, "trials": [r.__dict__ for r in self.records],
+                "best": best.to_dict() if best else None, "trials": [r.to_dict() for r in self.records],
                 "plots": [str(p) for p in self.plots], "notes": self.notes, "given_up": self.given_up,
                 "unmeasured": self.unmeasured}
 
@@ -619,13 +630,15 @@ def save_plots(st: Any, out: Path) -> list[Path]:
     written = []
     for name, fn in (("optimization_history", ovm.plot_optimization_history), ("slice", ovm.plot_slice)):
         try:
-            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
+            # optuna marks its matplotlib plots experimental, and sets plt.style "ggplot" for good
+            # (optuna/visualization/matplotlib/_optimization_history.py, 4.x): kept to its own plots
+            with warnings.catch_warnings(), matplotlib.rc_context():
                 warnings.simplefilter("ignore")
                 ax = fn(st)
-            first: Any = ax[0] if hasattr(ax, "__len__") else ax  # type: ignore[index]
-            fig: Any = first.get_figure()
-            path = out / f"{name}.png"
-            fig.savefig(path, bbox_inches="tight")
+                first: Any = ax[0] if hasattr(ax, "__len__") else ax  # type: ignore[index]
+                fig: Any = first.get_figure()
+                path = out / f"{name}.png"
+                fig.savefig(path, bbox_inches="tight")
             plt.close(fig)
             written.append(path)
         except (ValueError, RuntimeError) as exc:  # e.g. too few trials for the plot

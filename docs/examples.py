@@ -2,7 +2,7 @@
 
     python docs/examples.py            # run every `$ autoplace ...` block's command, write its output in
     python docs/examples.py --check    # exit 1 naming each block whose command now prints something else
-    python docs/examples.py --screenshot  # only docs/report-solve.png (also taken by a plain run)
+    python docs/examples.py --screenshot  # only docs/report-*.png (also taken by a plain run)
 
 A block is a fenced code block whose first line is ``$ autoplace ...`` (continued with a trailing
 backslash); what follows the command is its output.  Commands run as a user would, in a scratch
@@ -83,37 +83,52 @@ def scratch() -> tempfile.TemporaryDirectory[str]:
     return folder
 
 
-# The README's picture of a report: the command that writes the page, and the PNG taken of it
-REPORT = ("solve", "examples/models/llama-3-70b.json", "examples/clusters/8x8-h100.yaml", "--report", "report-solve.html")
-SCREENSHOT = REPO / "docs" / "report-solve.png"
+# The README's pictures of reports: each PNG in docs/ and the command that writes its page (the last
+# word), run from the scratch folder: a solve (Llama-3-70B on 64 H100), an interleaved pipeline
+# plan (pp=4, vpp=2) explained, and a scale sweep with its chosen and cheapest sizes
+REPORTS = {
+    "report-solve.png": ("solve", "examples/models/llama-3-70b.json", "examples/clusters/8x8-h100.yaml",
+                         "--report", "report-solve.html"),
+    "report-interleaved.png": ("explain", "examples/models/llama-3-70b.json", "examples/clusters/8x8-h100.yaml",
+                               "--plan", "tp=8,pp=4,vpp=2,schedule=interleaved,zero=1,recompute=selective",
+                               "--report", "report-interleaved.html"),
+    "report-scale.png": ("scale", "examples/models/llama-3-70b.json", "--gpu", "h100-sxm5-80gb", "--gpus", "64..1024",
+                         "--tokens", "2T", "--price-per-gpu-hour", "2.50", "--time-limit", "10",
+                         "--report", "report-scale.html"),
+}
+DOCS = REPO / "docs"
 
 
 def screenshot(cwd: Path) -> str:
-    """docs/report-solve.png: the page ``solve --report`` writes, whole, in headless chromium
-    (the system browser, as tests/test_report_browser.py opens it)."""
+    """docs/report-*.png: each page its command writes, whole, in headless chromium (the system
+    browser, as tests/test_report_browser.py opens it); one line per PNG."""
     chromium = shutil.which("chromium")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        return f"{SCREENSHOT.name}: not taken (pip install playwright)"
+        return "docs/report-*.png: not taken (pip install playwright)"
     if chromium is None:
-        return f"{SCREENSHOT.name}: not taken (no chromium on PATH; Debian: apt-get install chromium)"
+        return "docs/report-*.png: not taken (no chromium on PATH; Debian: apt-get install chromium)"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "autoplace.cli", *REPORT], cwd=cwd, env=env, check=True,
-                   capture_output=True, timeout=600)
+    lines = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto((cwd / REPORT[-1]).as_uri())
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        for png, command in REPORTS.items():
+            subprocess.run([sys.executable, "-m", "autoplace.cli", *command], cwd=cwd, env=env, check=True,
+                           capture_output=True, timeout=600)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto((cwd / command[-1]).as_uri())
+            page.screenshot(path=str(DOCS / png), full_page=True)
+            page.close()
+            lines.append(f"docs/{png}: {(DOCS / png).stat().st_size / 1e3:.0f} kB")
         browser.close()
-    return f"{SCREENSHOT.relative_to(REPO)}: {SCREENSHOT.stat().st_size / 1e3:.0f} kB"
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument("--screenshot", action="store_true", help="take only the report's screenshot")
+    parser.add_argument("--screenshot", action="store_true", help="take only the reports' screenshots")
     args = parser.parse_args(argv)
     if args.screenshot:
         with scratch() as cwd:

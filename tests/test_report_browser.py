@@ -1,4 +1,4 @@
-"""solve, explain (evaluate's page and more) and scale --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
+"""solve, explain (evaluate's page and more), scale and tune --report opened in a real browser (Debian's chromium, headless, driven by Playwright): the
 page logs no console error, requests nothing but itself, draws something, and every number it
 shows equals the same command's --json.  Skipped where chromium or playwright is missing (.ci/run
 installs chromium; playwright is in the ``test`` extra and uses the system browser, never its own)."""
@@ -8,13 +8,14 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_cli import A100_8, MODELS, invoke, strict_json
+from tests.test_cli import A100_8, CLUSTERS, MODELS, invoke, strict_json
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
@@ -32,15 +33,20 @@ CASES = {"solve": (("solve", MODELS / "llama-3-8b.json", A100_8, "--time-limit",
          "explain": (("explain", MODELS / "llama-3-8b.json", A100_8, "--plan", "tp=2,pp=2,vpp=2,schedule=interleaved"),
                      0),
          "scale": (("scale", MODELS / "llama-3-8b.json", "--gpu", "a100", "--gpus", "8,16", "--tokens", "1e10",
-                    "--time-limit", "5"), 0)}
+                    "--time-limit", "5"), 0),
+         # real gloo trials of the tiny model on 2 CPU ranks: the smallest study (one trial)
+         "tune": (("tune", MODELS / "tiny-llama.json", CLUSTERS / "cpu-2.yaml", "--trials", "1", "--top", "1",
+                   "--out", "{tmp}"), 0)}
+SLOW = {"tune"}
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def solved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     """One command with --json and --report: the document and the page."""
-    page = tmp_path_factory.mktemp("report") / "page.html"
+    folder = tmp_path_factory.mktemp("report")
+    page = folder / "page.html"
     args, code = CASES[request.param]
-    result = invoke(*args, "--json", "--report", page)
+    result = invoke(*(str(a).replace("{tmp}", str(folder)) for a in args), "--json", "--report", page)
     assert result.exit_code == code, result.output
     return strict_json(result.stdout), page
 
@@ -97,6 +103,8 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
     if doc.get("plans"):
         page.dispatch_event("#plans th:nth-child(8)", "click")  # sort by step time
     order = page.evaluate("[...document.querySelectorAll('#plans tbody tr')].map(r => r.cells[0].textContent)")
+    marked = page.evaluate("[...document.querySelectorAll('#trials tr.best')].map(r => r.cells[0].textContent)")
+    codes = page.evaluate("[...document.querySelectorAll('code')].map(c => c.textContent)")
     page.close()
 
     assert requests == [path.as_uri()]
@@ -106,6 +114,13 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
     _not_blank(png)
     check_numbers(numbers, doc)
     keys = {key for key, *_ in numbers}
+    if "trials" in doc:  # tune: every measured trial's prediction, measurement and error; the best marked
+        for i, t in enumerate(doc["trials"]):
+            if t["measured_step_s"] is not None:
+                assert {f"trials.{i}.predicted_step_s", f"trials.{i}.measured_step_s", f"trials.{i}.error"} <= keys
+        assert marked == [f"#{doc['best']['number']} ★ best"]
+        assert shlex.join(doc["dashboard"]) in codes
+        return
     if "points" in doc:  # scale: every size's numbers and the chosen plan's
         chosen = next(i for i, p in enumerate(doc["points"]) if p["gpus"] == doc["chosen_gpus"])
         for i in range(len(doc["points"])):
@@ -114,7 +129,8 @@ def test_the_report_is_offline_quiet_drawn_and_says_what_json_says(
         return
     if "plan" in doc:  # explain: the one plan, then its alternatives
         assert {"plan.step_time_s", "plan.mfu", "plan.memory_per_device_bytes.total",
-                "plan.time_breakdown_s.bubble"} <= keys
+                "plan.time_breakdown_s.bubble", "plan.step_time_band_95_s.0",  # the band, as solve's
+                *(f"plan.stage_time_per_microbatch_s.{s}" for s in range(2))} <= keys  # each stage drawn
         assert {f"alternatives.{i}.step_time_s" for i in range(len(doc["alternatives"]))} <= keys
         return
     if not doc["plans"]:  # no plan fits: the nearest one and by how much it misses

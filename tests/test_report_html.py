@@ -3,6 +3,7 @@ pipeline timeline's layout against the bubble the cost model assumes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,118 @@ def test_a_scale_report_without_a_token_budget_says_it_has_no_deadline(tmp_path:
     header read its days (TypeError, an internal error)."""
     page = tmp_path / "scale.html"
     result = invoke("scale", MODELS / "tiny-llama.json", "--gpu", "h100", "--gpus", "1,2", "--time-limit", "0.5",
-                    "--report", page)
+                    "--report", page, "--json")
     assert result.exit_code == 0, result.output
     assert "no deadline (no token budget: --tokens)" in page.read_text()
+    # every size's plan carries the 95% band as solve's plans do (its chart draws the chosen one's)
+    for point in json.loads(result.stdout)["points"]:
+        low, high = point["plan"]["step_time_band_95_s"]
+        assert low < point["plan"]["step_time_s"] < high
+
+
+def test_tune_refuses_a_report_path_before_any_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoplace.tune
+
+    monkeypatch.setattr(autoplace.tune, "run_tune", lambda *a, **k: pytest.fail("trials ran"))
+    result = invoke("tune", MODELS / "tiny-llama.json", MODELS.parent / "clusters" / "cpu-2.yaml", "--out", tmp_path,
+                    "--report", tmp_path / "missing" / "study.html")
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "--report" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_study_with_no_measured_trial_says_so_and_lists_why() -> None:
+    """Every trial failed (a crash, a duplicate): no scatter, no best, each trial's state and reason in the table."""
+    from autoplace.report_tune import tune_page
+
+    trial = {"number": 0, "plan": "dp_shard=2,zero=3", "bucket_mb": 25, "state": "FAIL", "nccl": "",
+             "reason": "crash: exit 1", "predicted_step_s": 0.07, "measured_step_s": None, "tokens_per_s": None,
+             "peak_rss_bytes": None, "deviation": None, "error": None}
+    text = tune_page({"study": "s", "storage": "sqlite:///s.db", "dashboard": ["optuna-dashboard", "sqlite:///s.db"],
+                      "ran": 1, "best": None, "trials": [trial], "notes": []})
+    assert "No trial measured a step" in text and "FAIL (crash: exit 1)" in text and "<svg" not in text
+    assert 'data-json="trials.0.predicted_step_s"' in text and 'data-json="trials.0.measured_step_s"' not in text
+
+
+def test_each_dimension_s_bytes_split_over_the_tiers_its_group_crosses() -> None:
+    """tier_bytes on 8 nodes of 8 H100: tensor parallel inside a node is all NVLink, pipeline sends
+    across nodes all network, and a data-parallel group of 16 ranks, 4 to a node, sends the
+    hierarchical ring's shares (by hand: 3/4 of a buffer inside the node, 3/4 of its quarter across)."""
+    from autoplace.cost.layers import layer_table
+    from autoplace.evaluation import evaluate
+    from autoplace.plan import build_plan, parse_plan_string
+    from autoplace.report import tier_bytes
+    from autoplace.specs.cluster import load_cluster
+    from autoplace.specs.model import load_model
+
+    model, cluster = load_model(MODELS / "llama-3-70b.json"), load_cluster(MODELS.parent / "clusters" / "8x8-h100.yaml")
+    plan = build_plan(parse_plan_string("tp=2,pp=2,zero=1"), world=64, blocks=layer_table(model).blocks,
+                      global_batch=model.training.global_batch, gpus_per_node=8)
+    ev = evaluate(model, cluster, plan)
+    split = tier_bytes(ev, cluster)
+    pool = cluster.pools[0]
+    nvlink, network = pool.intra_node.name, pool.inter_node.name
+    for dim, tiers in split.items():
+        assert sum(tiers.values()) == pytest.approx(ev.comm[dim]), dim
+    assert set(split["tp"]) == {nvlink} and set(split["pp"]) == {network}
+    inside, across = 3 / 4, 3 / 4 / 4
+    assert split["dp"][nvlink] / ev.comm["dp"] == pytest.approx(inside / (inside + across))
+
+
+def test_the_timeline_draws_each_stage_s_own_time() -> None:
+    """A first stage twice as slow (its embedding, say) runs each pass twice as long; the others keep theirs."""
+    ops = lay_out("interleaved", 4, 2, 8, forward=[2.0, 1.0, 1.0, 1.0])
+    for op in ops:
+        width = (2.0 if op.device == 0 else 1.0) * (1 if op.kind == "F" else 2) / 2
+        assert op.end - op.start == pytest.approx(width)
+    assert max(o.end for o in ops) > max(o.end for o in lay_out("interleaved", 4, 2, 8))
+
+
+def test_evaluate_and_explain_carry_solve_s_95_percent_band() -> None:
+    """One rule for the band (solving.add_band): evaluate's and explain's plan hold it as solve's plans do."""
+    import json
+
+    for command in ("evaluate", "explain"):
+        result = invoke(command, LLAMA_8B, A100_8, "--plan", "tp=2,pp=2", "--json")
+        assert result.exit_code == 0, result.output
+        plan = json.loads(result.stdout)["plan"]
+        low, high = plan["step_time_band_95_s"]
+        assert low < plan["step_time_s"] < high and plan["step_time_band_source"].startswith("published runs on")
+        assert len(plan["stage_time_per_microbatch_s"]) == 2
+
+
+def test_a_solve_with_out_lists_every_bundle_file_on_its_page(tmp_path: Path) -> None:
+    import json
+
+    page = tmp_path / "r.html"
+    result = invoke("solve", MODELS / "tiny-llama.json", A100_8, "--time-limit", "10", "--out", tmp_path / "b",
+                    "--json", "--report", page)
+    assert result.exit_code == 0, result.output
+    doc, text = json.loads(result.stdout), page.read_text()
+    bundles = {"plan 1": doc["bundle"]} | {f: b["files"] for f, b in doc["framework_bundles"].items() if b["written"]}
+    assert len(bundles) > 1
+    for files in bundles.values():
+        readme = Path(files["README.txt"]).read_text()
+        for name, path in files.items():
+            assert f"<code>{name}</code>" in text
+            assert f"{Path(path).stat().st_size / 1e3:,.1f} kB" in text
+        for line in readme.splitlines()[4:]:
+            name, _, what = line.partition(": ")
+            if name in files:  # each file's line of its README.txt, beside it
+                import html
+
+                assert html.escape(what) in text, line
+
+
+def test_tune_s_optuna_plots_leave_the_report_s_style_alone(tmp_path: Path) -> None:
+    """optuna's matplotlib plots set plt.style "ggplot" for good: the tune page drawn after them had grey charts."""
+    import matplotlib
+    import optuna
+
+    from autoplace.tune import save_plots
+
+    style = ("axes.facecolor", "axes.grid", "axes.edgecolor", "grid.color", "axes.prop_cycle")
+    before = {k: matplotlib.rcParams[k] for k in style}
+    study = optuna.create_study()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert save_plots(study, tmp_path)
+    assert {k: matplotlib.rcParams[k] for k in style} == before

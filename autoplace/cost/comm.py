@@ -127,6 +127,22 @@ def ring_steps(n: Array, n_out: Array) -> tuple[Array, Array]:
     return n - n_out, n_out - 1
 
 
+def ring_bytes(size_bytes: Array | float, n: Array, n_in: Array) -> tuple[Array, Array]:
+    """(NVLink, network) bytes each device sends in one hierarchical ring pass -- an all-gather or
+    reduce-scatter of a buffer whose full size is ``size_bytes`` over ``n`` ranks, ``n_in`` of them
+    in each NVLink domain; an all-reduce sends twice these (see the module docstring)."""
+    n, n_in = np.asarray(n), np.asarray(n_in)
+    n_out = n // n_in
+    return (n_in - 1) / n_in * size_bytes, (n_out - 1) / n_out * size_bytes / n_in
+
+
+def alltoall_bytes(send_bytes: Array | float, n: Array, n_in: Array) -> tuple[Array, Array]:
+    """(NVLink, network) bytes of an all-to-all whose ``send_bytes`` spread evenly over ``n`` ranks,
+    ``n_in`` of them in the sender's domain (its own share stays put)."""
+    n, n_in = np.asarray(n), np.asarray(n_in)
+    return (n_in - 1) / n * send_bytes, (n - n_in) / n * send_bytes
+
+
 def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links,
               count: Array | float = 1.0) -> tuple[Array, Array, Array]:
     """Ring (hierarchical when ``n_in < n``) all-reduce of ``size_bytes`` in ``count``
@@ -139,8 +155,7 @@ def allreduce(size_bytes: Array, n: Array, n_in: Array, links: Links,
     """
     n, n_in = np.asarray(n), np.asarray(n_in)
     n_out = n // n_in
-    intra = 2 * (n_in - 1) / n_in * size_bytes
-    inter = 2 * (n_out - 1) / n_out * size_bytes / n_in
+    intra, inter = (2 * x for x in ring_bytes(size_bytes, n, n_in))
     ring_in, ring_out = ring_steps(n, n_out)
     wire = intra / links.intra_Bps + inter / links.inter_Bps
     ring = _fastest(wire, 2 * ring_in, 2 * ring_out, links, count)
@@ -154,10 +169,8 @@ def allgather(size_bytes: Array, n: Array, n_in: Array, links: Links,
     """All-gather (or reduce-scatter: same volume) of a buffer whose full size is ``size_bytes``,
     in ``count`` collectives; NCCL runs them as a ring only (:func:`ring_steps`)."""
     n, n_in = np.asarray(n), np.asarray(n_in)
-    n_out = n // n_in
-    intra = (n_in - 1) / n_in * size_bytes
-    inter = (n_out - 1) / n_out * size_bytes / n_in
-    ring_in, ring_out = ring_steps(n, n_out)
+    intra, inter = ring_bytes(size_bytes, n, n_in)
+    ring_in, ring_out = ring_steps(n, n // n_in)
     return intra, inter, collective_time(intra, ring_in, inter, ring_out, links, count)
 
 
@@ -170,8 +183,7 @@ def alltoall(send_bytes: Array, n: Array, n_in: Array, links: Links) -> tuple[Ar
     Intra- and inter-node peers are served concurrently, so the slower tier sets the time.
     """
     n, n_in = np.asarray(n), np.asarray(n_in)
-    intra = (n_in - 1) / n * send_bytes
-    inter = (n - n_in) / n * send_bytes
+    intra, inter = alltoall_bytes(send_bytes, n, n_in)
     zero = np.zeros_like(intra)
     t = np.maximum(collective_time(intra, n_in - 1, zero, zero, links),
                    collective_time(zero, zero, inter, n - n_in, links))
