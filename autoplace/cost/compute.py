@@ -139,6 +139,10 @@ def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: 
 #   rowwise: per-row amax fuses into the cast, but the transposed layout needs its own scales: a
 #     16-bit transpose and a second cast: input / gradient 5 + 3 = 8, weight 3 + 4 + 3 = 10;
 #   mxfp8 (torchao's mxfp8_cublas): two casts, one per layout, 3 + 3 = 6 each.
+#   Unfused even when compiled: the roofline's fusion modeling (an activation's first read fused into
+#   the op producing it) is off by default, and the README says torch.compile's limitations keep its
+#   scaling kernels from the optimum (torchao/float8/README.md, "torch.compile behavior vs speedup");
+#   fusing them here over-predicted the development set's compiled fp8 runs further (+3.8% signed).
 # torchao's rowwise backward GEMMs run without fast accumulation, where "the rowwise CUTLASS-based kernel
 # is so slow ... that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually
 # afterwards" (torchao/float8/float8_ops.py addmm_float8_unwrapped; config.py: only the forward GEMM

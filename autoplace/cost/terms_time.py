@@ -33,7 +33,7 @@ from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
 from autoplace.cost.compute import FP8_CASTS, FP8_DEFAULT_RECIPE, Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
-from autoplace.cost.layers import BlockKind, LayerTable
+from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import hidden
 from autoplace.plan import FP8, OFFLOAD
 
