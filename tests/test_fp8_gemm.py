@@ -139,3 +139,14 @@ def test_megatron_validate_args_reads_the_recipe_and_keeps_every_layer_in_fp8(re
                               env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, arch=10 if recipe == "mxfp8" else 9)
     assert (args.fp8, args.fp8_recipe) == ("hybrid", recipe)
     assert not args.first_last_layers_bf16  # the cost model's fp8 blocks: all of them
+
+
+def test_a_model_files_fp8_keeps_the_head_in_bf16_in_torchtitans_job(titan: Any, tmp_path: Any) -> None:  # noqa: F811
+    """``precision: fp8`` with no plan recipe: torchtitan's float8 converter (no default filter) is told to
+    skip the head, which the cost model runs on bf16 kernels (``hardware.stage_hardware``)."""
+    from tests.test_emit_plans import small_model
+
+    fp8_model = small_model("fp8")
+    job = parse_toml(titan, make_plan("zero=3", fp8_model, CLUSTER16), tmp_path, model=fp8_model)
+    assert "quantize.linear.float8" in job.model.converters and job.quantize.linear.float8.recipe_name is None
+    assert "output" in job.quantize.linear.float8.filter_fqns
