@@ -150,3 +150,17 @@ def test_a_model_files_fp8_keeps_the_head_in_bf16_in_torchtitans_job(titan: Any,
     job = parse_toml(titan, make_plan("zero=3", fp8_model, CLUSTER16), tmp_path, model=fp8_model)
     assert "quantize.linear.float8" in job.model.converters and job.quantize.linear.float8.recipe_name is None
     assert "output" in job.quantize.linear.float8.filter_fqns
+
+
+def test_an_accelerate_config_in_fp8_is_refused_by_name_not_read_as_bf16() -> None:
+    """accelerate's ``mixed_precision: fp8`` runs a backend autoplace does not cost for it (its reader took it
+    for bf16 and gave fp8=none); the fp8 recipes are torchtitan's and Megatron-LM's."""
+    from autoplace.errors import SpecError
+    from autoplace.frameworks.accelerate import emit_accelerate
+    from autoplace.frameworks.readers import plan_from_accelerate
+
+    cfg = emit_accelerate(make_plan("zero=3", MODEL, CLUSTER16), MODEL, CLUSTER16)
+    assert plan_from_accelerate(cfg, MODEL, CLUSTER16).fp8 == "none"
+    with pytest.raises(SpecError, match="accelerate's fp8 backends .* not modelled") as err:
+        plan_from_accelerate({**cfg, "mixed_precision": "fp8", "fp8_config": {"backend": "AO"}}, MODEL, CLUSTER16)
+    assert err.value.field == "mixed_precision"
