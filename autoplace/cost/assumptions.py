@@ -109,13 +109,18 @@ class Assumptions:
             no faster than the host issues its kernels and these (:func:`autoplace.cost.terms_time.
             host_bound`); large blocks hide them under their compute.  DeepSpeed's per-submodule
             hooks are assumed no cheaper.  Defaults 120 and 155.
-        fp8_cast_bytes: HBM bytes per element to cast a GEMM input to fp8 with dynamic
-            scaling: read it for its amax (2), read it again and write fp8 (2 + 1); Micikevicius
-            et al. 2022, torchao's Float8Linear.  Default 5.
-        fp8_rowwise_gemm_time: how much longer fp8 GEMMs run when they scale per row (a plan's
-            ``fp8=rowwise``, torchao's "rowwise" recipe) rather than per tensor (1.5: fitted on
-            the development set's three tensorwise/rowwise pairs, which measure 12-27% lower
-            throughput for rowwise).
+        fp8_casts: whose casts an fp8 recipe runs, which sets the bytes each cast streams
+            (:data:`autoplace.cost.compute.FP8_CASTS`): ``torchao`` (torchtitan's Float8Linear,
+            the default) or ``transformer_engine`` (Megatron-LM; it also caches a weight's fp8
+            copies over a step's micro-batches).
+        fp8_rowwise_gemm_time: how much longer torchao's rowwise-scaled forward GEMM (its CUTLASS
+            kernel, fast accumulation) runs than a per-tensor-scaled cuBLAS one; its backward
+            GEMMs are cuBLAS tensorwise plus a rescale pass (:data:`autoplace.cost.compute.
+            FP8_CASTS`).  1.4: the value at which the cost model gives the torchao float8 README's
+            e2e table its rowwise / tensorwise ratio (Llama3-8B on 8 H100, torchtitan, compile,
+            FSDP2: 6,768 vs 7,689.5 tokens/s = 0.880; pytorch/ao torchao/float8/README.md at
+            50865d5, a development-set pair).  The asyncTP benchmark's rowwise runs (tp=8) are 26%
+            below their tensorwise twins and stay over-predicted: not a GEMM rate.
         zero12_grad_reduce: how ZeRO-1/2 reduce gradients: ``reduce-scatter`` (ZeRO's paper,
             FSDP2, Megatron's distributed optimizer) or ``all-reduce`` (DeepSpeed 0.19 all-
             reduces its buckets, ``use_multi_rank_bucket_allreduce``; measured in
@@ -255,8 +260,8 @@ class Assumptions:
     host_dispatch_us: float = 10.0
     zero3_hook_ops_forward: float = 120.0
     zero3_hook_ops_backward: float = 155.0
-    fp8_cast_bytes: float = 5.0
-    fp8_rowwise_gemm_time: float = 1.5
+    fp8_casts: str = "torchao"
+    fp8_rowwise_gemm_time: float = 1.4
     zero12_grad_reduce: str = "reduce-scatter"
     swiglu_kept: float = 4.0
     fused_loss_fuses_mlp: bool = True

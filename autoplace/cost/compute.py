@@ -21,9 +21,12 @@ live in ``hardware_profiles/gpu/*.yaml``):
   stream over the achieved HBM bandwidth.
 
 Each kernel also costs a fixed launch/host overhead, which dominates small models and small
-micro-batches.  FP8 recipes run GEMMs at the fp8 peak and add the casts (and amax updates) of
-their inputs; attention, norms and the rest stay in 16 bit (Micikevicius et al. 2022, "FP8
-Formats for Deep Learning"; Transformer Engine).
+micro-batches.  FP8 recipes run a block's GEMMs at the fp8 peak (the same tile, wave and K-loop
+shape rules: a tile's fixed prologue and epilogue are twice as many fp8 K-steps, so short-K GEMMs
+reach a lower share of the fp8 peak than of the bf16 one) and add the casts of their operands,
+with their amax reductions, as memory-bound passes (:data:`FP8_CASTS`); attention, norms, the LM
+head and the rest stay in 16 bit (Micikevicius et al. 2022, "FP8 Formats for Deep Learning";
+Transformer Engine; torchao.float8).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class Kernels:
         return tiles / (np.ceil(tiles / self.sm_count) * self.sm_count)
 
     def gemm(self, m: Array | float, n: Array | float, k: Array | float, elem_bytes: float,
-             k_share: bool = True) -> Array:
+             k_share: bool = True, out_bytes: float | None = None) -> Array:
         """Seconds of one ``[m x k] @ [k x n]`` GEMM (its roofline with shape-dependent efficiency).
 
         Backward's two GEMMs (``[m x n] @ [n x k]`` and ``[k x m] @ [m x n]``) tile other pairs of
@@ -69,13 +72,15 @@ class Kernels:
         a block's pairs of matrices -- QKV and output projection, the MLP's two -- spans the
         forward's set of ``k``).  ``k_share=False`` leaves the K-loop share out (unfused
         attention's batched GEMMs: the score GEMM, K = head dim, is bound by writing its
-        scores, the roofline's ``m n`` term, which is what its epilogue does).
+        scores, the roofline's ``m n`` term, which is what its epilogue does).  ``out_bytes``: the
+        output's bytes per element when not ``elem_bytes`` (an fp8 GEMM writes bf16).
         """
         share = np.minimum(1.0, k_loop_share(k, self.k_overhead) / k_loop_share(self.k_ref, self.k_overhead)) \
             if k_share else 1.0
         eff = self.gemm_efficiency * self.wave_utilization(m, n) * share
         math = 2 * m * n * k / (self.peak_flops * eff)
-        memory = (m * k + k * n + m * n) * elem_bytes / self.hbm_Bps
+        out = elem_bytes if out_bytes is None else out_bytes
+        memory = ((m * k + k * n) * elem_bytes + m * n * out) / self.hbm_Bps
         return np.maximum(math, memory)
 
     def attention(self, flops: Array, seq: Array, causal: bool = True,
@@ -106,7 +111,7 @@ def k_loop_share(k: Array | float, k_overhead: float) -> Array:
 
 
 def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array | float,
-                  elem_bytes: float) -> Array:
+                  elem_bytes: float, out_bytes: float | None = None) -> Array:
     """Forward seconds of a block's matmuls for ``tokens`` tokens on one device.
 
     Tensor parallelism divides each matmul's split dimension; a routed expert's matmul runs
@@ -119,18 +124,62 @@ def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: 
         k = g.k / tp if g.split == "k" else g.k
         routed = tokens * ep * g.top_k / g.experts if g.experts else tokens
         count = g.experts / np.asarray(ep, dtype=float) if g.experts else 1.0
-        total = total + count * kernels.gemm(routed, n, k, elem_bytes)
+        total = total + count * kernels.gemm(routed, n, k, elem_bytes, out_bytes=out_bytes)
     return total
 
 
-def fp8_cast_bytes(gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array, per_element: float) -> Array:
-    """Bytes the fp8 casts of a block's GEMM inputs stream per forward: each activation input
-    (``tokens x k``) and weight (``k x n``) is read in 16 bit for its amax, read again and
-    written in fp8 (``per_element`` bytes, :class:`~autoplace.cost.assumptions.Assumptions`)."""
-    total = np.zeros(np.broadcast_shapes(np.shape(tokens), np.shape(tp), np.shape(ep)))
+# HBM bytes per element the fp8 casts of one GEMM operand stream over a training step (forward and
+# backward together), by scaling recipe: (activation input, weight, output gradient, and the backward
+# GEMMs' outputs: the input gradient ``tokens x k`` and the weight gradient ``k x n``).  An amax pass
+# reads the 16-bit tensor (2); a cast reads it (2) and writes fp8 (1) per layout it writes.
+# torchao (torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s, the model
+# behind the torchao float8 README's per-shape speedup tables, pytorch/ao 36027d8, unfused):
+#   tensorwise: amax (2) + one cast writing both layouts (2 + 1 + 1) = 6 for the input and the
+#     output gradient; the weight is cast once per layout, forward and backward: 2 + 3 + 3 = 8;
+#   rowwise: per-row amax fuses into the cast, but the transposed layout needs its own scales: a
+#     16-bit transpose and a second cast: input / gradient 5 + 3 = 8, weight 3 + 4 + 3 = 10;
+#   mxfp8 (torchao's mxfp8_cublas): two casts, one per layout, 3 + 3 = 6 each.
+#   Unfused even when compiled: the roofline's fusion modeling (an activation's first read fused into
+#   the op producing it) is off by default, and the README says torch.compile's limitations keep its
+#   scaling kernels from the optimum (torchao/float8/README.md, "torch.compile behavior vs speedup");
+#   fusing them here over-predicted the development set's compiled fp8 runs further (+3.8% signed).
+# torchao's rowwise backward GEMMs run without fast accumulation, where "the rowwise CUTLASS-based kernel
+# is so slow ... that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually
+# afterwards" (torchao/float8/float8_ops.py addmm_float8_unwrapped; config.py: only the forward GEMM
+# has use_fast_accum=True): one more pass over each backward output, read and written in bf16 (2 + 2).
+# Transformer Engine (Megatron-LM's --fp8-recipe): DelayedScaling takes its scale from the amax
+# history of earlier steps (TE common API, recipe.DelayedScaling: "use scale factor from previous
+# iteration"), so one fused cast-transpose reads the tensor once and writes both fp8 layouts (Hopper's
+# fp8 GEMMs take TN operands only), recording the amax as it goes: 2 + 1 + 1 = 4; Float8CurrentScaling
+# (tensorwise) computes the amax first (nvte_compute_amax, TE's C API) then casts: 2 + 4 = 6;
+# MXFP8BlockScaling quantizes both layouts in one kernel with a 1-byte scale per 32 values: 4 + 2/32.
+FP8_CASTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    "torchao": {"tensorwise": (6.0, 8.0, 6.0, 0.0), "rowwise": (8.0, 10.0, 8.0, 4.0), "mxfp8": (6.0, 6.0, 6.0, 0.0),
+                "delayed": (4.0, 4.0, 4.0, 0.0)},  # torchao has no delayed recipe today: TE's
+    "transformer_engine": {"tensorwise": (6.0, 6.0, 6.0, 0.0), "rowwise": (8.0, 10.0, 8.0, 4.0),  # no TE rowwise: torchao's
+                           "mxfp8": (4.0625, 4.0625, 4.0625, 0.0), "delayed": (4.0, 4.0, 4.0, 0.0)},
+}
+# the recipe a model file's ``compute_dtype: fp8`` runs when the plan names none: Megatron-LM's
+# --fp8-recipe default (megatron_lm_flags.json, core_v0.16.1) and torchtitan's float8 converter default
+FP8_DEFAULT_RECIPE = {"torchao": "tensorwise", "transformer_engine": "delayed"}
+
+
+def fp8_cast_bytes(gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array,
+                   per_operand: tuple[Array, Array, Array, Array]) -> tuple[Array, Array]:
+    """Bytes the fp8 casts of a block's GEMM operands stream per micro-batch: the forward's (the
+    activation inputs, ``tokens x k``, and weights, ``k x n``; a recomputed forward casts them
+    again) and the backward's (the output gradients, ``tokens x n``, and any rescale of the
+    backward GEMMs' outputs).  ``per_operand`` holds the bytes per element of each role
+    (:data:`FP8_CASTS`, a weight cast cached over micro-batches already divided by them), each
+    broadcastable against ``tokens``."""
+    shape = np.broadcast_shapes(np.shape(tokens), np.shape(tp), np.shape(ep))
+    forward, backward = np.zeros(shape), np.zeros(shape)
+    b_in, b_weight, b_grad, b_rescale = per_operand
     for g in gemms:
         n = g.n / tp if g.split == "n" else g.n
         k = g.k / tp if g.split == "k" else g.k
         local = g.experts / ep if g.experts else 1.0
-        total = total + per_element * (tokens * k * (g.top_k if g.experts else 1) + n * k * local)
-    return total
+        rows = tokens * (g.top_k if g.experts else 1)  # balanced routing: every local expert's rows together
+        forward = forward + b_in * rows * k + b_weight * n * k * local
+        backward = backward + b_grad * rows * n + b_rescale * (rows * k + n * k * local)
+    return forward, backward

@@ -30,8 +30,11 @@ class StageHardware:
         host_Bps: host link (PCIe) bandwidth of the slowest GPU.
         links: the slowest intra- and inter-node tiers.
         span: ``[pools, C, S]`` which pools a stage's ranks lie in.
-        kernels: each pool's kernel speeds.
-        fp8_kernels: the same with GEMMs at the fp8 peak (plans whose ``fp8`` recipe is on).
+        kernels: each pool's kernel speeds in the compute dtype, 16 bit for an fp8 recipe (its
+            attention, LM head and elementwise work stay in bf16: Transformer Engine converts its
+            Linear modules only, Megatron-LM's output layer is a plain ColumnParallelLinear
+            (gpt_model.py, core_v0.16.1), torchtitan's float8 converter skips ``output``).
+        fp8_kernels: the same with GEMMs at the fp8 peak (a block's GEMMs under an fp8 recipe).
     """
 
     capacity: Array
@@ -51,14 +54,21 @@ class StageHardware:
 
 
 def kernels_of(gpu: GPUProfile, dtype: str) -> Kernels:
-    """The kernel speeds of ``gpu`` computing in ``dtype``."""
+    """The kernel speeds of ``gpu`` computing in ``dtype``.
+
+    A tile's fixed prologue and epilogue (``gemm_k_overhead``, in bf16 K-loop elements) take the
+    time in fp8 as in bf16 while each fp8 K-step runs at twice the rate, so it spans
+    ``fp8 peak / bf16 peak`` times as many K elements of an fp8 loop: short-K GEMMs reach a lower
+    share of the fp8 peak than of the bf16 one."""
+    steps = gpu.peak_TFLOPS.for_dtype("fp8") / gpu.peak_TFLOPS.for_dtype("bf16") if dtype == "fp8" else 1.0
     return Kernels(
         peak_flops=gpu.peak_TFLOPS.for_dtype(dtype) * 1e12 * gpu.sustained_fraction,
         peak16_flops=gpu.peak_TFLOPS.for_dtype("bf16") * 1e12 * gpu.sustained_fraction,
         gemm_efficiency=gpu.gemm_efficiency.for_dtype(dtype, default=0.7),
         sm_count=gpu.sm_count, tile=(gpu.gemm_tile[0], gpu.gemm_tile[1]),
         attn=rates_of(gpu.attention_efficiency),
-        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency, k_overhead=gpu.gemm_k_overhead, k_ref=gpu.gemm_efficiency_k)
+        hbm_Bps=gpu.hbm_bandwidth_TBps * 1e12 * gpu.hbm_efficiency, k_overhead=gpu.gemm_k_overhead * steps,
+        k_ref=gpu.gemm_efficiency_k)
 
 
 def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageHardware:
@@ -90,6 +100,6 @@ def stage_hardware(cluster: ClusterSpec, cand: Candidates, dtype: str) -> StageH
 
     links = comm.Links(worst("ibw"), worst("ilat", high=True), worst("xbw"), worst("xlat", high=True),
                        cluster.gpus_per_node)
-    kernels = tuple(kernels_of(p.gpu, dtype) for p in cluster.pools)
+    kernels = tuple(kernels_of(p.gpu, "bf16" if dtype == "fp8" else dtype) for p in cluster.pools)
     fp8 = tuple(kernels_of(p.gpu, "fp8") for p in cluster.pools)
     return StageHardware(worst("cap"), worst("hostmem"), worst("host"), links, span, kernels, fp8)

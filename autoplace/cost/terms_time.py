@@ -31,9 +31,9 @@ import numpy as np
 from autoplace.cost import comm, compress
 from autoplace.cost.assumptions import Assumptions
 from autoplace.cost.candidates import Candidates
-from autoplace.cost.compute import Kernels, fp8_cast_bytes, gemms_forward
+from autoplace.cost.compute import FP8_CASTS, FP8_DEFAULT_RECIPE, Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
-from autoplace.cost.layers import BlockKind, LayerTable
+from autoplace.cost.layers import LayerTable
 from autoplace.cost.step import hidden
 from autoplace.plan import FP8, OFFLOAD
 
@@ -85,28 +85,30 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     c, table, assume = ctx.cand, ctx.table, ctx.assume
     tp, ep = c.tp.astype(float)[:, None], c.ep.astype(float)[:, None]
     tokens = ctx.tokens[:, None]
-    recipe_fp8 = ctx.recipe.compute_dtype == "fp8"
-    elem = 1.0 if recipe_fp8 else ctx.recipe.activation_bytes
+    # GEMM operands in 16 bit outside an fp8 recipe's casts (``ctx.hw.kernels`` are bf16 under one)
+    elem = 2.0 if ctx.recipe.compute_dtype == "fp8" else ctx.recipe.activation_bytes
     seq = np.full_like(tokens, float(table.seq_len))
     seq_local = seq / c.cp[:, None]
-    # fp8 GEMMs: the model's fp8 recipe, or the plan's fp8 key (rowwise scaling runs longer kernels)
-    fp8 = (c.fp8 > 0)[:, None] | recipe_fp8
-    fp8_time = np.where(c.fp8 == FP8.index("rowwise"), assume.fp8_rowwise_gemm_time, 1.0)[:, None]
+    recipe = fp8_recipe(ctx)[:, None]  # index into plan.FP8, 0 for 16-bit GEMMs
+    fp8 = recipe > 0
+    casts = FP8_CASTS[assume.fp8_casts]
+    per_operand = [np.array([0.0, *(casts[r][i] for r in FP8[1:])])[recipe] for i in range(4)]
+    # torchao's rowwise forward GEMM runs CUTLASS's rowwise kernel (Assumptions.fp8_rowwise_gemm_time)
+    slower = np.where(recipe == FP8.index("rowwise"), assume.fp8_rowwise_gemm_time, 1.0)
+    if assume.fp8_casts == "transformer_engine":  # Megatron-Core's TE layers cache the weight's fp8 copies
+        per_operand[1] = per_operand[1] / c.ga[:, None]  # on a step's first micro-batch (is_first_microbatch)
 
-    def fp8_gemm(kern: Kernels, k: BlockKind) -> Array:
-        return (gemms_forward(kern, k.gemms, tokens, tp, ep, 1.0) * fp8_time
-                + kern.stream(fp8_cast_bytes(k.gemms, tokens, tp, ep, assume.fp8_cast_bytes)))
-
-    def per_kind(kern: Kernels, kern8: Kernels) -> tuple[Array, Array, Array, Array, Array]:
-        fwd, afwd, abwd, gemms, frozen = [], [], [], [], []
+    def per_kind(kern: Kernels, kern8: Kernels) -> tuple[Array, ...]:
+        fwd, afwd, abwd, gemms, frozen, cast_f, cast_b = [], [], [], [], [], [], []
         for k in table.kinds:
             frozen.append(gemms_forward(kern, k.frozen_gemms, tokens, tp, ep, elem))
-            if recipe_fp8:  # every plan's GEMMs in fp8 (``kern`` is the fp8 pool already)
-                gemm = fp8_gemm(kern, k)
-            else:
-                gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
-                if fp8.any():
-                    gemm = np.where(fp8, fp8_gemm(kern8, k), gemm)
+            gemm = gemms_forward(kern, k.gemms, tokens, tp, ep, elem)
+            forward_bytes = backward_bytes = faster_backward = np.zeros_like(gemm)
+            if fp8.any():  # e4m3/e5m2 operands, a bf16 output; backward's two GEMMs at the plain rate
+                gemm8 = gemms_forward(kern8, k.gemms, tokens, tp, ep, 1.0, out_bytes=2.0)
+                gemm = np.where(fp8, gemm8 * slower, gemm)
+                faster_backward = np.where(fp8, 2 * gemm8 * (slower - 1), 0.0)
+                forward_bytes, backward_bytes = fp8_cast_bytes(k.gemms, tokens, tp, ep, tuple(per_operand))
             score = tokens * k.flops_score / tp  # full (unmasked) forward FLOPs of the attention core
             if k.flash:
                 a_f, a_b = kern.attention(score, seq_local, head_dim=k.head_dim, kernel=assume.attention_kernel)
@@ -119,20 +121,26 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
             afwd.append(a_f)
             abwd.append(a_b)
             gemms.append(gemm)
-        return np.stack(fwd, -1), np.stack(afwd, -1), np.stack(abwd, -1), np.stack(gemms, -1), np.stack(frozen, -1)
+            cast_f.append(kern.stream(forward_bytes))
+            cast_b.append(kern.stream(backward_bytes) - faster_backward)
+        return tuple(np.stack(x, -1) for x in (fwd, afwd, abwd, gemms, frozen, cast_f, cast_b))
 
     per_pool = [per_kind(k, k8) for k, k8 in zip(ctx.hw.kernels, ctx.hw.fp8_kernels, strict=True)]
     gemm_attn = ctx.hw.slowest([p[0] for p in per_pool])  # [C, S, K]
     attn_f = ctx.hw.slowest([p[1] for p in per_pool])
     attn_b = ctx.hw.slowest([p[2] for p in per_pool])
+    cast_f = ctx.hw.slowest([p[5] for p in per_pool]) * assume.compute_scale
+    cast_b = ctx.hw.slowest([p[6] for p in per_pool]) * assume.compute_scale
     gemm_f = ctx.hw.slowest([p[3] for p in per_pool]) * assume.compute_scale
     traffic, kernels = compiled_kernels(assume, c)
     stream = ctx.hw.slowest([act_none * traffic[:, None, None] / 3 / k.hbm_Bps for k in ctx.hw.kernels])
     overhead = (kernels * assume.kernel_overhead_us * 1e-6)[:, None, None]
     scale = assume.compute_scale
-    fwd = (gemm_attn + stream + overhead) * scale
+    fwd = (gemm_attn + stream + overhead) * scale + cast_f
     attn_f, attn_b = attn_f * scale, attn_b * scale
-    bwd_none = 2 * (fwd - attn_f) + attn_b  # two GEMMs per forward GEMM, twice the streams and kernels
+    # two GEMMs per forward GEMM, twice the streams and kernels; the backward's fp8 casts and rescales
+    # (cast_b, less the forward's slower rowwise kernel where the backward runs cuBLAS's)
+    bwd_none = 2 * (fwd - attn_f - cast_f) + attn_b + cast_b
     # a frozen weight needs no weight-gradient GEMM, only the input gradient's (LoRA); QLoRA
     # dequantizes its 4-bit weights before each use: forward, backward and a recompute
     bwd_none = bwd_none - ctx.hw.slowest([p[4] for p in per_pool]) * scale
@@ -149,6 +157,16 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     loop = zero3_reduce_host(ctx) * (1 - blocked)[:, None, None]
     backward = np.maximum(backward, host * np.array([2.0, 2.0, 3.0]) + loop[..., None])
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
+
+
+def fp8_recipe(ctx: Context) -> Array:
+    """``[C]`` each candidate's fp8 GEMM recipe as an index into :data:`autoplace.plan.FP8` (0: 16-bit
+    GEMMs): the plan's ``fp8`` key, or, for a model file whose compute dtype is fp8 and a plan naming
+    no recipe, the one its framework runs by default (:data:`~autoplace.cost.compute.FP8_DEFAULT_RECIPE`)."""
+    if ctx.recipe.compute_dtype != "fp8":
+        return ctx.cand.fp8
+    default = FP8.index(FP8_DEFAULT_RECIPE[ctx.assume.fp8_casts])
+    return np.where(ctx.cand.fp8 > 0, ctx.cand.fp8, default)
 
 
 def host_bound(forward: Array, backward: Array, forward_ops: Array, backward_ops: Array,
@@ -469,7 +487,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     h = table.head
     zero = c.zero
     ga = c.ga.astype(float)[:, None]
-    elem = 1.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes
+    elem = 2.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes  # an fp8 recipe's head runs in bf16
     # the head's matmul (forward and two backward) and the loss streaming the logits
     traffic = compiled_kernels(assume, c)[0][:, None]
     head_fwd = ctx.hw.slowest([gemms_forward(k, h.gemms, tok, tp[:, None], 1.0, elem)

@@ -520,9 +520,10 @@ class Megatron(Framework):
     # what check_expressible and the compress=bf16 rule read (no cp, ep or vpp: Megatron runs them all)
     config_fields = ("tp", "pp", "dp_replicate", "dp_shard", "sp", "zero", "schedule", "offload_optimizer",
                      "offload_params", "compress", *RECIPE_KEYS, *SLOT_KEYS)
-    # its fused bias-SwiGLU and in-place vocab-parallel cross-entropy (Assumptions' docs)
+    # its fused bias-SwiGLU and in-place vocab-parallel cross-entropy, Transformer Engine's fp8 casts
+    # (Assumptions' docs)
     behaviour = {"swiglu_kept": 3.0, "fused_loss_fuses_mlp": False, "loss_workspace_bytes_per_vocab": 2.0,
-                 "loss_workspace_bytes_per_vocab_tp": 2.0}
+                 "loss_workspace_bytes_per_vocab_tp": 2.0, "fp8_casts": "transformer_engine"}
     config_suffixes = (".sh",)
     config_file = ARGS_FILE
 

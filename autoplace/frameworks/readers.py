@@ -344,7 +344,11 @@ def plan_from_accelerate(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: C
     if world is None:
         raise SpecError("required for a distributed job", source=src, field="num_processes")
     mixed = kit.choice(doc, "mixed_precision", ("no", "bf16", "fp16", "fp8"), src, default="no")
-    kit.check_dtype({"no": "fp32", "fp8": "bf16"}.get(mixed, mixed), training_dtype(model), src, "mixed_precision")
+    if mixed == "fp8":  # accelerate 1.15's fp8_config.backend: AO (torchao), TE or MSAMP; none is costed as accelerate
+        raise SpecError("fp8: accelerate's fp8 backends (torchao, Transformer Engine, MS-AMP) are not modelled "
+                        "for accelerate; valid: no, bf16, fp16 (fp8 recipes: torchtitan or Megatron-LM)",
+                        source=src, field="mixed_precision")
+    kit.check_dtype({"no": "fp32"}.get(mixed, mixed), training_dtype(model), src, "mixed_precision")
     fsdp = {(k if k.startswith("fsdp_") else f"fsdp_{k}"): v for k, v in kit.section(doc, "fsdp_config", src).items()}
     kit.check_keys(fsdp, ACCELERATE_FSDP, src, "fsdp_config.", " (accelerate would silently ignore it)")
     rep, shard, tp, cp = _accelerate_degrees(doc, kind, world, src)

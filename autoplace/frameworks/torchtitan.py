@@ -328,7 +328,8 @@ def recipe_sections(plan: Plan, model: ModelSpec) -> dict[str, Any]:
         out["model"] = {"converters": [converter]}
         out[converter] = {"recipe_name": "mxfp8_cublas" if plan.fp8 == "mxfp8" else plan.fp8, "filter_fqns": ["output"]}
     elif model.training.recipe().compute_dtype == "fp8":  # the model file's fp8: torchao's default recipe
-        out["model"] = {"converters": [FP8_CONVERTERS["tensorwise"]]}
+        out["model"] = {"converters": [FP8_CONVERTERS["tensorwise"]]}  # the head in bf16 as costed (no default filter)
+        out[FP8_CONVERTERS["tensorwise"]] = {"filter_fqns": ["output"]}
     return out
 
 

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoplace.errors import SpecError
+from autoplace.plan import FP8
 from autoplace.specs._io import Strict, read_document, read_shipped, validate
 
 # Bounds on hardware numbers.  The upper ones are ~1000x today's largest (B200: 180 GB, 8 TB/s HBM,
@@ -201,6 +202,9 @@ class GPUProfile(Strict):
     # the best MFU a published run reached on this GPU, per compute dtype (autoplace.sanity): a
     # prediction above it is reported with the term that lifts it; None or a dtype left out: unknown
     best_published_mfu: DtypeFractions | None = None
+    # whether its tensor cores take MX block-scaled operands (OCP microscaling: a shared scale per 32
+    # values), which the mxfp8 recipe needs: Blackwell's fifth-generation tensor cores (sources.mx_formats)
+    mx_formats: bool = False
     # The vendor's reference node for this GPU (DGX/HGX), used when a cluster is given as
     # flags (--cluster 4x8xh100) or a cluster.yaml leaves the links out; see sources.defaults.
     aliases: list[str] = []
@@ -520,12 +524,20 @@ def check_compute_dtype(cluster: ClusterSpec, dtype: str, *, source: str) -> Non
 def fp8_refusal(cluster: ClusterSpec, fp8: str) -> str | None:
     """Why the recipe ``fp8`` (a plan's ``fp8`` key) cannot run on ``cluster``: a GPU whose profile
     states no fp8 peak has no fp8 units (A100, V100), and its fp8 GEMMs would be costed at the
-    bf16 peak as if they ran.  None when ``fp8`` is none or every GPU has fp8 units."""
+    bf16 peak as if they ran; mxfp8's block-scaled GEMMs need MX tensor cores (Blackwell:
+    ``mx_formats``; Hopper's take one scale per tensor).  None when the recipe runs everywhere."""
     plain = [p.gpu.name for p in cluster.pools if p.gpu.peak_TFLOPS.fp8 is None]
-    if fp8 == "none" or not plain:
+    if fp8 == "none":
         return None
-    return (f"{fp8} runs fp8 GEMMs and GPU profile {plain[0]!r} has no fp8 units (it states no fp8 peak); "
-            "valid on this cluster: none")
+    if plain:
+        return (f"{fp8} runs fp8 GEMMs and GPU profile {plain[0]!r} has no fp8 units (it states no fp8 peak); "
+                "valid on this cluster: none")
+    no_mx = [p.gpu.name for p in cluster.pools if not p.gpu.mx_formats]
+    if fp8 == "mxfp8" and no_mx:
+        valid = ", ".join(x for x in FP8 if x != "mxfp8")
+        return (f"mxfp8 needs block-scaled (MX) tensor cores, Blackwell's, and GPU profile {no_mx[0]!r} has none "
+                f"(mx_formats is false); valid on this cluster: {valid}")
+    return None
 
 
 # ---------------------------------------------------------------- clusters from flags
