@@ -16,9 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplace.cost.step import BUBBLE_SHARE, bubble_time, pipeline_time
+from autoplace.errors import SpecError
 from autoplace.evaluation import evaluate
 from autoplace.frameworks import get
 from autoplace.frameworks.search import problem_for
+from autoplace.frameworks.torchtitan import emit_torchtitan, plan_from_torchtitan
 from autoplace.plan import SCHEDULES, Plan, parse_plan_string
 from autoplace.specs.model import model_from_dict
 from solvers import get_solver
@@ -138,6 +140,21 @@ def test_torchtitan_runs_its_all_to_all_overlap_without_activation_checkpointing
     assert titan.plan_check(LITE)(dataclasses.replace(plan, recompute=("none",) * len(plan.recompute))) is None
     assert titan.recompute_modes(plan) == ("none",)
     assert titan.recompute_modes(dataclasses.replace(plan, schedule="zbv")) == titan.uniform_recompute
+
+
+@pytest.mark.parametrize("text", ["pp=2,vpp=2,ep=8,zero=2,mbs=1,schedule=dualpipev",
+                                  "pp=2,vpp=2,ep=8,zero=2,mbs=1,schedule=dualpipev,layers=2:6"])
+def test_torchtitan_emits_the_overlap_and_reads_its_config_back_as_the_plan(text: str) -> None:
+    cluster = gpu_cluster(16)
+    plan = make_plan(text, LITE, cluster)
+    doc = emit_torchtitan(plan, LITE, cluster)
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "DualPipeV"
+    assert doc["parallelism"]["pipeline_parallel_expert_parallel_overlap"] is True
+    assert doc["activation_checkpoint"]["mode"] == "none"
+    assert plan_from_torchtitan(doc, LITE, cluster) == plan
+    doc["parallelism"]["pipeline_parallel_expert_parallel_overlap"] = False  # not the schedule the plan prices
+    with pytest.raises(SpecError, match="a Plan's dualpipev overlaps the expert-parallel all-to-all"):
+        plan_from_torchtitan(doc, LITE, cluster)
 
 
 def test_searched_only_where_there_is_an_all_to_all_to_hide() -> None:

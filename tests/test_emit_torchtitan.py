@@ -417,7 +417,7 @@ def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
     bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
            ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
            ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,
-                             "pipeline_parallel_schedule": "DualPipeV"}}, "pipeline_parallel_schedule"),
+                             "pipeline_parallel_schedule": "LoopedBFS"}}, "pipeline_parallel_schedule"),
            ({"training": {"seq_len": 4096}}, "differs from the model's seq_len 512"),
            ({"trainer": {}}, "trainer: unknown key; did you mean 'training'")]
     for patch, message in bad:
