@@ -54,11 +54,16 @@ FORMS = (0, 1, 2, FIRST_FULL, PER_LAYER)
 # Pipeline schedules: GPipe, 1F1B and interleaved 1F1B (Narayanan et al. 2021); interleaved-zb and zbv
 # split backward into its input- and weight-gradient passes (Qi et al. 2024, "Zero Bubble Pipeline
 # Parallelism", ICLR): interleaved-zb is their ZB1P on looped chunks (torch's InterleavedZeroBubble), zbv
-# their ZB-V on two chunks per rank placed in a V (torch's ZBVZeroBubble).  autoplace.rules states what
-# each needs; autoplace.cost.step their bubbles.
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv")
-MULTI_CHUNK = frozenset({"interleaved", "interleaved-zb", "zbv"})  # the schedules that run vpp > 1 chunks a rank
-ZERO_BUBBLE = frozenset({"interleaved-zb", "zbv"})  # the backward split into B and W passes (feature zero-bubble)
+# their ZB-V on two chunks per rank placed in a V (torch's ZBVZeroBubble); dualpipev is DeepSeek-V3's
+# DualPipe in its V form (DeepSeek-AI 2024, Sec. 3.2.1; torch's DualPipeV), two chunks a rank in ZB-V's V
+# whose paired forward and backward chunks hide the expert-parallel all-to-all.  autoplace.rules states
+# what each needs; autoplace.cost.step their bubbles.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev")
+# the schedules that run vpp > 1 chunks a rank, and those of them that place two in a V (rank r: r, 2 pp - 1 - r)
+MULTI_CHUNK = frozenset({"interleaved", "interleaved-zb", "zbv", "dualpipev"})
+V_PLACED = frozenset({"zbv", "dualpipev"})
+# the backward split into B and W passes (feature zero-bubble; DualPipe's W passes fill its bubble too)
+ZERO_BUBBLE = frozenset({"interleaved-zb", "zbv", "dualpipev"})
 OFFLOAD = ("none", "cpu", "nvme")
 # communication compression (autoplace.compression says what each moves, costs and risks)
 COMPRESS = ("none", "bf16", "zeropp", "powersgd")
@@ -91,7 +96,7 @@ class Config:
         sp: sequence parallelism over the TP group (Korthikanti et al. 2022).
         zero: 0 (DDP), 1 (optimizer sharded), 2 (+ gradients), 3 (+ parameters, i.e. FSDP).
         mbs: micro-batch size in sequences; grad_accum: micro-batches per step per pipeline.
-        schedule: one of SCHEDULES: gpipe, 1f1b, interleaved, interleaved-zb or zbv.
+        schedule: one of SCHEDULES: gpipe, 1f1b, interleaved, interleaved-zb, zbv or dualpipev.
         offload_optimizer, offload_params: none, cpu or nvme.
         compress: how gradients and gathered weights travel (:mod:`autoplace.compression`):
             none (the precision recipe's dtypes), bf16 (gradients reduced in bf16), zeropp
@@ -620,12 +625,15 @@ def schedule_batching(schedule: str, pp: int, grad_accum: int) -> str | None:
     prices it (one line), or None.  The looped schedules run whole rounds of ``pp`` micro-batches
     (Megatron-LM's interleaved 1F1B requires it; torch's Interleaved1F1B and InterleavedZeroBubble run
     rounds of equal size); ZB-V reaches its steady state, where its bubble is the one costed, only from
-    ``2 pp`` micro-batches (Qi et al. 2024, Sec. 6)."""
+    ``2 pp`` micro-batches (Qi et al. 2024, Sec. 6); DualPipeV needs as many micro-batches as its ``2 pp``
+    stages (torch's ScheduleDualPipeV.__init__, torch 2.13)."""
     if schedule in ("interleaved", "interleaved-zb") and grad_accum % pp:
         name = "interleaved 1F1B" if schedule == "interleaved" else "interleaved-zb"
         return f"{name} needs grad_accum({grad_accum}) to be a multiple of pp({pp}) (whole rounds of pp)"
     if schedule == "zbv" and grad_accum < 2 * pp:
         return f"zbv needs grad_accum({grad_accum}) >= 2*pp = {2 * pp} (ZB-V's steady state, Qi et al. 2024)"
+    if schedule == "dualpipev" and grad_accum < 2 * pp:
+        return f"dualpipev needs grad_accum({grad_accum}) >= 2*pp = {2 * pp} (one micro-batch per stage of its V)"
     return None
 
 

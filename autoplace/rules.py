@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplace.compression import applies
 from autoplace.cost.layers import LayerTable
-from autoplace.plan import MULTI_CHUNK, Plan, model_chunks, schedule_batching
+from autoplace.plan import MULTI_CHUNK, V_PLACED, Plan, model_chunks, schedule_batching
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import ModelSpec, TransformerSpec
 
@@ -59,11 +59,13 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, table: LayerT
     rule(p.vpp == 1 or (p.schedule in MULTI_CHUNK and p.pp > 1), "interleave",
          f"vpp={p.vpp} needs a schedule of several chunks per rank ({', '.join(sorted(MULTI_CHUNK))}) and pp > 1")
     rule(p.schedule not in MULTI_CHUNK or p.vpp > 1, "interleave", f"the {p.schedule} schedule needs vpp > 1")
-    # torch's ZBVZeroBubble: "ZBV requires exactly 2 stages per rank" (schedules.py, torch 2.13), in a V
-    rule(p.schedule != "zbv" or p.vpp in (1, 2), "interleave", f"zbv runs exactly 2 chunks per rank, got vpp={p.vpp}")
-    # the places count the embedding / loss in the looped placement's first / last chunk; ZB-V puts both on rank 0
-    rule(p.schedule != "zbv" or not (p.pp_embedding or p.pp_loss), "layer-split",
-         "pp_embedding / pp_loss are modelled on looped chunks; zbv places its chunks in a V")
+    # torch's ZBVZeroBubble and DualPipeV: "requires exactly 2 stages per rank" (schedules.py, torch 2.13), in a V
+    v_placed = p.schedule in V_PLACED
+    rule(not v_placed or p.vpp in (1, 2), "interleave", f"{p.schedule} runs exactly 2 chunks per rank, got vpp={p.vpp}")
+    # the places count the embedding in rank 0's first chunk, the V's too, and the loss in the looped placement's
+    # last chunk, which a V puts on rank 0 beside it (autoplace.plan.stage_slots): the loss place is not modelled
+    rule(not v_placed or not p.pp_loss, "layer-split",
+         f"pp_loss is modelled on the looped placement's last rank; {p.schedule} ends its V on rank 0")
     rule(p.pp > 1 or not (p.pp_embedding or p.pp_loss), "layer-split",
          "pp_embedding / pp_loss count the embedding / the loss as a pipeline layer: they need pp > 1")
     rule(p.vpp == 1 or len(p.layers_per_stage) != p.pp or

@@ -164,7 +164,8 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     if "mbs" in fx:
         mbss = [fx["mbs"]] if per_replica % fx["mbs"] == 0 else []
     layouts = _layouts(problem, L, pp)
-    multi = ("interleaved", "zbv") if "zero-bubble" in feat else ("interleaved",)  # the least a multi-chunk one needs
+    zb = "zero-bubble" in feat or fx.get("schedule") in ZERO_BUBBLE
+    multi = ("interleaved", "zbv") if zb else ("interleaved",)  # the least a multi-chunk one needs (dualpipev: zbv's)
     if all(schedule_batching(s, pp, per_replica // mbs) for mbs in mbss for s in multi):
         layouts = [x for x in layouts if x[0] == 1]  # no micro-batching runs several chunks: no shape would be used
     offs_opt = ["none", "cpu"] if ("offload" in feat and base.zero >= 1) else ["none"]
@@ -175,7 +176,7 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     shapes: list[Config] = []
     labels: list[Label] = []  # each shape's Problem.costing_index, Problem.forms and Problem.split_of
     batching: list[Any] = []  # each shape's Problem.microbatching rule (None: every micro-batching)
-    for (vpp, embedding, loss), schedule in ((x, s) for x in layouts for s in _schedules(problem, *x)):
+    for (vpp, embedding, loss), schedule in ((x, s) for x in layouts for s in _schedules(problem, base.ep, *x)):
         for oo, op, (comp, rank) in itertools.product(offs_opt, offs_par, compressions):
             if fx.get("offload_optimizer", oo) != oo or fx.get("offload_params", op) != op:
                 continue
@@ -207,17 +208,22 @@ def _micro(problem: Problem, L: int, B: int, dp: int, base: Config, reduce_bytes
     return shapes, batchings, labels
 
 
-def _schedules(problem: Problem, vpp: int, embedding: bool, loss: bool) -> list[str]:
+def _schedules(problem: Problem, ep: int, vpp: int, embedding: bool, loss: bool) -> list[str]:
     """The pipeline schedules of one layout (:func:`_layouts`) as ``--fix`` allows: the one chunk a
     rank schedules (1f1b unless pinned), or interleaved 1F1B and with the zero-bubble feature
-    interleaved-zb, and zbv at two chunks a rank without embedding / loss places (autoplace.rules)."""
+    interleaved-zb, and the V schedules at two chunks a rank without a loss place
+    (autoplace.rules): zbv, and dualpipev with expert parallelism (``ep`` > 1) or pinned.  Without
+    an all-to-all to hide, dualpipev is ZB-V's placement with a larger bubble and half a micro-batch
+    more in flight (autoplace.cost.step.BUBBLE_SHARE, cost.memory.inflight_microbatches): never better."""
     fx = problem.fixed
     if vpp == 1:
         out = [fx.get("schedule", "1f1b")]
     else:
         out = ["interleaved"]
         if "zero-bubble" in problem.features or fx.get("schedule") in ZERO_BUBBLE:
-            out += ["interleaved-zb", *(["zbv"] if vpp == 2 and not (embedding or loss) else [])]
+            v = vpp == 2 and not loss  # autoplace.rules: a V takes the embedding's place, not the loss's
+            dual = v and (ep > 1 or fx.get("schedule") == "dualpipev")
+            out += ["interleaved-zb", *(["zbv"] if v else []), *(["dualpipev"] if dual else [])]
     return [s for s in out if fx.get("schedule", s) == s and (s in MULTI_CHUNK) == (vpp > 1)]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from autoplace.dryrun.run import TOLERANCE, RankRun, build_in_process
+from autoplace.plan import V_PLACED
 from tests.dryrun_bundles import unpadded, write_test_bundle
 from tests.helpers import REPO
 
@@ -55,6 +56,11 @@ CASES = {
     # the zero-bubble schedules (issue 38): looped chunks, and two chunks a rank in a V
     "llama3.1-pp-interleaved-zb": (family("llama-3.1-405b", 4), "pp=2,vpp=2,schedule=interleaved-zb,zero=2", GPUS8),
     "llama3.1-pp-zbv": (family("llama-3.1-405b", 4), "pp=2,vpp=2,schedule=zbv,zero=2", GPUS8),
+    # DualPipeV with expert parallelism: torchtitan wraps the experts for its all-to-all overlap (dual_pipe_v.py).
+    # Every block MoE: the cost model gives a rank a contiguous run of blocks (plan.stage_mode_counts), where a
+    # V gives rank 0 the first and the last chunk -- with DeepSeek-V3's dense first blocks, other kinds
+    "deepseekv3-pp-ep-dualpipev": (family("deepseek-v3", 4, num_nextn_predict_layers=0, first_k_dense_replace=0),
+                                   "pp=2,vpp=2,ep=2,schedule=dualpipev,zero=3", GPUS8),
     "mixtral-cp": (family("mixtral-8x22b", 2), "cp=2,zero=3", GPUS8),
     "qwen3moe-ep": (family("qwen3-30b-a3b", 2), "ep=2,zero=3", GPUS8),
     "mixtral-ep-tp": (family("mixtral-8x7b-v0.1", 2), "ep=2,tp=2,zero=3", GPUS8),
@@ -98,7 +104,7 @@ def test_each_rank_builds_as_planned(name: str, bundles: dict[str, Path]) -> Non
     plan = json.loads((bundle / "plan.json").read_text())
     pp, vpp = plan["degrees"]["pp"], plan["virtual_stages"]
     ranks = [(0, 0)] + ([(last_stage_rank(bundle), pp - 1)] if pp > 1 else [])
-    v_shape = plan["schedule"] == "zbv"  # torch places ZBV's two stages a rank in a V: r and 2 pp - 1 - r
+    v_shape = plan["schedule"] in V_PLACED  # torch places ZBV's / DualPipeV's two stages a rank in a V: r and 2 pp - 1 - r
     for rank, stage in ranks:
         run = build_in_process(bundle, rank)
         chunks = [stage, 2 * pp - 1 - stage] if v_shape else [stage + pp * v for v in range(vpp)]

@@ -38,7 +38,7 @@ from autoplace.frameworks.torchtitan import (
     torchtitan_model_module,
     torchtitan_toml,
 )
-from autoplace.plan import Plan
+from autoplace.plan import V_PLACED, Plan
 from autoplace.specs.model import load_model
 from tests.helpers import REPO, gpu_cluster
 from tests.test_emit_plans import CLUSTER16, LAYERS, MODEL, build, make_plan, plan_values, small_model
@@ -225,7 +225,11 @@ SCHEDULE_PLANS = [(8, "pp=2,zero=3"), (8, "tp=2,pp=2,zero=3"), (8, "pp=4,zero=3"
                   (72, "pp=4,vpp=2,zero=3,schedule=interleaved-zb"), (64, "pp=2,vpp=4,zero=3,schedule=interleaved-zb"),
                   (72, "pp=4,vpp=2,zero=3,mbs=2,schedule=interleaved-zb"), (8, "pp=2,zero=3,schedule=interleaved-zb"),
                   (64, "pp=2,vpp=2,zero=3,schedule=zbv"), (72, "pp=4,vpp=2,zero=3,schedule=zbv"),
-                  (64, "pp=2,vpp=2,zero=3,schedule=zbv,layers=2:6"), (64, "pp=2,vpp=4,zero=3,schedule=zbv")]
+                  (64, "pp=2,vpp=2,zero=3,schedule=zbv,layers=2:6"), (64, "pp=2,vpp=4,zero=3,schedule=zbv"),
+                  # DualPipeV: ZB-V's V, and as many micro-batches as its stages (2 pp)
+                  (64, "pp=2,vpp=2,zero=3,schedule=dualpipev"), (72, "pp=4,vpp=2,zero=3,schedule=dualpipev"),
+                  (64, "pp=2,vpp=2,zero=3,schedule=dualpipev,layers=2:6"),
+                  (16, "pp=2,vpp=2,zero=3,schedule=dualpipev")]
 
 
 @pytest.mark.parametrize("batch, text", SCHEDULE_PLANS)
@@ -240,7 +244,7 @@ def test_torchtitan_builds_the_pipeline_of_every_plan_its_check_admits(batch: in
         assert chunks == torchtitan.stage_parts(plan)
         # and each rank holds the plan's layers where torch places its stages (looped, or a V for ZBV)
         from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
-        style = "v" if plan.schedule == "zbv" else "loop"
+        style = "v" if plan.schedule in V_PLACED else "loop"
         rank_of = generate_stage_to_rank_mapping(plan.pp, len(chunks), style=style)
         held = [sum(n for s, n in enumerate(chunks) if rank_of[s] == r) for r in range(plan.pp)]
         assert held == list(plan.layers_per_stage)
@@ -413,7 +417,7 @@ def test_reader_checks_what_torchtitan_leaves_unchecked() -> None:
     bad = [({"activation_checkpoint": {"mode": "partial"}}, "activation_checkpoint.mode: 'partial' is not valid"),
            ({"parallelism": {"data_parallel_shard_degree": 4}}, r"!= the cluster's 16 GPUs"),
            ({"parallelism": {"data_parallel_shard_degree": 8, "pipeline_parallel_degree": 2,
-                             "pipeline_parallel_schedule": "DualPipeV"}}, "pipeline_parallel_schedule"),
+                             "pipeline_parallel_schedule": "LoopedBFS"}}, "pipeline_parallel_schedule"),
            ({"training": {"seq_len": 4096}}, "differs from the model's seq_len 512"),
            ({"trainer": {}}, "trainer: unknown key; did you mean 'training'")]
     for patch, message in bad:

@@ -40,7 +40,7 @@ def test_schedules_are_plan_values_that_round_trip() -> None:
         assert make_plan(plan.to_string(), MODEL, CLUSTER16) == plan
         assert Plan.from_dict(plan.to_dict()) == plan  # plan.json
         assert not _rules(text)
-    with pytest.raises(SpecError, match="'zb1p' is not valid; valid: gpipe, 1f1b, interleaved, interleaved-zb, zbv"):
+    with pytest.raises(SpecError, match="'zb1p' is not valid; valid: gpipe, 1f1b, interleaved, interleaved-zb, zbv, dualpipev"):
         parse_plan_string("pp=2,vpp=2,schedule=zb1p")
 
 

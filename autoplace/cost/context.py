@@ -19,7 +19,7 @@ from autoplace.cost.candidates import Candidates
 from autoplace.cost.compress import Wire, wire
 from autoplace.cost.hardware import StageHardware, stage_hardware
 from autoplace.cost.layers import LayerTable
-from autoplace.cost.memory import SCHEDULE_CODES
+from autoplace.cost.memory import V_CODES
 from autoplace.specs.cluster import ClusterSpec
 from autoplace.specs.model import Precision
 
@@ -178,10 +178,10 @@ class Context:
 
 
 def head_stage(cand: Candidates) -> Array:
-    """The pipeline rank holding the head and the loss ``[C]``: the last, but under ZB-V the first,
+    """The pipeline rank holding the head and the loss ``[C]``: the last, but in a V (ZB-V, DualPipeV) the first,
     whose second chunk ends the V (torch's stage-to-rank mapping, style "v": rank r holds stages r
     and 2 pp - 1 - r; torchtitan 0.2.2 pipeline_module_split), beside the embedding."""
-    return np.where(cand.schedule == SCHEDULE_CODES["zbv"], 0, cand.pp - 1)
+    return np.where(np.isin(cand.schedule, V_CODES), 0, cand.pp - 1)
 
 
 def mtp_embedding(table: LayerTable, cand: Candidates) -> Array:

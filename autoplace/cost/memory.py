@@ -16,8 +16,9 @@ import numpy as np
 Array = np.ndarray
 
 # autoplace.plan.SCHEDULES as the integers the candidate arrays carry
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "interleaved-zb": 3, "zbv": 4}
+SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "interleaved-zb": 3, "zbv": 4, "dualpipev": 5}
 LOOPED = (2, 3)  # the schedules whose chunks are looped over the ranks (Narayanan et al. 2021, Sec. 2.2)
+V_CODES = (4, 5)  # those that place two chunks a rank in a V (autoplace.plan.V_PLACED)
 
 
 def state_bytes(params: Array, bytes_per_param: float | Array, shards: Array, sharded: Array | bool,
@@ -64,14 +65,17 @@ def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: 
     less than B, "peak memory no greater than 1F1B"); the looped chunks keep interleaved 1F1B's count.
     ZB-V keeps ``p`` whole-stage micro-batches on every rank, 1F1B's first stage's (its authors'
     comparison: activation memory 1x of 1F1B), its V balancing the ranks rather than loading the first.
+    DualPipeV keeps ``PP + 1`` of its ``PP = 2p`` stages' micro-batches on every rank (deepseek-ai/DualPipe
+    README's table, DeepSeek-V3 report Table 2's DualPipe row): ``p + 1/2`` whole-stage micro-batches.
     """
     m = microbatches
     one_f1b = np.minimum(pp - stage, m)
     chunks = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
     interleaved = chunks / vpp
     zbv = np.minimum(pp, m) + 0 * stage
-    return np.select([schedule == 0, np.isin(schedule, LOOPED), schedule == 4], [m, interleaved, zbv],
-                     one_f1b).astype(float)
+    dual = np.minimum(pp + 0.5, m) + 0 * stage
+    return np.select([schedule == 0, np.isin(schedule, LOOPED), schedule == 4, schedule == 5],
+                     [m, interleaved, zbv, dual], one_f1b).astype(float)
 
 
 def chunk_inflight(pp: Array | int, vpp: Array | int, microbatches: Array | int, stage: Array | int,

@@ -29,10 +29,18 @@ Array = np.ndarray
 #   times once its steady state is reached, from 2p micro-batches on (autoplace.plan.schedule_batching
 #   keeps it there).  The authors' comparison at T_F = T_B = T_W (sail-sg's zero-bubble description):
 #   bubble rate (p-1)/m for 1F1B, (p-1)/3m for ZB1P, 0 for ZBV, all three at 1F1B's activation memory.
+# - dualpipev (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 3.2.1, Table 2; its V form in
+#   deepseek-ai/DualPipe's README table): (PP/2 - 1)(F&B + B - 3W) over PP = 2p chunk stages on p ranks,
+#   F, B (the whole backward, input and weight gradients) and W per chunk, F&B a paired forward and
+#   backward.  A chunk's passes are half a stage's: F = W = t/2, B = t, F&B = F + B = 3t/2 before the
+#   pair hides any communication, so (p - 1)(3t/2 + t - 3t/2) = (p - 1)t: 1/3 of 1F1B's (p - 1)3t
+#   (Table 2's 1F1B row, (PP - 1)(F + B)), 2/3 of the (p - 1)3t/2 of two looped chunks.  What the
+#   pairing saves, the all-to-all hidden under the paired chunk, is in the stage times
+#   (terms_time._block_comm), so the bubble's F&B shrinks with it.
 # What the equal-times case leaves out (B slower than W under recompute or attention) the model does not see.
 # Fractions, so the CP-SAT model's integer weights state them exactly (solvers.cpsat).
 BUBBLE_SHARE = {"gpipe": Fraction(1), "1f1b": Fraction(1), "interleaved": Fraction(1),
-                "interleaved-zb": Fraction(1, 3), "zbv": Fraction(0)}
+                "interleaved-zb": Fraction(1, 3), "zbv": Fraction(0), "dualpipev": Fraction(2, 3)}
 _SHARE_BY_CODE = np.array([float(BUBBLE_SHARE[s]) for s in SCHEDULE_CODES])  # indexed by the code
 
 

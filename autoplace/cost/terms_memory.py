@@ -17,7 +17,7 @@ from autoplace.cost.context import Context
 from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
     LOOPED,
-    SCHEDULE_CODES,
+    V_CODES,
     block_activation_bytes,
     gather_buffer_bytes,
     inflight_microbatches,
@@ -168,9 +168,9 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     tok = ctx.tokens[:, None]
     # a fused cross-entropy keeps the 16-bit logits and writes their gradient in place, not fp32 copies
     head_tp = h.act_tp * np.where(c.fused_loss, table.act_bytes / 4, 1.0)
-    # ZB-V runs the head in the V's last chunk, whose backward follows its forward at once: it holds
+    # ZB-V and DualPipeV run the head in the V's last chunk, whose backward follows its forward at once: it holds
     # one micro-batch there, as 1F1B's last stage (Qi et al. 2024, Sec. 6), on rank 0 (context.head_stage)
-    head_mult = np.where((c.schedule == SCHEDULE_CODES["zbv"])[:, None, None], np.array([1.0, 0.0]), act_mult)
+    head_mult = np.where(np.isin(c.schedule, V_CODES)[:, None, None], np.array([1.0, 0.0]), act_mult)
     edge_act = (first * tok * (e.act_rep / sp_div)[:, None])[..., None] * act_mult + (
         last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * head_mult  # [C,S,2]
     # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit

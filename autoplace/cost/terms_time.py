@@ -34,6 +34,7 @@ from autoplace.cost.candidates import Candidates
 from autoplace.cost.compute import FP8_CASTS, FP8_DEFAULT_RECIPE, Kernels, fp8_cast_bytes, gemms_forward
 from autoplace.cost.context import Context
 from autoplace.cost.layers import LayerTable
+from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.cost.step import hidden
 from autoplace.plan import FP8, OFFLOAD
 
@@ -267,6 +268,14 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     tp_i, tp_x, tp_t = comm.allreduce(tokens * kind("tp_allreduce") / 2, col(size["tp"]), col(n_in["tp"]), lk)
     ep_i, ep_x, ep_t = comm.alltoall(tokens / col(sp_div) * kind("ep_alltoall"), col(size["ep"]), col(n_in["ep"]), lk)
     tp_time = tp_on * passes * tp_t
+    # expert parallelism: dispatch and combine in forward, again in backward, again when recomputed.  DualPipe
+    # pairs one micro-batch's forward chunk with another's backward chunk and runs each one's all-to-all under
+    # the other's compute (DeepSeek-AI 2024, DeepSeek-V3 report Sec. 3.2.1, Fig. 4; torchtitan 0.2.2's DualPipeV
+    # overlap_callback): the forward's under the paired backward, the backward's under the paired forward,
+    # each max(0, a2a - compute) plus the SM share the hidden part takes (hidden).  The steady state's pairing:
+    # the unpaired chunks of the warm-up and cool-down would expose theirs, which the model does not see.
+    ep_time = np.where(col(c.schedule == SCHEDULE_CODES["dualpipev"]) > 0,
+                       hidden(2 * ep_t, bwd, kappa) + hidden((2 + 2 * full) * ep_t, fwd, kappa), passes * ep_t)
     # async TP / userbuffers (the plan's tp_overlap): the collectives pipeline with the TP matmuls
     tp_time = np.where(col(c.tp_overlap > 0) > 0, hidden(tp_time, blk.gemm_forward[..., None] * (3 + full), kappa),
                        tp_time)
@@ -309,7 +318,7 @@ def _block_comm(ctx: Context, blk: BlockCompute) -> tuple[Array, Array, tuple[Ar
     off_time = hidden(off_bytes_mb / 2 / host_bps, fwd, 0.0) + hidden(off_bytes_mb / 2 / host_bps, bwd, 0.0)
 
     zeros = np.zeros_like(bwd)
-    t_block = np.stack(np.broadcast_arrays(blk.total, tp_time, passes * ep_t, cp_time, zeros,
+    t_block = np.stack(np.broadcast_arrays(blk.total, tp_time, ep_time, cp_time, zeros,
                                            zero_time, off_time), axis=-1)
     ones = np.ones((1, 1, 1, 3))
     bytes_block = np.stack(np.broadcast_arrays(

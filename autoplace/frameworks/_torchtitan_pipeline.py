@@ -52,6 +52,9 @@ def schedule_refusal(schedule: str, pp: int, stages_per_rank: int, local_batch: 
     micro = local_batch // microbatch
     if schedule in V_SHAPED and stages_per_rank != 2:  # ScheduleZBVZeroBubble / ScheduleDualPipeV.__init__
         return f"{schedule} with {stages_per_rank} stage(s) per pipeline rank: torch's schedule needs exactly 2"
+    if schedule == "DualPipeV" and micro < 2 * pp:  # ScheduleDualPipeV.__init__: n_microbatches >= its 2 pp stages
+        return (f"DualPipeV with {micro} micro-batch(es) per step on {2 * pp} stages: torch's ScheduleDualPipeV needs "
+                f"at least as many micro-batches as stages (grad_accum >= 2*pp = {2 * pp})")
     if schedule == "1F1B" and micro < pp:  # Schedule1F1B.__init__ (GPipe only warns)
         return (f"1F1B with {micro} micro-batch(es) per step on {pp} stages: torch's Schedule1F1B needs at least as "
                 f"many micro-batches as stages (grad_accum >= pp = {pp}, or schedule=gpipe)")

@@ -59,6 +59,11 @@ def read_torchtitan(cfg: kit.Doc | str | Path, model: ModelSpec, cluster: Cluste
         raise SpecError(f"{PLAN_TO_TORCH_SCHEDULE[schedule]} runs exactly 2 stages per pipeline rank; this split "
                         f"makes {len(parts)} stages on pp={pp}", source=src,
                         field="parallelism.pipeline_parallel_layers_per_stage")
+    overlap = kit.boolean(par, "pipeline_parallel_expert_parallel_overlap", src, "parallelism.", default=True)
+    if schedule == "dualpipev" and ep > 1 and not overlap:  # the plan's dualpipev is costed with it (terms_time)
+        raise SpecError("false: a Plan's dualpipev overlaps the expert-parallel all-to-all with the paired chunk; "
+                        "set true, or another schedule", source=src,
+                        field="parallelism.pipeline_parallel_expert_parallel_overlap")
     mbs, ga = _batch(train, par, pp, rep * shard, src)
     offload = "cpu" if kit.boolean(train, "enable_cpu_offload", src, "training.") else "none"
     looped = torch_stage_order(parts, pp, PLAN_TO_TORCH_SCHEDULE[schedule])  # a V's stages back to ranks' chunks

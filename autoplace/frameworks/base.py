@@ -185,6 +185,12 @@ class Framework:
         del config
         return None
 
+    def recompute_modes(self, config: Config) -> tuple[str, ...]:
+        """The recompute modes it applies to every block alike in ``config``'s plans: its
+        :attr:`uniform_recompute`, unless what ``config`` runs leaves some out."""
+        del config
+        return self.uniform_recompute
+
     def forced_split(self, blocks: int, pp: int) -> tuple[int, ...] | None:
         """The layer split this framework always makes for ``pp`` stages (it takes no explicit one),
         or None when the plan's split is written into its files."""

@@ -121,4 +121,4 @@ TORCH_PP_SCHEDULES = frozenset({
     "1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
 })
 PLAN_TO_TORCH_SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
-                          "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
+                          "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}

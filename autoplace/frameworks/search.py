@@ -21,7 +21,7 @@ from typing import Any
 from autoplace.cost.assumptions import DEFAULT
 from autoplace.errors import AutoplaceError, Infeasible, SpecError
 from autoplace.frameworks import ANY, FRAMEWORKS, NONE, check_name, get
-from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, unstated_recipe
+from autoplace.frameworks.base import Framework, PlanCheck, recipe_refusal, schedule_refusal, unstated_recipe
 from autoplace.plan import (
     FIRST_FULL,
     PER_LAYER,
@@ -48,7 +48,8 @@ def search_limits(framework: Framework, model: ModelSpec, fixed: dict[str, Any],
     """The user's ``--fix`` values with the framework's pinned degrees added, and the features left.
 
     Raises:
-        SpecError: the user pinned a degree the framework cannot run, or cannot run for this model.
+        SpecError: the user pinned a degree the framework cannot run, or cannot run for this model, or a
+            pipeline schedule it does not run (:attr:`Framework.schedules`).
     """
     for key, value in framework.pinned_degrees.items():
         if key in fixed and int(fixed[key]) != value:
@@ -57,6 +58,8 @@ def search_limits(framework: Framework, model: ModelSpec, fixed: dict[str, Any],
     for key, why in framework.degree_refusals(model).items():
         if int(fixed.get(key, 1)) > 1:
             raise SpecError(f"{framework.name} cannot run {key}={fixed[key]} for {model.name}: {why}", field="--fix")
+    if fixed.get("schedule", "1f1b") not in framework.schedules:  # one it does not run: named, not "no configuration"
+        raise SpecError(schedule_refusal(framework, fixed["schedule"]), field="--fix")
     unrun = set() if framework.schedules & ZERO_BUBBLE else {"zero-bubble"}  # it runs none of them
     return {**framework.pinned_degrees, **fixed}, features - framework.denied_features - unrun
 
@@ -392,7 +395,7 @@ def recompute_forms(framework: Framework, config: Config, others: int = 0) -> in
     (Megatron-LM's block method) without a pipeline -- which holds all-none and all-full."""
     if framework.layer_recompute == "any" or others == 1 << PER_LAYER:
         return 1 << PER_LAYER
-    forms = others | sum(1 << RECOMPUTE.index(mode) for mode in framework.uniform_recompute)
+    forms = others | sum(1 << RECOMPUTE.index(mode) for mode in framework.recompute_modes(config))
     if framework.layer_recompute == "first" and config.pp == 1:
         forms |= 1 << FIRST_FULL
     if forms & 1 << FIRST_FULL:

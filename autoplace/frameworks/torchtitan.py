@@ -435,6 +435,16 @@ def _check_plan(plan: Plan) -> None:
     if plan.compile and torch_schedule in SPLIT_BACKWARD:
         raise fail(FMT, f"schedule={plan.schedule} with compile: torch's {torch_schedule} refuses torch.compile'd "
                         "stage modules (it splits their backward); set compile=false")
+    if dualpipe_overlap(plan) and set(plan.recompute) != {"none"}:
+        raise fail(FMT, f"schedule=dualpipev with ep={plan.ep}: torchtitan's DualPipeV all-to-all overlap runs without "
+                        "activation checkpointing (dual_pipe_v.get_dual_pipe_v_flag); set recompute=none")
+
+
+def dualpipe_overlap(plan: Config) -> bool:
+    """Whether torchtitan overlaps the plan's expert-parallel all-to-all with DualPipeV's paired chunk
+    (``parallelism.pipeline_parallel_expert_parallel_overlap``, on by default, takes effect with pp > 1 and
+    ep > 1 only): the overlap the cost model prices for dualpipev (terms_time._block_comm)."""
+    return plan.schedule == "dualpipev" and plan.pp > 1 and plan.ep > 1
 
 
 def stage_parts(plan: Plan) -> list[int]:
@@ -504,6 +514,8 @@ def pipeline_keys(plan: Plan) -> dict[str, Any]:
         "pipeline_parallel_schedule": PLAN_TO_TORCH_SCHEDULE[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.mbs,
     }
+    if dualpipe_overlap(plan):
+        out["pipeline_parallel_expert_parallel_overlap"] = True
     if len(set(parts)) == 1:
         out.update({"pipeline_parallel_layers_per_stage": parts[0],
                     "pipeline_parallel_first_stage_less_layers": 0,
@@ -627,6 +639,9 @@ class Torchtitan(Framework):
 
     def batching_refusal(self, config: Config) -> str | None:
         return batching_refusal(config)
+
+    def recompute_modes(self, config: Config) -> tuple[str, ...]:
+        return ("none",) if dualpipe_overlap(config) else self.uniform_recompute  # _check_plan's DualPipeV rule
 
     def files(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, launch: Launch) -> list[BundleFile]:
         toml = torchtitan_toml(emit_torchtitan(plan, model, cluster),
