@@ -1,7 +1,7 @@
 """The ``autoplace`` command line: a thin layer over the library.
 
 Exit codes (docs/ARCHITECTURE.md): 0 success, 2 bad input (one line, no traceback without --debug),
-3 infeasible, 4 ``tune`` left candidates given up or unmeasured.  Heavy modules are imported inside the commands that need them.
+3 no plan (infeasible, or none found in the time limit), 4 ``tune`` left candidates given up or unmeasured.  Heavy modules are imported inside the commands that need them.
 """
 
 from __future__ import annotations

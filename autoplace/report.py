@@ -422,11 +422,15 @@ def _compress_text(plan: dict[str, Any]) -> str:
 
 def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
     lines = []
+    unknown = doc.get("status") == "unknown"
+    if unknown:
+        lines.append("[yellow]no plan found in the time limit[/yellow]: the search stopped before it visited every "
+                     "configuration, so a plan may still fit; raise --time-limit")
     near = doc.get("nearest")
     if near:
         mem = near["memory_per_device_bytes"]
         degrees = " ".join(f"{k}={v}" for k, v in near["degrees"].items())
-        lines.append(f"[red]no plan fits[/red]; nearest: {degrees} zero={near['zero_stage']} "
+        lines.append(f"{'of those searched, none fits' if unknown else '[red]no plan fits[/red]'}; nearest: {degrees} zero={near['zero_stage']} "
                      f"recompute={near['recompute']} needs {mem['total'] / GiB:.1f} GiB of {mem['capacity'] / GiB:.1f}"
                      f"{_missed_by(near)}")
     return lines + [f"  - {escape(line)}" for line in doc.get("advice", [])]

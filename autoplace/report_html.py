@@ -326,6 +326,9 @@ def _infeasible(doc: dict[str, Any]) -> str:
 
     near = doc.get("nearest")
     advice = "".join(f"<li>{html.escape(a)}</li>" for a in doc.get("advice", []))
+    if doc.get("status") == "unknown":  # the time limit left configurations unsearched (solvers.problem.SolveResult)
+        advice = ("<li>No plan was found in the time limit: the search stopped before it visited every configuration, "
+                  f"so a plan may still fit; raise --time-limit.</li>{advice}")
     if not near:
         return f'<div class="bad"><b>No plan fits</b> and no nearest plan was found.<ul>{advice}</ul></div>'
     mem = near["memory_per_device_bytes"]

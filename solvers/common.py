@@ -34,7 +34,7 @@ def finish(problem: Problem, space: Space, chosen: list[tuple[Config, list[int],
     nearest = None if plans else nearest_plan(problem, space)
     pins_bind = problem.fixed_mode not in (None, FULL) or "layers" in problem.fixed  # else relaxed is nearest
     relaxed = nearest_plan(problem, space, pinned=False) if nearest is not None and pins_bind else None
-    return SolveResult(plans=plans, status=status if plans else "infeasible", objective=problem.objective,
+    return SolveResult(plans=plans, status=status if plans or status == "unknown" else "infeasible", objective=problem.objective,
                        bound=bound, wall_s=time.perf_counter() - start, n_evaluated=n_evaluated, nearest=nearest,
                        notes=notes or [], advice=advice(problem, nearest, relaxed) if nearest else [],
                        disagreement=disagreement,

@@ -327,8 +327,8 @@ class CpSatSolver(Solver):
         forms = "" if len(space.configs) == len(configs) else f" ({len(space.configs)} with their recompute forms)"
         notes = [*stopped, f"{len(configs)} configurations scored{forms}, "
                  f"{len(bounded.scored.configs) if bounded else 0} kept after bounding"]
-        if bounded is None:
-            return finish(problem, space, [], "infeasible", bound=None, start=start, n_evaluated=len(configs),
+        if bounded is None:  # nothing fits among what was scored; unsearched if the time limit stopped scoring
+            return finish(problem, space, [], "unknown" if stopped else "infeasible", bound=None, start=start, n_evaluated=len(configs),
                           notes=notes, phases=clock.done())
         scored = bounded.scored
         clock("build")
@@ -346,8 +346,8 @@ class CpSatSolver(Solver):
             status, bound = "feasible", min(bounded.lower.values(), default=None)
         elif status == "unknown":
             status = "infeasible"
-        if stopped or bounded.stopped:
-            status = "feasible" if chosen else status
+        if stopped or bounded.stopped:  # the time limit left configurations unsearched: nothing is proven
+            status = "feasible" if chosen else "unknown"
         if bounded.stopped:
             notes.append("the time limit stopped the bounding: configurations not yet visited were not searched")
         notes.append(f"objective scale: 1 unit = {built.unit:.3g} {'s' if problem.objective == 'time' else 'bytes'}")

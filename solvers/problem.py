@@ -137,7 +137,8 @@ class SolveResult:
 
     Attributes:
         plans: the top-K distinct plans, best first, each re-scored by the evaluator.
-        status: ``optimal``, ``feasible`` (time limit hit) or ``infeasible``.
+        status: ``optimal``, ``feasible`` (time limit hit), ``infeasible``, or ``unknown`` (the time limit hit
+            before any plan was found, with configurations left unsearched).
         bound: best proven lower bound of the objective (objective units), if known.
         wall_s: seconds spent.
         n_evaluated: candidate configurations scored by the vectorized evaluator.

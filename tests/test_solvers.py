@@ -14,7 +14,7 @@ from autoplace.errors import Infeasible
 from autoplace.specs.model import model_from_dict
 from solvers.problem import FEATURES, Budget, Problem, objective_key
 from solvers.registry import get_solver
-from tests.helpers import gpu_cluster
+from tests.helpers import REPO, gpu_cluster
 
 BACKENDS = ["cpsat", "exhaustive"]
 
@@ -237,6 +237,28 @@ def test_a_time_limit_spent_before_enumeration_ends_stops_it_and_says_so() -> No
     assert any("stopped enumeration and scoring" in n and "not searched" in n for n in stopped.notes)
     assert stopped.plans and stopped.plans[0].ok
     assert stopped.plans[0].step_time_s >= full.plans[0].step_time_s * (1 - 1e-9)
+
+
+def test_a_time_limit_that_stops_the_search_before_any_plan_is_unknown_not_infeasible() -> None:
+    """Llama-3-8B on 2 A100 40GB fits only at configurations enumeration reaches late: a zero budget
+    stops it with nothing kept, and the answer is 'unknown' with the advice to raise --time-limit,
+    never 'infeasible' (which says no plan exists); with time, the same problem is solved."""
+    from rich.console import Console
+
+    from autoplace.report import print_solution
+    from autoplace.specs.model import load_model
+
+    problem = Problem(load_model(str(REPO / "examples" / "models" / "llama-3-8b.json")),
+                      gpu_cluster(2, gpu="a100-sxm4-40gb"), top_k=1)
+    stopped = get_solver("cpsat").solve(problem, Budget(time_limit_s=0))
+    assert (stopped.status, stopped.plans) == ("unknown", [])
+    assert get_solver("cpsat").solve(problem, Budget(time_limit_s=600)).status == "optimal"
+    doc = {"status": stopped.status, "objective": "time", "solve_seconds": 0.0, "gap": None, "notes": [], "plans": [],
+           "advice": [], "model": {"name": "llama-3-8b", "params": 8e9}, "cluster": problem.cluster.summary()}
+    console = Console(record=True, width=200)
+    print_solution(doc, stopped, console)
+    text = console.export_text()
+    assert "no plan found in the time limit" in text and "raise --time-limit" in text
 
 
 def test_scoring_past_its_deadline_keeps_the_groups_it_scored() -> None:

@@ -514,14 +514,15 @@ def solve_for(group: Sequence[Framework], solver: Any, problem: Any, budget: Any
                else f"no other configuration that fits can be run by {'any framework' if framework == ANY else who}")
         notes.append(f"{len(kept)} of the {top} plans asked for: {why}")
     proven = all(r.status in ("optimal", "infeasible") for r in results)
-    status = ("optimal" if proven else "feasible") if kept else "infeasible"
+    status = ("optimal" if proven else "feasible") if kept else (
+        "unknown" if any(r.status == "unknown" for r in results) else "infeasible")
     phases: dict[str, float] = {}
     for r in results:
         for name, seconds in r.phases.items():
             phases[name] = phases.get(name, 0.0) + seconds
     # proven: the best plan kept is the runnable optimum (every better plan was found and left
     # out), so it is the bound; else the searches' weakest bound, which holds for what they left out
-    bounds = [r.bound for r in results if r.status != "infeasible"]
+    bounds = [r.bound for r in results if r.status not in ("infeasible", "unknown")]
     bound = (objective_key(kept[0], problem.objective)[0] if status == "optimal" else
              min(bounds) if bounds and None not in bounds else None)
     return dataclasses.replace(results[0], plans=kept[:top], status=status, notes=notes, bound=bound,
