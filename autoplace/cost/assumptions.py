@@ -130,8 +130,8 @@ class Assumptions:
             than a fused kernel's 16-bit input (``BlockKind.act_norm_upcast``; 16-19% of a Llama
             layer's saved bytes, measured with MemTracker in autoplace.fidelity.saved).  A framework
             ``behaviour``: True where the bundle trains transformers' modelling code (accelerate,
-            DeepSpeed); torchtitan's ``nn.RMSNorm``, the FSDP2 runtime's norm and Transformer Engine's
-            run one fused kernel keeping the input and rstd (False).
+            DeepSpeed's dry run, FSDP2's train_fsdp2.py); torchtitan's ``nn.RMSNorm`` and Transformer
+            Engine's run one fused kernel keeping the input and rstd (False), as does a compiled model.
         fused_loss_fuses_mlp: whether a plan's ``fused_loss`` also fuses the MLP's activation
             (Liger ships fused SwiGLU/GeGLU beside its fused cross-entropy); Megatron's
             ``--cross-entropy-loss-fusion`` fuses only the loss (its behaviour: False).
