@@ -126,7 +126,7 @@ def _build(family: str, s: Shape, layers: int) -> nn.Module:
             from transformers import LlamaConfig, LlamaForCausalLM
 
             cfg = {k: v for k, v in s.hf_config(family, layers).items() if k not in ("model_type", "architectures")}
-            return LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="sdpa"))
+            return LlamaForCausalLM(LlamaConfig(**{**cfg, "attn_implementation": "sdpa"}))
         s.hf_config(family)  # names the valid families
         return MptModel(s, layers)
     finally:
@@ -170,12 +170,12 @@ def _step(family: str, s: Shape, layers: int) -> tuple[float, float]:
         tokens = torch.randint(0, s.vocab, (s.batch, s.seq))
         tracker = _tracker()
         tracker.track_external(model)
-        layers_of = model.model.layers if family == "llama" else model.blocks
+        stack: Any = model.get_submodule("model.layers" if family == "llama" else "blocks")
 
         def freeze(*_: Any) -> None:
             tracker.frozen = True
 
-        layers_of[-1].register_full_backward_hook(freeze)
+        stack[-1].register_full_backward_hook(freeze)
         with tracker:
             loss = _loss(family, model, tokens)
             after = sum(v for snap in tracker.get_tracker_snapshot("current").values()
