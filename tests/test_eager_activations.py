@@ -74,3 +74,22 @@ def test_the_step_peak_is_every_layer_plus_the_loss_workspace(family: str, shape
     predicted = memory["activations"] + memory["buffers"]
     truth = measured[family, shape].peak
     assert predicted / truth - 1 == pytest.approx(0, abs=TOLERANCE), (predicted, truth)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_fp32_norm_input_is_idle_exactly_where_the_search_says(compiled: bool) -> None:
+    """search.IDLE_BEHAVIOUR calls ``rmsnorm_upcast_kept`` idle on compiled configurations (the
+    compiled norm keeps a fused kernel's tensors): there the costing with it equals the costing
+    without it, and on an eager configuration it does not."""
+    from autoplace.frameworks import search
+    from autoplace.plan import parse_plan_string
+
+    spec = _spec("llama", SHAPES["llama"][0], 4)
+    values = {**parse_plan_string(f"dp=8,zero=3,mbs=1,compile={str(compiled).lower()}"), "ga": 1}
+    plan = build_plan(values, world=8, blocks=4, global_batch=8)
+    kept = frameworks.get("fsdp").costing(spec, DEFAULT)[1]
+    assert kept.rmsnorm_upcast_kept
+    memory = [evaluate(spec, gpu_cluster(8), plan, kept.replace(rmsnorm_upcast_kept=k)).memory["activations"]
+              for k in (True, False)]
+    config = type("Config", (), {"compile": compiled})()
+    assert search.IDLE_BEHAVIOUR["rmsnorm_upcast_kept"](config) == (memory[0] == memory[1])  # type: ignore[arg-type]
