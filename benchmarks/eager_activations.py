@@ -8,6 +8,15 @@ under accelerate's costing (transformers' modelling code), and with ``--fused-no
 fused RMSNorm's (torchtitan, Megatron-LM; and what every framework was costed with before
 ``rmsnorm_upcast_kept``).
 
+At vocabulary 500 (two rows, on purpose) the tracker's peak comes later, in the last layer's
+backward, 2-3% above the prediction: by then the head's saved tensors and the loss's workspace are
+freed, and what the tracker adds as temporaries is a weight's gradient before autograd accumulates
+it (the down projection's, h x f; the head's, held until the tied embedding's arrives) -- the
+gradient side, which the state and FSDP reduce-buffer terms cost -- plus, for transformers'
+Llama, its composite RMSNorm's backward (about four fp32 h-wide temporaries).  The activation
+gradients alone (the block output's, one or two f-wide) stay below what the head freed.  From a
+vocabulary of a few times the MLP width on -- every real model -- the loss's moment is the peak.
+
 Run: python benchmarks/eager_activations.py [--fused-norm]
 """
 
