@@ -130,6 +130,13 @@ class Assumptions:
             with FSDPMemTracker), 3 with Megatron-Core's fused ``bias_swiglu_impl`` (its
             ``ctx.save_for_backward`` keeps the 2f-wide fc1 output; fc2 keeps the product:
             megatron/core/fusions/fused_bias_swiglu.py, a framework ``behaviour``).
+        rmsnorm_upcast_kept: whether RMSNorms keep what transformers' eager ``LlamaRMSNorm`` keeps
+            for backward: the input cast to fp32 and the normalized tensor, 4 bytes per element more
+            than a fused kernel's 16-bit input (``BlockKind.act_norm_upcast``; 16-19% of a Llama
+            layer's saved bytes, measured with MemTracker in autoplace.fidelity.saved).  A framework
+            ``behaviour``: True where the bundle trains transformers' modelling code (accelerate,
+            DeepSpeed's dry run, FSDP2's train_fsdp2.py); torchtitan's ``nn.RMSNorm`` and Transformer
+            Engine's run one fused kernel keeping the input and rstd (False), as does a compiled model.
         fused_loss_fuses_mlp: whether a plan's ``fused_loss`` also fuses the MLP's activation
             (Liger ships fused SwiGLU/GeGLU beside its fused cross-entropy); Megatron's
             ``--cross-entropy-loss-fusion`` fuses only the loss (its behaviour: False).
@@ -264,6 +271,7 @@ class Assumptions:
     fp8_rowwise_gemm_time: float = 1.4
     zero12_grad_reduce: str = "reduce-scatter"
     swiglu_kept: float = 4.0
+    rmsnorm_upcast_kept: bool = False
     fused_loss_fuses_mlp: bool = True
     pipeline_defers_grad_sync: bool = False
     replicas_keep_gathered: bool = False

@@ -76,6 +76,9 @@ class BlockKind:
         act_glu: bytes per token, sharded by TP, of one f-wide tensor of a gated (SwiGLU) MLP:
             eager PyTorch keeps four (``SWIGLU_KEPT``), Megatron-Core's fused bias-SwiGLU three
             (``Assumptions.swiglu_kept``); 0 for ungated MLPs.
+        act_norm_upcast: bytes per token its RMSNorms keep beyond a fused kernel's when they run
+            as transformers' eager modules (:func:`_norm_upcast`; ``Assumptions.rmsnorm_upcast_kept``),
+            sharded by SP (the q/k norms' part by TP, counted here all the same: they are small).
         gemms: the block's matmuls (their FLOPs plus ``flops_score`` make ``flops``).
         head_dim: width of one attention head (sets the attention kernel's efficiency).
         flash: whether attention runs as a fused flash kernel (else as matmuls + softmax).
@@ -97,6 +100,7 @@ class BlockKind:
     moe: bool = False
     act_fused: float = 0.0
     act_glu: float = 0.0
+    act_norm_upcast: float = 0.0
     gemms: tuple[Gemm, ...] = ()
     head_dim: float = 128.0
     flash: bool = True
@@ -142,6 +146,7 @@ class Edge:
     act_tp: float  # activation bytes per token sharded by TP (logits)
     tp_allreduce: float  # bytes per token all-reduced across TP per forward
     gemms: tuple[Gemm, ...] = ()  # its matmuls (the head's output layer)
+    act_norm_upcast: float = 0.0  # the final norm's, as BlockKind.act_norm_upcast (not sharded by TP)
     rows_tp: tuple[Rows, ...] = ()  # the tensors of params_tp and params_rep (autoplace.cost.shards)
     rows_rep: tuple[Rows, ...] = ()
 
@@ -324,6 +329,18 @@ def _norm_stats(m: TransformerSpec) -> float:
     return 8.0 if m.norm == "layernorm" else 4.0
 
 
+def _norm_upcast(m: TransformerSpec, width: float) -> float:
+    """Bytes per token an RMSNorm over ``width`` keeps beyond a fused kernel's ``b * width`` input
+    and fp32 rstd when it runs as transformers' eager module (``LlamaRMSNorm.forward``,
+    transformers 5 models/llama/modeling_llama.py, copied by Mistral, Qwen, Mixtral...): its input
+    cast to fp32 is what ``pow(2)`` and the multiply by rstd save, and the normalized tensor cast back
+    is what the multiply by ``weight`` saves, in place of the input: ``4 * width`` more at 16 bit
+    (and at 32 bit, where the cast is the input itself but the normalized tensor is new).  Read from
+    the ops' autograd formulas; autoplace.fidelity.saved measures it.  LayerNorm runs as
+    ``F.layer_norm``, one kernel that keeps its input and mean / rstd: nothing more."""
+    return 4.0 * width if m.norm == "rmsnorm" else 0.0
+
+
 def _norm_params(m: TransformerSpec) -> int:
     return (2 if m.norm == "layernorm" else 1) * m.hidden
 
@@ -357,16 +374,18 @@ def _transformer_table(m: TransformerSpec) -> LayerTable:
     # each hidden-wide norm keeps its input and fp32 stats (two norms: Korthikanti's 4sbh); q/k norms
     # keep q and k (per head: an fp32 rstd per head; over the layer: one per token for each)
     norm_act = m.block_norms * (b * h + _norm_stats(m))
+    upcast = m.block_norms * _norm_upcast(m, h)
     if m.qk_norm is not None:
         att_act_tp += b * (qw + kw) + (4 * (m.heads + m.n_kv_heads) if m.qk_norm == "head" else 0)
         norm_act += 8 if m.qk_norm == "layer" else 0
+        upcast += _norm_upcast(m, qw + kw)
     att_flops = 2 * (att_tp - (qw + 2 * kw if m.qkv_bias else 0))  # 2 FLOPs per weight
     att_flops += 2 * att_rep if m.attention is not None else 0
     flops_score = 2 * s * qw + 2 * s * o_in  # QK^T and scores x V per token (full, not causal: Megatron Eq. 3)
     kinds: list[BlockKind] = []
     dense_tp, dense_rep = _mlp_params(h, m.ffn_hidden, m.ffn == "swiglu", m.bias)
     mlp_rep, mlp_tp = _mlp_act(h, m.ffn_hidden, m.ffn == "swiglu", m.dropout, b)
-    common = dict(flops_score=flops_score, act_score=score * s, act_input=b * h,
+    common = dict(flops_score=flops_score, act_score=score * s, act_input=b * h, act_norm_upcast=upcast,
                   tp_allreduce=2 * b * h, cp_kv=b * (kw + vw), head_dim=qw / m.heads, flash=m.flash_attention)
     attention = _attention_gemms(m)
     gated = m.ffn == "swiglu"
@@ -503,7 +522,7 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     head_tp, head_rep = shards.head_rows(m)
     head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
                 act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
-                gemms=(Gemm(v, h, "n"),), rows_tp=head_tp, rows_rep=head_rep)
+                gemms=(Gemm(v, h, "n"),), act_norm_upcast=_norm_upcast(m, h), rows_tp=head_tp, rows_rep=head_rep)
     counts = np.bincount(sequence, minlength=len(kinds))
     counts[-1] += m.mtp_layers  # the last kind is the modules' when there are any (0 adds nothing)
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))

@@ -130,7 +130,11 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     eager_glu = kind("act_glu") * (SWIGLU_KEPT - assume.swiglu_kept)
     fused_mlp = c.compile | (c.fused_loss & assume.fused_loss_fuses_mlp)
     act_tp = kind("act_tp") - np.where(col(fused_mlp), kind("act_fused"), eager_glu)
-    act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), kind("act_rep"), act_tp,
+    # transformers' eager RMSNorm keeps an fp32 copy of its input (Assumptions.rmsnorm_upcast_kept);
+    # compiled, or replaced by Liger's kernels beside its fused loss, it keeps a fused kernel's
+    upcast = np.where(col(fused_mlp), 0.0, float(assume.rmsnorm_upcast_kept))
+    act_rep = kind("act_rep") + kind("act_norm_upcast") * upcast
+    act_block = block_activation_bytes(col(ctx.tokens), col(tp), col(c.sp), act_rep, act_tp,
                                        kind("act_score"), kind("act_input"))[..., 0, :]  # [C,1,K,3]
     stage = np.arange(S)[None, :]
     first, last = ctx.first, ctx.last
@@ -172,7 +176,8 @@ def memory_terms(ctx: Context) -> MemoryTerms:
     # one micro-batch there, as 1F1B's last stage (Qi et al. 2024, Sec. 6), on rank 0 (context.head_stage)
     head_mult = np.where(np.isin(c.schedule, V_CODES)[:, None, None], np.array([1.0, 0.0]), act_mult)
     edge_act = (first * tok * (e.act_rep / sp_div)[:, None])[..., None] * act_mult + (
-        last * tok * (h.act_rep / sp_div + head_tp / tp)[:, None])[..., None] * head_mult  # [C,S,2]
+        last * tok * ((h.act_rep + h.act_norm_upcast * upcast[:, 0, 0, 0]) / sp_div + head_tp / tp)[:, None]
+    )[..., None] * head_mult  # [C,S,2]
     # ZeRO-3 / FSDP2: blocks are gathered one unit at a time (plus prefetch); the root unit
     # (embedding, final norm, head) stays gathered from forward to backward (FSDP2 does not
     # reshard the root after forward).  Without ZeRO-3, gradient buckets (DDP, ZeRO-1/2).

@@ -175,7 +175,9 @@ class Accelerate(Framework):
     # as it is (only trainable parameters are upcast: fsdp_utils.fsdp2_prepare_model); under QLoRA, PEFT's
     # prepare_model_for_kbit_training casts the 16-bit frozen parameters to fp32 (peft utils/other.py):
     # the recipe's 4 bytes
-    behaviour = {"ddp_bucket_copy": True, "fsdp2_dim0_padding": True}  # its FSDP2 is fully_shard (fsdp2_prepare_model)
+    # its FSDP2 is fully_shard (fsdp2_prepare_model); it trains transformers' modelling code, whose RMSNorm
+    # keeps its input in fp32 for backward (Assumptions.rmsnorm_upcast_kept)
+    behaviour = {"ddp_bucket_copy": True, "fsdp2_dim0_padding": True, "rmsnorm_upcast_kept": True}
     method_behaviour = {"lora": {"ddp_bucket_copy": False, "frozen_base_in_compute_dtype": True},
                         "qlora": {"ddp_bucket_copy": False}}
     denied_features = frozenset({"interleave", "ep"})

@@ -320,7 +320,8 @@ class DeepSpeed(Framework):
     behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
                  "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0,
                  "zero12_flat_partitions": True, "zero_master_clone": True, "zero3_grad_buffer_kept": True,
-                 "offload_host_partition_copy": True, "reduce_buckets": "size"}
+                 "offload_host_partition_copy": True, "reduce_buckets": "size",
+                 "rmsnorm_upcast_kept": True}  # it trains transformers' modelling code (Assumptions.rmsnorm_upcast_kept)
     # LoRA under ZeRO-3: PEFT's fp32 adapters, added after zero.Init, keep their dtype
     method_behaviour = {"lora": {"zero3_adapters_fp32": True}}
     run_assumptions = staticmethod(run_assumptions)

@@ -399,8 +399,9 @@ class Fsdp(Framework):
     name = FMT
     title = "PyTorch FSDP2"
     bf16_recipe = "bf16-fsdp2"
-    # zero=0 is fully_shard over dp_shard=1 (apply_fsdp); fully_shard pads each parameter's dim 0
-    behaviour = {"replicas_keep_gathered": True, "fsdp2_dim0_padding": True}
+    # zero=0 is fully_shard over dp_shard=1 (apply_fsdp); fully_shard pads each parameter's dim 0; its
+    # train_fsdp2.py trains transformers' AutoModelForCausalLM, whose RMSNorm keeps its input in fp32
+    behaviour = {"replicas_keep_gathered": True, "fsdp2_dim0_padding": True, "rmsnorm_upcast_kept": True}
     denied_features = frozenset({"cp", "ep", "interleave"})
     pinned_degrees = {"pp": 1, "cp": 1, "ep": 1}
     compressions = frozenset({"bf16", "powersgd"})

@@ -109,11 +109,13 @@ def problem_for(framework: str, model: ModelSpec, cluster: ClusterSpec, *, fixed
 # Assumptions fields a framework's behaviour sets, and the configurations on which they change
 # nothing: the deferred sync only a pipeline with ZeRO >= 2 (Context.deferred_sync), the gathered
 # replicas only ZeRO-0 (terms_memory's replicas), FSDP2's dim-0 padding only states sharded over more
-# than one rank (autoplace.cost.shards: a shard group of one stores each tensor whole)
+# than one rank (autoplace.cost.shards: a shard group of one stores each tensor whole), transformers'
+# fp32 RMSNorm input only eager blocks (a compiled block keeps a fused kernel's: terms_memory)
 IDLE_BEHAVIOUR: dict[str, Callable[[Config], bool]] = {
     "pipeline_defers_grad_sync": lambda c: c.pp == 1 or c.zero < 2,
     "replicas_keep_gathered": lambda c: c.zero != 0,
     "fsdp2_dim0_padding": lambda c: c.zero == 0 or c.dp_shard * c.cp == 1,
+    "rmsnorm_upcast_kept": lambda c: bool(c.compile),
 }
 
 
