@@ -205,7 +205,7 @@ def test_solve_says_when_offloaded_states_miss_the_host_memory(tmp_path: Path) -
 def test_k_loop_share_is_the_loop_over_loop_plus_fixed_cost() -> None:
     """k / (k + overhead): a 192-element fixed cost halves the math rate at K = 192 and costs
     3.6% at K = 5120 (the mamf-finder best shape's K)."""
-    from autoplace.cost.compute import k_loop_share
+    from autoplace.cost.tiles import k_loop_share
     assert float(k_loop_share(192.0, 192.0)) == pytest.approx(0.5)
     assert float(k_loop_share(5120.0, 192.0)) == pytest.approx(5120 / 5312)
     assert float(k_loop_share(768.0, 0.0)) == 1.0

@@ -11,7 +11,7 @@ masks and kernels.  Here they become one lookup, vectorized over candidates:
   compute-bound (FlashAttention-2, Dao 2023, Fig. 4: +0.0 to +3.8% from 8k to 16k on A100), and
   below the shortest likewise;
 * head dim: linear between the two measured head dims that bracket it; outside them, the nearest
-  table scaled by :func:`~autoplace.cost.compute.k_loop_share` ``(d) / k_loop_share(d_table)``,
+  table scaled by :func:`~autoplace.cost.tiles.k_loop_share` ``(d) / k_loop_share(d_table)``,
   never faster (a score's softmax is fixed work beside its ``2 d`` matmul FLOPs, so smaller heads
   run slower; FlashAttention-2 at head dim 256 is no faster than at 128);
 * mask: a causal kernel executes half the full ``QK^T`` and ``PV`` FLOPs (Dao 2023, Sec. 4.1, the
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.cost.tiles import k_loop_share
 from autoplace.specs.cluster import AttentionEfficiency
 
 Array = np.ndarray
@@ -77,8 +78,6 @@ class AttentionRates:
     def fractions(self, seq: Array, head_dim: float, causal: bool = True,
                   kernel: str = "fa2") -> tuple[Array, Array]:
         """Forward and backward fractions of the 16-bit peak at ``seq`` keys, heads of ``head_dim``."""
-        from autoplace.cost.compute import k_loop_share
-
         tables = (self.settings.get((kernel, causal)) or self.settings.get(("fa2", causal))
                   or self.settings[("fa2", True)])
         x = np.log(np.maximum(np.asarray(seq, dtype=float), 1.0))

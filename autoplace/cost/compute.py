@@ -37,6 +37,7 @@ import numpy as np
 
 from autoplace.cost.attention import AttentionRates
 from autoplace.cost.layers import Gemm
+from autoplace.cost.tiles import k_loop_share
 
 Array = np.ndarray
 
@@ -93,21 +94,6 @@ class Kernels:
     def stream(self, nbytes: Array) -> Array:
         """Seconds of memory-bound kernels moving ``nbytes`` through HBM."""
         return nbytes / self.hbm_Bps
-
-
-def k_loop_share(k: Array | float, k_overhead: float) -> Array:
-    """Share of an output tile's time spent in its K loop: ``k / (k + k_overhead)``.
-
-    Each thread block of a tiled GEMM fills its multistage operand pipeline before the first
-    tensor-core step (the prologue: one memory latency) and, after the loop, converts its fp32
-    accumulators and writes the output tile through shared memory (the epilogue: CUTLASS's
-    ``Epilogue``, the "tiled outer product" of NVIDIA's Matrix Multiplication Background
-    User's Guide, Sec. 2.1); neither grows with K, so a GEMM with a short reduction
-    dimension spends a larger share of each tile outside the math.  ``k_overhead`` is that
-    fixed cost in K-loop elements (a profile field, 0 where not stated).
-    """
-    loop = np.maximum(np.asarray(k, dtype=float), 1.0)
-    return np.asarray(loop / (loop + k_overhead))
 
 
 def gemms_forward(kernels: Kernels, gemms: tuple[Gemm, ...], tokens: Array, tp: Array, ep: Array | float,
