@@ -10,6 +10,14 @@ from tests.test_cli import A100_8, MODELS, invoke, strict_json
 
 LLAMA_8B = MODELS / "llama-3-8b.json"  # global batch 1024 in the model file
 
+
+def _llama_8b_4k(tmp_path: Path) -> Path:
+    """Llama-3-8B at 4,096 tokens: a ZeRO-3 config without activation checkpointing fits 80 GB there
+    (at the file's 8,192 the eager transformers model it trains keeps 57 GB of activations and does not)."""
+    path = tmp_path / "llama-3-8b.json"
+    path.write_text(json.dumps({**json.loads(LLAMA_8B.read_text()), "seq_len": 4096}))
+    return path
+
 # The shape of transformers' documented ZeRO-3 example (docs: "DeepSpeed" integration, ZeRO-3 config)
 HF_TRAINER_ZERO3 = {
     "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
@@ -35,18 +43,19 @@ def _write(tmp_path: Path, doc: dict) -> Path:
 def test_a_batch_that_differs_from_the_model_default_is_the_truth(tmp_path: Path) -> None:
     cfg = _write(tmp_path, {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
                             "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}})
-    result = invoke("check", cfg, LLAMA_8B, A100_8)
+    model = _llama_8b_4k(tmp_path)
+    result = invoke("check", cfg, model, A100_8)
     assert result.exit_code == 0, result.output
     first, rest = result.stdout.split("\n", 1)
     assert first.startswith(f"ok: deepspeed config {cfg} for llama-3-8b on ")
     plan_read = " ".join(rest.split("\n  note")[0].split())  # the plan read, folded at 100 columns
     assert plan_read.startswith("plan read: ") and "zero=3,mbs=1" in plan_read and "(global batch 64)" in plan_read
-    doc = strict_json(invoke("check", cfg, LLAMA_8B, A100_8, "--json").stdout)
+    doc = strict_json(invoke("check", cfg, model, A100_8, "--json").stdout)
     assert (doc["framework"], doc["plan"]["global_batch"], doc["plan"]["grad_accum"]) == ("deepspeed", 64, 8)
 
 
 def test_hf_trainer_auto_values_are_resolved_or_reported(tmp_path: Path) -> None:
-    result = invoke("check", _write(tmp_path, HF_TRAINER_ZERO3), LLAMA_8B, A100_8, "--json")
+    result = invoke("check", _write(tmp_path, HF_TRAINER_ZERO3), _llama_8b_4k(tmp_path), A100_8, "--json")
     assert result.exit_code == 0, result.output
     doc = strict_json(result.stdout)
     assert doc["ok"] and doc["plan"]["zero_stage"] == 3 and doc["plan"]["global_batch"] == 1024
