@@ -450,16 +450,16 @@ def _mtp_kind(m: TransformerSpec, last: BlockKind, b: float) -> BlockKind:
     model's last kind, its final norm, and one more pass of the shared output layer and loss.  It is not
     a pipeline layer: Megatron-LM builds it on the stage holding the loss (:data:`LayerTable.mtp`).
     Its activations: both norms' inputs and stats, the projection's 2h input, the block's, and the head's
-    (the final norm's input, the output layer's input, fp32 logits -- as the main head's, :func:`_finish`)."""
-    h, v = m.hidden, m.vocab
+    (its final norm, the shared output layer and fp32 logits: :func:`_head`)."""
+    h = m.hidden
     norm, stats = _norm_params(m), _norm_stats(m)
-    eh_proj, head = Gemm(h, 2 * h, "n"), Gemm(v, h, "n")
-    softcap = b * v if m.final_logit_softcap else 0.0
+    eh_proj, head = Gemm(h, 2 * h, "n"), _head(m, b)
     return dataclasses.replace(
         last, name="mtp", params_tp=last.params_tp + eh_proj.n * eh_proj.k, params_rep=last.params_rep + 3 * norm,
-        flops=last.flops + eh_proj.flops + head.flops, gemms=(*last.gemms, eh_proj, head),
-        act_rep=last.act_rep + 2 * (b * h + stats) + 2 * b * h + 2 * b * h + stats,
-        act_tp=last.act_tp + 4 * v + softcap, tp_allreduce=last.tp_allreduce + b * h + 12,
+        flops=last.flops + eh_proj.flops + head.flops, gemms=(*last.gemms, eh_proj, *head.gemms),
+        act_rep=last.act_rep + 2 * (b * h + stats) + 2 * b * h + head.act_rep,
+        act_tp=last.act_tp + head.act_tp, tp_allreduce=last.tp_allreduce + head.tp_allreduce,
+        act_norm_upcast=last.act_norm_upcast + 2 * _norm_upcast(m, h) + head.act_norm_upcast,
         tensors=last.tensors + 4, rows=(*last.rows, Rows(h, 2 * h, "rows"), *[Rows(h, 1.0)] * 3),
         order=(*last.order, (2.0 * h * h, "tp"), *[(float(norm), "rep")] * 3))
 
@@ -513,16 +513,7 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
     embed_tp, embed_rep = shards.embed_rows(m)
     embed = Edge(params_tp=v * h, params_rep=pos + emb_norm[0], flops=0.0, act_rep=drop * h + emb_norm[1], act_tp=0.0,
                  tp_allreduce=b * h, rows_tp=embed_tp, rows_rep=embed_rep)
-    # Head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
-    # norm input 2sbh, the output-layer input 2sbh (bytes at 16 bit) and fp32 logits 4sbv
-    # (sharded by TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and
-    # the vocab-parallel loss all-reduces three fp32 numbers per token (max, sum-exp, target).
-    # Gemma 2's final soft-cap keeps tanh(z / cap) for backward: one more vocab-wide tensor
-    softcap = b * v if m.final_logit_softcap else 0.0
-    head_tp, head_rep = shards.head_rows(m)
-    head = Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
-                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
-                gemms=(Gemm(v, h, "n"),), act_norm_upcast=_norm_upcast(m, h), rows_tp=head_tp, rows_rep=head_rep)
+    head = _head(m, b)
     counts = np.bincount(sequence, minlength=len(kinds))
     counts[-1] += m.mtp_layers  # the last kind is the modules' when there are any (0 adds nothing)
     params = sum(int(c) * k.params for c, k in zip(counts, kinds, strict=True))
@@ -531,6 +522,20 @@ def _finish(m: TransformerSpec, kinds: list[BlockKind], sequence: list[int], b: 
                       tied=m.tied_embeddings, hidden=h, seq_len=s, vocab=v, params=float(params), act_bytes=b,
                       frozen=m.training.frozen_base, paged_optimizer=m.training.paged_optimizer,
                       mtp=m.mtp_layers)
+
+
+def _head(m: TransformerSpec, b: float) -> Edge:
+    """The head: final norm, then the (possibly tied) output layer.  Korthikanti App. A counts the
+    norm input 2sbh, the output-layer input 2sbh (bytes at 16 bit) and fp32 logits 4sbv (sharded by
+    TP).  Under TP its backward all-reduces its input's gradient (bh bytes) and the vocab-parallel
+    loss all-reduces three fp32 numbers per token (max, sum-exp, target).  Gemma 2's final soft-cap
+    keeps tanh(z / cap) for backward: one more vocab-wide tensor."""
+    h, v = m.hidden, m.vocab
+    softcap = b * v if m.final_logit_softcap else 0.0
+    head_tp, head_rep = shards.head_rows(m)
+    return Edge(params_tp=v * h, params_rep=_norm_params(m), flops=2 * h * v,
+                act_rep=2 * b * h + _norm_stats(m), act_tp=4 * v + softcap, tp_allreduce=b * h + 12,
+                gemms=(Gemm(v, h, "n"),), act_norm_upcast=_norm_upcast(m, h), rows_tp=head_tp, rows_rep=head_rep)
 
 
 def _graph_table(g: GraphSpec) -> LayerTable:
