@@ -62,6 +62,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev
 # the schedules that run vpp > 1 chunks a rank, and those of them that place two in a V (rank r: r, 2 pp - 1 - r)
 MULTI_CHUNK = frozenset({"interleaved", "interleaved-zb", "zbv", "dualpipev"})
 V_PLACED = frozenset({"zbv", "dualpipev"})
+LOOPED = MULTI_CHUNK - V_PLACED  # chunk v * pp + r on rank r (Narayanan et al. 2021, Sec. 2.2)
 # the backward split into B and W passes (feature zero-bubble; DualPipe's W passes fill its bubble too)
 ZERO_BUBBLE = frozenset({"interleaved-zb", "zbv", "dualpipev"})
 OFFLOAD = ("none", "cpu", "nvme")
@@ -627,7 +628,7 @@ def schedule_batching(schedule: str, pp: int, grad_accum: int) -> str | None:
     rounds of equal size); ZB-V reaches its steady state, where its bubble is the one costed, only from
     ``2 pp`` micro-batches (Qi et al. 2024, Sec. 6); DualPipeV needs as many micro-batches as its ``2 pp``
     stages (torch's ScheduleDualPipeV.__init__, torch 2.13)."""
-    if schedule in ("interleaved", "interleaved-zb") and grad_accum % pp:
+    if schedule in LOOPED and grad_accum % pp:
         name = "interleaved 1F1B" if schedule == "interleaved" else "interleaved-zb"
         return f"{name} needs grad_accum({grad_accum}) to be a multiple of pp({pp}) (whole rounds of pp)"
     if schedule == "zbv" and grad_accum < 2 * pp:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoplace.plan import LOOPED, SCHEDULES, V_PLACED
+
 Array = np.ndarray
 
-# autoplace.plan.SCHEDULES as the integers the candidate arrays carry
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "interleaved-zb": 3, "zbv": 4, "dualpipev": 5}
-LOOPED = (2, 3)  # the schedules whose chunks are looped over the ranks (Narayanan et al. 2021, Sec. 2.2)
-V_CODES = (4, 5)  # those that place two chunks a rank in a V (autoplace.plan.V_PLACED)
+# autoplace.plan.SCHEDULES as the integers the candidate arrays carry, and its looped and V placements
+SCHEDULE_CODES = {name: code for code, name in enumerate(SCHEDULES)}
+LOOPED_CODES = tuple(sorted(SCHEDULE_CODES[s] for s in LOOPED))
+V_CODES = tuple(sorted(SCHEDULE_CODES[s] for s in V_PLACED))
 
 
 def state_bytes(params: Array, bytes_per_param: float | Array, shards: Array, sharded: Array | bool,
@@ -74,7 +76,9 @@ def inflight_microbatches(schedule: Array, pp: Array, vpp: Array, microbatches: 
     interleaved = chunks / vpp
     zbv = np.minimum(pp, m) + 0 * stage
     dual = np.minimum(pp + 0.5, m) + 0 * stage
-    return np.select([schedule == 0, np.isin(schedule, LOOPED), schedule == 4, schedule == 5],
+    codes = SCHEDULE_CODES
+    return np.select([schedule == codes["gpipe"], np.isin(schedule, LOOPED_CODES), schedule == codes["zbv"],
+                      schedule == codes["dualpipev"]],
                      [m, interleaved, zbv, dual], one_f1b).astype(float)
 
 

@@ -16,7 +16,7 @@ from autoplace.cost import flat
 from autoplace.cost.context import Context
 from autoplace.cost.layers import SWIGLU_KEPT
 from autoplace.cost.memory import (
-    LOOPED,
+    LOOPED_CODES,
     V_CODES,
     block_activation_bytes,
     gather_buffer_bytes,
@@ -241,7 +241,7 @@ def _slot_stages(ctx: Context, act_mult: Array, stage: Array) -> Array:
     stages (:func:`autoplace.plan.split_units`: the multiplier must not depend on the split, which
     the search chooses, for memory to stay linear in the blocks per stage)."""
     c = ctx.cand
-    on = np.isin(c.schedule, LOOPED) & (c.pp > 1) & (c.pp_embedding | c.pp_loss)
+    on = np.isin(c.schedule, LOOPED_CODES) & (c.pp > 1) & (c.pp_embedding | c.pp_loss)
     if not on.any():
         return act_mult
     pp, v = c.pp[:, None], c.vpp[:, None]
