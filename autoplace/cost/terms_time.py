@@ -37,6 +37,7 @@ from autoplace.cost.layers import LayerTable
 from autoplace.cost.memory import SCHEDULE_CODES
 from autoplace.cost.step import hidden
 from autoplace.plan import FP8, OFFLOAD
+from autoplace.specs.model import Precision
 
 Array = np.ndarray
 MB_PARTS = ("compute", "tp", "ep", "cp", "pp", "zero", "offload")
@@ -86,8 +87,7 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     c, table, assume = ctx.cand, ctx.table, ctx.assume
     tp, ep = c.tp.astype(float)[:, None], c.ep.astype(float)[:, None]
     tokens = ctx.tokens[:, None]
-    # GEMM operands in 16 bit outside an fp8 recipe's casts (``ctx.hw.kernels`` are bf16 under one)
-    elem = 2.0 if ctx.recipe.compute_dtype == "fp8" else ctx.recipe.activation_bytes
+    elem = gemm_operand_bytes(ctx.recipe)
     seq = np.full_like(tokens, float(table.seq_len))
     seq_local = seq / c.cp[:, None]
     recipe = fp8_recipe(ctx)[:, None]  # index into plan.FP8, 0 for 16-bit GEMMs
@@ -158,6 +158,13 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     loop = zero3_reduce_host(ctx) * (1 - blocked)[:, None, None]
     backward = np.maximum(backward, host * np.array([2.0, 2.0, 3.0]) + loop[..., None])
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
+
+
+def gemm_operand_bytes(recipe: Precision) -> float:
+    """Bytes per element of a 16-bit GEMM's operands: the recipe's activations, or bf16 under an fp8
+    recipe, whose casts only a block's GEMMs take (``ctx.hw.kernels`` are bf16 there; the head, the
+    attention core and frozen GEMMs stay in bf16: :class:`autoplace.cost.hardware.StageHardware`)."""
+    return 2.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes
 
 
 def fp8_recipe(ctx: Context) -> Array:
@@ -496,7 +503,7 @@ def _edge_terms(ctx: Context, units: tuple[Array, Array]) -> tuple[Array, Array,
     h = table.head
     zero = c.zero
     ga = c.ga.astype(float)[:, None]
-    elem = 2.0 if recipe.compute_dtype == "fp8" else recipe.activation_bytes  # an fp8 recipe's head runs in bf16
+    elem = gemm_operand_bytes(recipe)
     # the head's matmul (forward and two backward) and the loss streaming the logits
     traffic = compiled_kernels(assume, c)[0][:, None]
     head_fwd = ctx.hw.slowest([gemms_forward(k, h.gemms, tok, tp[:, None], 1.0, elem)
