@@ -184,11 +184,14 @@ def head_stage(cand: Candidates) -> Array:
     return np.where(np.isin(cand.schedule, V_CODES), 0, cand.pp - 1)
 
 
-def mtp_embedding(table: LayerTable, cand: Candidates) -> Array:
-    """1 where the stage holding the loss keeps its own copy of the embedding table for the
-    multi-token-prediction modules (``table.mtp``): it is not the first stage (Megatron-Core 0.16
-    ``GPTModel`` builds the embedding where ``pre_process or mtp_process``); else 0 ``[C]``."""
-    return ((head_stage(cand) > 0) & (table.mtp > 0)).astype(float)
+def head_tables(table: LayerTable, cand: Candidates) -> tuple[Array, Array]:
+    """The vocabulary tables the stage holding the loss keeps beside its final norm ``[C]`` each:
+    (its output layer's -- 0 where it is the embedding's own, tied, on a one-stage pipeline -- and
+    a copy of the embedding for the multi-token-prediction modules, ``table.mtp``, where that stage
+    is not the first: Megatron-Core 0.16 ``GPTModel`` builds the embedding where ``pre_process or
+    mtp_process``)."""
+    output = np.where((cand.pp == 1) & table.tied, 0.0, 1.0)
+    return output, ((head_stage(cand) > 0) & (table.mtp > 0)).astype(float)
 
 
 def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: Precision,
@@ -205,7 +208,8 @@ def context(table: LayerTable, cluster: ClusterSpec, cand: Candidates, recipe: P
     first = (np.arange(max(int(cand.counts.shape[1]), 1))[None, :] == 0).astype(float)
     last = (np.arange(int(cand.counts.shape[1]))[None, :] == head_stage(cand)[:, None]).astype(float)
     e, h = table.embed, table.head
-    head_tp = np.where((cand.pp == 1) & table.tied, 0.0, h.params_tp) + mtp_embedding(table, cand) * e.params_tp
+    output, embed_copy = head_tables(table, cand)
+    head_tp = output * h.params_tp + embed_copy * e.params_tp
     tpf = cand.tp.astype(float)
     edge_dense = (first * (e.params_tp / tpf + e.params_rep)[:, None]
                   + last * (head_tp / tpf + h.params_rep)[:, None])
@@ -287,7 +291,8 @@ def _padding(table: LayerTable, cand: Candidates, size: dict[str, Array], first:
     pad = shards.dim0_padding(shards.row_table(groups), cand.tp, cand.ep, size["zero"], size["ezero"])  # [C, 4K + 4]
     blocks = pad[:, :4 * K].reshape(C, 4, 1, K, 1)
     e_tp, e_rep, h_tp, h_rep = (pad[:, 4 * K + i, None] for i in range(4))
-    head_tp = np.where(((cand.pp == 1) & table.tied)[:, None], 0.0, h_tp) + mtp_embedding(table, cand)[:, None] * e_tp
+    output, embed_copy = head_tables(table, cand)
+    head_tp = output[:, None] * h_tp + embed_copy[:, None] * e_tp
     edge = first * (e_tp + e_rep) + last * (head_tp + h_rep)  # as Context.edge_dense counts the edges
     if table.frozen:
         return {"pad_dense": blocks[:, 2], "pad_exp": blocks[:, 3], "pad_edge": np.zeros_like(edge),
