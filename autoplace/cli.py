@@ -497,16 +497,15 @@ def _timed_page(path: Path, doc: dict[str, Any], write: Callable[[], int]) -> No
 def _write_report(path: Path, doc: dict[str, Any], result: Any, inputs: Any, request: Any, bests: Any) -> None:
     """solve --report: each framework's part recorded in ``doc``, then the page written from ``doc``;
     its size and seconds recorded in ``doc["report"]`` (after the page: they are not on it)."""
-    import time
-
     from autoplace import solving
     from autoplace.report_html import write_solve_report
 
-    begun = time.perf_counter()
-    if result.plans:
-        doc["per_framework"] = solving.framework_summary(result, inputs, request, bests)
-    size = write_solve_report(path, doc, result, inputs.cluster)
-    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+    def write() -> int:
+        if result.plans:
+            doc["per_framework"] = solving.framework_summary(result, inputs, request, bests)
+        return write_solve_report(path, doc, result, inputs.cluster)
+
+    _timed_page(path, doc, write)
 
 
 def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: Any) -> None:
@@ -519,16 +518,15 @@ def _write_scale_report(path: Path, doc: dict[str, Any], chosen: Any, cluster: A
 def _write_evaluation_report(path: Path, doc: dict[str, Any], model: Any, cluster: Any, ev: Any, assume: Any) -> None:
     """evaluate and explain --report: who runs the plan recorded in ``doc``, the page written, then its
     size and seconds."""
-    import time
-
     from autoplace.frameworks.search import Runners
     from autoplace.report_html import write_evaluation_report
     from autoplace.solving import who_runs
 
-    begun = time.perf_counter()
-    doc["per_framework"] = who_runs(Runners(model, cluster, assume), ev.plan)
-    size = write_evaluation_report(path, doc, ev, cluster)
-    doc["report"] = {"path": str(path), "bytes": size, "seconds": round(time.perf_counter() - begun, 3)}
+    def write() -> int:
+        doc["per_framework"] = who_runs(Runners(model, cluster, assume), ev.plan)
+        return write_evaluation_report(path, doc, ev, cluster)
+
+    _timed_page(path, doc, write)
 
 
 def _inputs(model: Path, cluster: Any, seq_len: int | None, global_batch: int | None,

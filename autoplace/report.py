@@ -420,12 +420,16 @@ def _compress_text(plan: dict[str, Any]) -> str:
     return {"none": "-", "zeropp": "zero++"}.get(compress) or label(compress, plan.get("powersgd_rank", 0))
 
 
+# a solve whose status is "unknown" (solvers.problem.SolveResult): the time limit cut the search short
+TIMED_OUT = ("no plan found in the time limit", "the search stopped before it visited every configuration, so a plan "
+             "may still fit; raise --time-limit")
+
+
 def _infeasible_lines(doc: dict[str, Any]) -> list[str]:
     lines = []
     unknown = doc.get("status") == "unknown"
     if unknown:
-        lines.append("[yellow]no plan found in the time limit[/yellow]: the search stopped before it visited every "
-                     "configuration, so a plan may still fit; raise --time-limit")
+        lines.append(f"[yellow]{TIMED_OUT[0]}[/yellow]: {TIMED_OUT[1]}")
     near = doc.get("nearest")
     if near:
         mem = near["memory_per_device_bytes"]

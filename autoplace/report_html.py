@@ -217,8 +217,7 @@ def _frameworks_table(per_framework: dict[str, Any]) -> str:
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{runs}</td>{cells}</tr>")
     columns = ("framework", "runs plan 1", "its best: step s", "slowdown", "its best plan") if searched else \
         ("framework", "runs the plan")
-    head = "".join(f"<th>{h}</th>" for h in columns)
-    return f'<table class="sortable" id="frameworks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    return sortable_table("frameworks", columns, rows)
 
 
 def _bundles(doc: dict[str, Any]) -> str:
@@ -315,20 +314,17 @@ def _alternatives(doc: dict[str, Any]) -> str:
                     f"<td class='n' data-sort='{mem!r}'>{peak}</td>"
                     f"<td class='n'>{mem / base['memory_per_device_bytes']['total'] - 1:+.1%}</td>"
                     f"<td>{'yes' if fits else 'no'}</td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("change", "step s", "step vs plan", "peak GiB", "peak vs plan", "fits"))
-    return (f'<table class="sortable" id="alternatives"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return sortable_table("alternatives", ("change", "step s", "step vs plan", "peak GiB", "peak vs plan", "fits"), rows)
 
 
 def _infeasible(doc: dict[str, Any]) -> str:
     """No plan fits: the nearest plan, by how much it misses, its memory chart, and the advice."""
-    from autoplace.report import _missed_by
+    from autoplace.report import TIMED_OUT, _missed_by
 
     near = doc.get("nearest")
     advice = "".join(f"<li>{html.escape(a)}</li>" for a in doc.get("advice", []))
-    if doc.get("status") == "unknown":  # the time limit left configurations unsearched (solvers.problem.SolveResult)
-        advice = ("<li>No plan was found in the time limit: the search stopped before it visited every configuration, "
-                  f"so a plan may still fit; raise --time-limit.</li>{advice}")
+    if doc.get("status") == "unknown":  # the time limit left configurations unsearched
+        advice = f"<li>{html.escape(': '.join(TIMED_OUT))}.</li>{advice}"
     if not near:
         return f'<div class="bad"><b>No plan fits</b> and no nearest plan was found.<ul>{advice}</ul></div>'
     mem = near["memory_per_device_bytes"]
