@@ -330,10 +330,17 @@ def test_a_blocking_offload_copy_exposes_the_reduction_only_with_an_offloaded_op
     assert _step(model, cluster, plain, legacy) == _step(model, cluster, plain, ds)
 
 
+LEGACY_REDUCE = {"zero3_list_reduces": True, "zero3_fetch_syncs": True, "zero3_reduce_host_us": 6.9}
+LEGACY_GATHER = {"zero3_list_gathers": True, "zero3_gather_host_us": 2.4}
+
+
 @pytest.mark.parametrize(("config", "expected"), [
     ({"reduce_bucket_size": 9e7}, {"zero3_reduce_bucket_params": 9e7, "zero3_buckets_per_hidden_sq": 0.0}),
     ({"version": "0.6.2"}, {"zero3_offload_grad_copy_blocks": True}),
     ({"version": "0.16.0"}, {"zero3_offload_grad_copy_blocks": False}),
+    ({"version": "0.5.8"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE}),
+    ({"version": "0.5"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE, **LEGACY_GATHER}),
+    ({"version": "0.3.16"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE, **LEGACY_GATHER}),
 ])
 def test_a_runs_deepspeed_config_sets_its_assumptions(config: dict, expected: dict) -> None:
     from autoplace.frameworks.deepspeed import run_assumptions
@@ -348,6 +355,71 @@ def test_an_unknown_deepspeed_config_key_or_version_is_refused(config: dict) -> 
 
     with pytest.raises(SpecError, match="framework_config"):
         run_assumptions(config)
+
+
+# --- DeepSpeed before 0.6: list-form collectives, a device sync at every fetch (issue 35 item 3)
+
+def _legacy(version: str):
+    from autoplace.frameworks.deepspeed import run_assumptions
+
+    ds = DEFAULT.replace(**frameworks.get("deepspeed").behaviour).replace(zero3_buckets_per_hidden_sq=0.0)
+    return ds.replace(**run_assumptions({"version": version}))
+
+
+def test_before_0_6_a_block_reduce_scatters_each_gradient_on_its_own() -> None:
+    """DeepSpeed 0.3-0.5's _reduce_scatter_gradients: one collective per gradient tensor (12 in a GPT
+    block), where 0.6 reduces a 5e8-element bucket in one (a matrix above it alone, after a flush)."""
+    model = gpt_model(4, 12288, 96, seq=2048, batch=512, precision="fp16")
+    plans = ["dp=512,tp=1,pp=1,zero=3,mbs=1,recompute=full"]
+    counts = {v: terms_time.zero3_collective_counts(ctx := _ctx(model, _cluster(64, None), plans, _legacy(v)),
+                                                    ctx.dense_local)[1] for v in ("0.5.8", "0.6.2")}
+    assert np.all(counts["0.5.8"] == 12)
+    assert np.all(counts["0.6.2"] < 12)
+
+
+@pytest.mark.parametrize("version", ["0.3.16", "0.5.8"])
+def test_before_0_6_zero3_pays_a_per_rank_cost_that_grows_with_the_shard_group(version: str) -> None:
+    """List-form collectives loop over the ranks on the host and copy one view per rank on the
+    device, and the host waits for the device at every fetch: at a fixed micro-batch the step
+    grows over 0.6.2's with the shard group, from a few percent at 64 ranks; ZeRO-1 is untouched."""
+    model = gpt_model(8, 12288, 96, seq=2048, batch=1536, precision="fp16")
+    extra = []
+    for ranks in (64, 384, 1536):
+        cluster, plan = _cluster(ranks // 8, None), f"dp={ranks},tp=1,pp=1,zero=3,mbs=1,recompute=full"
+        old, new = _step(model, cluster, plan, _legacy(version)), _step(model, cluster, plan, _legacy("0.6.2"))
+        extra.append(old / new - 1)
+        zero1 = plan.replace("zero=3", "zero=1")
+        assert _step(model, cluster, zero1, _legacy(version)) == _step(model, cluster, zero1, _legacy("0.6.2"))
+    assert 0 < extra[0] < 0.05 and extra[0] < extra[1] < extra[2], extra
+
+
+def test_a_list_form_collective_runs_one_copy_kernel_per_rank() -> None:
+    """PyTorch's NCCL process group copies a list's views out of (into) its flat buffer one copy_
+    per rank: each of a GPT block's 4 gathers (12 reduce-scatters) costs that many more launches."""
+    model = gpt_model(4, 12288, 96, seq=2048, batch=512, precision="fp16")
+    plans = ["dp=512,tp=1,pp=1,zero=3,mbs=1,recompute=full"]
+    legacy = _legacy("0.3.16")
+    sh = {on: terms_time._shard_collectives(ctx := _ctx(model, _cluster(64, None), plans, legacy.replace(
+        zero3_list_gathers=on)), ctx.train_dense, ctx.train_exp) for on in (True, False)}
+    launch = legacy.kernel_overhead_us * 1e-6
+    assert np.allclose(sh[True].ag_fwd - sh[False].ag_fwd, 4 * 512 * launch)
+    assert np.allclose(sh[True].ag_bwd - sh[False].ag_bwd, 4 * 512 * launch)
+    flat = terms_time._shard_collectives(ctx := _ctx(model, _cluster(64, None), plans, legacy.replace(
+        zero3_list_reduces=False, zero3_reduce_bucket_params=1e12)), ctx.train_dense, ctx.train_exp)
+    assert np.all(sh[True].rs - flat.rs >= 12 * 512 * launch)
+
+
+def test_a_device_sync_at_every_fetch_never_makes_a_step_faster() -> None:
+    """With the host waiting for the device at each fetch, the host's gather and reduce loops run
+    after the block's kernels instead of beside them: never faster, and slower where the device's
+    work would have covered them (a large block at 1,536 ranks)."""
+    model = gpt_model(8, 12288, 96, seq=2048, batch=6144, precision="fp16")
+    legacy = _legacy("0.3.16")
+    for ranks, mbs in ((64, 1), (1536, 4), (1536, 1)):
+        cluster, plan = _cluster(ranks // 8, None), f"dp={ranks},tp=1,pp=1,zero=3,mbs={mbs},recompute=full"
+        synced, beside = _step(model, cluster, plan, legacy), _step(model, cluster, plan, legacy.replace(zero3_fetch_syncs=False))
+        assert synced >= beside
+    assert synced > beside
 
 
 def test_zeropp_post_zero3_baselines_on_384_v100() -> None:

@@ -53,9 +53,35 @@ class Assumptions:
         zero3_reduce_host_us: host microseconds per (parameter tensor, rank) the framework spends
             building each ZeRO-3 gradient reduce-scatter in Python
             (:func:`autoplace.cost.terms_time.zero3_reduce_host`): 0 for FSDP2 (C++); DeepSpeed's
-            ``reduce_scatter_coalesced`` measures 5.0-7.6 us (median 5.2) on one core of this
-            machine (benchmarks/deepspeed_host_loops.py runs DeepSpeed's own function with the
-            collective stubbed out).
+            ``reduce_scatter_coalesced`` measured 5.0-7.6 us (median 5.2) on one core of this machine
+            shared with other work (benchmarks/deepspeed_host_loops.py runs DeepSpeed's own function
+            with the collective stubbed out), and DeepSpeed's behaviour keeps 5.0; on an idle core the
+            same benchmark measures 1.5-3.2 (median 1.6).  The difference stands for a per-(tensor,
+            rank) cost the model does not otherwise see: with 1.6 the development set's DeepSpeed
+            0.6.2 runs at 1,024 ranks and micro-batch 1 go from +26% to +50% optimistic
+            (benchmarks/published.py).  Before 0.6 the list-form loop (``zero3_list_reduces``)
+            measures 1.9 more than the coalesced one beside it (3.5 idle:
+            benchmarks/deepspeed_host_loops.py ``--legacy``).
+        zero3_list_gathers, zero3_list_reduces: whether ZeRO-3 issues each parameter's all-gather
+            (reduce-scatter) on its own in ``torch.distributed``'s list form, one output (input) view per
+            rank: DeepSpeed before 0.5.6 (gathers; from 0.5.6 ``_all_gather_base`` when torch has it) and
+            before 0.6.0 (reduce-scatters: ``partition_parameters._reduce_scatter_gradients``, one
+            collective per gradient, where 0.6 reduces a bucket in one).  PyTorch's NCCL process group
+            copies a list's views out of (into) its flat buffer one ``copy_`` per rank on the NCCL stream
+            (``ProcessGroupNCCL::allgather`` / ``reduce_scatter``), so each collective also runs one small
+            copy kernel per rank (``kernel_overhead_us`` each) and its host loops cost
+            ``zero3_gather_host_us`` / ``zero3_reduce_host_us`` per (tensor, rank)
+            (:func:`autoplace.cost.terms_time.zero3_gather_host`).  False by default; a published run on
+            an older DeepSpeed states its version (``autoplace.frameworks.deepspeed.run_assumptions``).
+        zero3_gather_host_us: host microseconds per (parameter tensor, rank) of a list-form gather: the
+            Python loop that cuts the gathered buffer into one view per rank and PyTorch's loop copying
+            each out (DeepSpeed 0.3-0.5 ``_allgather_param``); 2.4 us on one idle core of this machine, the
+            copies' launches not counted (benchmarks/deepspeed_host_loops.py ``--legacy``).  0 when gathers
+            are flat.
+        zero3_fetch_syncs: whether ZeRO-3 waits for the whole device at each module's fetch: DeepSpeed
+            before 0.6 calls ``torch.cuda.synchronize()`` in ``_allgather_param`` and after every fetch
+            (stage3.py ``_synchronize_communication``), so the host's collective loops run while the
+            device idles, after its kernels rather than beside them (0.6's coordinator waits on events).
         overlap_slowdown: share of a collective's time that still shows up as lost compute
             while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
             kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
@@ -253,6 +279,10 @@ class Assumptions:
     zero3_prefetch_bucket_params: float = 0.0
     zero3_buckets_per_hidden_sq: float = 0.0
     zero3_reduce_host_us: float = 0.0
+    zero3_list_gathers: bool = False
+    zero3_list_reduces: bool = False
+    zero3_gather_host_us: float = 0.0
+    zero3_fetch_syncs: bool = False
     zero3_offload_grad_copy_blocks: bool = False
     overlap_slowdown: float = 0.19
     cpu_adam_params_per_s: float = 1.5e9

@@ -148,15 +148,22 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     dequant = ctx.hw.slowest([ctx.quantized[..., 0] * assume.nf4_dequant_bytes / k.hbm_Bps for k in ctx.hw.kernels])
     fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
     hooks = (c.zero >= 3)[:, None, None]  # a ZeRO-3 unit per block runs its hooks every pass
-    fwd, bwd_none = host_bound(fwd, bwd_none, kernels[:, None, None] + hooks * assume.zero3_hook_ops_forward,
-                               2 * kernels[:, None, None] + hooks * assume.zero3_hook_ops_backward, assume.host_dispatch_us)
+    fwd_ops = kernels[:, None, None] + hooks * assume.zero3_hook_ops_forward
+    fwd, bwd_none = host_bound(fwd, bwd_none, fwd_ops, 2 * kernels[:, None, None] + hooks * assume.zero3_hook_ops_backward,
+                               assume.host_dispatch_us)
     backward = bwd_none[..., None] + np.stack([np.zeros_like(fwd), attn_f, fwd], axis=-1)
-    # the backward's host time: its kernels (twice the forward's, plus a recomputed forward's)
-    # and the sharded reduction's per-tensor, per-rank Python loops
+    # the backward's host time: its kernels (twice the forward's, plus a recomputed forward's);
+    # ZeRO-3's host loops: list-form gathers in each pass, the reduction's per-tensor, per-rank loops
     host = kernels[:, None, None, None] * assume.host_dispatch_us * 1e-6
     blocked = zero3_reduce_blocks(ctx) / ctx.cand.ga  # exposed in _block_comm instead
-    loop = zero3_reduce_host(ctx) * (1 - blocked)[:, None, None]
-    backward = np.maximum(backward, host * np.array([2.0, 2.0, 3.0]) + loop[..., None])
+    gather = zero3_gather_host(ctx)
+    loop = (zero3_reduce_host(ctx) * (1 - blocked)[:, None, None] + gather)[..., None]
+    bwd_host = host * np.array([2.0, 2.0, 3.0])
+    if assume.zero3_fetch_syncs:  # the loops run while the device idles, after its kernels
+        fwd, backward = fwd + gather, np.maximum(backward, bwd_host) + loop
+    else:  # the host issues ahead of the device: the longer of the two
+        fwd = np.maximum(fwd, fwd_ops * assume.host_dispatch_us * 1e-6 + gather)
+        backward = np.maximum(backward, bwd_host + loop)
     return BlockCompute(forward=fwd, backward=backward, attn_forward=attn_f, attn_backward=attn_b, gemm_forward=gemm_f)
 
 
@@ -217,13 +224,31 @@ def zero3_reduce_host(ctx: Context) -> Array:
     that issues the backward's kernels, so a block whose backward is shorter than that waits on
     the host (at 1,024 ranks a GPT-175B block's 12 tensors take ~60 ms).  FSDP2 builds its
     reduce-scatter input with one ``torch.split`` + ``_chunk_cat`` per group in C++
-    (``zero3_reduce_host_us`` = 0).  The block's tensors are :attr:`BlockKind.tensors`."""
-    us = ctx.assume.zero3_reduce_host_us
+    (``zero3_reduce_host_us`` = 0).  Before 0.6 (``zero3_list_reduces``) each gradient's own
+    list-form reduce-scatter loops over the ranks as well (``_reduce_scatter_gradient``), at the
+    microseconds that loop measures.  The block's tensors are :attr:`BlockKind.tensors`."""
+    return _per_tensor_and_rank(ctx, [float(k.tensors) for k in ctx.table.kinds], ctx.assume.zero3_reduce_host_us)
+
+
+def zero3_gather_host(ctx: Context) -> Array:
+    """Host seconds ``[C, 1, K]`` one block's ZeRO-3 gathers take per pass when each is issued in
+    list form (``Assumptions.zero3_list_gathers``, DeepSpeed before 0.5.6): ``_allgather_param``
+    cuts the gathered buffer into one view per rank in a Python loop and PyTorch's NCCL process
+    group copies each view out, so ``gathered tensors x ranks x zero3_gather_host_us``; the
+    gathered tensors are the block's weight matrices (its biases and norms stay whole under
+    ``stage3_param_persistence_threshold``: :func:`zero3_collective_counts`).  0 otherwise."""
+    us = ctx.assume.zero3_gather_host_us if ctx.assume.zero3_list_gathers else 0.0
+    return _per_tensor_and_rank(ctx, [float(len(k.gemms)) for k in ctx.table.kinds], us)
+
+
+def _per_tensor_and_rank(ctx: Context, tensors: list[float], us: float) -> Array:
+    """``[C, 1, K]`` seconds of a ZeRO-3 host loop costing ``us`` per (tensor, rank of the shard
+    group), for ``tensors`` per block kind; 0 for candidates below ZeRO-3."""
     if us <= 0:
         return np.zeros((ctx.cand.size, 1, len(ctx.table.kinds)))
-    tensors = np.array([k.tensors for k in ctx.table.kinds]).reshape(1, 1, -1)
+    per_kind = np.array(tensors).reshape(1, 1, -1)
     ranks = ctx.size["zero"].astype(float).reshape(-1, 1, 1)
-    return np.where(ctx.cand.zero.reshape(-1, 1, 1) >= 3, tensors * ranks * us * 1e-6, 0.0)
+    return np.where(ctx.cand.zero.reshape(-1, 1, 1) >= 3, per_kind * ranks * us * 1e-6, 0.0)
 
 
 def compiled_kernels(assume: Assumptions, c: Candidates) -> tuple[Array, Array]:
@@ -360,7 +385,8 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
     ZeRO++ gathers int8 in forward, re-gathers its node-local secondary shard in backward (hpZ:
     the part of the group inside the NVLink domain) and reduce-scatters int4.  A frozen base
     (``frozen_*``: the bytes its gathers move) is gathered and never reduced."""
-    col, lk, w = ctx.col, ctx.links, ctx.wire
+    col, lk, w, assume = ctx.col, ctx.links, ctx.wire, ctx.assume
+    launch = assume.kernel_overhead_us * 1e-6
     zpp = col(w.zeropp) > 0
     groups = (("zero", dense, frozen_d), ("ezero", expert, frozen_e))
     parts: dict[str, list[tuple[Array, Array, Array]]] = {"ag_fwd": [], "ag_bwd": [], "rs": [], "ar": []}
@@ -370,9 +396,12 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
         n_bwd = np.where(zpp, n_in, n)
         ag_n = np.where(p + f > 0, gathers, 0.0)  # no parameters, no collective
         rs_n = np.where(p > 0, reduces, 0.0)
-        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n))
-        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n))
-        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n))
+        # a list-form collective also copies each rank's view out of (into) its flat buffer
+        ag_copies, rs_copies = (float(on) * n * launch for on in (assume.zero3_list_gathers, assume.zero3_list_reduces))
+        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n) + ag_n * ag_copies)
+        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n)
+                               + ag_n * ag_copies)
+        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n) + rs_n * rs_copies)
         parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk, rs_n))
 
     def total(name: str, i: int) -> Array:
@@ -381,7 +410,6 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
     def moved(name: str) -> Array:
         return total(name, 0) + total(name, 1)
 
-    assume = ctx.assume
     quant_bytes = (dense + expert) * (assume.qwz_dequant_bytes + assume.qgz_quant_bytes) * zpp
     quant = ctx.hw.slowest([quant_bytes / k.hbm_Bps for k in ctx.hw.kernels]) * assume.compute_scale
     return ShardCollectives(ag_fwd=total("ag_fwd", 2), ag_bwd=total("ag_bwd", 2), rs=total("rs", 2),
@@ -403,7 +431,8 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     GEMMs; norms and biases under ``stage3_param_persistence_threshold`` = 1e5 elements are
     never partitioned), and reduce-scatters its gradients in buckets of ``reduce_bucket_size``
     elements (:func:`zero3_buckets`): a weight matrix larger than the bucket on its own, after a
-    flush of the small tensors gathered before it, the rest ``params / bucket``.
+    flush of the small tensors gathered before it, the rest ``params / bucket``.  Before 0.6
+    (``zero3_list_reduces``) it reduce-scatters every gradient on its own: one per tensor.
     The layer table fuses QKV, gate/up and each routed expert set into one GEMM, as Megatron's GPT
     does (four per dense block); code that keeps them apart (Hugging Face Llama: seven linears,
     one module per expert) issues more, so this is a lower bound there.
@@ -411,6 +440,9 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     assume, table = ctx.assume, ctx.table
     per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
     gathers = per_module if assume.zero3_gather_unit == "module" else np.ones_like(per_module)
+    tensors = np.array([k.tensors for k in table.kinds]).reshape(1, 1, -1, 1)
+    if assume.zero3_list_reduces:  # DeepSpeed < 0.6: one reduce-scatter per gradient, whatever the bucket
+        return gathers, np.broadcast_to(tensors, np.broadcast_shapes(tensors.shape, np.shape(params))).astype(float)
     bucket = zero3_buckets(ctx)[0]
     if bucket <= 0:
         return gathers, np.ones_like(params)
@@ -421,7 +453,6 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     local = np.asarray(params)[..., None] * share
     big = (local >= bucket) & (share > 0)
     n_big = big.sum(axis=-1)
-    tensors = np.array([k.tensors for k in table.kinds]).reshape(1, 1, -1, 1)
     flushed = np.minimum(n_big, np.maximum(tensors - n_big, 0))
     reduces = n_big + flushed + (params - (local * big).sum(axis=-1)) / bucket
     return gathers, reduces

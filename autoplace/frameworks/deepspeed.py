@@ -45,14 +45,27 @@ DEFAULT_NVME_PATH = "/local_nvme"  # DeepSpeed's docs' example; the user points 
 # a published run's stated DeepSpeed configuration, as the assumptions it sets (run_assumptions)
 CONFIG_ASSUMPTIONS = {"reduce_bucket_size": "zero3_reduce_bucket_params",
                       "stage3_prefetch_bucket_size": "zero3_prefetch_bucket_params"}
-NON_BLOCKING_OFFLOAD_COPY = (0, 16)  # stage3.py __partition_grads: copy_(..., non_blocking=True) from v0.16.0
+NON_BLOCKING_OFFLOAD_COPY = (0, 16, 0)  # stage3.py __partition_grads: copy_(..., non_blocking=True) from v0.16.0
+# ZeRO-3 before 0.6.0 (partition_parameters.py, stage3.py at v0.3.13-v0.5.10): one list-form reduce-scatter
+# per gradient with a Python loop over ranks, a torch.cuda.synchronize() at every module fetch; before
+# 0.5.6 each gather in list form too (from 0.5.6 _all_gather_base, which torch 1.10 added).  Host
+# microseconds per (tensor, rank), those loops restated and timed by benchmarks/deepspeed_host_loops.py
+# --legacy on an idle core: gather 2.4; reduce 3.5, 1.9 more than 0.6's coalesced loop timed beside it
+# (1.6), so the reduce's is REDUCE_HOST_US plus that difference.
+COALESCED_REDUCE = (0, 6, 0)
+FLAT_GATHER = (0, 5, 6)
+REDUCE_HOST_US = 5.0  # 0.6 on: Assumptions.zero3_reduce_host_us
+LEGACY_GATHER_HOST_US, LEGACY_REDUCE_HOST_US = 2.4, round(REDUCE_HOST_US + (3.5 - 1.6), 2)
 
 
 def run_assumptions(config: Mapping[str, Any]) -> dict[str, Any]:
     """The assumptions a run's stated DeepSpeed configuration sets: its ``reduce_bucket_size``
     and ``stage3_prefetch_bucket_size`` (absolute sizes in place of the h^2 rule autoplace's
-    config writes), and its ``version``: before 0.16 a ZeRO-3 backward with an offloaded
-    optimizer waits for each gradient bucket (``zero3_offload_grad_copy_blocks``)."""
+    config writes), and its ``version``: from 0.6 to 0.15 a ZeRO-3 backward with an offloaded
+    optimizer waits for each gradient bucket (``zero3_offload_grad_copy_blocks``); before 0.6
+    ZeRO-3 reduce-scatters each gradient in list form and waits for the device at every fetch,
+    and before 0.5.6 it gathers in list form too (``zero3_list_reduces``, ``zero3_fetch_syncs``,
+    ``zero3_list_gathers``)."""
     unknown = sorted(set(config) - {*CONFIG_ASSUMPTIONS, "version"})
     if unknown:
         raise SpecError(f"framework_config: unknown DeepSpeed key(s) {', '.join(unknown)}; "
@@ -62,10 +75,16 @@ def run_assumptions(config: Mapping[str, Any]) -> dict[str, Any]:
         out["zero3_buckets_per_hidden_sq"] = 0.0
     if "version" in config:
         try:
-            version = tuple(int(x) for x in str(config["version"]).split(".")[:2])
+            version = tuple(int(x) for x in str(config["version"]).split(".")[:3])
         except ValueError:
             raise SpecError(f"framework_config: version {config['version']!r} is not MAJOR.MINOR[.PATCH]") from None
-        out["zero3_offload_grad_copy_blocks"] = version < NON_BLOCKING_OFFLOAD_COPY
+        version = (*version, 0, 0)[:3]
+        # before 0.6 the copy ran non-blocking on its own stream (async_inplace_copy_grad_to_fp32_buffer_from_gpu)
+        out["zero3_offload_grad_copy_blocks"] = COALESCED_REDUCE <= version < NON_BLOCKING_OFFLOAD_COPY
+        if version < COALESCED_REDUCE:
+            out.update(zero3_list_reduces=True, zero3_fetch_syncs=True, zero3_reduce_host_us=LEGACY_REDUCE_HOST_US)
+        if version < FLAT_GATHER:
+            out.update(zero3_list_gathers=True, zero3_gather_host_us=LEGACY_GATHER_HOST_US)
     return out
 
 
@@ -312,13 +331,13 @@ class DeepSpeed(Framework):
     # (cost.terms_time.zero3_buckets, zero3_collective_counts and zero3_hidden; DeepSpeed's own
     # defaults, runtime/zero/config.py, are 5e8 and 5e7); zero3_reduce_host_us:
     # reduce_scatter_coalesced's per-(tensor, rank) Python loops, measured by
-    # benchmarks/deepspeed_host_loops.py (median 5.2 us on one core here).  What it allocates, each
+    # benchmarks/deepspeed_host_loops.py (5.0; see Assumptions.zero3_reduce_host_us).  What it allocates, each
     # measured by its dry run (tests/test_dryrun_deepspeed.py; the sources in cost/assumptions.py):
     # ZeRO-1/2's flat partitions (whole parameters in a ZeRO-2 gradient partition, the offload staging
     # buffers), the fp32 master it clones from fp32 weights (ZeRO-1 to 3), ZeRO-3's gradient partitions from
     # initialize on, the host's 16-bit partition copy under ZeRO-Offload, its reduce_bucket_size buckets
     behaviour = {"zero12_grad_reduce": "all-reduce", "zero3_gather_unit": "module", "zero3_reduce_bucket_params": 5e8,
-                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": 5.0,
+                 "zero3_prefetch_bucket_params": 5e7, "zero3_buckets_per_hidden_sq": 1.0, "zero3_reduce_host_us": REDUCE_HOST_US,
                  "zero12_flat_partitions": True, "zero_master_clone": True, "zero3_grad_buffer_kept": True,
                  "offload_host_partition_copy": True, "reduce_buckets": "size",
                  "rmsnorm_upcast_kept": True}  # it trains transformers' modelling code (Assumptions.rmsnorm_upcast_kept)
