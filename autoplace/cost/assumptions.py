@@ -64,7 +64,7 @@ class Assumptions:
             benchmarks/deepspeed_host_loops.py ``--legacy``).
         zero3_list_gathers, zero3_list_reduces: whether ZeRO-3 issues each parameter's all-gather
             (reduce-scatter) on its own in ``torch.distributed``'s list form, one output (input) view per
-            rank: DeepSpeed before 0.5.6 (gathers; from 0.5.6 ``_all_gather_base`` when torch has it) and
+            rank: DeepSpeed before 0.5.6 (gathers; from 0.5.6 ``_all_gather_base`` where torch has it, 1.9 on) and
             before 0.6.0 (reduce-scatters: ``partition_parameters._reduce_scatter_gradients``, one
             collective per gradient, where 0.6 reduces a bucket in one).  PyTorch's NCCL process group
             copies a list's views out of (into) its flat buffer one ``copy_`` per rank on the NCCL stream

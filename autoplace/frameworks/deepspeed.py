@@ -48,7 +48,7 @@ CONFIG_ASSUMPTIONS = {"reduce_bucket_size": "zero3_reduce_bucket_params",
 NON_BLOCKING_OFFLOAD_COPY = (0, 16, 0)  # stage3.py __partition_grads: copy_(..., non_blocking=True) from v0.16.0
 # ZeRO-3 before 0.6.0 (partition_parameters.py, stage3.py at v0.3.13-v0.5.10): one list-form reduce-scatter
 # per gradient with a Python loop over ranks, a torch.cuda.synchronize() at every module fetch; before
-# 0.5.6 each gather in list form too (from 0.5.6 _all_gather_base, which torch 1.10 added).  Host
+# 0.5.6 each gather in list form too (from 0.5.6 _all_gather_base where torch has it: 1.9 on, not 1.8).  Host
 # microseconds per (tensor, rank), those loops restated and timed by benchmarks/deepspeed_host_loops.py
 # --legacy on an idle core: gather 2.4; reduce 3.5, 1.9 more than 0.6's coalesced loop timed beside it
 # (1.6), so the reduce's is REDUCE_HOST_US plus that difference.
