@@ -330,7 +330,8 @@ def test_a_blocking_offload_copy_exposes_the_reduction_only_with_an_offloaded_op
     assert _step(model, cluster, plain, legacy) == _step(model, cluster, plain, ds)
 
 
-LEGACY_REDUCE = {"zero3_list_reduces": True, "zero3_fetch_syncs": True, "zero3_reduce_host_us": 6.9}
+LEGACY_REDUCE = {"zero3_list_reduces": True, "zero3_fetch_syncs": True, "zero3_reduce_host_us": 6.9,
+                 "zero3_fetch_norms": True}
 LEGACY_GATHER = {"zero3_list_gathers": True, "zero3_gather_host_us": 2.4}
 
 
@@ -341,6 +342,8 @@ LEGACY_GATHER = {"zero3_list_gathers": True, "zero3_gather_host_us": 2.4}
     ({"version": "0.5.8"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE}),
     ({"version": "0.5"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE, **LEGACY_GATHER}),
     ({"version": "0.3.16"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE, **LEGACY_GATHER}),
+    ({"version": "0.3.14"}, {"zero3_offload_grad_copy_blocks": False, **LEGACY_REDUCE, **LEGACY_GATHER,
+                             "zero3_fetch_norms": False}),
 ])
 def test_a_runs_deepspeed_config_sets_its_assumptions(config: dict, expected: dict) -> None:
     from autoplace.frameworks.deepspeed import run_assumptions
@@ -381,7 +384,7 @@ def test_before_0_6_a_block_reduce_scatters_each_gradient_on_its_own() -> None:
 def test_before_0_6_zero3_pays_a_per_rank_cost_that_grows_with_the_shard_group(version: str) -> None:
     """List-form collectives loop over the ranks on the host and copy one view per rank on the
     device, and the host waits for the device at every fetch: at a fixed micro-batch the step
-    grows over 0.6.2's with the shard group, from a few percent at 64 ranks; ZeRO-1 is untouched."""
+    grows over 0.6.2's with the shard group, from under 10% at 64 ranks; ZeRO-1 is untouched."""
     model = gpt_model(8, 12288, 96, seq=2048, batch=1536, precision="fp16")
     extra = []
     for ranks in (64, 384, 1536):
@@ -390,7 +393,7 @@ def test_before_0_6_zero3_pays_a_per_rank_cost_that_grows_with_the_shard_group(v
         extra.append(old / new - 1)
         zero1 = plan.replace("zero=3", "zero=1")
         assert _step(model, cluster, zero1, _legacy(version)) == _step(model, cluster, zero1, _legacy("0.6.2"))
-    assert 0 < extra[0] < 0.05 and extra[0] < extra[1] < extra[2], extra
+    assert 0 < extra[0] < 0.10 and extra[0] < extra[1] < extra[2], extra
 
 
 def test_a_list_form_collective_runs_one_copy_kernel_per_rank() -> None:
@@ -407,6 +410,20 @@ def test_a_list_form_collective_runs_one_copy_kernel_per_rank() -> None:
     flat = terms_time._shard_collectives(ctx := _ctx(model, _cluster(64, None), plans, legacy.replace(
         zero3_list_reduces=False, zero3_reduce_bucket_params=1e12)), ctx.train_dense, ctx.train_exp)
     assert np.all(sh[True].rs - flat.rs >= 12 * 512 * launch)
+
+
+def test_the_fetch_norms_read_every_gathered_weight_once_a_pass() -> None:
+    """DeepSpeed 0.3.15-0.5 take each fetched parameter's norm: a GPT-175B block's 1.8e9 fp16 weights
+    read twice a micro-batch (forward and backward) at the GPU's memory bandwidth: a small share of
+    its step at micro-batch 4, and nothing below ZeRO-3."""
+    model = gpt_model(8, 12288, 96, seq=2048, batch=1536, precision="fp16")
+    cluster = _cluster(48, None)
+    legacy = _legacy("0.3.16")
+    plan = "dp=384,tp=1,pp=1,zero=3,mbs=4,recompute=full"
+    extra = _step(model, cluster, plan, legacy) / _step(model, cluster, plan, legacy.replace(zero3_fetch_norms=False)) - 1
+    assert 0.001 < extra < 0.05, extra
+    zero1 = plan.replace("zero=3", "zero=1")
+    assert _step(model, cluster, zero1, legacy) == _step(model, cluster, zero1, legacy.replace(zero3_fetch_norms=False))
 
 
 def test_a_device_sync_at_every_fetch_never_makes_a_step_faster() -> None:

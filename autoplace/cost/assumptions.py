@@ -82,6 +82,11 @@ class Assumptions:
             before 0.6 calls ``torch.cuda.synchronize()`` in ``_allgather_param`` and after every fetch
             (stage3.py ``_synchronize_communication``), so the host's collective loops run while the
             device idles, after its kernels rather than beside them (0.6's coordinator waits on events).
+        zero3_fetch_norms: whether each module fetch reads every parameter it fetched once more: DeepSpeed
+            0.3.15-0.5 build a debug string with ``param.norm()`` in it for every parameter of a fetched
+            module (stage3.py ``fetch_sub_module``), evaluated whether or not it is printed, so each pass
+            runs a norm over every gathered weight on the compute stream (and formatting the 0-d result
+            waits for it: ``Tensor.__format__`` calls ``item()``).
         overlap_slowdown: share of a collective's time that still shows up as lost compute
             while it runs under compute: NCCL kernels take SMs and HBM bandwidth from the
             kernels beside them.  Lee et al. 2025 (arXiv 2507.03114) measure GPT and Llama
@@ -283,6 +288,7 @@ class Assumptions:
     zero3_list_reduces: bool = False
     zero3_gather_host_us: float = 0.0
     zero3_fetch_syncs: bool = False
+    zero3_fetch_norms: bool = False
     zero3_offload_grad_copy_blocks: bool = False
     overlap_slowdown: float = 0.19
     cpu_adam_params_per_s: float = 1.5e9

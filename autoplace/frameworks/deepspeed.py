@@ -53,6 +53,7 @@ NON_BLOCKING_OFFLOAD_COPY = (0, 16, 0)  # stage3.py __partition_grads: copy_(...
 # --legacy on an idle core: gather 2.4; reduce 3.5, 1.9 more than 0.6's coalesced loop timed beside it
 # (1.6), so the reduce's is REDUCE_HOST_US plus that difference.
 COALESCED_REDUCE = (0, 6, 0)
+FETCH_NORMS = (0, 3, 15)  # stage3.py fetch_sub_module formats param.norm() into a debug string, 0.3.15-0.5.10
 FLAT_GATHER = (0, 5, 6)
 REDUCE_HOST_US = 5.0  # 0.6 on: Assumptions.zero3_reduce_host_us
 LEGACY_GATHER_HOST_US, LEGACY_REDUCE_HOST_US = 2.4, round(REDUCE_HOST_US + (3.5 - 1.6), 2)
@@ -63,8 +64,9 @@ def run_assumptions(config: Mapping[str, Any]) -> dict[str, Any]:
     and ``stage3_prefetch_bucket_size`` (absolute sizes in place of the h^2 rule autoplace's
     config writes), and its ``version``: from 0.6 to 0.15 a ZeRO-3 backward with an offloaded
     optimizer waits for each gradient bucket (``zero3_offload_grad_copy_blocks``); before 0.6
-    ZeRO-3 reduce-scatters each gradient in list form and waits for the device at every fetch,
-    and before 0.5.6 it gathers in list form too (``zero3_list_reduces``, ``zero3_fetch_syncs``,
+    ZeRO-3 reduce-scatters each gradient in list form and waits for the device at every fetch
+    (from 0.3.15 reading each fetched parameter's norm too), and before 0.5.6 it gathers in list
+    form too (``zero3_list_reduces``, ``zero3_fetch_syncs``, ``zero3_fetch_norms``,
     ``zero3_list_gathers``)."""
     unknown = sorted(set(config) - {*CONFIG_ASSUMPTIONS, "version"})
     if unknown:
@@ -82,7 +84,8 @@ def run_assumptions(config: Mapping[str, Any]) -> dict[str, Any]:
         # before 0.6 the copy ran non-blocking on its own stream (async_inplace_copy_grad_to_fp32_buffer_from_gpu)
         out["zero3_offload_grad_copy_blocks"] = COALESCED_REDUCE <= version < NON_BLOCKING_OFFLOAD_COPY
         if version < COALESCED_REDUCE:
-            out.update(zero3_list_reduces=True, zero3_fetch_syncs=True, zero3_reduce_host_us=LEGACY_REDUCE_HOST_US)
+            out.update(zero3_list_reduces=True, zero3_fetch_syncs=True, zero3_reduce_host_us=LEGACY_REDUCE_HOST_US,
+                       zero3_fetch_norms=version >= FETCH_NORMS)
         if version < FLAT_GATHER:
             out.update(zero3_list_gathers=True, zero3_gather_host_us=LEGACY_GATHER_HOST_US)
     return out
