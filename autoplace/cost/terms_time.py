@@ -400,12 +400,12 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
         n_bwd = np.where(zpp, n_in, n)
         ag_n = np.where(p + f > 0, gathers, 0.0)  # no parameters, no collective
         rs_n = np.where(p > 0, reduces, 0.0)
-        # a list-form collective also copies each rank's view out of (into) its flat buffer
+        # a list-form collective also copies each rank's view out of (into) its flat buffer: a kernel each
         ag_copies, rs_copies = (float(on) * n * launch for on in (assume.zero3_list_gathers, assume.zero3_list_reduces))
-        parts["ag_fwd"].append(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n) + ag_n * ag_copies)
-        parts["ag_bwd"].append(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n)
-                               + ag_n * ag_copies)
-        parts["rs"].append(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n) + rs_n * rs_copies)
+        parts["ag_fwd"].append(_plus_seconds(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n), ag_n * ag_copies))
+        parts["ag_bwd"].append(_plus_seconds(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk,
+                                                            ag_n), ag_n * ag_copies))
+        parts["rs"].append(_plus_seconds(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n), rs_n * rs_copies))
         parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk, rs_n))
 
     def total(name: str, i: int) -> Array:
@@ -420,6 +420,12 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
                             ar=total("ar", 2), quant=quant,
                             z3_bytes=moved("ag_fwd") + moved("ag_bwd") + moved("rs"), rs_bytes=moved("rs"),
                             ar_bytes=moved("ar"))
+
+
+def _plus_seconds(collective: tuple[Array, Array, Array], seconds: Array) -> tuple[Array, Array, Array]:
+    """A collective's (intra bytes, inter bytes, seconds) with ``seconds`` more."""
+    intra, inter, t = collective
+    return intra, inter, t + seconds
 
 
 def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
