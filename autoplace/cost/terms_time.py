@@ -147,10 +147,10 @@ def block_compute(ctx: Context, act_none: Array) -> BlockCompute:
     bwd_none = bwd_none - ctx.hw.slowest([p[4] for p in per_pool]) * scale
     dequant = ctx.hw.slowest([ctx.quantized[..., 0] * assume.nf4_dequant_bytes / k.hbm_Bps for k in ctx.hw.kernels])
     fwd, bwd_none = fwd + dequant * scale, bwd_none + dequant * scale
-    # DeepSpeed 0.3.15-0.5 take the norm of every parameter a ZeRO-3 fetch gathers, in each pass
-    norms = (c.zero >= 3)[:, None, None] * float(assume.zero3_fetch_norms) * (ctx.dense_local + ctx.exp_local)[..., 0]
-    norms = ctx.hw.slowest([norms * ctx.recipe.param_bytes / k.hbm_Bps for k in ctx.hw.kernels]) * scale
-    fwd, bwd_none = fwd + norms, bwd_none + norms
+    if assume.zero3_fetch_norms:  # DeepSpeed 0.3.15-0.5 take the norm of every parameter a ZeRO-3 fetch gathers
+        gathered = (c.zero >= 3)[:, None, None] * (ctx.dense_local + ctx.exp_local)[..., 0] * ctx.recipe.param_bytes
+        norms = ctx.hw.slowest([gathered / k.hbm_Bps for k in ctx.hw.kernels]) * scale
+        fwd, bwd_none = fwd + norms, bwd_none + norms
     hooks = (c.zero >= 3)[:, None, None]  # a ZeRO-3 unit per block runs its hooks every pass
     fwd_ops = kernels[:, None, None] + hooks * assume.zero3_hook_ops_forward
     fwd, bwd_none = host_bound(fwd, bwd_none, fwd_ops, 2 * kernels[:, None, None] + hooks * assume.zero3_hook_ops_backward,
