@@ -451,20 +451,21 @@ def zero3_collective_counts(ctx: Context, params: Array) -> tuple[Array, Array]:
     per_module = np.array([float(len(k.gemms)) for k in table.kinds]).reshape(1, 1, -1, 1)
     gathers = per_module if assume.zero3_gather_unit == "module" else np.ones_like(per_module)
     tensors = np.array([k.tensors for k in table.kinds]).reshape(1, 1, -1, 1)
-    if assume.zero3_list_reduces:  # DeepSpeed < 0.6: one reduce-scatter per gradient, whatever the bucket
-        return gathers, np.broadcast_to(tensors, np.broadcast_shapes(tensors.shape, np.shape(params))).astype(float)
     bucket = zero3_buckets(ctx)[0]
     if bucket <= 0:
-        return gathers, np.ones_like(params)
-    # DeepSpeed flushes its bucket before a gradient that would overflow it (stage3.py
-    # reduce_independent_p_g_buckets_and_remove_grads): a weight matrix larger than the bucket
-    # is reduced on its own and first flushes the small tensors (biases, norms) gathered before it
-    share = module_shares(table)[0]  # [1, 1, K, 1, M]
-    local = np.asarray(params)[..., None] * share
-    big = (local >= bucket) & (share > 0)
-    n_big = big.sum(axis=-1)
-    flushed = np.minimum(n_big, np.maximum(tensors - n_big, 0))
-    reduces = n_big + flushed + (params - (local * big).sum(axis=-1)) / bucket
+        reduces = np.ones_like(params)
+    else:
+        # DeepSpeed flushes its bucket before a gradient that would overflow it (stage3.py
+        # reduce_independent_p_g_buckets_and_remove_grads): a weight matrix larger than the bucket
+        # is reduced on its own and first flushes the small tensors (biases, norms) gathered before it
+        share = module_shares(table)[0]  # [1, 1, K, 1, M]
+        local = np.asarray(params)[..., None] * share
+        big = (local >= bucket) & (share > 0)
+        n_big = big.sum(axis=-1)
+        flushed = np.minimum(n_big, np.maximum(tensors - n_big, 0))
+        reduces = n_big + flushed + (params - (local * big).sum(axis=-1)) / bucket
+    if assume.zero3_list_reduces:  # DeepSpeed < 0.6's ZeRO-3: one reduce-scatter per gradient, whatever the bucket
+        reduces = np.where(ctx.col(ctx.cand.zero >= 3) > 0, tensors, reduces)
     return gathers, reduces
 
 
