@@ -11,8 +11,9 @@ own function on the CPU with the world size faked and the collective replaced by
 tensors of one element per rank, so what is left is the host time of the loops.  On a GPU the
 slicing and the loops are the same host code; the concatenation launches batched copy kernels.
 
-DeepSpeed 0.3-0.5 is not installable beside torch 2, so ``--legacy`` restates its two loops
-(partition_parameters.py at v0.3.16 / v0.5.10): ``_allgather_param`` cuts a zeroed flat buffer
+DeepSpeed 0.3-0.5 do not import under torch 2 (``from torch._six import inf``, which torch 2.0
+removed), so ``--legacy`` restates their two loops (partition_parameters.py at v0.3.16 /
+v0.5.10): ``_allgather_param`` cuts a zeroed flat buffer
 into one ``narrow`` view per rank and hands the list to ``torch.distributed.all_gather``;
 ``_reduce_scatter_gradient`` cuts the gradient into one view per rank (a zeroed buffer for a rank
 past its end) and hands the list to ``reduce_scatter``.  PyTorch's NCCL process group copies a
