@@ -401,11 +401,12 @@ def _shard_collectives(ctx: Context, dense: Array, expert: Array, frozen_d: Arra
         ag_n = np.where(p + f > 0, gathers, 0.0)  # no parameters, no collective
         rs_n = np.where(p > 0, reduces, 0.0)
         # a list-form collective also copies each rank's view out of (into) its flat buffer: a kernel each
-        ag_copies, rs_copies = (float(on) * n * launch for on in (assume.zero3_list_gathers, assume.zero3_list_reduces))
-        parts["ag_fwd"].append(_plus_seconds(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n), ag_n * ag_copies))
-        parts["ag_bwd"].append(_plus_seconds(comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk,
-                                                            ag_n), ag_n * ag_copies))
-        parts["rs"].append(_plus_seconds(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n), rs_n * rs_copies))
+        ag_copies = ag_n * n * launch * assume.zero3_list_gathers
+        rs_copies = rs_n * n * launch * assume.zero3_list_reduces
+        ag_bwd = comm.allgather(p * col(w.gather_bwd) + f, n_bwd, np.minimum(n_in, n_bwd), lk, ag_n)
+        parts["ag_fwd"].append(_plus_seconds(comm.allgather(p * col(w.gather_fwd) + f, n, n_in, lk, ag_n), ag_copies))
+        parts["ag_bwd"].append(_plus_seconds(ag_bwd, ag_copies))
+        parts["rs"].append(_plus_seconds(comm.reducescatter(p * col(w.reduce), n, n_in, lk, rs_n), rs_copies))
         parts["ar"].append(comm.allreduce(p * col(w.reduce), n, n_in, lk, rs_n))
 
     def total(name: str, i: int) -> Array:
